@@ -1,0 +1,18 @@
+"""compat-hook: CUDA Forward Compatibility per container, decided at every start.
+
+The package is split by job (see docs/design.md):
+
+* facts: :mod:`compat_hook.hostfacts`, :mod:`compat_hook.imagefacts`,
+  :mod:`compat_hook.container` (what the host, image and spec say);
+* the decision: :mod:`compat_hook.decision` (pure, no I/O);
+* effects: :mod:`compat_hook.ldcache`, :mod:`compat_hook.specedit`,
+  :mod:`compat_hook.mounts`;
+* entry points that only wire them: :mod:`compat_hook.cli`,
+  :mod:`compat_hook.hook`, :mod:`compat_hook.runtime`.
+
+Importing this package imports nothing else: the hook runs on every
+container start and pays for each module it loads.
+"""
+
+__version__ = "0.1.0"
+__all__ = ["__version__"]

@@ -1,0 +1,222 @@
+"""The ``compat-hook`` command line: it only parses and wires.
+
+``compat-hook hook`` is dispatched before anything heavy is imported (it
+runs on every container start); the other commands use argparse.
+
+Exit statuses (also in the README): 0 a decision was reached / the command
+did its job; 1 the hook failed with ``on_error: fail``, or a command failed;
+2 bad usage or unreadable input.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CompatHookError
+
+__all__ = ["main", "entry"]
+
+
+def _die(msg: str, status: int = EXIT_USAGE) -> int:
+    sys.stderr.write(f"compat-hook: {msg}\n")
+    return status
+
+
+def main(argv: list | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "hook":
+        from .hook import main as hook_main
+
+        return hook_main(argv[1:])
+    try:
+        return _main(argv)
+    except CompatHookError as e:
+        return _die(str(e), EXIT_USAGE if e.code in ("usage", "bad_config", "bad_state") else EXIT_FAILED)
+    except KeyboardInterrupt:
+        return _die("interrupted", 130)
+    except BrokenPipeError:
+        return EXIT_OK
+    except OSError as e:
+        return _die(f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}", EXIT_FAILED)
+
+
+def entry() -> None:
+    """``python3 -I -S -c '...; from compat_hook.cli import entry; entry()' ARGS``."""
+    sys.exit(main(sys.argv[1:]))
+
+
+def _parser():
+    import argparse
+
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="compat-hook", description=(
+        "Turn on CUDA Forward Compatibility per container, decided at every start."))
+    p.add_argument("--version", action="version", version=f"compat-hook {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    e = sub.add_parser("explain", help="show the facts, the decision and what would change (changes nothing)")
+    src = e.add_mutually_exclusive_group(required=True)
+    src.add_argument("--rootfs", metavar="DIR", help="a container root filesystem (treated as a GPU container)")
+    src.add_argument("--bundle", metavar="DIR", help="an OCI bundle (config.json + its root)")
+    e.add_argument("--host-root", metavar="DIR", help="read host facts under DIR (default /)")
+    e.add_argument("--host-driver-version", metavar="V", help="assume this host kernel driver version")
+    e.add_argument("--host-cuda-version", metavar="V", help="assume this host CUDA version (Tegra path)")
+    e.add_argument("--config", metavar="FILE")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+
+    sub.add_parser("hook", help="the OCI hook: reads the state JSON on stdin (see the README)")
+
+    he = sub.add_parser("hook-entry", help="print the OCI hook entry (path, args, env, timeout) as JSON")
+    he.add_argument("--stage", default="createContainer",
+                    choices=("prestart", "createRuntime", "createContainer"))
+    he.add_argument("--config", metavar="FILE")
+    he.add_argument("--state-dir", metavar="DIR")
+    he.add_argument("--format", default="oci", choices=("oci", "cdi", "hooks.d"),
+                    help="oci: a config.json hooks entry; cdi: a CDI containerEdits hook; hooks.d: a whole hooks.d file")
+
+    d = sub.add_parser("demo", help="show the main job on a built-in example")
+    d.add_argument("--no-containers", action="store_true", help="explain only, even when runc is present")
+    d.add_argument("--keep", action="store_true", help="keep the generated example tree")
+
+    c = sub.add_parser("config", help="print the default configuration (commented YAML), or check a file")
+    c.add_argument("--check", metavar="FILE", help="validate FILE and print its effective settings")
+
+    s = sub.add_parser("store", help="the host compat store")
+    ssub = s.add_subparsers(dest="store_command", metavar="ACTION")
+    sa = ssub.add_parser("add", help="import a cuda-compat package (unpacked dir or .deb)")
+    sa.add_argument("path")
+    ssub.add_parser("list", help="list stored packages")
+    sr = ssub.add_parser("remove", help="remove a stored package")
+    sr.add_argument("version")
+    for x in (sa, sr, ssub.choices["list"]):
+        x.add_argument("--config", metavar="FILE")
+        x.add_argument("--store-dir", metavar="DIR")
+        x.add_argument("--json", action="store_true")
+
+    for verb in ("install", "uninstall"):
+        i = sub.add_parser(verb, help=f"{verb} the registration for an engine")
+        i.add_argument("engine", choices=("containerd", "podman", "crio", "docker"))
+        i.add_argument("--config", metavar="PATH", help="the engine's config file")
+        i.add_argument("--hook-config", metavar="FILE", help="compat-hook's own config for the registered entry")
+        i.add_argument("--runtime-name", default="cuda-compat")
+        i.add_argument("--set-as-default", action="store_true")
+        i.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
+        i.add_argument("--via", choices=("wrapper", "base-spec"), default="wrapper")
+        i.add_argument("--hooks-dir", metavar="DIR")
+        i.add_argument("--wrapper-path", metavar="PATH")
+    return p
+
+
+def _main(argv: list) -> int:
+    p = _parser()
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:  # argparse already printed its one-line error
+        return EXIT_USAGE if e.code not in (0, None) else EXIT_OK
+    if args.command is None:
+        p.print_help()
+        return EXIT_USAGE
+    return globals()["_cmd_" + args.command.replace("-", "_")](args)
+
+
+def _load_config(path, **changes):
+    from . import config as _config
+
+    cfg = _config.load(path)
+    changes = {k: v for k, v in changes.items() if v is not None}
+    return cfg.replace(**changes) if changes else cfg
+
+
+def _cmd_explain(args) -> int:
+    from . import jsonfast
+    from .explain import explain, render_text
+
+    cfg = _load_config(args.config, host_root=args.host_root)
+    report = explain(cfg, rootfs=args.rootfs, bundle=args.bundle,
+                     host_driver_version=args.host_driver_version,
+                     host_cuda_version=args.host_cuda_version)
+    if args.json:
+        sys.stdout.write(jsonfast.dumps(report, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_text(report))
+    return EXIT_OK
+
+
+def _cmd_hook(args) -> int:  # pragma: no cover - dispatched in main()
+    from .hook import main as hook_main
+
+    return hook_main([])
+
+
+def _cmd_hook_entry(args) -> int:
+    from . import jsonfast
+    from .registration import hook_entry, hooksd_document
+
+    entry = hook_entry(stage=args.stage, config=args.config, state_dir=args.state_dir)
+    if args.format == "cdi":
+        doc = dict(hookName=args.stage, **entry)
+    elif args.format == "hooks.d":
+        doc = hooksd_document(entry, stages=[args.stage])
+    else:
+        doc = entry
+    sys.stdout.write(jsonfast.dumps(doc, indent=2) + "\n")
+    return EXIT_OK
+
+
+def _cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(containers=not args.no_containers, keep=args.keep)
+
+
+def _cmd_config(args) -> int:
+    from . import config as _config
+
+    if args.check:
+        from . import jsonfast
+
+        cfg = _config.load(args.check)
+        sys.stdout.write(jsonfast.dumps(cfg.to_dict(), indent=2) + "\n")
+        return EXIT_OK
+    sys.stdout.write(_config.render_default_yaml())
+    return EXIT_OK
+
+
+def _cmd_store(args) -> int:
+    from . import jsonfast, store
+
+    if args.store_command is None:
+        return _die("store needs an action: add, list or remove")
+    cfg = _load_config(args.config, store_dir=args.store_dir)
+    if args.store_command == "add":
+        entry = store.add(cfg.store_dir, args.path, cfg)
+        out = entry if args.json else f"stored compat driver {entry['version']} at {entry['path']}"
+    elif args.store_command == "list":
+        entries = store.list_entries(cfg.store_dir)
+        if args.json:
+            out = entries
+        else:
+            out = "\n".join(f"{e['version']}  CUDA {e.get('cuda_version') or '?'}  {e['path']}"
+                            for e in entries) or "(the store is empty)"
+    else:
+        store.remove(cfg.store_dir, args.version)
+        out = {"removed": args.version} if args.json else f"removed {args.version}"
+    sys.stdout.write((jsonfast.dumps(out, indent=2) if args.json else out) + "\n")
+    return EXIT_OK
+
+
+def _cmd_install(args) -> int:
+    from .install import run_install
+
+    return run_install(args, uninstall=False)
+
+
+def _cmd_uninstall(args) -> int:
+    from .install import run_install
+
+    return run_install(args, uninstall=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

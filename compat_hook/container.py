@@ -1,0 +1,158 @@
+"""Facts about the container request: the spec's env, annotations and devices.
+
+The opt-outs, documented in the README:
+
+* annotation ``compat-hook/disable: "true"`` or env ``COMPAT_HOOK_DISABLE=1``
+  turns the hook off for one container (``explain`` still says what it
+  would have done);
+* annotation ``compat-hook/dry-run: "true"`` logs the decision and changes
+  nothing for one container.
+
+A container *requests a GPU* when ``NVIDIA_VISIBLE_DEVICES`` names devices
+(not empty, ``void`` or ``none``), when the spec carries an NVIDIA device node
+(``/dev/nvidia[0-9]*``, ``/dev/nvidiactl``, ``/dev/nvgpu``, ``/dev/dri`` does
+not count), or when a CDI device annotation names an ``nvidia.com`` device.
+
+>>> r = Request.from_spec({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "CUDA_VERSION=12.4.1"]}})
+>>> r.gpu_requested, r.gpu_reason, r.env["CUDA_VERSION"]
+(True, 'NVIDIA_VISIBLE_DEVICES=all', '12.4.1')
+>>> Request.from_spec({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}).gpu_requested
+False
+"""
+
+from __future__ import annotations
+
+__all__ = ["Request", "ANNOTATION_DISABLE", "ANNOTATION_DRY_RUN", "ANNOTATION_REQUIRE_CUDA",
+           "ENV_DISABLE", "truthy"]
+
+ANNOTATION_DISABLE = "compat-hook/disable"
+ANNOTATION_DRY_RUN = "compat-hook/dry-run"
+#: The CUDA version the container needs, for host-store injection (``12.8``).
+ANNOTATION_REQUIRE_CUDA = "compat-hook/require-cuda"
+ENV_DISABLE = "COMPAT_HOOK_DISABLE"
+
+_TRUE = ("1", "true", "yes", "on", "y")
+
+
+def truthy(value) -> bool:
+    return isinstance(value, str) and value.strip().lower() in _TRUE
+
+
+def _nvidia_device(path: str) -> bool:
+    if path in ("/dev/nvidiactl", "/dev/nvgpu", "/dev/nvidia-uvm"):
+        return True
+    tail = path[len("/dev/nvidia"):] if path.startswith("/dev/nvidia") else ""
+    return bool(tail) and tail.isdigit()
+
+
+class Request:
+    """What the container asks for, from its config.json."""
+
+    __slots__ = ("env", "annotations", "gpu_requested", "gpu_reason", "disabled", "disabled_reason",
+                 "dry_run")
+
+    def __init__(self, env: dict, annotations: dict, gpu_requested: bool, gpu_reason: str,
+                 disabled: bool = False, disabled_reason: str | None = None, dry_run: bool = False):
+        self.env = env
+        self.annotations = annotations
+        self.gpu_requested = gpu_requested
+        self.gpu_reason = gpu_reason
+        self.disabled = disabled
+        self.disabled_reason = disabled_reason
+        self.dry_run = dry_run
+
+    @classmethod
+    def from_spec(cls, spec: dict, extra_annotations: dict | None = None,
+                  state_annotations: dict | None = None) -> "Request":
+        """Build from a parsed config.json (malformed parts count as absent)."""
+        process = spec.get("process") if isinstance(spec, dict) else None
+        env: dict = {}
+        raw_env = process.get("env") if isinstance(process, dict) else None
+        if isinstance(raw_env, list):
+            for item in raw_env:
+                if isinstance(item, str):
+                    k, sep, v = item.partition("=")
+                    if sep:
+                        env[k] = v  # later entries win, as in execve's env
+        annotations: dict = {}
+        for source in (extra_annotations, state_annotations,
+                       spec.get("annotations") if isinstance(spec, dict) else None):
+            if isinstance(source, dict):
+                annotations.update({k: v for k, v in source.items()
+                                    if isinstance(k, str) and isinstance(v, str)})
+
+        gpu, why = False, "no NVIDIA_VISIBLE_DEVICES, NVIDIA device or CDI device"
+        nvd = env.get("NVIDIA_VISIBLE_DEVICES")
+        if nvd is not None and nvd.strip().lower() not in ("", "void", "none"):
+            gpu, why = True, f"NVIDIA_VISIBLE_DEVICES={nvd}"
+        if not gpu:
+            linux = spec.get("linux") if isinstance(spec, dict) else None
+            devices = linux.get("devices") if isinstance(linux, dict) else None
+            for d in devices if isinstance(devices, list) else ():
+                p = d.get("path") if isinstance(d, dict) else None
+                if isinstance(p, str) and _nvidia_device(p):
+                    gpu, why = True, f"device {p}"
+                    break
+        if not gpu:
+            mounts = spec.get("mounts") if isinstance(spec, dict) else None
+            for m in mounts if isinstance(mounts, list) else ():
+                p = m.get("destination") if isinstance(m, dict) else None
+                if isinstance(p, str) and _nvidia_device(p):
+                    gpu, why = True, f"device mount {p}"
+                    break
+        if not gpu:
+            for k, v in annotations.items():
+                if k.startswith("cdi.k8s.io/") and "nvidia.com/" in v:
+                    gpu, why = True, f"CDI annotation {k}"
+                    break
+
+        disabled, dreason = False, None
+        if truthy(annotations.get(ANNOTATION_DISABLE)):
+            disabled, dreason = True, f"annotation {ANNOTATION_DISABLE}"
+        elif truthy(env.get(ENV_DISABLE)):
+            disabled, dreason = True, f"env {ENV_DISABLE}"
+        dry = truthy(annotations.get(ANNOTATION_DRY_RUN))
+        return cls(env, annotations, gpu, why, disabled, dreason, dry)
+
+    @classmethod
+    def assume_gpu(cls) -> "Request":
+        """The request ``explain --rootfs`` assumes: a GPU container, no env."""
+        return cls({}, {}, True, "assumed (--rootfs)")
+
+    def required_cuda(self):
+        """``(version, source)`` the image says it needs, or ``(None, None)``.
+
+        From the annotation, else ``NVIDIA_REQUIRE_CUDA``'s ``cuda>=X.Y``
+        (ignored when ``NVIDIA_DISABLE_REQUIRE`` is set, as NVIDIA's runtime
+        does), else ``CUDA_VERSION`` (major.minor).
+        """
+        from .versions import try_parse_version
+
+        a = self.annotations.get(ANNOTATION_REQUIRE_CUDA)
+        if a:
+            v = try_parse_version(a)
+            if v is not None:
+                return (v[0], v[1], 0), f"annotation {ANNOTATION_REQUIRE_CUDA}"
+        req = self.env.get("NVIDIA_REQUIRE_CUDA")
+        if req and not truthy(self.env.get("NVIDIA_DISABLE_REQUIRE")):
+            for tok in req.replace(",", " ").split():
+                if tok.startswith("cuda>="):
+                    v = try_parse_version(tok[len("cuda>="):])
+                    if v is not None:
+                        return (v[0], v[1], 0), "NVIDIA_REQUIRE_CUDA"
+        cv = self.env.get("CUDA_VERSION")
+        if cv:
+            v = try_parse_version(cv)
+            if v is not None:
+                return (v[0], v[1], 0), "CUDA_VERSION"
+        return None, None
+
+    def to_dict(self) -> dict:
+        need, src = self.required_cuda()
+        return {"gpu_requested": self.gpu_requested, "gpu_reason": self.gpu_reason,
+                "disabled": self.disabled, "disabled_reason": self.disabled_reason,
+                "dry_run": self.dry_run,
+                "required_cuda": f"{need[0]}.{need[1]}" if need else None,
+                "required_cuda_source": src,
+                "CUDA_VERSION": self.env.get("CUDA_VERSION"),
+                "NVIDIA_REQUIRE_CUDA": self.env.get("NVIDIA_REQUIRE_CUDA")}

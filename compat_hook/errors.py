@@ -1,0 +1,83 @@
+"""Named exceptions and the documented exit statuses.
+
+Every error that can reach a user is one of these, so the entry points can
+print a single line (``compat-hook: <message>``) and exit with the status the
+README documents, never a traceback.
+
+>>> raise ConfigError("mode: must be one of ldconfig, env, both, off")
+Traceback (most recent call last):
+    ...
+compat_hook.errors.ConfigError: mode: must be one of ldconfig, env, both, off
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_USAGE",
+    "CompatHookError",
+    "UsageError",
+    "ConfigError",
+    "InvalidVersion",
+    "UnsafePath",
+    "StateError",
+    "ElfError",
+]
+
+#: A decision was reached (enable or skip); the hook did its job.
+EXIT_OK = 0
+#: The hook failed and ``on_error: fail`` is configured (the container must not start).
+EXIT_FAILED = 1
+#: Bad usage or unreadable input (one line on stderr).
+EXIT_USAGE = 2
+
+
+class CompatHookError(Exception):
+    """Base of every error compat-hook raises on purpose."""
+
+    #: Stable short code for logs (``reason`` of a failed run).
+    code = "error"
+
+
+class UsageError(CompatHookError):
+    """Bad command line."""
+
+    code = "usage"
+
+
+class ConfigError(CompatHookError, ValueError):
+    """The configuration file is unreadable, not YAML, or has a bad key/value.
+
+    The message starts with the key's path (``compat_dirs[1]: ...``).
+    """
+
+    code = "bad_config"
+
+
+class InvalidVersion(ValueError):
+    """A driver or CUDA version string that is not 1-3 dot-separated numbers."""
+
+
+class UnsafePath(CompatHookError, OSError):
+    """A path inside the container root is not what it must be.
+
+    Raised for paths that are not regular files where a regular file is
+    required, components that are not directories, and creates that would
+    follow a symlink. Never raised for "escapes": lookups clamp to the root,
+    exactly like ``openat2(RESOLVE_IN_ROOT)``.
+    """
+
+    code = "unsafe_path"
+
+
+class StateError(CompatHookError):
+    """The OCI state on stdin, the bundle or its config.json is unusable."""
+
+    code = "bad_state"
+
+
+class ElfError(CompatHookError):
+    """A candidate library could not be parsed as ELF at all."""
+
+    code = "bad_elf"

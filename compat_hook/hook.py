@@ -1,0 +1,194 @@
+"""``compat-hook hook``: the OCI hook (prestart, createRuntime, createContainer).
+
+One run = parse flags -> gather facts -> the pure decision -> apply -> one
+log line. Works the same under runc and crun at any of the three stages,
+because it needs only the bundle from the state and the rootfs from
+config.json.
+
+Exit status: 0 when a decision was carried out, and also on any failure
+unless ``on_error: fail`` (then 1, with one line on stderr, which runc shows
+in its error). The hook never prints a traceback.
+
+This module is the hot path: it imports only what each step needs, when it
+needs it (see benchmarks/).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from .errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CompatHookError, UsageError
+
+__all__ = ["main", "run"]
+
+STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
+
+
+def _parse(argv: list) -> dict:
+    # Hand-rolled: argparse costs ~5 ms to import, a third of the budget.
+    opts = {"config": None, "stage": None, "state_dir": None, "dry_run": False,
+            "host_root": None, "host_driver_version": None}
+    it = iter(argv)
+    for a in it:
+        key, eq, val = a.partition("=")
+        name = key[2:].replace("-", "_") if key.startswith("--") else None
+        if name == "dry_run" and not eq:
+            opts["dry_run"] = True
+        elif name in opts and name != "dry_run":
+            if not eq:
+                val = next(it, None)
+                if val is None:
+                    raise UsageError(f"{key} needs a value")
+            opts[name] = val
+        elif a in ("-h", "--help"):
+            raise UsageError("usage: compat-hook hook [--config FILE] [--stage STAGE] "
+                             "[--state-dir DIR] [--dry-run]  (OCI state JSON on stdin)")
+        else:
+            raise UsageError(f"unknown argument: {a}")
+    if opts["stage"] is not None and opts["stage"] not in STAGES:
+        raise UsageError(f"unknown stage {opts['stage']!r} (one of {', '.join(STAGES)})")
+    return opts
+
+
+def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
+    """Do one hook run; returns ``(exit_status, log_record)``. Never raises."""
+    t0 = time.monotonic()
+    env = os.environ if environ is None else environ
+    record = {"event": "hook", "container_id": None, "stage": None}
+    config = None
+    try:
+        opts = _parse(argv)
+    except UsageError as e:
+        record.update(decision="error", reason=e.code, error=str(e))
+        _finish(record, None, t0)
+        return EXIT_USAGE, record
+    record["stage"] = opts["stage"]
+    state_dir = opts["state_dir"] or env.get("COMPAT_HOOK_STATE_DIR") or None
+    try:
+        from . import config as _config
+
+        config = _config.load(opts["config"], state_dir=state_dir or _config.DEFAULT_STATE_DIR,
+                              environ=env)
+        changes = {}
+        if opts["host_root"]:
+            changes["host_root"] = opts["host_root"]
+        if opts["host_driver_version"]:
+            changes["host_driver_version"] = opts["host_driver_version"]
+        if changes:
+            config = config.replace(**changes)
+        state_dir = state_dir or _config.DEFAULT_STATE_DIR
+        _hook(opts, config, state_dir, stdin_fd, record)
+        status = EXIT_OK
+    except CompatHookError as e:
+        status = _failed(record, config, e.code, str(e))
+    except OSError as e:
+        status = _failed(record, config, "os_error", f"{e.filename or ''}: {e.strerror or e}".lstrip(": "))
+    except Exception as e:  # last line of defence: never a traceback, never a broken container
+        status = _failed(record, config, "internal_error", f"{type(e).__name__}: {e}")
+    _finish(record, config, t0)
+    return status, record
+
+
+def _failed(record: dict, config, code: str, message: str) -> int:
+    fail = config is not None and config.on_error == "fail"
+    record.update(decision="error", reason=code, error=message,
+                  outcome="container stopped (on_error: fail)" if fail
+                  else "container starts without compat (on_error: continue)")
+    if fail:
+        sys.stderr.write(f"compat-hook: {message}\n")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _finish(record: dict, config, t0: float) -> None:
+    from .logjson import write_line
+
+    record["duration_ms"] = round((time.monotonic() - t0) * 1000, 2)
+    path = config.log_file if config is not None else "/var/log/compat-hook.log"
+    write_line(path, record)
+
+
+def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> None:
+    from . import oci
+    from .container import Request
+
+    state = oci.read_state(stdin_fd)
+    record["container_id"] = state.get("id") if isinstance(state.get("id"), str) else None
+    bundle = state["bundle"]
+    spec = oci.load_spec(bundle)
+    rootfs = oci.rootfs_path(bundle, spec)
+    record["rootfs"] = rootfs
+    request = Request.from_spec(spec, config.annotations, state.get("annotations"))
+    dry = config.dry_run or opts["dry_run"] or request.dry_run
+    record["dry_run"] = dry
+
+    from .decision import decide
+    from .rootfs import Root
+
+    try:
+        root = Root(rootfs)
+    except OSError as e:
+        from .errors import StateError
+
+        raise StateError(f"cannot open rootfs {rootfs}: {e.strerror}") from None
+    with root:
+        if request.disabled or (config.require_gpu_request and not request.gpu_requested):
+            # Fast path: no facts needed for the decision itself.
+            decision = decide(None, _NO_IMAGE, request, config)
+        else:
+            from . import hostfacts, imagefacts
+
+            image = imagefacts.gather(root, config, state_dir=state_dir)
+            host = hostfacts.gather(config)
+            decision = decide(host, image, request, config)
+            record["host_driver_version"] = host.to_dict()["driver_version"]
+            record["host_driver_source"] = host.driver_source
+            record["candidate"] = image.candidate
+            record["elf_source"] = image.elf_source
+            if image.status == "none" and config.store_inject and not request.disabled:
+                decision = _maybe_store(root, host, request, config, decision, record, dry)
+        record.update(decision=decision.action, reason=decision.reason,
+                      compat_dir=decision.compat_dir, compat_version=decision.compat_version)
+        if decision.warnings:
+            record["warnings"] = decision.warnings
+        if config.mode == "env" and decision.source == "image":
+            # env mode is the runtime wrapper's job; the hook only undoes a
+            # drop-in an earlier ldconfig-mode start may have left.
+            enable = False
+        else:
+            enable = decision.enable
+        from . import ldcache
+
+        existing = ldcache.current_dropin(root)
+        actions = ldcache.plan_for(enable, decision.compat_dir, existing)
+        if enable and existing == ldcache.dropin_text(decision.compat_dir):
+            record["dropin"] = "unchanged"
+        record["planned"] = [a for a, _ in actions]
+        done: list = record.setdefault("actions", [])
+        if dry:
+            record["actions"] = [f"dry-run: would {a}" + (f" {arg}" if arg else "") for a, arg in actions]
+            return
+        ldcache.apply(root, actions, config, done)
+
+
+def _maybe_store(root, host, request, config, decision, record, dry):
+    """Podman/CRI-O path: bind-mount a host-store package (createContainer only)."""
+    try:
+        from . import store
+    except ImportError:  # pragma: no cover - store ships with the package
+        return decision
+    return store.hook_inject(root, host, request, config, decision, record, dry)
+
+
+class _NoImage:
+    status = "none"
+
+
+_NO_IMAGE = _NoImage()
+
+
+def main(argv: list | None = None) -> int:
+    status, _ = run(sys.argv[1:] if argv is None else argv)
+    return status

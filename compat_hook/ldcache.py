@@ -1,0 +1,208 @@
+"""Effects of ldconfig mode: the ld.so drop-in and a confined ld cache refresh.
+
+The drop-in is ``/etc/ld.so.conf.d/00-00-compat-hook.conf`` in the rootfs,
+holding the container-side resolved compat dir. Its name sorts before the
+image's own drop-ins, NGC's ``00-cuda-compat.conf`` and the NVIDIA toolkit's
+``00-compat-*`` / ``00-nvcr-*`` both in the C locale (``-`` < ``0`` < letters)
+and under glibc's locale collation that ignores punctuation (``0000...``
+before ``00c...`` / ``00n...``); ldconfig lets the earliest directory win for
+a soname. The name is fixed, so two starts leave one file, and a later start
+that decides "skip" finds and removes it: a container restarted after the
+host driver was upgraded stops using the compat driver (the stale-drop-in
+defect of NVIDIA's uuid-named files).
+
+The ld cache is rebuilt by the *host's* ldconfig with ``-r <rootfs>``
+(ldconfig chroots before reading anything, so the image's files are read in
+the image), as a child with a timeout, rlimits, an explicit environment and
+no inherited descriptors.
+
+>>> plan_for(True, "/usr/local/cuda-12.4/compat", None)
+[('write_dropin', '/usr/local/cuda-12.4/compat'), ('ldconfig', None)]
+>>> plan_for(False, None, "/usr/local/cuda-12.4/compat\\n")
+[('remove_dropin', None), ('ldconfig', None)]
+>>> plan_for(False, None, None)
+[]
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import CompatHookError
+
+__all__ = ["DROPIN_DIR", "DROPIN_NAME", "DROPIN_PATH", "LD_SO_CONF", "plan_for", "current_dropin",
+           "apply", "run_ldconfig", "LdconfigError"]
+
+DROPIN_DIR = "/etc/ld.so.conf.d"
+DROPIN_NAME = "00-00-compat-hook.conf"
+DROPIN_PATH = f"{DROPIN_DIR}/{DROPIN_NAME}"
+LD_SO_CONF = "/etc/ld.so.conf"
+_LD_SO_CONF_TEXT = b"# created by compat-hook: the image had no /etc/ld.so.conf\ninclude /etc/ld.so.conf.d/*.conf\n"
+_HEADER = "# compat-hook: CUDA forward compatibility for this container (rewritten at every start)\n"
+
+
+class LdconfigError(CompatHookError):
+    code = "ldconfig_failed"
+
+
+def dropin_text(compat_dir: str) -> str:
+    return f"{_HEADER}{compat_dir}\n"
+
+
+def current_dropin(root) -> str | None:
+    """Text of our drop-in in the rootfs, or ``None`` (a non-regular file counts as present)."""
+    try:
+        st = root.lstat(DROPIN_PATH)
+    except OSError:
+        return None
+    import stat as _stat
+
+    if not _stat.S_ISREG(st.st_mode):
+        return ""  # something (a planted symlink?) squats our name: replace or remove it
+    try:
+        return root.read_file(DROPIN_PATH, 4096).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def plan_for(enable: bool, compat_dir: str | None, existing: str | None) -> list:
+    """The ordered actions for a decision, given the drop-in found (pure).
+
+    Enabling always refreshes the cache: another hook (the NVIDIA toolkit's)
+    may have rebuilt it since the last start, and it is the only way to be
+    sure the compat entry is first.
+    """
+    if enable:
+        return [("write_dropin", compat_dir), ("ldconfig", None)]
+    if existing is not None:
+        return [("remove_dropin", None), ("ldconfig", None)]
+    return []
+
+
+def _includes_dropins(text: str) -> bool:
+    for line in text.splitlines():
+        parts = line.split("#", 1)[0].split()
+        if len(parts) == 2 and parts[0] == "include" and parts[1].startswith(DROPIN_DIR + "/"):
+            return True
+    return False
+
+
+def apply(root, actions: list, config, done: list) -> None:
+    """Carry out ``actions`` in ``root``; appends what was done to ``done``."""
+    extra_dirs: list = []
+    for action, arg in actions:
+        if action == "write_dropin":
+            if not root.exists(LD_SO_CONF):
+                root.mkdirs("/etc")
+                root.write_file(LD_SO_CONF, _LD_SO_CONF_TEXT, 0o644)
+                done.append("created /etc/ld.so.conf")
+            else:
+                try:
+                    conf = root.read_file(LD_SO_CONF, 1 << 16).decode("utf-8", "replace")
+                except OSError:
+                    conf = ""
+                if not _includes_dropins(conf):
+                    # The image's ld.so.conf ignores ld.so.conf.d: name the dir
+                    # on ldconfig's command line, which it reads first.
+                    extra_dirs.append(arg)
+                    done.append("ld.so.conf lacks the conf.d include: compat dir passed to ldconfig")
+            root.mkdirs(DROPIN_DIR)
+            path = root.write_file(DROPIN_PATH, dropin_text(arg).encode(), 0o644)
+            done.append(f"wrote {path}")
+        elif action == "remove_dropin":
+            if root.unlink(DROPIN_PATH):
+                done.append(f"removed {DROPIN_PATH}")
+        elif action == "ldconfig":
+            ms = run_ldconfig(config.ldconfig, root.host_path, extra_dirs, config.ldconfig_timeout)
+            done.append(f"ldconfig -r ({ms} ms)")
+        else:  # pragma: no cover - plan_for produces only these
+            raise ValueError(action)
+
+
+def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10) -> int:
+    """Run ``ldconfig -r rootfs``; returns its milliseconds, raises :class:`LdconfigError`.
+
+    fork+exec rather than ``subprocess`` (whose import costs ~10 ms here) so
+    the child can get rlimits; the wait uses a pidfd with a timeout.
+    """
+    import resource
+    import select
+
+    import time
+
+    if not os.path.isabs(ldconfig) or not os.access(ldconfig, os.X_OK):
+        raise LdconfigError(f"ldconfig not executable: {ldconfig}")
+    argv = [ldconfig, "-r", rootfs] + list(extra_dirs)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # child: never return into Python code paths
+        try:
+            os.close(r)
+            devnull = os.open("/dev/null", os.O_RDWR)
+            os.dup2(devnull, 0)
+            os.dup2(w, 1)
+            os.dup2(w, 2)
+            os.closerange(3, 65536)
+            limits = ((resource.RLIMIT_CPU, int(timeout) + 1), (resource.RLIMIT_CORE, 0),
+                      (resource.RLIMIT_FSIZE, 256 << 20), (resource.RLIMIT_NOFILE, 1024),
+                      (resource.RLIMIT_AS, 4 << 30))
+            for res, val in limits:
+                try:
+                    soft, hard = resource.getrlimit(res)
+                    cap = val if hard == resource.RLIM_INFINITY else min(val, hard)
+                    resource.setrlimit(res, (cap, cap))
+                except (ValueError, OSError):
+                    pass
+            os.chdir("/")
+            os.execve(ldconfig, argv, env)
+        except BaseException:
+            pass
+        os._exit(127)
+    os.close(w)
+    status = None
+    out = b""
+    try:
+        deadline = t0 + timeout
+        pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+        try:
+            poller = select.poll()
+            poller.register(r, select.POLLIN)
+            if pidfd is not None:
+                poller.register(pidfd, select.POLLIN)
+            while status is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    os.kill(pid, 9)  # SIGKILL; `import signal` pulls in enum (~7 ms)
+                    os.waitpid(pid, 0)
+                    raise LdconfigError(f"ldconfig timed out after {timeout} s")
+                for fd, _ in poller.poll(min(left, 0.05 if pidfd is None else left) * 1000):
+                    if fd == r:
+                        chunk = os.read(r, 4096)
+                        if chunk and len(out) < 8192:
+                            out += chunk
+                        elif not chunk:
+                            poller.unregister(r)
+                got, st = os.waitpid(pid, os.WNOHANG)
+                if got == pid:
+                    status = st
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+    finally:
+        try:
+            while len(out) < 8192:
+                chunk = os.read(r, 4096)
+                if not chunk:
+                    break
+                out += chunk
+        except OSError:
+            pass
+        os.close(r)
+    ms = int((time.monotonic() - t0) * 1000)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        msg = out.decode("utf-8", "replace").strip().splitlines()
+        raise LdconfigError(f"ldconfig exited {code}: {msg[-1][:200] if msg else 'no output'}")
+    return ms

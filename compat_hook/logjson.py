@@ -1,0 +1,70 @@
+"""One structured JSON line per run, appended to the log file.
+
+runc discards a successful hook's output, so the log file is where every
+decision is told. A line is written with a single ``write`` on an
+``O_APPEND`` descriptor, so concurrent hooks never interleave within a line.
+Logging never fails the hook: any error is reported once on stderr.
+
+>>> import tempfile, os
+>>> p = os.path.join(tempfile.mkdtemp(), "log")
+>>> write_line(p, {"event": "hook", "reason": "no_candidate"})
+True
+>>> open(p).read().startswith('{"time":')
+True
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from . import jsonfast
+
+__all__ = ["write_line", "timestamp"]
+
+
+def timestamp() -> str:
+    """UTC time as ``2026-12-02T15:04:05.123Z`` (no datetime import)."""
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+
+
+def write_line(path: str | None, record: dict) -> bool:
+    """Append ``record`` (with a leading ``time``) as one JSON line to ``path``."""
+    line = dict(time=timestamp())
+    line.update(record)
+    try:
+        data = (jsonfast.dumps(line) + "\n").encode()
+    except (TypeError, ValueError) as e:
+        data = (jsonfast.dumps({"time": line["time"], "event": record.get("event"),
+                                "error": f"unloggable record: {e}"}) + "\n").encode()
+    if not path:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+    except FileNotFoundError:
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+        except OSError as e:
+            _complain(path, e)
+            return False
+    except OSError as e:
+        _complain(path, e)
+        return False
+    try:
+        os.write(fd, data)
+        return True
+    except OSError as e:
+        _complain(path, e)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _complain(path: str, e: OSError) -> None:
+    try:
+        sys.stderr.write(f"compat-hook: cannot write log {path}: {e.strerror or e}\n")
+    except Exception:
+        pass

@@ -1,0 +1,99 @@
+"""Reading the OCI state (hook stdin) and the bundle's config.json.
+
+runc and crun differ (../shared/docs/oci-runtimes.md §2): crun adds a
+``root`` field, ``pid`` is 1 (runc) or 0 (crun) at createContainer, and the
+cwd is the rootfs (runc createContainer) or the bundle. None of that is used:
+the rootfs is always ``bundle`` + config.json ``root.path`` (joined when
+relative).
+
+>>> rootfs_path("/b", {"root": {"path": "rootfs"}})
+'/b/rootfs'
+>>> rootfs_path("/b", {"root": {"path": "/var/lib/x/merged"}})
+'/var/lib/x/merged'
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import jsonfast
+from .errors import StateError
+
+__all__ = ["read_state", "load_spec", "rootfs_path", "MAX_STATE_BYTES", "MAX_SPEC_BYTES"]
+
+#: A state is a few hundred bytes; anything past this is not a runtime talking.
+MAX_STATE_BYTES = 1 << 20
+#: config.json with thousands of env entries and mounts stays well below this.
+MAX_SPEC_BYTES = 64 << 20
+
+
+def _read_limited(fd: int, limit: int, what: str) -> bytes:
+    chunks = []
+    total = 0
+    while True:
+        try:
+            b = os.read(fd, 1 << 16)
+        except InterruptedError:  # pragma: no cover
+            continue
+        if not b:
+            break
+        total += len(b)
+        if total > limit:
+            raise StateError(f"{what} is larger than {limit >> 20} MiB")
+        chunks.append(b)
+    return b"".join(chunks)
+
+
+def read_state(fd: int = 0) -> dict:
+    """Parse the OCI state JSON from ``fd`` (stdin); :class:`StateError` if unusable."""
+    try:
+        data = _read_limited(fd, MAX_STATE_BYTES, "the OCI state on stdin")
+    except OSError as e:
+        raise StateError(f"cannot read the OCI state on stdin: {e.strerror}") from None
+    if not data.strip():
+        raise StateError("no OCI state on stdin (empty input)")
+    try:
+        state = jsonfast.loads(data)
+    except ValueError as e:
+        raise StateError(f"the OCI state on stdin is not JSON: {e}") from None
+    if not isinstance(state, dict):
+        raise StateError("the OCI state on stdin is not a JSON object")
+    bundle = state.get("bundle")
+    if not isinstance(bundle, str) or not bundle.startswith("/"):
+        raise StateError("the OCI state has no absolute 'bundle' path")
+    return state
+
+
+def load_spec(bundle: str) -> dict:
+    """Parse ``<bundle>/config.json``; :class:`StateError` if unusable."""
+    path = os.path.join(bundle, "config.json")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise StateError(f"{path}: no such file (is the bundle right?)") from None
+    except OSError as e:
+        raise StateError(f"{path}: cannot open: {e.strerror}") from None
+    try:
+        data = _read_limited(fd, MAX_SPEC_BYTES, path)
+    except OSError as e:
+        raise StateError(f"{path}: cannot read: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        spec = jsonfast.loads(data)
+    except ValueError as e:
+        raise StateError(f"{path}: not JSON: {e}") from None
+    if not isinstance(spec, dict):
+        raise StateError(f"{path}: not a JSON object")
+    return spec
+
+
+def rootfs_path(bundle: str, spec: dict) -> str:
+    """The host path of the container's root filesystem."""
+    root = spec.get("root")
+    path = root.get("path") if isinstance(root, dict) else None
+    if not isinstance(path, str) or not path:
+        raise StateError("config.json has no root.path")
+    if "\0" in path:
+        raise StateError("config.json root.path contains a NUL byte")
+    return path if path.startswith("/") else os.path.normpath(os.path.join(bundle, path))

@@ -1,0 +1,262 @@
+"""The host compat store: cuda-compat packages kept on the node.
+
+Layout under ``store_dir`` (default ``/var/lib/compat-hook/store``)::
+
+    550.54.15/                 the package's compat dir: libcuda.so.550.54.15,
+                               libcuda.so.1 -> ..., libnvidia-ptxjitcompiler..., links kept
+    550.54.15.json             what was validated: ELF facts, note, files, source
+
+Only the version directory is ever mounted into a container (read-only);
+the metadata stays beside it. Packages are validated with the same ELF
+checks as an image's compat driver before they are stored, and the decision
+for a container uses the stored ELF facts, so no ELF parsing happens at
+container start.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as _stat
+
+from .errors import CompatHookError
+
+__all__ = ["StoreError", "add", "list_entries", "remove", "packages", "decide_for", "hook_inject"]
+
+
+class StoreError(CompatHookError):
+    code = "store_error"
+
+
+def _is_version_name(name: str) -> bool:
+    from .versions import try_parse_version
+
+    return name.count(".") >= 1 and try_parse_version(name) is not None
+
+
+def _find_compat_dir(top: str) -> str:
+    """The single directory under ``top`` holding a regular libcuda.so.<version>."""
+    from .imagefacts import _is_candidate_name
+
+    found = []
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        libs = [n for n in filenames if _is_candidate_name(n)
+                and _stat.S_ISREG(os.lstat(os.path.join(dirpath, n)).st_mode)]
+        if libs:
+            found.append((dirpath, libs))
+    if not found:
+        raise StoreError(f"{top}: no regular libcuda.so.<version> found (not a cuda-compat package?)")
+    if len(found) > 1 or len(found[0][1]) > 1:
+        names = ", ".join(os.path.join(d, n) for d, ls in found for n in ls)
+        raise StoreError(f"{top}: several compat drivers, refusing to guess: {names}")
+    return found[0][0]
+
+
+def _extract_deb(deb: str, dest: str) -> None:
+    import subprocess
+
+    try:
+        subprocess.run(["dpkg-deb", "-x", deb, dest], check=True, capture_output=True, timeout=300)
+    except FileNotFoundError:
+        raise StoreError("dpkg-deb not found: unpack the .deb and add the directory instead") from None
+    except subprocess.CalledProcessError as e:
+        msg = e.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise StoreError(f"{deb}: dpkg-deb failed: {msg[-1] if msg else e.returncode}") from None
+
+
+def add(store_dir: str, path: str, config) -> dict:
+    """Validate and import a package (unpacked dir or .deb); returns its entry."""
+    import shutil
+    import tempfile
+
+    from . import jsonfast
+    from .elfnote import inspect_elf, machine_for_arch
+    from .logjson import timestamp
+
+    if not os.path.exists(path):
+        raise StoreError(f"{path}: no such file or directory")
+    os.makedirs(store_dir, mode=0o755, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=".add-", dir=store_dir)
+    try:
+        src = path
+        if os.path.isfile(path):
+            if not path.endswith(".deb"):
+                raise StoreError(f"{path}: not a directory or a .deb")
+            src = os.path.join(work, "unpacked")
+            _extract_deb(path, src)
+        cdir = _find_compat_dir(src)
+        lib = next(n for n in os.listdir(cdir) if n.startswith("libcuda.so.") and
+                   _stat.S_ISREG(os.lstat(os.path.join(cdir, n)).st_mode) and "." in n[11:])
+        version = lib[len("libcuda.so."):]
+        if not _is_version_name(version):
+            raise StoreError(f"{lib}: the file name carries no driver version")
+        with open(os.path.join(cdir, lib), "rb") as f:
+            info = inspect_elf(f)
+        machine = machine_for_arch(os.uname().machine)
+        why = info.loadable_for(machine) if machine else "elf_machine"
+        if why is not None:
+            raise StoreError(f"{lib}: not a loadable libcuda for this host ({why}: {info.error or ''})".rstrip(": )") + ")")
+        stage = os.path.join(work, version)
+        os.mkdir(stage, 0o755)
+        files = []
+        for n in sorted(os.listdir(cdir)):
+            p = os.path.join(cdir, n)
+            st = os.lstat(p)
+            if _stat.S_ISREG(st.st_mode):
+                shutil.copyfile(p, os.path.join(stage, n), follow_symlinks=False)
+                os.chmod(os.path.join(stage, n), 0o644)
+                files.append(n)
+            elif _stat.S_ISLNK(st.st_mode):
+                target = os.readlink(p)
+                # Only links to a sibling: the store never points elsewhere.
+                if "/" not in target:
+                    os.symlink(target, os.path.join(stage, n))
+                    files.append(f"{n} -> {target}")
+        note = info.note.to_dict() if info.note is not None else None
+        entry = {"version": version, "path": os.path.join(store_dir, version), "files": files,
+                 "elf": info.to_dict(), "cuda_version": note.get("cuda_version") if note else None,
+                 "source": os.path.abspath(path), "added": timestamp()}
+        final = os.path.join(store_dir, version)
+        if os.path.lexists(final):
+            raise StoreError(f"compat driver {version} is already stored (store remove {version} first)")
+        meta_tmp = os.path.join(work, "meta.json")
+        with open(meta_tmp, "w") as f:
+            f.write(jsonfast.dumps(entry, indent=2) + "\n")
+        os.rename(stage, final)
+        os.rename(meta_tmp, final + ".json")
+        return entry
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def list_entries(store_dir: str) -> list:
+    """Every stored package's entry, oldest version first (broken ones are skipped)."""
+    from . import jsonfast
+    from .versions import try_parse_version
+
+    try:
+        names = os.listdir(store_dir)
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in names:
+        if not n.endswith(".json") or not _is_version_name(n[:-5]):
+            continue
+        try:
+            with open(os.path.join(store_dir, n), "rb") as f:
+                e = jsonfast.loads(f.read(1 << 20))
+        except (OSError, ValueError):
+            continue
+        if isinstance(e, dict) and e.get("version") == n[:-5] and os.path.isdir(os.path.join(store_dir, n[:-5])):
+            e["path"] = os.path.join(store_dir, n[:-5])
+            out.append(e)
+    out.sort(key=lambda e: try_parse_version(e["version"]) or (0, 0, 0))
+    return out
+
+
+def remove(store_dir: str, version: str) -> None:
+    import shutil
+
+    if not _is_version_name(version) or "/" in version:
+        raise StoreError(f"not a stored version: {version!r}")
+    d = os.path.join(store_dir, version)
+    if not os.path.isdir(d):
+        raise StoreError(f"compat driver {version} is not in the store")
+    trash = os.path.join(store_dir, f".remove-{version}-{os.getpid()}")
+    os.rename(d, trash)
+    try:
+        os.unlink(d + ".json")
+    except FileNotFoundError:
+        pass
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def packages(store_dir: str) -> list:
+    """Stored packages as :class:`~compat_hook.imagefacts.ImageFacts` (host paths)."""
+    from .elfnote import ElfInfo
+    from .imagefacts import ImageFacts
+    from .versions import try_parse_version
+
+    out = []
+    for e in list_entries(store_dir):
+        f = ImageFacts()
+        f.status = "found"
+        f.compat_dir = e["path"]
+        f.candidate = "libcuda.so." + e["version"]
+        f.compat_version_text = e["version"]
+        f.compat_version = try_parse_version(e["version"])
+        try:
+            f.elf = ElfInfo.from_dict(e["elf"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        out.append(f)
+    return out
+
+
+def decide_for(host, request, config):
+    """The host-store decision for a container whose image has no compat libs."""
+    from .decision import decide_store
+
+    pkgs = packages(config.store_dir)
+    need = request.required_cuda() if request is not None else (None, None)
+    return decide_store(host, request, pkgs, config, need)
+
+
+# -- the hook's injection (Podman / CRI-O hooks.d, createContainer) ---------
+
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 32, 4096, 16384
+
+
+def _mount(source: str | None, target: str, flags: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                           ctypes.c_void_p]
+    src = os.fsencode(source) if source is not None else None
+    if libc.mount(src, os.fsencode(target), None, flags, None) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), target)
+
+
+def _in_container_mount_ns() -> bool:
+    try:
+        return os.stat("/proc/self/ns/mnt").st_ino != os.stat("/proc/1/ns/mnt").st_ino
+    except OSError:
+        return False
+
+
+def hook_inject(root, host, request, config, decision, record, dry):
+    """Bind-mount the chosen store package read-only at ``store_target`` in the rootfs.
+
+    Only in the container's mount namespace (createContainer): a mount made
+    from the host namespace would leak onto the host and be invisible in the
+    container. The target is created and opened inside the confined root
+    and mounted through its ``/proc/self/fd`` path, so an image symlink
+    cannot redirect the mount; the source is only ever a store directory.
+    Returns the decision the hook should carry out (its compat_dir is then the
+    container path, for the ld.so drop-in).
+    """
+    from .decision import Decision
+
+    sd = decide_for(host, request, config)
+    record["store"] = {"decision": sd.action, "reason": sd.reason, "version": sd.compat_version}
+    if not sd.enable:
+        return decision
+    if not _in_container_mount_ns():
+        record["store"]["skipped"] = "not in the container's mount namespace (register at createContainer)"
+        return decision
+    target = config.store_target
+    if dry:
+        record.setdefault("actions", []).append(f"dry-run: would bind-mount {sd.compat_dir} at {target}")
+    else:
+        resolved = root.mkdirs(target)
+        w = root._walk(resolved)
+        try:
+            fdpath = f"/proc/self/fd/{w.fd}"
+            _mount(sd.compat_dir, fdpath, _MS_BIND)
+            _mount(None, fdpath, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        finally:
+            os.close(w.fd)
+        record.setdefault("actions", []).append(f"bind-mounted {sd.compat_dir} at {resolved} (ro)")
+        target = resolved
+    return Decision("enable", sd.reason, target, sd.compat_version, "store", sd.details, sd.warnings)

@@ -1,0 +1,59 @@
+"""Shared on-disk cache for the test harness (debs, extracted libcuda, probe binary).
+
+Location: ``$COMPAT_HOOK_TEST_CACHE`` or ``<repo>/.cache/`` (git-ignored).
+
+Every producer follows the same pattern so that several pytest processes can
+call it at once: take an exclusive ``flock`` on ``<cache>/.locks/<name>.lock``,
+re-check whether the final entry exists, build it in a temp dir inside the
+cache (same filesystem) and ``rename`` it into place.  A crashed producer
+leaves only a ``.tmp-*`` directory behind, never a half-built final entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Callable, Iterator
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def cache_dir() -> pathlib.Path:
+    env = os.environ.get("COMPAT_HOOK_TEST_CACHE")
+    d = pathlib.Path(env) if env else REPO_ROOT / ".cache"
+    d.mkdir(parents=True, exist_ok=True)
+    return d.resolve()
+
+
+@contextlib.contextmanager
+def locked(name: str) -> Iterator[None]:
+    locks = cache_dir() / ".locks"
+    locks.mkdir(exist_ok=True)
+    with open(locks / f"{name}.lock", "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def ensure_dir(final: pathlib.Path, build: Callable[[pathlib.Path], None], *, lock: str) -> pathlib.Path:
+    """Return ``final``; if missing, ``build(tmpdir)`` under ``lock`` and rename tmpdir to ``final``."""
+    if final.is_dir():
+        return final
+    with locked(lock):
+        if final.is_dir():
+            return final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+        try:
+            build(tmp)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final

@@ -1,0 +1,58 @@
+/*
+ * Container probe for the compat-hook test harness.
+ *
+ * Loads "libcuda.so.1" exactly the way a CUDA application does (dlopen by
+ * SONAME, so LD_LIBRARY_PATH and /etc/ld.so.cache decide), asks the loaded
+ * library for its CUDA version and reports which file the dynamic loader
+ * actually mapped.  It never calls cuInit(): that needs a GPU and, as root,
+ * mknod()s /dev/nvidiactl (docs/cuda-compat.md section 13).
+ *
+ * Output on success (exit 0), exactly two lines:
+ *   cuDriverGetVersion=<int>
+ *   libcuda=<realpath of the loaded file>
+ * dlopen failure: "dlopen-error=<dlerror()>", exit 3.
+ * Other failures: "probe-error=<what>", exit 4 (no symbol) / 5 (CUresult != 0).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef int (*get_version_fn)(int *);
+
+int main(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (h == NULL) {
+        const char *e = dlerror();
+        printf("dlopen-error=%s\n", e ? e : "(null)");
+        return 3;
+    }
+
+    struct link_map *lm = NULL;
+    char resolved[PATH_MAX];
+    const char *where = "?";
+    if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm != NULL && lm->l_name != NULL) {
+        where = lm->l_name;
+        if (realpath(lm->l_name, resolved) != NULL)
+            where = resolved;
+    }
+
+    get_version_fn fn = (get_version_fn)dlsym(h, "cuDriverGetVersion");
+    if (fn == NULL) {
+        const char *e = dlerror();
+        printf("probe-error=no cuDriverGetVersion: %s\nlibcuda=%s\n", e ? e : "(null)", where);
+        return 4;
+    }
+    int v = -1;
+    int rc = fn(&v);
+    if (rc != 0) {
+        printf("probe-error=cuDriverGetVersion returned %d\nlibcuda=%s\n", rc, where);
+        return 5;
+    }
+    printf("cuDriverGetVersion=%d\nlibcuda=%s\n", v, where);
+    fflush(stdout);
+    return 0;
+}
