@@ -149,7 +149,7 @@ SCHEMA = {
     "cache": (True, _bool, "remember parsed libraries and config in the state dir (never changes a decision)"),
     "wrapper_add_hook": (False, _bool, "wrapper: also add the ldconfig-mode hook to the spec's createContainer hooks"),
     "wrapper_drop_oom_score_adj": (False, _bool, "wrapper: drop process.oomScoreAdj (hosts without CAP_SYS_RESOURCE)"),
-    "annotations": (None, _opt_str_map, "extra annotations to treat as set on every container (testing)"),
+    "annotations": ({}, _opt_str_map, "extra annotations to treat as set on every container (testing)"),
 }
 
 
@@ -190,7 +190,8 @@ def from_mapping(data, source: str | None = None) -> Config:
         if k in data:
             values[k] = check(data[k], k)
         else:
-            values[k] = list(default) if isinstance(default, list) else default
+            values[k] = (list(default) if isinstance(default, list)
+                         else dict(default) if isinstance(default, dict) else default)
     return Config(values, source)
 
 
@@ -272,6 +273,8 @@ def render_default_yaml() -> str:
             lines.extend(f"  - {item}" for item in default)
         elif default is None:
             lines.append(f"{k}: null")
+        elif isinstance(default, dict):
+            lines.append(f"{k}: {{}}")
         elif isinstance(default, bool):
             lines.append(f"{k}: {'true' if default else 'false'}")
         elif isinstance(default, str):

@@ -373,6 +373,10 @@ def inspect_elf(f) -> ElfInfo:
         return info
 
     # Only now pay for pyelftools (~60-100 ms to import on a cold start).
+    # import_dep also finds it when the hook runs as `python3 -I -S`.
+    from ._deps import import_dep
+
+    import_dep("elftools")
     from elftools.common.exceptions import ELFError
     from elftools.construct import ConstructError
 

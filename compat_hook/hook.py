@@ -170,7 +170,7 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
         if dry:
             record["actions"] = [f"dry-run: would {a}" + (f" {arg}" if arg else "") for a, arg in actions]
             return
-        ldcache.apply(root, actions, config, done)
+        ldcache.apply(root, actions, config, done, ldcache.namespace_pid(state))
 
 
 def _maybe_store(root, host, request, config, decision, record, dry):

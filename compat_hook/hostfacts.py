@@ -68,10 +68,12 @@ def brand_from_model(model: str) -> int:
     low = m.lower()
     if not m or low in ("graphics device", "unknown", "nvidia graphics device"):
         return 0
+    # NVML reports GeForce RTX / TITAN RTX boards as GEFORCE / TITAN: nvml.h
+    # marks 15 (GEFORCE_RTX) and 16 (TITAN_RTX) "Unused".
     if "geforce" in low:
-        return 15 if "rtx" in low else 5
+        return 5
     if "titan" in low:
-        return 16 if "rtx" in low else 6
+        return 6
     if "quadro" in low:
         return 12 if "rtx" in low else 1
     if "tesla" in low:

@@ -152,7 +152,9 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True) 
         facts.compat_version_text = suffix
         if suffix == "1.1":
             facts.tegra_lib = True
-        else:
+        elif suffix == suffix.strip():
+            # parse_version tolerates surrounding whitespace (for /sys and
+            # config values); a file name with it is no version name.
             facts.compat_version = try_parse_version(suffix)
         if inspect:
             path = resolved.rstrip("/") + "/" + name

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import CompatHookError
+from .errors import CompatHookError, UnsafePath
 
 __all__ = ["DROPIN_DIR", "DROPIN_NAME", "DROPIN_PATH", "LD_SO_CONF", "plan_for", "current_dropin",
            "apply", "run_ldconfig", "LdconfigError"]
@@ -47,6 +47,22 @@ class LdconfigError(CompatHookError):
 
 def dropin_text(compat_dir: str) -> str:
     return f"{_HEADER}{compat_dir}\n"
+
+
+def dropin_bytes(compat_dir: str) -> bytes:
+    """The drop-in as written: the dir's exact bytes (an image may use non-UTF-8 names).
+
+    ld.so.conf has no quoting: a newline would split the name into lines the
+    image chose, ``#`` starts a comment and ldconfig strips edge whitespace,
+    so such a name cannot be written faithfully and is refused
+    (:class:`UnsafePath`).
+    """
+    raw = os.fsencode(compat_dir)
+    if (not raw.startswith(b"/") or raw != raw.strip() or b"#" in raw
+            or any(c < 0x20 or c == 0x7F for c in raw)):
+        raise UnsafePath(f"the compat dir {compat_dir!r} cannot be named in an ld.so.conf file "
+                         "(control character, '#' or edge whitespace)")
+    return _HEADER.encode() + raw + b"\n"
 
 
 def current_dropin(root) -> str | None:
@@ -87,11 +103,34 @@ def _includes_dropins(text: str) -> bool:
     return False
 
 
-def apply(root, actions: list, config, done: list) -> None:
+def namespace_pid(state: dict):
+    """The pid whose mount namespace ldconfig must run in, or ``None`` for our own.
+
+    At prestart and createRuntime the hook runs in the host's mount
+    namespace, where mounts the runtime or the NVIDIA toolkit made for the
+    container (the bind-mounted host driver libraries) are invisible: an
+    ldconfig run there sees their empty placeholder files and drops them from
+    the cache. The state's ``pid`` is then the container's init on the host.
+    At createContainer we are already in the container's namespace (runc
+    reports pid 1, crun 0).
+    """
+    pid = state.get("pid") if isinstance(state, dict) else None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        return None
+    try:
+        ours = os.stat("/proc/self/ns/mnt")
+        theirs = os.stat(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+    return pid if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino) else None
+
+
+def apply(root, actions: list, config, done: list, ns_pid=None) -> None:
     """Carry out ``actions`` in ``root``; appends what was done to ``done``."""
     extra_dirs: list = []
     for action, arg in actions:
         if action == "write_dropin":
+            text = dropin_bytes(arg)  # refuse before changing anything
             if not root.exists(LD_SO_CONF):
                 root.mkdirs("/etc")
                 root.write_file(LD_SO_CONF, _LD_SO_CONF_TEXT, 0o644)
@@ -107,23 +146,40 @@ def apply(root, actions: list, config, done: list) -> None:
                     extra_dirs.append(arg)
                     done.append("ld.so.conf lacks the conf.d include: compat dir passed to ldconfig")
             root.mkdirs(DROPIN_DIR)
-            path = root.write_file(DROPIN_PATH, dropin_text(arg).encode(), 0o644)
+            path = root.write_file(DROPIN_PATH, text, 0o644)
             done.append(f"wrote {path}")
         elif action == "remove_dropin":
             if root.unlink(DROPIN_PATH):
                 done.append(f"removed {DROPIN_PATH}")
         elif action == "ldconfig":
-            ms = run_ldconfig(config.ldconfig, root.host_path, extra_dirs, config.ldconfig_timeout)
-            done.append(f"ldconfig -r ({ms} ms)")
+            ms = run_ldconfig(config.ldconfig, root.host_path, extra_dirs, config.ldconfig_timeout,
+                              ns_pid)
+            done.append(f"ldconfig -r ({ms} ms" + (f", in the mount namespace of pid {ns_pid})"
+                                                   if ns_pid else ")"))
         else:  # pragma: no cover - plan_for produces only these
             raise ValueError(action)
 
 
-def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10) -> int:
+def _setns_mount(pid: int) -> None:
+    """Join the mount namespace of ``pid`` (child only: needs a single thread)."""
+    import ctypes
+
+    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, 0x00020000) != 0:  # CLONE_NEWNS
+        raise OSError(ctypes.get_errno(), "setns")
+    os.close(fd)
+
+
+def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10,
+                 ns_pid: int | None = None) -> int:
     """Run ``ldconfig -r rootfs``; returns its milliseconds, raises :class:`LdconfigError`.
 
     fork+exec rather than ``subprocess`` (whose import costs ~10 ms here) so
-    the child can get rlimits; the wait uses a pidfd with a timeout.
+    the child can get rlimits; the wait uses a pidfd with a timeout. With
+    ``ns_pid`` the child first joins that process's mount namespace (see
+    :func:`namespace_pid`); the host ldconfig binary is opened before that
+    and executed from its descriptor, so the namespace cannot substitute it.
     """
     import resource
     import select
@@ -134,6 +190,7 @@ def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10)
         raise LdconfigError(f"ldconfig not executable: {ldconfig}")
     argv = [ldconfig, "-r", rootfs] + list(extra_dirs)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+    exe_fd = os.open(ldconfig, os.O_RDONLY | os.O_CLOEXEC)
     r, w = os.pipe()
     t0 = time.monotonic()
     pid = os.fork()
@@ -144,7 +201,10 @@ def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10)
             os.dup2(devnull, 0)
             os.dup2(w, 1)
             os.dup2(w, 2)
-            os.closerange(3, 65536)
+            os.closerange(3, exe_fd)
+            os.closerange(exe_fd + 1, 65536)
+            if ns_pid:
+                _setns_mount(ns_pid)
             limits = ((resource.RLIMIT_CPU, int(timeout) + 1), (resource.RLIMIT_CORE, 0),
                       (resource.RLIMIT_FSIZE, 256 << 20), (resource.RLIMIT_NOFILE, 1024),
                       (resource.RLIMIT_AS, 4 << 30))
@@ -156,11 +216,15 @@ def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10)
                 except (ValueError, OSError):
                     pass
             os.chdir("/")
-            os.execve(ldconfig, argv, env)
-        except BaseException:
-            pass
+            os.execve(exe_fd, argv, env)  # fexecve: the binary opened before setns
+        except BaseException as e:
+            try:
+                os.write(2, f"cannot start ldconfig: {e}\n".encode())
+            except Exception:
+                pass
         os._exit(127)
     os.close(w)
+    os.close(exe_fd)
     status = None
     out = b""
     try:

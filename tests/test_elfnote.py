@@ -32,6 +32,7 @@ from tests.elfgen import (
     NOTE_INVALID,
     NOTE_ORIN,
     make_elf,
+    note_bytes,
     orin_overrun_elf,
     write,
 )
@@ -275,6 +276,25 @@ def test_note_section_found_by_name_and_type_only():
     # Another note section (the build-id one) does not count either.
     info = inspect_bytes(make_elf(note_json=None, build_id=True))
     assert info.note is None and info.note_error is None
+
+
+def test_first_note_section_wins():
+    second = (".note.cuda.fwd_compatibility", 7, note_bytes(NOTE_590))
+    info = inspect_bytes(make_elf(note_json=NOTE_575, extra_sections=[second]))
+    assert info.note.cuda_version == "12.9"
+    # Alone, the extra section is found and parsed like the generated one.
+    info = inspect_bytes(make_elf(note_json=None, extra_sections=[second]))
+    assert info.note.cuda_version == "13.1"
+
+
+def test_only_the_first_note_in_the_section_counts():
+    both = note_bytes("ignored", owner=b"GNU") + note_bytes(NOTE_575)
+    info = inspect_bytes(make_elf(note_json=None, extra_sections=[(".note.cuda.fwd_compatibility", 7, both)]))
+    assert info.note is None
+    assert info.note_error == "note owner is not NVIDIA Corporation"
+    reverse = note_bytes(NOTE_575) + note_bytes("ignored", owner=b"GNU")
+    info = inspect_bytes(make_elf(note_json=None, extra_sections=[(".note.cuda.fwd_compatibility", 7, reverse)]))
+    assert info.note.cuda_version == "12.9"
 
 
 @pytest.mark.parametrize(

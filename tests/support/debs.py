@@ -76,21 +76,25 @@ def _apt_opts(a: Path) -> list[str]:
     return out
 
 
-def _run(argv: list[str], what: str, cwd: Path | None = None) -> str:
+def _problems(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errs = [ln for ln in lines if ln.startswith(("E:", "W:", "Err:"))] or lines[-1:]
+    return " | ".join(errs)[:400]
+
+
+def _run(argv: list[str], what: str, cwd: Path | None = None) -> tuple[str, str]:
     try:
         p = subprocess.run(argv, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise RuntimeError(f"{what}: {e}") from None
     if p.returncode != 0:
-        lines = [ln for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
-        errs = [ln for ln in lines if ln.startswith(("E:", "W:", "Err:"))] or lines[-1:]
-        raise RuntimeError(f"{what}: exit {p.returncode}: {' | '.join(errs)[:400]}")
-    return p.stdout
+        raise RuntimeError(f"{what}: exit {p.returncode}: {_problems(p.stderr + p.stdout)}")
+    return p.stdout, p.stderr
 
 
 def _madison(a: Path, version: str) -> str | None:
     """Debian version (e.g. ``550.163.01-2``) of libcuda1 whose upstream part is ``version``."""
-    out = _run(["apt-cache", *_apt_opts(a), "madison", "libcuda1"], "apt-cache madison libcuda1")
+    out, _ = _run(["apt-cache", *_apt_opts(a), "madison", "libcuda1"], "apt-cache madison libcuda1")
     for line in out.splitlines():
         parts = [p.strip() for p in line.split("|")]
         if len(parts) >= 2 and parts[0] == "libcuda1" and parts[1].split("-")[0].split(":")[-1] == version:
@@ -113,11 +117,14 @@ def _download_deb(version: str) -> Path:
         debver = None
         if any((a / "lists").glob("*_Packages")):
             debver = _madison(a, version)
+        update_msgs = ""
         if debver is None:
-            _run(["apt-get", *_apt_opts(a), "-q", "update"], f"{what}: apt-get update")
+            out, err = _run(["apt-get", *_apt_opts(a), "-q", "update"], f"{what}: apt-get update")
+            update_msgs = _problems(err) if "W:" in err or "E:" in err else ""
             debver = _madison(a, version)
         if debver is None:
-            raise RuntimeError(f"{what}: no libcuda1 {version}-* in the package lists")
+            raise RuntimeError(f"{what}: no libcuda1 {version}-* in the package lists"
+                               + (f" (apt-get update: {update_msgs})" if update_msgs else ""))
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=debs))
         try:
             _run(["apt-get", *_apt_opts(a), "-q", "download", f"libcuda1={debver}"], what, cwd=tmp)

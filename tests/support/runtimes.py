@@ -21,7 +21,6 @@ its paths substituted as absolute literals, and every entry sets ``env``.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import itertools
@@ -242,21 +241,39 @@ def run_container(bundle: Path, runtime: str, *, timeout: float = 60) -> Result:
             cwd=bundle, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=RUNTIME_ENV, start_new_session=True,
         )
+        note = b""
         try:
             out, err = proc.communicate(timeout=timeout)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
+            # Kill the container first: its processes hold our stdout/stderr pipes, and a
+            # container init is pid 1 of its namespace, so it survives the runtime's death.
+            # `delete --force` SIGKILLs it while `run` is still alive to notice and clean up.
+            _delete(runtime, state, cid)
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                try:
+                    out, err = proc.communicate(timeout=5)
+                except subprocess.TimeoutExpired:  # pipes still held by something: stop reading
+                    for f in (proc.stdout, proc.stderr):
+                        f.close()
+                    proc.wait()
+                    out, err = b"", b"[harness] output lost: pipes held open after kill"
             rc = 124
-            err += f"\n[harness] {runtime} run timed out after {timeout}s".encode()
-        return Result(rc, out.decode(errors="replace"), err.decode(errors="replace"),
+            note = f"\n[harness] {runtime} run timed out after {timeout}s; container killed".encode()
+        return Result(rc, out.decode(errors="replace"), (err + note).decode(errors="replace"),
                       runtime, cid, time.monotonic() - t0)
     finally:
         # `run` deletes the container itself when it exits; this covers timeouts and crashes.
-        subprocess.run(_runtime_argv(runtime, state, "delete", "--force", cid), stdin=subprocess.DEVNULL,
-                       capture_output=True, env=RUNTIME_ENV, timeout=30)
+        _delete(runtime, state, cid)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def _delete(runtime: str, state: Path, cid: str) -> None:
+    subprocess.run(_runtime_argv(runtime, state, "delete", "--force", cid), stdin=subprocess.DEVNULL,
+                   capture_output=True, env=RUNTIME_ENV, timeout=30)
 
 
 # --------------------------------------------------------------------------- hooks

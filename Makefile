@@ -1,0 +1,45 @@
+# compat-hook: one command to see it work, one to test it (Debian 12, as root).
+#   make demo   - install what the demo needs, then show the main job on a built-in example
+#   make test   - install every system package the tests use, then run the whole suite
+#   make bench  - run the benchmarks (benchmarks/README.md)
+#   make deb    - build dist/compat-hook_<version>_all.deb
+
+PY ?= /usr/bin/python3
+APT ?= DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0
+
+# What the tool itself needs at run time (python3-tomlkit: the install commands).
+RUN_DEPS = python3 python3-yaml python3-pyelftools python3-tomlkit
+# What the demo adds: a real runc container with a static busybox.
+DEMO_DEPS = $(RUN_DEPS) runc busybox-static binutils
+# What the tests use: real runtimes and engines, real ELF tools, a C compiler for the probe.
+TEST_DEPS = $(DEMO_DEPS) python3-pytest python3-hypothesis crun containerd umoci skopeo podman \
+	hyperfine jq gcc libc6-dev util-linux dpkg-dev lintian debian-archive-keyring \
+	python3-grpcio python3-grpc-tools python3-venv python3-pip ca-certificates
+
+.PHONY: deps-demo deps-test demo test test-fast bench deb clean
+
+deps-demo:
+	@$(PY) -c 'import yaml, elftools' 2>/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] || \
+	  { $(APT) update && $(APT) install --no-install-recommends $(DEMO_DEPS); }
+
+deps-test:
+	$(APT) update
+	$(APT) install --no-install-recommends $(TEST_DEPS)
+
+demo: deps-demo
+	$(PY) -m compat_hook demo
+
+test: deps-test
+	$(PY) -m pytest -ra -p no:cacheprovider
+
+# The suite without (re)installing packages.
+test-fast:
+	$(PY) -m pytest -ra -p no:cacheprovider
+
+bench:
+	$(PY) benchmarks/run.py
+
+-include packaging/deb.mk
+
+clean:
+	rm -rf build dist .pytest_cache .hypothesis benchmarks/results

@@ -1,0 +1,148 @@
+"""``compat-hook install|uninstall crio``: the hooks.d file plus a runtime drop-in.
+
+Two files:
+
+* the hooks.d file (:mod:`compat_hook.install.hooksd`), which CRI-O applies to
+  every container of every runtime handler, so the ldconfig mode works with
+  no further setting (CRI-O watches its hooks dirs; no restart needed);
+* ``/etc/crio/crio.conf.d/99-compat-hook.toml`` (``--config`` overrides it),
+  registering the runtime wrapper as a runtime handler for the env mode, the
+  host store's spec mounts and Kubernetes RuntimeClasses (``handler:
+  cuda-compat``)::
+
+      [crio.runtime.runtimes.cuda-compat]
+      runtime_path = "/usr/libexec/compat-hook/compat-hook-runtime"
+      runtime_type = "oci"
+
+  ``--set-as-default`` adds ``[crio.runtime] default_runtime``. The ``99-``
+  prefix loads it after other drop-ins, so that default wins. The file is
+  edited with tomlkit (other tables and comments in it stay); ``uninstall``
+  removes our table and the default when it names it, and the file when
+  nothing else is left. CRI-O reads runtimes at start: ``systemctl restart
+  crio`` afterwards (never done by these commands).
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import hooksd
+from .hooksd import InstallError, say
+
+__all__ = ["DEFAULT_DROPIN", "install", "uninstall", "render_dropin"]
+
+DEFAULT_DROPIN = "/etc/crio/crio.conf.d/99-compat-hook.toml"
+HEADER = ("compat-hook: the runtime wrapper as a CRI-O runtime handler "
+          "(compat-hook install crio; removed by compat-hook uninstall crio)")
+
+
+def _tomlkit():
+    try:
+        import tomlkit
+    except ImportError:
+        raise InstallError("install crio needs tomlkit (apt install python3-tomlkit, "
+                           "or pip install 'compat-hook[install]')") from None
+    return tomlkit
+
+
+def _parse(path: str, text: str | None):
+    tomlkit = _tomlkit()
+    if text is None:
+        doc = tomlkit.document()
+        doc.add(tomlkit.comment(HEADER))
+        return doc
+    try:
+        return tomlkit.parse(text)
+    except Exception as e:  # tomlkit.exceptions.ParseError and friends
+        raise InstallError(f"{path}: not valid TOML ({e}); fix it first, nothing was changed") from None
+
+
+def _table(parent, key: str, tomlkit):
+    t = parent.get(key)
+    if t is None:
+        t = tomlkit.table(is_super_table=True)  # no empty [crio] header
+        parent[key] = t
+    elif not isinstance(t, dict):
+        raise InstallError(f"crio drop-in: {key!r} must be a table")
+    return t
+
+
+def render_dropin(text: str | None, path: str, *, name: str, wrapper: str | None,
+                  set_default: bool, remove: bool) -> str | None:
+    """The new drop-in text (None: delete the file)."""
+    tomlkit = _tomlkit()
+    doc = _parse(path, text)
+    if remove:
+        crio = doc.get("crio")
+        runtime = crio.get("runtime") if isinstance(crio, dict) else None
+        if not isinstance(runtime, dict):
+            return text
+        runtimes = runtime.get("runtimes")
+        if isinstance(runtimes, dict) and name in runtimes:
+            del runtimes[name]
+            if not runtimes:
+                del runtime["runtimes"]
+        if runtime.get("default_runtime") == name:
+            del runtime["default_runtime"]
+        if not runtime:
+            del crio["runtime"]
+        if not crio:
+            del doc["crio"]
+        if not doc:  # nothing but comments left: the file was ours alone
+            return None
+        return tomlkit.dumps(doc)
+    crio = _table(doc, "crio", tomlkit)
+    runtime = _table(crio, "runtime", tomlkit)
+    if set_default:
+        runtime["default_runtime"] = name
+    runtimes = _table(runtime, "runtimes", tomlkit)
+    entry = runtimes.get(name)
+    if entry is None:
+        entry = tomlkit.table()
+        runtimes[name] = entry
+    if entry.get("runtime_path") != wrapper:
+        entry["runtime_path"] = wrapper
+    if entry.get("runtime_type") != "oci":
+        entry["runtime_type"] = "oci"
+    return tomlkit.dumps(doc)
+
+
+def _dropin_change(args, remove: bool):
+    from .files import Change
+
+    path = os.path.abspath(args.config or DEFAULT_DROPIN)
+    change = Change(path, None, mode=None)
+    if change.old is None and remove:
+        return None
+    wrapper = None if remove else hooksd.wrapper_path(args)
+    new = render_dropin(change.old, path, name=args.runtime_name, wrapper=wrapper,
+                        set_default=bool(getattr(args, "set_as_default", False)), remove=remove)
+    if new is not None and change.old is not None:
+        old_doc, new_doc = _parse(path, change.old), _parse(path, new)
+        if old_doc.unwrap() == new_doc.unwrap():
+            new = change.old  # same settings: leave the bytes alone
+    change.new = new
+    return change
+
+
+def install(args) -> int:
+    hooksd.check_args(args, "crio")
+    hooks = hooksd.changes(args, "crio")
+    dropin = _dropin_change(args, remove=False)
+    hooksd.run([(hooks, False), ([dropin], True)], args, "crio", verb="registered",
+               after=f"crio: hook {hooks[0].path} (active for new containers) and runtime handler "
+                     f"{args.runtime_name!r} in {dropin.path}; restart CRI-O to load the handler "
+                     f"(systemctl restart crio)")
+    hooksd.note_dir(os.path.dirname(hooks[0].path), "crio")
+    return 0
+
+
+def uninstall(args) -> int:
+    hooksd.check_args(args, "crio")
+    hooks = hooksd.removals(args, "crio")
+    dropin = _dropin_change(args, remove=True)
+    groups = [(hooks, False)] + ([([dropin], True)] if dropin is not None else [])
+    hooksd.run(groups, args, "crio", verb="unregistered",
+               after="crio: unregistered; restart CRI-O to drop the runtime handler "
+                     "(systemctl restart crio)")
+    return 0

@@ -1,0 +1,205 @@
+"""File helpers shared by every ``compat-hook install`` engine module.
+
+The whole API (nothing else here is meant to be used from outside):
+
+``read_text(path) -> str | None``
+    The file's text, ``None`` when it does not exist.
+``diff(old, new, path) -> str``
+    A unified diff of two texts (``None`` = the file does not exist), with
+    ``a/PATH`` / ``b/PATH`` headers; ``""`` when they are equal.
+``write_atomic(path, text, mode=None, backup=True) -> str | None``
+    Write ``text`` to ``path`` through a temp file in the same directory,
+    ``fsync`` and ``rename`` (a reader sees the old or the new file, never
+    half of one). Parent directories are created (0755). A symlink at ``path``
+    is followed (the file it points to is replaced, the link stays). ``mode``:
+    ``None`` keeps the existing file's mode (new files get 0644); owner and
+    group of an existing file are kept. Returns the backup's path when a
+    previous, *different* file was copied aside (``backup=True``), else
+    ``None``. Writing the same bytes again changes nothing (no write, no
+    backup).
+``remove(path, backup=True) -> str | None``
+    Delete ``path`` (a missing file is fine); returns the backup path.
+``backup_path(path) -> str``
+    The name a backup of ``path`` gets: ``PATH.compat-hook-YYYYmmddTHHMMSS.bak``
+    (``-2``, ``-3``... when taken within the same second). The suffix never ends
+    in ``.toml``/``.json``/``.conf``, so engines' drop-in globs never load a backup.
+``Change(path, new, mode=None)``
+    One planned file change (``new=None``: delete). ``.old``, ``.changed``,
+    ``.diff()``.
+``apply(changes, *, dry_run=False, out=None, backup=True) -> bool``
+    Dry run: print the diff of every changed file (``no changes`` when there
+    is none). Otherwise write them in order and print one line per file
+    (``wrote PATH (backup: B)`` / ``removed PATH``), or ``no changes``.
+    Returns whether anything was (or would be) changed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+__all__ = ["read_text", "diff", "write_atomic", "remove", "backup_path", "Change", "apply"]
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def diff(old: str | None, new: str | None, path: str) -> str:
+    import difflib
+
+    if old == new:
+        return ""
+    a = (old or "").splitlines(keepends=True)
+    b = (new or "").splitlines(keepends=True)
+    # A last line without a newline would glue onto the next hunk line.
+    if a and not a[-1].endswith("\n"):
+        a[-1] += "\n\\ No newline at end of file\n"
+    if b and not b[-1].endswith("\n"):
+        b[-1] += "\n\\ No newline at end of file\n"
+    return "".join(difflib.unified_diff(a, b, "/dev/null" if old is None else f"a{path}",
+                                        "/dev/null" if new is None else f"b{path}"))
+
+
+def backup_path(path: str) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    base = f"{path}.compat-hook-{stamp}"
+    cand, n = base + ".bak", 1
+    while os.path.lexists(cand):
+        n += 1
+        cand = f"{base}-{n}.bak"
+    return cand
+
+
+def _target(path: str) -> str:
+    # Follow a symlinked config (e.g. /etc/containerd/config.toml -> /srv/...).
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
+def _fsync_dir(d: str) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _copy_aside(path: str) -> str:
+    import shutil
+
+    dst = backup_path(path)
+    shutil.copy2(path, dst, follow_symlinks=True)
+    return dst
+
+
+def write_atomic(path: str, text: str, mode: int | None = None, backup: bool = True) -> str | None:
+    path = _target(os.path.abspath(path))
+    data = text.encode("utf-8")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        with open(path, "rb") as f:
+            same = f.read() == data
+        if same and (mode is None or (st.st_mode & 0o7777) == mode):
+            return None
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, mode=0o755, exist_ok=True)
+    bak = _copy_aside(path) if (backup and st is not None and not same) else None
+    want = mode if mode is not None else (st.st_mode & 0o7777 if st is not None else 0o644)
+    tmp = os.path.join(d, f".{os.path.basename(path)}.compat-hook-{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, want)
+            if st is not None:
+                try:
+                    os.fchown(fd, st.st_uid, st.st_gid)
+                except PermissionError:
+                    pass
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(d)
+    return bak
+
+
+def remove(path: str, backup: bool = True) -> str | None:
+    path = os.path.abspath(path)
+    if not os.path.lexists(path):
+        return None
+    bak = _copy_aside(_target(path)) if backup and os.path.isfile(path) else None
+    os.unlink(path)
+    _fsync_dir(os.path.dirname(path) or ".")
+    return bak
+
+
+class Change:
+    """A planned change of one file: ``new`` text, or ``None`` to delete it."""
+
+    __slots__ = ("path", "new", "mode", "old")
+
+    def __init__(self, path: str, new: str | None, mode: int | None = None) -> None:
+        self.path = os.path.abspath(path)
+        self.new = new
+        self.mode = mode
+        self.old = read_text(_target(self.path)) if os.path.lexists(self.path) else None
+
+    @property
+    def changed(self) -> bool:
+        if self.new != self.old:
+            return True
+        if self.new is not None and self.mode is not None:
+            return (os.stat(self.path).st_mode & 0o7777) != self.mode
+        return False
+
+    def diff(self) -> str:
+        d = diff(self.old, self.new, self.path)
+        if not d and self.changed:
+            d = f"mode of {self.path} -> {self.mode:04o}\n"
+        return d
+
+    def __repr__(self) -> str:
+        return f"Change({self.path!r}, {'delete' if self.new is None else 'write'})"
+
+
+def apply(changes, *, dry_run: bool = False, out=None, backup: bool = True) -> bool:
+    out = out if out is not None else sys.stdout
+    todo = [c for c in changes if c.changed]
+    if not todo:
+        out.write("no changes\n")
+        return False
+    for c in todo:
+        if dry_run:
+            out.write(c.diff())
+            continue
+        if c.new is None:
+            bak = remove(c.path, backup=backup)
+            out.write(f"removed {c.path}" + (f" (backup: {bak})" if bak else "") + "\n")
+        else:
+            bak = write_atomic(c.path, c.new, mode=c.mode, backup=backup)
+            out.write(f"wrote {c.path}" + (f" (backup: {bak})" if bak else "") + "\n")
+    if dry_run:
+        out.write(f"dry run: {len(todo)} file(s) would change; nothing written\n")
+    return True

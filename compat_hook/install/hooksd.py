@@ -1,0 +1,262 @@
+"""The hooks.d registration shared by Podman and CRI-O (oci-hooks(5), schema 1.0.0).
+
+One file, ``50-compat-hook.json``, in the directory both engines read without
+any configuration, ``/usr/share/containers/oci/hooks.d`` (``--hooks-dir``
+overrides it). Podman 4.3 reads only that directory by default (verified on
+Debian's 4.3.1: a file in ``/etc/containers/oci/hooks.d`` was ignored unless
+``hooks_dir`` in containers.conf or ``--hooks-dir`` names it); CRI-O reads it
+and ``/etc/containers/oci/hooks.d``, where a same-named file masks ours.
+
+``when`` is ``{"always": true}``. hooks.d can match annotations, the
+command (``process.args[0]``) and the presence of bind mounts, but not the
+process env, and a GPU request is an env variable (``NVIDIA_VISIBLE_DEVICES``)
+or a device; an annotation condition would make users annotate every GPU
+container, and Podman sets none for ``--device nvidia.com/gpu=...``. So the
+hook fires for every container and skips non-GPU containers itself: its fast
+path decides ``no_gpu_request`` from config.json without reading any host or
+image fact (one interpreter start, ~17 ms on the CI machine kind, see
+docs/oci-runtimes.md section 10).
+
+The stage is ``createContainer``: it runs in the container's mount namespace
+before pivot_root with the host filesystem visible, which the ldconfig mode
+and the host-store bind mount need.
+
+The hook entry is :func:`compat_hook.registration.hook_entry` (``-I -S``, an
+explicit ``env``), with one change: an interpreter that is
+``/usr/bin/python3.11`` because ``/usr/bin/python3`` links to it is written as
+``/usr/bin/python3``, so a distribution upgrade to the next Python minor
+version does not leave every container start pointing at a removed binary.
+
+The Debian package ships the same file (``packaging/debian``); on such a
+system ``install podman`` finds it unchanged, and a file owned by the package
+is never rewritten or removed by these commands (that is dpkg's job).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..errors import CompatHookError, UsageError
+
+__all__ = ["DEFAULT_DIR", "OVERRIDE_DIR", "FILE_NAME", "InstallError", "document", "render",
+           "target_path", "is_ours", "packaged", "changes", "removals", "install", "uninstall",
+           "stable_interpreter", "package_document", "say", "check_args"]
+
+DEFAULT_DIR = "/usr/share/containers/oci/hooks.d"
+OVERRIDE_DIR = "/etc/containers/oci/hooks.d"
+FILE_NAME = "50-compat-hook.json"
+#: Where dpkg lists the files of installed packages (tests point it elsewhere).
+DPKG_INFO = "/var/lib/dpkg/info"
+PACKAGE = "compat-hook"
+STAGE = "createContainer"
+_MARK = "compat_hook.cli"
+
+
+class InstallError(CompatHookError):
+    """A registration cannot be done safely (exit status 1)."""
+
+    code = "install_failed"
+
+
+def say(msg: str) -> None:
+    sys.stdout.write(msg + "\n")
+
+
+# --------------------------------------------------------------------------- the document
+
+
+def stable_interpreter(exe: str) -> str:
+    """``/usr/bin/python3`` for ``/usr/bin/python3.11`` when the former links to the latter."""
+    d, name = os.path.split(exe)
+    if name.startswith("python3.") and name[8:].replace(".", "").isdigit():
+        stable = os.path.join(d, "python3")
+        try:
+            if os.path.realpath(stable) == os.path.realpath(exe) and os.access(stable, os.X_OK):
+                return stable
+        except OSError:
+            pass
+    return exe
+
+
+def _set_interpreter(entry: dict, exe: str, paths: list | None = None) -> dict:
+    from ..registration import boot_code
+
+    args = list(entry["args"])
+    args[0] = exe
+    if paths is not None:
+        args[args.index("-c") + 1] = boot_code(list(paths))
+    return dict(entry, path=exe, args=args)
+
+
+def document(args) -> dict:
+    """The hooks.d document for the running installation (``--hook-config`` applies)."""
+    from ..registration import hook_entry, hooksd_document
+
+    entry = hook_entry(stage=STAGE, config=getattr(args, "hook_config", None),
+                       state_dir=getattr(args, "state_dir", None))
+    entry = _set_interpreter(entry, stable_interpreter(entry["path"]))
+    return hooksd_document(entry, stages=[STAGE])
+
+
+def package_document(python: str = "/usr/bin/python3",
+                     paths=("/usr/lib/python3/dist-packages",), config: str | None = None) -> dict:
+    """The document the Debian package ships (the installed locations, not this tree's)."""
+    from ..registration import hook_entry, hooksd_document
+
+    entry = _set_interpreter(hook_entry(stage=STAGE, config=config), python, list(paths))
+    return hooksd_document(entry, stages=[STAGE])
+
+
+def render(doc: dict) -> str:
+    import json
+
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def is_ours(text: str | None) -> bool:
+    """True when ``text`` is a hooks.d document whose hook runs compat-hook."""
+    if not text:
+        return False
+    import json
+
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return False
+    hook = doc.get("hook") if isinstance(doc, dict) else None
+    args = hook.get("args") if isinstance(hook, dict) else None
+    return isinstance(args, list) and any(isinstance(a, str) and _MARK in a for a in args)
+
+
+def target_path(args) -> str:
+    """``--config`` (the file itself) or ``--hooks-dir`` / the default dir + ``50-compat-hook.json``."""
+    explicit = getattr(args, "config", None) if getattr(args, "engine", None) == "podman" else None
+    if explicit:
+        return os.path.abspath(explicit)
+    d = getattr(args, "hooks_dir", None) or DEFAULT_DIR
+    return os.path.join(os.path.abspath(d), FILE_NAME)
+
+
+def packaged(path: str) -> bool:
+    """True when dpkg lists ``path`` as a file of the compat-hook package."""
+    try:
+        with open(os.path.join(DPKG_INFO, PACKAGE + ".list"), encoding="utf-8",
+                  errors="replace") as f:
+            return any(line.rstrip("\n") == path for line in f)
+    except OSError:
+        return False
+
+
+def wrapper_path(args) -> str:
+    """The runtime wrapper an engine is pointed at: ``--wrapper-path``, else the default.
+
+    The default is the containerd module's, so every engine registers the same file.
+    """
+    explicit = getattr(args, "wrapper_path", None)
+    if explicit:
+        path = os.path.abspath(explicit)
+    else:
+        path = _default_wrapper()
+    if not os.path.isabs(path):
+        raise InstallError(f"the runtime wrapper path must be absolute, got {path!r}")
+    return path
+
+
+def _default_wrapper() -> str:
+    try:
+        from .containerd import default_wrapper_path
+    except ImportError:
+        default_wrapper_path = None
+    if default_wrapper_path is not None:
+        return default_wrapper_path()
+    import shutil
+
+    found = shutil.which("compat-hook-runtime", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return found or "/usr/bin/compat-hook-runtime"
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def changes(args, engine: str) -> list:
+    """The :class:`~compat_hook.install.files.Change` that registers the hook (may be unchanged)."""
+    from .files import Change
+
+    path = target_path(args)
+    change = Change(path, render(document(args)), mode=0o644)
+    old = change.old
+    if old is None and os.path.lexists(path) and not os.path.isfile(path):
+        raise InstallError(f"{path} exists and is not a regular file")
+    if old is not None and change.changed:
+        if not is_ours(old):
+            raise InstallError(f"{path} exists and is not compat-hook's; move it away or use --hooks-dir")
+        if packaged(path):
+            raise InstallError(
+                f"{path} belongs to the compat-hook package and differs from this registration; "
+                f"change /etc/compat-hook/config.yaml (the packaged hook reads it) instead of "
+                f"--hook-config, or register elsewhere with --hooks-dir")
+    return [change]
+
+
+def removals(args, engine: str) -> list:
+    """The Change that removes our hooks.d file (empty when there is none)."""
+    from .files import Change
+
+    path = target_path(args)
+    change = Change(path, None)
+    if change.old is None:
+        return []
+    if not is_ours(change.old):
+        raise InstallError(f"{path} is not compat-hook's; not removing it")
+    if packaged(path):
+        raise InstallError(f"{path} belongs to the compat-hook package; remove the package "
+                           f"(apt remove compat-hook) to unregister it")
+    return [change]
+
+
+def run(groups: list, args, engine: str, *, verb: str, after: str = "") -> int:
+    """Apply (or, with ``--dry-run``, diff) groups of ``(changes, backup)``; say what happened.
+
+    Files compat-hook generates whole (the hooks.d file) are replaced without
+    a backup; files that may hold someone else's settings get one.
+    """
+    from . import files
+
+    dry = bool(getattr(args, "dry_run", False))
+    changed = False
+    for chs, backup in groups:
+        if any(c.changed for c in chs):
+            files.apply(chs, dry_run=dry, backup=backup)
+            changed = True
+    if not changed:
+        say(f"{engine}: already {verb}; nothing changed")
+    elif not dry and after:
+        say(after)
+    return 0
+
+
+def install(args, engine: str = "podman") -> int:
+    """Write the hooks.d file; 0 whether it changed or was already there."""
+    ch = changes(args, engine)
+    run([(ch, False)], args, engine, verb="registered",
+        after=f"{engine}: the createContainer hook {ch[0].path} is in place; it fires for every "
+              f"container and skips those that request no GPU")
+    note_dir(os.path.dirname(ch[0].path), engine)
+    return 0
+
+
+def uninstall(args, engine: str = "podman") -> int:
+    return run([(removals(args, engine), False)], args, engine, verb="unregistered")
+
+
+def note_dir(d: str, engine: str) -> None:
+    if engine == "podman" and d != DEFAULT_DIR:
+        say(f"note: podman reads {d} only with --hooks-dir {d} or hooks_dir in containers.conf")
+    elif engine == "crio" and d not in (DEFAULT_DIR, OVERRIDE_DIR):
+        say(f"note: CRI-O reads {d} only if crio.runtime.hooks_dir lists it")
+
+
+def check_args(args, engine: str) -> None:
+    if getattr(args, "via", None) not in (None, "wrapper"):
+        raise UsageError(f"--via {args.via} is containerd-only; {engine} uses hooks.d")

@@ -1,0 +1,209 @@
+#!/usr/bin/python3
+"""Build dist/compat-hook_<version>_all.deb for Debian's own Python (no network, no debhelper).
+
+Usage (what ``make deb`` runs)::
+
+    /usr/bin/python3 packaging/debian/build-deb.py [--out DIR] [--stage DIR]
+
+The package is a staged tree turned into a .deb with ``dpkg-deb --build
+--root-owner-group``:
+
+=====================================================  ==============================================
+/usr/lib/python3/dist-packages/compat_hook/             the modules (+ data/), byte-compiled by postinst
+/usr/bin/compat-hook, /usr/bin/compat-hook-runtime      console scripts (``#!/usr/bin/python3 -I``)
+/usr/libexec/compat-hook/compat-hook-runtime.sh         the shell runtime wrapper (when the tree has it)
+/usr/share/containers/oci/hooks.d/50-compat-hook.json   the Podman/CRI-O hook (``/usr/bin/python3 -I -S``)
+/etc/compat-hook/config.yaml                            conffile (config/compat-hook.yaml)
+/usr/share/man/man8/compat-hook.8.gz                    packaging/man/compat-hook.8 (+ compat-hook-runtime.8)
+/usr/share/doc/compat-hook/{copyright,changelog.gz}     packaging/debian/
+=====================================================  ==============================================
+
+Nothing is fetched: the dependencies are Debian packages (python3,
+python3-yaml, python3-pyelftools; python3-tomlkit recommended).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import io
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+PKG = "compat-hook"
+DIST_PACKAGES = "usr/lib/python3/dist-packages"
+SYSTEM_PYTHON = "/usr/bin/python3"
+CONFFILE = "etc/compat-hook/config.yaml"
+HOOKSD = "usr/share/containers/oci/hooks.d/50-compat-hook.json"
+WRAPPER_SRC = "compat_hook/data/compat-hook-runtime.sh"
+WRAPPER_DST = "usr/libexec/compat-hook/compat-hook-runtime.sh"
+
+SCRIPT = """#!/usr/bin/python3 -I
+# {name} (Debian package {pkg}): {what}
+import sys
+
+from {module} import {func}
+
+sys.exit({func}())
+"""
+
+
+def version() -> str:
+    sys.path.insert(0, str(REPO))
+    import compat_hook
+
+    return compat_hook.__version__
+
+
+def changelog_version() -> str:
+    first = (HERE / "changelog").read_text().splitlines()[0]
+    return first.split("(", 1)[1].split(")", 1)[0]
+
+
+def changelog_epoch() -> int:
+    """SOURCE_DATE_EPOCH from the changelog's first trailer line (reproducible builds)."""
+    import email.utils
+
+    for line in (HERE / "changelog").read_text().splitlines():
+        if line.startswith(" -- ") and "  " in line[4:]:
+            return int(email.utils.parsedate_to_datetime(line.rsplit("  ", 1)[1]).timestamp())
+    raise SystemExit("packaging/debian/changelog: no trailer line")
+
+
+def gz(data: bytes) -> bytes:
+    """``gzip -9n``: maximum compression, no name, mtime 0 (reproducible; lintian checks both)."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, compresslevel=9, mtime=0) as f:
+        f.write(data)
+    return buf.getvalue()
+
+
+def put(stage: pathlib.Path, rel: str, data: bytes, mode: int = 0o644) -> pathlib.Path:
+    p = stage / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    p.chmod(mode)
+    return p
+
+
+def python_files() -> list:
+    """The files setuptools would install (pyproject: compat_hook, compat_hook.install, data/*)."""
+    out = []
+    for pkg in ("compat_hook", "compat_hook/install"):
+        out += sorted((REPO / pkg).glob("*.py"))
+    data = REPO / "compat_hook" / "data"
+    if data.is_dir():
+        out += sorted(p for p in data.iterdir() if p.is_file() and not p.name.startswith("."))
+    return out
+
+
+def config_text() -> bytes:
+    src = REPO / "config" / "compat-hook.yaml"
+    if src.is_file():
+        return src.read_bytes()
+    p = subprocess.run([SYSTEM_PYTHON, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
+                        "from compat_hook.cli import main; sys.exit(main(['config']))", str(REPO)],
+                       capture_output=True, check=True)
+    return p.stdout
+
+
+def hooksd_text() -> bytes:
+    sys.path.insert(0, str(REPO))
+    from compat_hook.install import hooksd
+
+    return hooksd.render(hooksd.package_document(python=SYSTEM_PYTHON, paths=["/" + DIST_PACKAGES])).encode()
+
+
+def installed_size_kib(stage: pathlib.Path) -> int:
+    total = 0
+    for root, dirs, files in os.walk(stage):
+        if pathlib.Path(root) == stage / "DEBIAN":
+            continue
+        total += len(dirs) + len(files)  # dpkg counts each entry as at least 1 KiB-ish
+        for n in files:
+            total += (os.lstat(os.path.join(root, n)).st_size + 1023) // 1024
+    return max(total, 1)
+
+
+def build(out: pathlib.Path, stage: pathlib.Path) -> pathlib.Path:
+    ver = version()
+    if changelog_version() != ver:
+        raise SystemExit(f"packaging/debian/changelog says {changelog_version()}, compat_hook says {ver}: "
+                         f"add a changelog entry for {ver}")
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    os.umask(0o022)
+
+    # Python modules and data.
+    for src in python_files():
+        rel = src.relative_to(REPO)
+        data = src.read_bytes()
+        mode = 0o755 if data.startswith(b"#!") and src.suffix != ".py" else 0o644
+        put(stage, f"{DIST_PACKAGES}/{rel}", data, mode)
+
+    # Console scripts (pyproject [project.scripts]).
+    put(stage, "usr/bin/compat-hook", SCRIPT.format(
+        name="compat-hook", pkg=PKG, what="explain, install/uninstall, store, the OCI hook",
+        module="compat_hook.cli", func="main").encode(), 0o755)
+    put(stage, "usr/bin/compat-hook-runtime", SCRIPT.format(
+        name="compat-hook-runtime", pkg=PKG, what="the runtime wrapper (execs the real OCI runtime)",
+        module="compat_hook.runtime", func="main").encode(), 0o755)
+    wrapper = REPO / WRAPPER_SRC
+    if wrapper.is_file():
+        put(stage, WRAPPER_DST, wrapper.read_bytes(), 0o755)
+
+    # Configuration, hook, man pages, docs.
+    put(stage, CONFFILE, config_text())
+    put(stage, HOOKSD, hooksd_text())
+    put(stage, "usr/share/man/man8/compat-hook.8.gz", gz((REPO / "packaging/man/compat-hook.8").read_bytes()))
+    put(stage, "usr/share/man/man8/compat-hook-runtime.8.gz", gz(b".so man8/compat-hook.8\n"))
+    put(stage, f"usr/share/doc/{PKG}/copyright", (HERE / "copyright").read_bytes())
+    put(stage, f"usr/share/doc/{PKG}/changelog.gz", gz((HERE / "changelog").read_bytes()))
+
+    # Control area.
+    for d, _, _ in os.walk(stage):
+        os.chmod(d, 0o755)
+    control = (HERE / "control").read_text().replace("@VERSION@", ver).replace(
+        "@INSTALLED_SIZE@", str(installed_size_kib(stage)))
+    put(stage, "DEBIAN/control", control.encode())
+    put(stage, "DEBIAN/conffiles", f"/{CONFFILE}\n".encode())
+    for script in ("postinst", "prerm", "postrm"):
+        put(stage, f"DEBIAN/{script}", (HERE / script).read_bytes(), 0o755)
+    sums = []
+    for root, dirs, files in os.walk(stage):
+        dirs[:] = sorted(d for d in dirs if not (pathlib.Path(root) == stage and d == "DEBIAN"))
+        for n in sorted(files):
+            p = pathlib.Path(root) / n
+            if stat.S_ISREG(p.lstat().st_mode):
+                sums.append(f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(stage)}\n")
+    put(stage, "DEBIAN/md5sums", "".join(sums).encode())
+
+    out.mkdir(parents=True, exist_ok=True)
+    deb = out / f"{PKG}_{ver}_all.deb"
+    env = dict(os.environ, SOURCE_DATE_EPOCH=os.environ.get("SOURCE_DATE_EPOCH", str(changelog_epoch())))
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(stage), str(deb)],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    return deb
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(REPO / "dist"), help="where the .deb goes (default dist/)")
+    ap.add_argument("--stage", default=None, help="staging dir (default build/deb/<name>)")
+    a = ap.parse_args(argv)
+    stage = pathlib.Path(a.stage) if a.stage else REPO / "build" / "deb" / f"{PKG}_{version()}_all"
+    deb = build(pathlib.Path(a.out).resolve(), stage.resolve())
+    print(deb)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,638 @@
+"""compat_hook.decision: every rule of its docstring, NVIDIA's conformance tables
+(nvidia-toolkit.md §5, §7) driven through real generated rootfs trees, the
+device/architecture/Tegra rules, the host store, and "no I/O".
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from compat_hook import decision as decision_mod
+from compat_hook import hostfacts, imagefacts
+from compat_hook.config import from_mapping
+from compat_hook.container import Request
+from compat_hook.decision import CONSUMER_BRANDS, REASONS, Decision, decide, decide_store
+from compat_hook.elfnote import inspect_elf
+from compat_hook.hostfacts import Gpu, HostFacts
+from compat_hook.imagefacts import ImageFacts
+from compat_hook.rootfs import Root
+from compat_hook.versions import parse_version, try_parse_version
+from tests.conftest import HOST_ARCH, Symlink, config_for, elf
+from tests.elfgen import NOTE_575, NOTE_590, NOTE_ORIN, make_elf, orin_overrun_elf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OTHER_ARCH = "aarch64" if HOST_ARCH == "x86_64" else "x86_64"
+NOTE_NO_DRIVER = '{"format":1,"CUDA version":"12.9"}'
+NOTE_EMPTY_DRIVER = '{"format":1,"CUDA version":"12.9","driver":[],"device":[1,2]}'
+NOTE_NO_CUDA = '{"format":1,"driver":[535,550,570]}'
+CFG = from_mapping({"nvml": "off"})
+
+
+# -- fact builders (no rootfs: the pure decision) ----------------------------
+
+def image(version="575.57.08", note=NOTE_575, *, data=None, compat_dir="/usr/local/cuda-12.9/compat",
+          **elfkw) -> ImageFacts:
+    """ImageFacts for one candidate ``libcuda.so.<version>`` with these bytes."""
+    if data is None:
+        elfkw.setdefault("machine", HOST_ARCH)
+        data = make_elf(note_json=note, **elfkw)
+    f = ImageFacts()
+    f.status = "found"
+    f.candidate = f"libcuda.so.{version}"
+    f.candidates = [f.candidate]
+    f.compat_dir = f.configured_dir = compat_dir
+    f.compat_version_text = version
+    if version == "1.1":
+        f.tegra_lib = True
+    else:
+        f.compat_version = try_parse_version(version)
+    f.elf = inspect_elf(io.BytesIO(data))
+    f.elf_source = "parsed"
+    return f
+
+
+def host(driver=None, cuda=None, gpus=(), arch=HOST_ARCH, tegra=False) -> HostFacts:
+    return HostFacts(driver_version=parse_version(driver) if driver else None,
+                     driver_source="test" if driver else None,
+                     cuda_version=parse_version(cuda) if cuda else None,
+                     cuda_source="test" if cuda else None,
+                     gpus=list(gpus), gpus_source="test" if gpus else None, tegra=tegra, arch=arch)
+
+
+def gpu(brand, model="GPU", cc=None) -> Gpu:
+    return Gpu("0000:17:00.0", model, brand, "nvml", cc)
+
+
+def req(*env, **annotations) -> Request:
+    return Request.from_spec({"process": {"env": list(env)}, "annotations": annotations})
+
+
+GPU_REQ = req("NVIDIA_VISIBLE_DEVICES=all")
+
+
+def none_image() -> ImageFacts:
+    return ImageFacts()
+
+
+def ambiguous_image() -> ImageFacts:
+    f = ImageFacts()
+    f.status = "ambiguous"
+    f.compat_dir = "/usr/local/cuda/compat"
+    f.candidates = ["libcuda.so.550.54.15", "libcuda.so.575.57.08"]
+    return f
+
+
+def unread_image() -> ImageFacts:
+    f = image("575.57.08")
+    f.elf = None
+    return f
+
+
+# (id, () -> (host, image, request, config), action, reason). One row per rule
+# of decision.py's docstring and per reason code decide() can return.
+CASES = [
+    # 1. opt-out / no GPU request
+    ("opt_out_annotation", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES=all", **{"compat-hook/disable": "true"}), CFG), "skip", "opt_out"),
+    ("opt_out_env", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES=all", "COMPAT_HOOK_DISABLE=1"), CFG), "skip", "opt_out"),
+    ("opt_out_beats_everything", lambda: (host(), none_image(), req("COMPAT_HOOK_DISABLE=yes"), CFG), "skip", "opt_out"),
+    ("no_gpu_void", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES=void"), CFG), "skip", "no_gpu_request"),
+    ("no_gpu_none", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES=none"), CFG), "skip", "no_gpu_request"),
+    ("no_gpu_empty", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES="), CFG), "skip", "no_gpu_request"),
+    ("no_gpu_unset", lambda: (host("550.54.15"), image(), req("PATH=/bin"), CFG), "skip", "no_gpu_request"),
+    ("no_gpu_not_required", lambda: (host("550.54.15"), image(), req("PATH=/bin"), CFG.replace(require_gpu_request=False)), "enable", "compat_newer_supported"),
+    ("gpu_by_device_node", lambda: (host("550.54.15"), image(), Request.from_spec({"linux": {"devices": [{"path": "/dev/nvidia0"}]}}), CFG), "enable", "compat_newer_supported"),
+    ("gpu_by_cdi_annotation", lambda: (host("550.54.15"), image(), req(**{"cdi.k8s.io/nvidia": "nvidia.com/gpu=all"}), CFG), "enable", "compat_newer_supported"),
+    ("dri_is_not_a_gpu_request", lambda: (host("550.54.15"), image(), Request.from_spec({"linux": {"devices": [{"path": "/dev/dri/card0"}]}}), CFG), "skip", "no_gpu_request"),
+    # 2. no candidate / several
+    ("no_candidate", lambda: (host("550.54.15"), none_image(), GPU_REQ, CFG), "skip", "no_candidate"),
+    ("ambiguous", lambda: (host("550.54.15"), ambiguous_image(), GPU_REQ, CFG), "skip", "ambiguous_candidates"),
+    ("unreadable", lambda: (host("550.54.15"), unread_image(), GPU_REQ, CFG), "skip", "candidate_unreadable"),
+    # 3. not a loadable ELF for this host
+    ("not_elf_text", lambda: (host("550.54.15"), image(data=b"this is not an ELF file\n"), GPU_REQ, CFG), "skip", "not_elf"),
+    ("not_elf_empty", lambda: (host("550.54.15"), image(data=b""), GPU_REQ, CFG), "skip", "not_elf"),
+    ("elf_class_32", lambda: (host("550.54.15"), image(elf_class=32, machine="i386"), GPU_REQ, CFG), "skip", "elf_class"),
+    ("elf_machine_other", lambda: (host("550.54.15"), image(machine=OTHER_ARCH), GPU_REQ, CFG), "skip", "elf_machine"),
+    ("elf_machine_unknown_host_arch", lambda: (host("550.54.15", arch="riscv64"), image(), GPU_REQ, CFG), "skip", "elf_machine"),
+    ("elf_type_exec", lambda: (host("550.54.15"), image(elf_type=2), GPU_REQ, CFG), "skip", "elf_type"),
+    ("soname_other", lambda: (host("550.54.15"), image(soname="libcuda.so.2"), GPU_REQ, CFG), "skip", "soname"),
+    ("no_soname_is_fine", lambda: (host("550.54.15"), image(soname=None), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    # 4. host-CUDA path
+    ("cuda_path_newer", lambda: (host(cuda="12.8"), image(), GPU_REQ, CFG), "enable", "compat_cuda_newer"),
+    ("cuda_path_equal", lambda: (host(cuda="12.9"), image(), GPU_REQ, CFG), "skip", "compat_cuda_not_newer"),
+    ("cuda_path_12_10", lambda: (host(cuda="12.10"), image(), GPU_REQ, CFG), "skip", "compat_cuda_not_newer"),
+    ("cuda_path_no_note", lambda: (host(cuda="12.8"), image(note=None), GPU_REQ, CFG), "skip", "note_cuda_missing"),
+    ("cuda_path_note_without_cuda", lambda: (host(cuda="12.8"), image(note=NOTE_NO_CUDA), GPU_REQ, CFG), "skip", "note_cuda_missing"),
+    ("tegra_newer", lambda: (host(cuda="13.1", tegra=True), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "enable", "compat_cuda_newer"),
+    ("tegra_equal", lambda: (host(cuda="13.2", tegra=True), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "compat_cuda_not_newer"),
+    ("tegra_no_host_cuda", lambda: (host(tegra=True), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "host_cuda_unknown"),
+    ("tegra_lib_no_note_with_driver", lambda: (host("550.54.15"), image("1.1", None), GPU_REQ, CFG), "skip", "compat_version_invalid"),
+    ("tegra_lib_no_note", lambda: (host(cuda="13.1", tegra=True), image("1.1", None), GPU_REQ, CFG), "skip", "note_cuda_missing"),
+    # the file name must carry the version
+    ("compat_version_invalid", lambda: (host("550.54.15"), image("575.57.08.1"), GPU_REQ, CFG), "skip", "compat_version_invalid"),
+    # 5. host driver unknown
+    ("host_driver_unknown", lambda: (host(), image(), GPU_REQ, CFG), "skip", "host_driver_unknown"),
+    ("host_driver_unknown_no_note", lambda: (host(), image(note=None), GPU_REQ, CFG), "skip", "host_driver_unknown"),
+    # 6. compat <= host (full version)
+    ("compat_equal", lambda: (host("575.57.08"), image(), GPU_REQ, CFG), "skip", "compat_not_newer"),
+    ("compat_older_same_branch", lambda: (host("575.99.99"), image(), GPU_REQ, CFG), "skip", "compat_not_newer"),
+    ("compat_older_pr1697", lambda: (host("580.126.16"), image("580.82.07", None), GPU_REQ, CFG), "skip", "compat_not_newer"),
+    ("same_branch_upgrade", lambda: (host("575.10.10"), image(), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    # 7. note driver list
+    ("branch_not_listed_545", lambda: (host("545.23.08"), image(), GPU_REQ, CFG), "skip", "host_branch_unsupported"),
+    ("branch_not_listed_560_for_590", lambda: (host("560.35.03"), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "host_branch_unsupported"),
+    ("note_without_driver_list", lambda: (host("550.54.15"), image(note=NOTE_NO_DRIVER), GPU_REQ, CFG), "skip", "note_without_driver_list"),
+    ("note_with_empty_driver_list", lambda: (host("550.54.15"), image(note=NOTE_EMPTY_DRIVER), GPU_REQ, CFG), "skip", "note_without_driver_list"),
+    ("branch_listed", lambda: (host("570.211.01"), image(), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    # a note NVIDIA's parser refuses counts as absent (the legacy major rule applies)
+    ("bad_note_is_no_note", lambda: (host("550.54.15"), image(note='{"format":1,"CUDA version":"13.2",}'), GPU_REQ, CFG), "enable", "compat_major_newer"),
+    # 8. no note: the major rule
+    ("no_note_major_newer", lambda: (host("535.261.03"), image("550.163.01", None), GPU_REQ, CFG), "enable", "compat_major_newer"),
+    ("no_note_same_major", lambda: (host("550.54.15"), image("550.163.01", None), GPU_REQ, CFG), "skip", "compat_major_not_newer"),
+    # 9. device list
+    ("geforce", lambda: (host("550.54.15", gpus=[gpu(5, "NVIDIA GeForce RTX 4090")]), image(), GPU_REQ, CFG), "skip", "device_unsupported"),
+    ("titan", lambda: (host("550.54.15", gpus=[gpu(6, "NVIDIA TITAN V")]), image(), GPU_REQ, CFG), "skip", "device_unsupported"),
+    ("one_geforce_among_teslas", lambda: (host("550.54.15", gpus=[gpu(2), gpu(5), gpu(2)]), image(), GPU_REQ, CFG), "skip", "device_unsupported"),
+    ("geforce_warn", lambda: (host("550.54.15", gpus=[gpu(5)]), image(), GPU_REQ, CFG.replace(device_check="warn")), "enable", "compat_newer_supported"),
+    ("geforce_off", lambda: (host("550.54.15", gpus=[gpu(5)]), image(), GPU_REQ, CFG.replace(device_check="off")), "enable", "compat_newer_supported"),
+    ("brand_unknown", lambda: (host("550.54.15", gpus=[gpu(0, "Graphics Device")]), image(), GPU_REQ, CFG), "skip", "device_unknown"),
+    ("brand_none", lambda: (host("550.54.15", gpus=[gpu(None, "")]), image(), GPU_REQ, CFG), "skip", "device_unknown"),
+    ("brand_unknown_warn", lambda: (host("550.54.15", gpus=[gpu(0)]), image(), GPU_REQ, CFG.replace(device_check="warn")), "enable", "compat_newer_supported"),
+    ("no_gpus_known", lambda: (host("550.54.15", gpus=[]), image(), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    ("tesla", lambda: (host("550.54.15", gpus=[gpu(2, "NVIDIA H100 80GB HBM3"), gpu(14)]), image(), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    ("no_device_list_ignores_brand", lambda: (host("535.261.03", gpus=[gpu(5)]), image("550.163.01", None), GPU_REQ, CFG), "enable", "compat_major_newer"),
+    # 10. 590+ compat below compute capability 7.5
+    ("cc_60_590", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla P100", (6, 0))]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
+    ("cc_70_590", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla V100", (7, 0))]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
+    ("cc_75_590", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla T4", (7, 5))]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    ("cc_60_575", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla P100", (6, 0))]), image(), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    ("cc_unknown_590", lambda: (host("550.54.15", gpus=[gpu(2)]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    ("cc_60_590_no_note", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla P100", (6, 0))]), image("590.44.01", None), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
+    # request None = explain --rootfs: a GPU container without opt-out
+    ("request_none", lambda: (host("550.54.15"), image(), None, CFG), "enable", "compat_newer_supported"),
+]
+
+
+@pytest.mark.parametrize("build, action, reason", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_rule(build, action, reason):
+    h, img, r, cfg = build()
+    d = decide(h, img, r, cfg)
+    assert isinstance(d, Decision)
+    assert (d.action, d.reason) == (action, reason), d.to_dict()
+    assert d.reason in REASONS
+    assert d.message == REASONS[d.reason]
+    if d.enable:
+        assert d.compat_dir == img.compat_dir
+        assert d.compat_version == img.compat_version_text
+        assert d.source == "image"
+    else:
+        assert d.compat_dir is None
+
+
+def test_geforce_warn_mode_carries_a_warning():
+    d = decide(host("550.54.15", gpus=[gpu(5, "NVIDIA GeForce RTX 4090")]), image(), GPU_REQ,
+               CFG.replace(device_check="warn"))
+    assert d.enable
+    assert any("GeForce RTX 4090" in w and "brand 5" in w for w in d.warnings), d.warnings
+    d = decide(host("550.54.15", gpus=[gpu(5)]), image(), GPU_REQ, CFG.replace(device_check="off"))
+    assert d.enable and d.warnings == []
+
+
+def test_device_unsupported_details_list_the_gpus_and_allowed_brands():
+    d = decide(host("550.54.15", gpus=[gpu(5, "NVIDIA GeForce RTX 4090")]), image(), GPU_REQ, CFG)
+    assert d.details["allowed"] == [1, 2, 7, 8, 9, 10, 11, 12, 13, 14]
+    assert d.details["gpus"][0]["model"] == "NVIDIA GeForce RTX 4090"
+
+
+def test_consumer_brands_are_outside_every_known_device_list():
+    # cuda-compat.md §7: the device list is the non-consumer nvmlBrandType_t values.
+    from compat_hook.elfnote import inspect_elf as _i
+
+    for note in (NOTE_575, NOTE_590):
+        devices = _i(io.BytesIO(make_elf(note_json=note))).note.device
+        assert not CONSUMER_BRANDS & set(devices)
+        assert 0 not in devices
+
+
+def test_branch_unsupported_details_name_the_list():
+    d = decide(host("545.23.08"), image(), GPU_REQ, CFG)
+    assert d.details["supported"] == [535, 550, 560, 565, 570, 575]
+    assert d.details["host_driver"] == "545.23.8"
+
+
+def test_bad_note_warns():
+    d = decide(host("550.54.15"), image(note='{"format":1,"CUDA version":"13.2",}'), GPU_REQ, CFG)
+    assert d.enable and any(w.startswith("note ignored") for w in d.warnings)
+
+
+STORE_CASES = ["store_package", "no_store_package", "store_not_needed"]
+
+
+def test_every_reason_code_is_exercised():
+    seen = {c[3] for c in CASES} | set(STORE_CASES) | {"host_driver_unknown"}
+    assert seen == set(REASONS), set(REASONS) ^ seen
+
+
+# -- NVIDIA's TestUseCompat / TestCompatLibsWithElfHeader (nvidia-toolkit.md §5) --
+#
+# Root testdata/, cudaCompatContainerRoot "compat/575.57.08". NVIDIA accepts a
+# relative root; our compat_dirs must be absolute, so the dir is "/compat/575.57.08".
+
+def _e2e(make_rootfs, fake_host, entries, *, driver=None, cuda=None, gpus=None, request=None, **cfg):
+    rootfs = make_rootfs(entries)
+    h = fake_host(gpus=gpus)
+    config = config_for(h, **cfg)
+    with Root(str(rootfs)) as r:
+        img = imagefacts.gather(r, config)
+    facts = hostfacts.gather(config, driver_version=driver, cuda_version=cuda)
+    return decide(facts, img, request, config), img, facts
+
+
+TESTDATA_575 = {"compat/575.57.08/libcuda.so.575.57.08": elf(NOTE_575, soname=None)}
+
+
+@pytest.mark.parametrize("driver, cuda, action, reason", [
+    (None, "12.8", "enable", "compat_cuda_newer"),
+    (None, "12.9", "skip", "compat_cuda_not_newer"),
+    (None, "12.10", "skip", "compat_cuda_not_newer"),
+    # NVIDIA: false, "not in list". 590.44.01 is also newer than the compat
+    # driver, and our rule 6 (compat <= host) comes before rule 7 (the list).
+    ("590.44.01", None, "skip", "compat_not_newer"),
+    ("570.211.01", None, "enable", "compat_newer_supported"),
+    ("575.10.10", None, "enable", "compat_newer_supported"),
+    ("575.57.08", None, "skip", "compat_not_newer"),
+    ("575.99.99", None, "skip", "compat_not_newer"),
+    # the rows' principle on its own: a listed-out branch whose compat is newer
+    ("545.23.08", None, "skip", "host_branch_unsupported"),
+])
+def test_nvidia_compat_libs_with_elf_header(make_rootfs, fake_host, driver, cuda, action, reason):
+    d, img, _ = _e2e(make_rootfs, fake_host, TESTDATA_575, driver=driver, cuda=cuda,
+                     compat_dirs=["/compat/575.57.08"])
+    assert (d.action, d.reason) == (action, reason), d.to_dict()
+    assert d.compat_dir == ("/compat/575.57.08" if action == "enable" else None)
+    assert img.elf.note.cuda_version == "12.9"
+
+
+# -- The measured table (nvidia-toolkit.md §7), v1.20.0 column ---------------
+#
+# W = enable, '-' = skip. The fixtures are x86-64 here (NVIDIA's elf590 is
+# AArch64): our decision refuses a library the host loader cannot load.
+
+def _measured_rootfs(data):
+    return {"usr/local/cuda-13.1/compat/libcuda.so.590.44.01": data,
+            "usr/local/cuda-13.1/compat/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
+            "usr/local/cuda": Symlink("cuda-13.1")}
+
+
+ELF590 = [
+    ("535.183.01", None, "enable", "compat_newer_supported"),
+    ("550.54.15", None, "enable", "compat_newer_supported"),
+    ("570.133.20", None, "enable", "compat_newer_supported"),
+    ("575.51.03", None, "enable", "compat_newer_supported"),
+    ("575.57.08", None, "enable", "compat_newer_supported"),
+    ("580.65.06", None, "enable", "compat_newer_supported"),
+    ("560.35.03", None, "skip", "host_branch_unsupported"),
+    ("590.30.01", None, "enable", "compat_newer_supported"),  # same major, older: W on v1.20.0
+    ("590.44.01", None, "skip", "compat_not_newer"),
+    ("590.48.01", None, "skip", "compat_not_newer"),
+    ("600.10", None, "skip", "compat_not_newer"),
+    ("abc", None, "skip", "host_driver_unknown"),
+    (None, "12.8", "enable", "compat_cuda_newer"),
+    (None, "13.0", "enable", "compat_cuda_newer"),
+    (None, "13.1", "skip", "compat_cuda_not_newer"),
+    (None, "13.2", "skip", "compat_cuda_not_newer"),
+]
+
+
+@pytest.mark.parametrize("driver, cuda, action, reason", ELF590)
+def test_measured_elf590(make_rootfs, fake_host, driver, cuda, action, reason):
+    d, img, facts = _e2e(make_rootfs, fake_host, _measured_rootfs(elf(NOTE_590)), driver=driver, cuda=cuda)
+    assert (d.action, d.reason) == (action, reason), d.to_dict()
+    if action == "enable":
+        # The resolved dir, as NVIDIA's e2e tests expect (/usr/local/cuda-13.1/compat).
+        assert d.compat_dir == "/usr/local/cuda-13.1/compat"
+        assert d.compat_version == "590.44.01"
+    if driver == "abc":
+        assert facts.driver_version is None and any("abc" in n for n in facts.notes)
+
+
+ELF575 = [
+    ("535.183.01", None, "enable", "compat_newer_supported"),
+    ("550.54.15", None, "enable", "compat_newer_supported"),
+    ("560.35.03", None, "enable", "compat_newer_supported"),
+    ("570.133.20", None, "enable", "compat_newer_supported"),
+    ("575.51.03", None, "enable", "compat_newer_supported"),  # v1.20.0/HEAD only
+    ("575.57.08", None, "skip", "compat_not_newer"),
+    ("580.65.06", None, "skip", "compat_not_newer"),
+    ("590.44.01", None, "skip", "compat_not_newer"),
+    ("600.10", None, "skip", "compat_not_newer"),
+    (None, "12.8", "enable", "compat_cuda_newer"),
+    (None, "13.0", "skip", "compat_cuda_not_newer"),
+    (None, "13.1", "skip", "compat_cuda_not_newer"),
+]
+
+
+@pytest.mark.parametrize("driver, cuda, action, reason", ELF575)
+def test_measured_elf575(make_rootfs, fake_host, driver, cuda, action, reason):
+    entries = {"usr/local/cuda-12.9/compat/libcuda.so.575.57.08": elf(NOTE_575),
+               "usr/local/cuda": Symlink("cuda-12.9")}
+    d, _, _ = _e2e(make_rootfs, fake_host, entries, driver=driver, cuda=cuda)
+    assert (d.action, d.reason) == (action, reason), d.to_dict()
+    if action == "enable":
+        assert d.compat_dir == "/usr/local/cuda-12.9/compat"
+
+
+NOELF590 = [
+    ("535.183.01", None, "enable", "compat_major_newer"),
+    ("550.54.15", None, "enable", "compat_major_newer"),
+    ("560.35.03", None, "enable", "compat_major_newer"),  # no note: no branch list to refuse it
+    ("570.133.20", None, "enable", "compat_major_newer"),
+    ("575.57.08", None, "enable", "compat_major_newer"),
+    ("580.65.06", None, "enable", "compat_major_newer"),
+    ("590.30.01", None, "skip", "compat_major_not_newer"),
+    ("590.44.01", None, "skip", "compat_not_newer"),
+    ("590.48.01", None, "skip", "compat_not_newer"),
+    ("600.10", None, "skip", "compat_not_newer"),
+    (None, "12.8", "skip", "note_cuda_missing"),
+    (None, "13.0", "skip", "note_cuda_missing"),
+    (None, "13.2", "skip", "note_cuda_missing"),
+]
+
+
+@pytest.mark.parametrize("driver, cuda, action, reason", NOELF590)
+def test_measured_noelf590(make_rootfs, fake_host, driver, cuda, action, reason):
+    d, img, _ = _e2e(make_rootfs, fake_host, _measured_rootfs(elf(None)), driver=driver, cuda=cuda)
+    assert img.elf.note is None and img.elf.error is None
+    assert (d.action, d.reason) == (action, reason), d.to_dict()
+
+
+@pytest.mark.parametrize("driver, cuda, nvidia_writes", [
+    ("535.183.01", None, True), ("550.54.15", None, True), ("570.133.20", None, True),
+    ("580.65.06", None, True), ("590.30.01", None, False), ("600.10", None, False),
+    (None, "12.8", False),
+])
+@pytest.mark.parametrize("garbage", [b"#!/bin/sh\necho this is not a library\n", b""], ids=["text", "empty"])
+def test_measured_garbage590(make_rootfs, fake_host, driver, cuda, nvidia_writes, garbage):
+    # Stricter than NVIDIA on purpose: v1.20.0 applies its major rule to a
+    # non-ELF file and *would enable* the 535-580 rows (nvidia_writes). A file
+    # the loader cannot load is never worth a drop-in for us.
+    d, img, _ = _e2e(make_rootfs, fake_host, _measured_rootfs(garbage), driver=driver, cuda=cuda)
+    assert img.elf.error is not None
+    assert (d.action, d.reason) == ("skip", "not_elf"), d.to_dict()
+
+
+# -- TestCompatLibs: layouts and the no-note fallback (nvidia-toolkit.md §5) --
+#
+# NVIDIA uses 0-byte libs, which do not parse; for us a 0-byte file is not_elf
+# (checked above), so the same rows use valid no-note ELF stubs.
+
+STUB = elf(None)
+DEFAULT_DIR = "usr/local/cuda/compat"
+
+
+@pytest.mark.parametrize("entries, driver, action, reason, compat_dir, compat_dirs", [
+    pytest.param({}, "222.55.66", "skip", "no_candidate", None, None, id="empty_root"),
+    pytest.param({f"{DEFAULT_DIR}/libcuda.so.333.88.99": STUB}, "222.55.66", "enable", "compat_major_newer",
+                 "/usr/local/cuda/compat", None, id="newer_no_cache"),
+    pytest.param({f"{DEFAULT_DIR}/libcuda.so.333.88.99": STUB, "etc/ld.so.cache": b""}, "222.55.66", "enable",
+                 "compat_major_newer", "/usr/local/cuda/compat", None, id="newer_with_cache"),
+    pytest.param({f"{DEFAULT_DIR}/libcuda.so.111.88.99": STUB, "etc/ld.so.cache": b""}, "222.55.66", "skip",
+                 "compat_not_newer", None, None, id="older"),
+    pytest.param({f"{DEFAULT_DIR}/libcuda.so.222.88.99": STUB, "etc/ld.so.cache": b""}, "222.55.66", "skip",
+                 "compat_major_not_newer", None, None, id="same_major"),
+    pytest.param({f"{DEFAULT_DIR}/libcuda.so.222.88.99": STUB, "etc/ld.so.cache": b""}, "99.55.66", "enable",
+                 "compat_major_newer", "/usr/local/cuda/compat", None, id="numeric_not_lexicographic"),
+    pytest.param({f"{DEFAULT_DIR}/libcuda.so.222.88.99": STUB, "etc/ld.so.cache": b""}, None, "skip",
+                 "host_driver_unknown", None, None, id="no_host_version"),
+    pytest.param({"etc/alternatives/cuda/compat/libcuda.so.333.88.99": STUB,
+                  "usr/local/cuda": Symlink("/etc/alternatives/cuda")}, "222.55.66", "enable",
+                 "compat_major_newer", "/etc/alternatives/cuda/compat", None, id="alternatives"),
+    pytest.param({"compat/libcuda.so.333.88.99": STUB, "usr/local/cuda": Symlink("../../../../../../")},
+                 "222.55.66", "enable", "compat_major_newer", "/compat", None, id="clamped_to_root"),
+    pytest.param({f"{DEFAULT_DIR}/libcuda.so.111.88.99": STUB,
+                  "usr/local/cuda/compat-other/libcuda.so.333.88.99": STUB}, "222.55.66", "enable",
+                 "compat_major_newer", "/usr/local/cuda/compat-other", ["/usr/local/cuda/compat-other"],
+                 id="compat_other_root"),
+])
+def test_nvidia_compat_libs_layouts(make_rootfs, fake_host, entries, driver, action, reason, compat_dir,
+                                    compat_dirs):
+    cfg = {"compat_dirs": compat_dirs} if compat_dirs else {}
+    d, img, _ = _e2e(make_rootfs, fake_host, entries, driver=driver, **cfg)
+    assert (d.action, d.reason) == (action, reason), d.to_dict()
+    assert d.compat_dir == compat_dir
+
+
+def test_clamped_symlink_never_reaches_the_host(make_rootfs, fake_host, tmp_path):
+    # The same "../../../../../../" link, with a tempting lib at the host's
+    # /compat-like place next to the rootfs: only the in-root /compat counts.
+    outside = tmp_path / "compat"
+    outside.mkdir()
+    (outside / "libcuda.so.999.1.1").write_bytes(STUB)
+    d, img, _ = _e2e(make_rootfs, fake_host, {"usr/local/cuda": Symlink("../../../../../../")},
+                     driver="222.55.66")
+    assert (d.action, d.reason) == ("skip", "no_candidate")
+
+
+# -- Tegra through the rootfs (compat_orin) ------------------------------------
+
+@pytest.mark.parametrize("cuda, action, reason", [
+    ("13.1", "enable", "compat_cuda_newer"),
+    ("13.2", "skip", "compat_cuda_not_newer"),
+    (None, "skip", "host_cuda_unknown"),
+])
+def test_tegra_orin_rootfs(make_rootfs, fake_host, cuda, action, reason):
+    # NVIDIA's Orin file overruns its note section (descsz 41 in a 39-byte
+    # descriptor area); built for this machine so the loader check passes.
+    data = make_elf(machine=HOST_ARCH, soname=None, note_json=NOTE_ORIN.encode() + b"\0" * (38 - len(NOTE_ORIN)),
+                    note_descsz=41, note_section_size=12 + 20 + 39)
+    entries = {"usr/local/cuda-13.2/compat_orin/libcuda.so.1.1": data,
+               "usr/local/cuda": Symlink("cuda-13.2")}
+    rootfs = make_rootfs(entries)
+    h = fake_host(tegra=True)
+    config = config_for(h)
+    with Root(str(rootfs)) as r:
+        img = imagefacts.gather(r, config)
+    facts = hostfacts.gather(config, cuda_version=cuda)
+    assert facts.tegra and facts.driver_version is None
+    assert img.tegra_lib and img.elf.note.cuda_version == "13.2"
+    d = decide(facts, img, None, config)
+    assert (d.action, d.reason) == (action, reason), d.to_dict()
+    if d.enable:
+        assert d.compat_dir == "/usr/local/cuda-13.2/compat_orin"
+
+
+def test_nvidias_aarch64_orin_fixture_is_refused_on_another_machine():
+    if HOST_ARCH == "aarch64":
+        h = host(cuda="13.1", tegra=True, arch="x86_64")
+    else:
+        h = host(cuda="13.1", tegra=True)
+    d = decide(h, image("1.1", data=orin_overrun_elf()), None, CFG)
+    assert (d.action, d.reason) == ("skip", "elf_machine")
+
+
+# -- device check through the host tree (/proc model names) ----------------------
+
+@pytest.mark.parametrize("models, mode, action, reason", [
+    (["NVIDIA GeForce RTX 4090"], "enforce", "skip", "device_unsupported"),
+    (["NVIDIA GeForce RTX 4090"], "warn", "enable", "compat_newer_supported"),
+    (["NVIDIA GeForce RTX 4090"], "off", "enable", "compat_newer_supported"),
+    (["Graphics Device"], "enforce", "skip", "device_unknown"),
+    (["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], "enforce", "enable", "compat_newer_supported"),
+    (["NVIDIA H100 80GB HBM3", "NVIDIA TITAN RTX"], "enforce", "skip", "device_unsupported"),
+    (None, "enforce", "enable", "compat_newer_supported"),
+])
+def test_device_check_from_proc_models(make_rootfs, fake_host, models, mode, action, reason):
+    entries = {"usr/local/cuda-12.9/compat/libcuda.so.575.57.08": elf(NOTE_575),
+               "usr/local/cuda": Symlink("cuda-12.9")}
+    d, _, facts = _e2e(make_rootfs, fake_host, entries, driver="550.54.15", gpus=models, device_check=mode)
+    assert (d.action, d.reason) == (action, reason), d.to_dict()
+    assert len(facts.gpus) == len(models or [])
+    if mode == "warn":
+        assert d.warnings
+
+
+# -- the host store ----------------------------------------------------------------
+
+def store_pkg(version, note=None) -> ImageFacts:
+    return image(version, note, compat_dir=f"/var/lib/compat-hook/store/{version}")
+
+
+NEED_12_9 = ((12, 9, 0), "CUDA_VERSION")
+
+
+def test_store_not_needed_when_host_native_cuda_suffices():
+    d = decide_store(host("570.124.06"), GPU_REQ, [store_pkg("575.57.08", NOTE_575)], CFG,
+                     ((12, 8, 0), "CUDA_VERSION"))
+    assert (d.action, d.reason) == ("skip", "store_not_needed")
+    assert d.details["host_cuda"] == "12.8"
+    d = decide_store(host("580.65.06"), GPU_REQ, [store_pkg("590.44.01", NOTE_590)], CFG, NEED_12_9)
+    assert d.reason == "store_not_needed"
+
+
+def test_store_newest_fitting_package_wins():
+    pkgs = [store_pkg("575.57.08", NOTE_575), store_pkg("570.124.06"), store_pkg("580.65.06"),
+            store_pkg("575.51.03", NOTE_575)]
+    d = decide_store(host("550.54.15"), GPU_REQ, pkgs, CFG, NEED_12_9)
+    assert (d.action, d.reason, d.source) == ("enable", "store_package", "store")
+    assert d.compat_version == "580.65.06"
+    assert d.compat_dir == "/var/lib/compat-hook/store/580.65.06"
+    fits = {t["version"]: t["fits"] for t in d.details["tried"]}
+    # 570 provides only CUDA 12.8 < the 12.9 the image needs.
+    assert fits == {"575.57.08": True, "570.124.06": False, "580.65.06": True, "575.51.03": True}
+    assert d.details["rule"] == "compat_major_newer"
+
+
+def test_store_package_failing_the_rules_is_not_chosen():
+    # 590.44.01 is the newest and provides 13.1, but its note does not list 560.
+    pkgs = [store_pkg("590.44.01", NOTE_590), store_pkg("575.57.08", NOTE_575)]
+    d = decide_store(host("560.35.03"), GPU_REQ, pkgs, CFG, ((12, 9, 0), "CUDA_VERSION"))
+    assert (d.action, d.compat_version) == ("enable", "575.57.08")
+    tried = {t["version"]: t["decision"] for t in d.details["tried"]}
+    assert tried["590.44.01"] == "host_branch_unsupported"
+    # ... and a GeForce host gets none of the noted packages.
+    d = decide_store(host("560.35.03", gpus=[gpu(5)]), GPU_REQ, pkgs, CFG, NEED_12_9)
+    assert (d.action, d.reason) == ("skip", "no_store_package")
+
+
+def test_store_no_package_fits():
+    d = decide_store(host("550.54.15"), GPU_REQ, [store_pkg("570.124.06")], CFG, NEED_12_9)
+    assert (d.action, d.reason) == ("skip", "no_store_package")
+    d = decide_store(host("550.54.15"), GPU_REQ, [], CFG, NEED_12_9)
+    assert (d.action, d.reason) == ("skip", "no_store_package")
+
+
+def test_store_other_skips():
+    pkgs = [store_pkg("580.65.06")]
+    assert decide_store(host("550.54.15"), GPU_REQ, pkgs, CFG, (None, None)).reason == "no_candidate"
+    assert decide_store(host("550.54.15"), GPU_REQ, pkgs, CFG, None).reason == "no_candidate"
+    assert decide_store(host(), GPU_REQ, pkgs, CFG, NEED_12_9).reason == "host_driver_unknown"
+    assert decide_store(host("550.54.15"), req("COMPAT_HOOK_DISABLE=1"), pkgs, CFG, NEED_12_9).reason == "opt_out"
+    assert decide_store(host("550.54.15"), req(), pkgs, CFG, NEED_12_9).reason == "no_gpu_request"
+    # only a host CUDA (Tegra-like): it is the native capability
+    assert decide_store(host(cuda="13.0"), GPU_REQ, pkgs, CFG, NEED_12_9).reason == "store_not_needed"
+
+
+def test_store_need_from_the_request():
+    r = req("NVIDIA_VISIBLE_DEVICES=all", "CUDA_VERSION=12.9.1")
+    d = decide_store(host("550.54.15"), r, [store_pkg("580.65.06")], CFG, r.required_cuda())
+    assert d.enable and d.details["need"] == "12.9" and d.details["need_source"] == "CUDA_VERSION"
+
+
+# -- the decision does no I/O ----------------------------------------------------
+
+_WATCHED = ("open", "os.listdir", "os.scandir", "os.walk", "os.mkdir", "os.rename", "os.remove",
+            "os.unlink", "os.symlink", "os.chmod", "os.utime", "os.truncate", "os.system", "os.exec",
+            "os.posix_spawn", "os.fork", "subprocess.Popen", "socket.connect", "socket.__new__",
+            "socket.bind", "import", "ctypes.dlopen", "shutil.copyfile", "glob.glob")
+_events: list = []
+_armed = [False]
+
+
+def _audit(event, args):
+    if _armed[0] and event in _WATCHED:
+        _events.append((event, repr(args)[:200]))
+
+
+sys.addaudithook(_audit)  # cannot be removed; it only records while armed
+
+
+def test_decide_does_no_io():
+    import compat_hook.elfnote  # noqa: F401  (decide's lazy import, loaded by imagefacts in the hook)
+
+    inputs = [c[1]() for c in CASES]
+    store_inputs = [
+        (host("550.54.15"), GPU_REQ, [store_pkg("575.57.08", NOTE_575), store_pkg("580.65.06")], CFG, NEED_12_9),
+        (host("570.124.06"), GPU_REQ, [store_pkg("575.57.08", NOTE_575)], CFG, NEED_12_9),
+    ]
+    _events.clear()
+    _armed[0] = True
+    try:
+        # A probe that the hook sees what it must: an open is recorded.
+        os.close(os.open(os.devnull, os.O_RDONLY))
+        probe = list(_events)
+        _events.clear()
+        results = [decide(*i) for i in inputs]
+        results += [decide_store(*i) for i in store_inputs]
+        for d in results:
+            d.to_dict()
+            d.message
+    finally:
+        _armed[0] = False
+    assert probe and probe[0][0] == "open"
+    assert _events == []
+    assert len(results) == len(CASES) + 2
+
+
+def test_decision_module_imports_nothing_that_does_io():
+    tree = ast.parse(open(decision_mod.__file__).read())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add(("." * node.level) + (node.module or ""))
+        elif isinstance(node, ast.Name):
+            assert node.id not in ("open", "print", "input", "exec", "eval", "__import__"), node.id
+    assert imported <= {"__future__", ".versions", ".elfnote"}, imported
+
+
+HOT_MODULES = ("versions", "config", "hostfacts", "imagefacts", "container", "decision", "ldpath",
+               "jsonfast", "cache", "rootfs", "elfnote")
+FORBIDDEN = ("re", "json", "typing", "dataclasses", "subprocess", "argparse", "signal", "enum",
+             "logging", "datetime", "yaml", "elftools")
+
+
+def test_hot_path_modules_keep_the_import_rules():
+    code = (f"import sys\nsys.path.insert(0, {REPO!r})\nbefore = set(sys.modules)\n"
+            + "".join(f"import compat_hook.{m}\n" for m in HOT_MODULES)
+            + "print(' '.join(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
+            + repr(FORBIDDEN) + ")))\n")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"hot-path modules import {out.stdout.strip()}"
