@@ -105,6 +105,11 @@ def _parser():
         i.add_argument("--via", choices=("wrapper", "base-spec"), default="wrapper")
         i.add_argument("--hooks-dir", metavar="DIR")
         i.add_argument("--wrapper-path", metavar="PATH")
+        i.add_argument("--state-dir", metavar="DIR",
+                       help="state dir (cache) for the registered hook entry / wrapper (default /var/lib/compat-hook)")
+        i.add_argument("--config-source", choices=("auto", "file", "command"), default="auto",
+                       help="containerd: read the current config with `containerd config dump` "
+                            "(command), from the files (file), or command when containerd is installed (auto)")
     return p
 
 

@@ -53,16 +53,26 @@ def _parse(argv: list) -> dict:
 
 
 def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
-    """Do one hook run; returns ``(exit_status, log_record)``. Never raises."""
+    """Do one hook run; returns ``(exit_status, log_record)``. Never raises.
+
+    The process environment is never read: a runtime that ignores the entry's
+    ``env`` hands the hook the image's ``ENV``, and ``COMPAT_HOOK_CONFIG`` /
+    ``COMPAT_HOOK_STATE_DIR`` from there would let the image pick the config
+    (``ldconfig:``, a program run as root on the host) and a host dir to write.
+    The config and state dir come from argv (the registration) or the defaults;
+    ``environ`` is only for in-process callers that pass one explicitly.
+    """
     t0 = time.monotonic()
-    env = os.environ if environ is None else environ
+    env = {} if environ is None else environ
     record = {"event": "hook", "container_id": None, "stage": None}
     config = None
     try:
         opts = _parse(argv)
     except UsageError as e:
-        record.update(decision="error", reason=e.code, error=str(e))
-        _finish(record, None, t0)
+        msg = _one_line(str(e))
+        record.update(decision="error", reason=e.code, error=msg)
+        sys.stderr.write(f"compat-hook: {msg}\n")
+        _finish(record, _config_for_log(argv, env), t0)
         return EXIT_USAGE, record
     record["stage"] = opts["stage"]
     state_dir = opts["state_dir"] or env.get("COMPAT_HOOK_STATE_DIR") or None
@@ -91,7 +101,31 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
     return status, record
 
 
+def _one_line(text: str) -> str:
+    """``text`` with control characters escaped: image-chosen names may hold newlines."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _config_for_log(argv: list, env):
+    """For a usage error: the configuration named on the command line (for its log_file), or None."""
+    path = None
+    for i, a in enumerate(argv):
+        if a == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif a.startswith("--config="):
+            path = a[len("--config="):]
+    try:
+        from . import config as _config
+
+        return _config.load(path, environ=env)
+    except Exception:
+        return None
+
+
 def _failed(record: dict, config, code: str, message: str) -> int:
+    message = _one_line(message)
     fail = config is not None and config.on_error == "fail"
     record.update(decision="error", reason=code, error=message,
                   outcome="container stopped (on_error: fail)" if fail
@@ -163,14 +197,60 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
 
         existing = ldcache.current_dropin(root)
         actions = ldcache.plan_for(enable, decision.compat_dir, existing)
-        if enable and existing == ldcache.dropin_text(decision.compat_dir):
-            record["dropin"] = "unchanged"
-        record["planned"] = [a for a, _ in actions]
-        done: list = record.setdefault("actions", [])
-        if dry:
-            record["actions"] = [f"dry-run: would {a}" + (f" {arg}" if arg else "") for a, arg in actions]
-            return
-        ldcache.apply(root, actions, config, done, ldcache.namespace_pid(state))
+        lock = None
+        if actions and not dry:
+            # Concurrent hooks on one rootfs would race in ldconfig (its fixed
+            # /etc/ld.so.cache~ temp file): serialise them, then plan again.
+            lock = _lock_rootfs(state_dir, root, config.ldconfig_timeout, record)
+            existing = ldcache.current_dropin(root)
+            actions = ldcache.plan_for(enable, decision.compat_dir, existing)
+        try:
+            if enable and existing == ldcache.dropin_text(decision.compat_dir):
+                record["dropin"] = "unchanged"
+            record["planned"] = [a for a, _ in actions]
+            done: list = record.setdefault("actions", [])
+            if dry:
+                record["actions"] = [f"dry-run: would {a}" + (f" {arg}" if arg else "") for a, arg in actions]
+                return
+            ldcache.apply(root, actions, config, done, ldcache.namespace_pid(state))
+        finally:
+            if lock is not None:
+                os.close(lock)
+
+
+def _lock_rootfs(state_dir: str, root, timeout: float, record: dict):
+    """An exclusive lock for changing this rootfs; an fd to close, or None (then unlocked).
+
+    Host side (a file in the state dir, one of 64 buckets by the rootfs'
+    device and inode), so nothing in the image can hold it. Waits at most
+    ``timeout`` seconds and then goes on unlocked rather than failing.
+    """
+    import fcntl
+
+    try:
+        st = root.stat("/")
+        d = os.path.join(state_dir, "locks")
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        name = f"rootfs-{(st.st_dev * 1000003 + st.st_ino) % 64:02d}.lock"
+        fd = os.open(os.path.join(d, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        record["lock"] = f"not taken: {e.strerror or e}"
+        return None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                record["lock"] = f"not taken: still held after {timeout} s"
+                break
+            time.sleep(0.005)
+        except OSError as e:
+            record["lock"] = f"not taken: {e.strerror or e}"
+            break
+    os.close(fd)
+    return None
 
 
 def _maybe_store(root, host, request, config, decision, record, dry):

@@ -8,8 +8,8 @@ compat, like NVIDIA's toolkit). The compat dir is reported as the container
 resolves it (``/usr/local/cuda-12.4/compat`` when ``/usr/local/cuda`` links to
 ``cuda-12.4``), which is what the ld.so drop-in must name.
 
-The ELF inspection (pyelftools, ~50-100 ms to import) is cached by file
-identity in the state dir; see :mod:`compat_hook.cache`.
+The ELF inspection (pyelftools, ~50-100 ms to import) is cached in the
+state dir and reused only for byte-identical input; see :mod:`compat_hook.cache`.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _inspect(root, path: str, state_dir: str | None, use_cache: bool, facts: Ima
         if use_cache and state_dir:
             from . import cache
 
-            hit = cache.get_elf(state_dir, st)
+            hit = cache.get_elf(state_dir, st, f.fileno())
             if hit is not None:
                 try:
                     facts.elf, facts.elf_source = ElfInfo.from_dict(hit), "cache"
@@ -106,14 +106,14 @@ def _inspect(root, path: str, state_dir: str | None, use_cache: bool, facts: Ima
                     facts.notes.append("ignored a malformed cache entry")
         from .elfnote import inspect_elf
 
-        facts.elf, facts.elf_source = inspect_elf(f), "parsed"
         if use_cache and state_dir and _stat.S_ISREG(st.st_mode):
             from . import cache
 
-            # Re-stat: an entry is stored only if the file did not change while
-            # it was read (same key before and after).
-            if cache.file_key(os.fstat(f.fileno())) == cache.file_key(st):
-                cache.put_elf(state_dir, st, facts.elf.to_dict())
+            rec = cache.Recorder(f)
+            facts.elf, facts.elf_source = inspect_elf(rec), "parsed"
+            cache.put_elf(state_dir, st, facts.elf.to_dict(), rec)
+        else:
+            facts.elf, facts.elf_source = inspect_elf(f), "parsed"
     finally:
         f.close()
 

@@ -89,6 +89,8 @@ def plan_for(enable: bool, compat_dir: str | None, existing: str | None) -> list
     sure the compat entry is first.
     """
     if enable:
+        if existing == dropin_text(compat_dir):
+            return [("ldconfig", None)]  # a restart: the drop-in is already right
         return [("write_dropin", compat_dir), ("ldconfig", None)]
     if existing is not None:
         return [("remove_dropin", None), ("ldconfig", None)]
@@ -126,8 +128,15 @@ def namespace_pid(state: dict):
 
 
 def apply(root, actions: list, config, done: list, ns_pid=None) -> None:
-    """Carry out ``actions`` in ``root``; appends what was done to ``done``."""
+    """Carry out ``actions`` in ``root``; appends what was done to ``done``.
+
+    If ldconfig fails after a drop-in was written, the drop-in is taken out
+    again: the cache did not change, and a drop-in left behind would turn
+    compat on at the image's next own ldconfig run - the opposite of what
+    the failure log says ("starts without compat").
+    """
     extra_dirs: list = []
+    wrote = False
     for action, arg in actions:
         if action == "write_dropin":
             text = dropin_bytes(arg)  # refuse before changing anything
@@ -147,13 +156,19 @@ def apply(root, actions: list, config, done: list, ns_pid=None) -> None:
                     done.append("ld.so.conf lacks the conf.d include: compat dir passed to ldconfig")
             root.mkdirs(DROPIN_DIR)
             path = root.write_file(DROPIN_PATH, text, 0o644)
+            wrote = True
             done.append(f"wrote {path}")
         elif action == "remove_dropin":
             if root.unlink(DROPIN_PATH):
                 done.append(f"removed {DROPIN_PATH}")
         elif action == "ldconfig":
-            ms = run_ldconfig(config.ldconfig, root.host_path, extra_dirs, config.ldconfig_timeout,
-                              ns_pid)
+            try:
+                ms = run_ldconfig(config.ldconfig, root.host_path, extra_dirs,
+                                  config.ldconfig_timeout, ns_pid)
+            except LdconfigError:
+                if wrote and root.unlink(DROPIN_PATH):
+                    done.append(f"removed {DROPIN_PATH} again (ldconfig failed)")
+                raise
             done.append(f"ldconfig -r ({ms} ms" + (f", in the mount namespace of pid {ns_pid})"
                                                    if ns_pid else ")"))
         else:  # pragma: no cover - plan_for produces only these
@@ -188,9 +203,15 @@ def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10,
 
     if not os.path.isabs(ldconfig) or not os.access(ldconfig, os.X_OK):
         raise LdconfigError(f"ldconfig not executable: {ldconfig}")
-    argv = [ldconfig, "-r", rootfs] + list(extra_dirs)
+    argv = [ldconfig, "-r", rootfs] + list(extra_dirs)  # argv[0] as configured
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
-    exe_fd = os.open(ldconfig, os.O_RDONLY | os.O_CLOEXEC)
+    # Ubuntu's /sbin/ldconfig is a shell script around ldconfig.real: run
+    # the real binary where it sits beside the configured one (as NVIDIA's
+    # toolkit does). Not O_CLOEXEC: a script run from its descriptor needs
+    # /dev/fd/N to stay open for its interpreter.
+    real = ldconfig + ".real"
+    exe = real if os.access(real, os.X_OK) else ldconfig
+    exe_fd = os.open(exe, os.O_RDONLY)
     r, w = os.pipe()
     t0 = time.monotonic()
     pid = os.fork()

@@ -15,6 +15,7 @@ relative).
 from __future__ import annotations
 
 import os
+import stat as _stat
 
 from . import jsonfast
 from .errors import StateError
@@ -61,19 +62,26 @@ def read_state(fd: int = 0) -> dict:
     bundle = state.get("bundle")
     if not isinstance(bundle, str) or not bundle.startswith("/"):
         raise StateError("the OCI state has no absolute 'bundle' path")
+    if "\0" in bundle:
+        raise StateError("the OCI state's 'bundle' path contains a NUL byte")
     return state
 
 
 def load_spec(bundle: str) -> dict:
     """Parse ``<bundle>/config.json``; :class:`StateError` if unusable."""
+    if not isinstance(bundle, str) or "\0" in bundle:
+        raise StateError("the bundle path is not a string without NUL bytes")
     path = os.path.join(bundle, "config.json")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO in its place must not block the open (and is refused below).
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         raise StateError(f"{path}: no such file (is the bundle right?)") from None
     except OSError as e:
         raise StateError(f"{path}: cannot open: {e.strerror}") from None
     try:
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StateError(f"{path}: not a regular file")
         data = _read_limited(fd, MAX_SPEC_BYTES, path)
     except OSError as e:
         raise StateError(f"{path}: cannot read: {e.strerror}") from None

@@ -27,9 +27,24 @@ HOOK_ENV = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"]
 
 
 def interpreter() -> str:
-    """The real interpreter binary running us (a venv's python resolves to its base)."""
+    """The real interpreter binary running us (a venv's python resolves to its base).
+
+    ``/usr/bin/python3`` rather than ``/usr/bin/python3.11`` where the first
+    links to the second: a distro upgrade to the next minor version would
+    otherwise leave every registered entry pointing at a removed binary.
+    """
     exe = os.path.realpath(sys.executable or "/usr/bin/python3")
-    return exe if os.access(exe, os.X_OK) else sys.executable
+    if not os.access(exe, os.X_OK):
+        return sys.executable
+    d, name = os.path.split(exe)
+    if name.startswith("python3.") and name[8:].isdigit():
+        stable = os.path.join(d, "python3")
+        try:
+            if os.path.realpath(stable) == exe and os.access(stable, os.X_OK):
+                return stable
+        except OSError:
+            pass
+    return exe
 
 
 def python_paths() -> list:

@@ -275,14 +275,20 @@ class Root:
                 if lw is not None:
                     os.close(lw.fd)
                     raise UnsafePath(f"refusing to create through a dangling symlink: {lw.path}")
-                parent, name = self._walk(sub, missing_ok=True)
-                try:
-                    os.mkdir(name, mode, dir_fd=parent.fd)
-                except FileExistsError:
-                    pass
-                finally:
-                    os.close(parent.fd)
-                continue
+                got = self._walk(sub, missing_ok=True)
+                if isinstance(got, _Walk):
+                    # It appeared since the lookups above (a swap racing us):
+                    # check what is there now like any existing entry.
+                    w = got
+                else:
+                    parent, name = got
+                    try:
+                        os.mkdir(name, mode, dir_fd=parent.fd)
+                    except FileExistsError:
+                        pass
+                    finally:
+                        os.close(parent.fd)
+                    continue
             try:
                 if not _stat.S_ISDIR(w.st.st_mode):
                     raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), w.path)
@@ -314,7 +320,6 @@ class Root:
         written through. Returns the in-root path written.
         """
         dfd, name, parent = self._parent_dir_fd(path)
-        tmp = f".{name}.compat-hook.{os.getpid()}.tmp"
         try:
             try:
                 existing = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -322,8 +327,18 @@ class Root:
                 existing = None
             if existing is not None and _stat.S_ISDIR(existing.st_mode):
                 raise UnsafePath(f"a directory is in the way: {parent.rstrip('/')}/{name}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         mode, dir_fd=dfd)
+            # A random temp name: the image cannot pre-plant it to make the
+            # O_EXCL create fail (a denial of compat, not an escape).
+            for _ in range(8):
+                tmp = f".{name}.compat-hook.{os.urandom(6).hex()}.tmp"
+                try:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 mode, dir_fd=dfd)
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise UnsafePath(f"cannot create a temp file beside {parent.rstrip('/')}/{name}")
             try:
                 try:
                     view = memoryview(data)

@@ -37,7 +37,8 @@ import sys
 import time
 
 __all__ = ["main", "entry", "find_verb", "find_bundle", "container_id", "read_runtime_line",
-           "resolve_runtime", "SAFE_PATH", "EDIT_VERBS", "RuntimeNotFound"]
+           "resolve_runtime", "render_wrapper", "boot_code", "SAFE_PATH", "EDIT_VERBS",
+           "DEFAULT_WRAPPER_PATH", "RuntimeNotFound"]
 
 #: Where a bare ``runtime:`` name is looked up (never the caller's PATH).
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -45,6 +46,8 @@ EDIT_VERBS = ("create", "run")
 #: Set for the real runtime; seeing it on entry means the chain loops back.
 ACTIVE_ENV = "COMPAT_HOOK_RUNTIME_ACTIVE"
 CONFIG_FLAG = "--compat-hook-config"
+#: The runtime the shell wrapper read, for the boot code when compat_hook cannot be imported.
+FALLBACK_ENV = "COMPAT_HOOK_RUNTIME_FALLBACK"
 
 # Global options (runc, crun, nvidia-container-runtime) that take a value.
 _GLOBAL_VALUE_FLAGS = frozenset(
@@ -56,8 +59,59 @@ _VERB_VALUE_FLAGS = frozenset(
     for n in ("bundle", "b", "console-socket", "pid-file", "preserve-fds"))
 
 
+#: Where ``compat-hook install`` puts the rendered shell wrapper by default.
+DEFAULT_WRAPPER_PATH = "/usr/local/libexec/compat-hook/compat-hook-runtime"
+
+
 class RuntimeNotFound(Exception):
     pass
+
+
+def boot_code(paths: list) -> str:
+    """The ``-I -S -c`` code that starts :func:`entry` with exactly ``paths`` on sys.path.
+
+    If compat_hook cannot be imported (a half-removed install), it fails
+    open: one line on stderr, then the runtime the shell wrapper read
+    (``COMPAT_HOOK_RUNTIME_FALLBACK``) runs with the same arguments.
+    """
+    return (f"import sys\nsys.path[:0]={paths!r}\n"
+            "try:\n from compat_hook.runtime import entry\n"
+            "except ImportError as e:\n"
+            " import os\n"
+            " rt=os.environ.pop('COMPAT_HOOK_RUNTIME_FALLBACK','') or '/usr/sbin/runc'\n"
+            " sys.stderr.write('compat-hook-runtime: %s: running %s without compat-hook\\n'%(e,rt))\n"
+            " os.environ['COMPAT_HOOK_RUNTIME_ACTIVE']='1'\n"
+            " os.execv(rt,[rt]+sys.argv[1:][2*(sys.argv[1:2]==['--compat-hook-config']):])\n"
+            "entry()")
+
+
+def render_wrapper(config_path: str | None = None, *, python: str | None = None,
+                   paths: list | None = None, state_dir: str | None = None) -> str:
+    """The shell wrapper's text with absolute paths filled in.
+
+    ``config_path``: the config it reads when ``COMPAT_HOOK_CONFIG`` is unset
+    (default ``/etc/compat-hook/config.yaml``); ``python``: the interpreter
+    (default: the real one running this); ``paths``: its ``sys.path`` head
+    (default: where compat_hook, PyYAML and pyelftools live); ``state_dir``:
+    the cache dir the Python part uses unless ``COMPAT_HOOK_STATE_DIR`` is set
+    (default /var/lib/compat-hook). Used by every engine's installer
+    (containerd ``BinaryName``, Docker ``runtimes.path``).
+    """
+    import shlex
+
+    from .config import DEFAULT_PATH
+    from .registration import interpreter, python_paths
+
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                           "compat-hook-runtime.sh"), encoding="utf-8") as f:
+        text = f.read()
+    values = {"@PYTHON@": python or interpreter(),
+              "@BOOT@": boot_code(paths if paths is not None else python_paths()),
+              "@CONFIG@": os.path.abspath(config_path) if config_path else DEFAULT_PATH,
+              "@STATE@": os.path.abspath(state_dir) if state_dir else ""}
+    for k, v in values.items():
+        text = text.replace(f"={k}\n", f"={shlex.quote(v)}\n", 1)
+    return text
 
 
 def find_verb(argv: list) -> tuple:
@@ -232,6 +286,7 @@ def _exec(real: str, argv: list) -> int:
 def main(argv: list | None = None) -> int:
     t0 = time.monotonic()
     argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.pop(FALLBACK_ENV, None)
     cfg_path = None
     if len(argv) >= 2 and argv[0] == CONFIG_FLAG:
         cfg_path, argv = argv[1], argv[2:]
@@ -387,7 +442,8 @@ def _edit(config, record: dict) -> None:
     if config.wrapper_add_hook:
         from .registration import hook_entry
 
-        hooks.append(("createContainer", hook_entry(stage="createContainer", config=config.source)))
+        hooks.append(("createContainer", hook_entry(stage="createContainer", config=config.source,
+                                                    state_dir=os.environ.get("COMPAT_HOOK_STATE_DIR") or None)))
     new, done = specedit.plan(spec, ld_dir=ld_dir, strip=strip, known=known, mounts=mounts,
                               hooks=hooks, drop_oom=config.wrapper_drop_oom_score_adj)
     if dry:

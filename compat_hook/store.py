@@ -33,8 +33,8 @@ def _is_version_name(name: str) -> bool:
     return name.count(".") >= 1 and try_parse_version(name) is not None
 
 
-def _find_compat_dir(top: str) -> str:
-    """The single directory under ``top`` holding a regular libcuda.so.<version>."""
+def _find_compat_dir(top: str) -> tuple:
+    """``(dir, lib)``: the single directory under ``top`` holding a regular libcuda.so.<version>."""
     from .imagefacts import _is_candidate_name
 
     found = []
@@ -46,9 +46,9 @@ def _find_compat_dir(top: str) -> str:
     if not found:
         raise StoreError(f"{top}: no regular libcuda.so.<version> found (not a cuda-compat package?)")
     if len(found) > 1 or len(found[0][1]) > 1:
-        names = ", ".join(os.path.join(d, n) for d, ls in found for n in ls)
+        names = ", ".join(os.path.relpath(os.path.join(d, n), top) for d, ls in sorted(found) for n in sorted(ls))
         raise StoreError(f"{top}: several compat drivers, refusing to guess: {names}")
-    return found[0][0]
+    return found[0][0], found[0][1][0]
 
 
 def _extract_deb(deb: str, dest: str) -> None:
@@ -83,10 +83,11 @@ def add(store_dir: str, path: str, config) -> dict:
                 raise StoreError(f"{path}: not a directory or a .deb")
             src = os.path.join(work, "unpacked")
             _extract_deb(path, src)
-        cdir = _find_compat_dir(src)
-        lib = next(n for n in os.listdir(cdir) if n.startswith("libcuda.so.") and
-                   _stat.S_ISREG(os.lstat(os.path.join(cdir, n)).st_mode) and "." in n[11:])
+        cdir, lib = _find_compat_dir(src)
         version = lib[len("libcuda.so."):]
+        if version == "1.1":
+            raise StoreError(f"{lib}: a Tegra (Orin) compat driver carries no driver version; "
+                             "the store holds versioned drivers only")
         if not _is_version_name(version):
             raise StoreError(f"{lib}: the file name carries no driver version")
         with open(os.path.join(cdir, lib), "rb") as f:
@@ -94,10 +95,17 @@ def add(store_dir: str, path: str, config) -> dict:
         machine = machine_for_arch(os.uname().machine)
         why = info.loadable_for(machine) if machine else "elf_machine"
         if why is not None:
-            raise StoreError(f"{lib}: not a loadable libcuda for this host ({why}: {info.error or ''})".rstrip(": )") + ")")
+            from .decision import REASONS
+
+            detail = f": {info.error}" if info.error else ""
+            raise StoreError(f"{lib}: not a loadable libcuda for this host "
+                             f"({REASONS.get(why, why)}{detail})")
+        final = os.path.join(store_dir, version)
+        if os.path.lexists(final):
+            raise StoreError(f"compat driver {version} is already stored (store remove {version} first)")
         stage = os.path.join(work, version)
         os.mkdir(stage, 0o755)
-        files = []
+        files, skipped = [], []
         for n in sorted(os.listdir(cdir)):
             p = os.path.join(cdir, n)
             st = os.lstat(p)
@@ -108,14 +116,22 @@ def add(store_dir: str, path: str, config) -> dict:
             elif _stat.S_ISLNK(st.st_mode):
                 target = os.readlink(p)
                 # Only links to a sibling: the store never points elsewhere.
-                if "/" not in target:
+                if "/" not in target and target not in ("", ".", ".."):
                     os.symlink(target, os.path.join(stage, n))
                     files.append(f"{n} -> {target}")
+                else:
+                    skipped.append(f"{n} -> {target}")
+            else:
+                skipped.append(n)
+        from .versions import branch_max_cuda, format_version, try_parse_version
+
         note = info.note.to_dict() if info.note is not None else None
+        cuda = note.get("cuda_version") if note else None
+        provides = try_parse_version(cuda) if cuda else branch_max_cuda(try_parse_version(version)[0])
         entry = {"version": version, "path": os.path.join(store_dir, version), "files": files,
-                 "elf": info.to_dict(), "cuda_version": note.get("cuda_version") if note else None,
+                 "skipped": skipped, "elf": info.to_dict(), "cuda_version": cuda,
+                 "provides_cuda": format_version(provides, 2) if provides else None,
                  "source": os.path.abspath(path), "added": timestamp()}
-        final = os.path.join(store_dir, version)
         if os.path.lexists(final):
             raise StoreError(f"compat driver {version} is already stored (store remove {version} first)")
         meta_tmp = os.path.join(work, "meta.json")

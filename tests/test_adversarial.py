@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import os
 import pathlib
+import resource
 import struct
+import subprocess
 
 import pytest
 
@@ -414,6 +416,44 @@ def _(root, host):
         os.symlink("/nowhere", _compat(root) / f"x{i}")
 
 
+def _deep_compat(root: Path, levels: int) -> None:
+    """/usr/local/cuda -> deep/d/d/.../d (``levels`` deep, past PATH_MAX) holding compat/libcuda."""
+    fd = os.open(root / "usr/local", os.O_RDONLY | os.O_DIRECTORY)
+    os.mkdir("deep", dir_fd=fd)
+    cur = os.open("deep", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+    os.close(fd)
+    for _ in range(levels):
+        os.mkdir("d", dir_fd=cur)
+        nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+        os.close(cur)
+        cur = nxt
+    os.mkdir("compat", dir_fd=cur)
+    lib = os.open("compat/" + h.COMPAT_NAME, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=cur)
+    os.write(lib, h.elf())
+    os.close(lib)
+    os.close(cur)
+    h.rm_tree(root / "usr/local/cuda")
+    os.symlink("deep/" + "d/" * levels, root / "usr/local/cuda")
+
+
+def deep_enabled(rec, root, host):
+    assert rec["decision"] == "enable", rec["decision"]
+    assert rec["compat_dir"] == "/usr/local/deep" + "/d" * 1500 + "/compat", rec["compat_dir"][:100]
+
+
+@case("compat-dir-1500-levels-deep", expect=deep_enabled)
+def _(root, host):
+    _deep_compat(root, 1500)
+
+
+LOW_NOFILE = "compat-dir-1500-levels-deep-with-256-fds"
+
+
+@case(LOW_NOFILE, expect=no_candidate)
+def _(root, host):
+    _deep_compat(root, 1500)  # the walk runs out of descriptors (EMFILE): no compat, no crash
+
+
 # -- 4. names with newlines and non-UTF-8 bytes --------------------------------------
 
 
@@ -459,7 +499,12 @@ def _(root, host):
 READONLY = "rootfs-read-only-bind-mount"
 
 
-@case(READONLY, expect=failed_open)
+def read_only_refused(rec, root, host):
+    failed_open(rec, root, host)
+    assert rec["reason"] == "os_error" and "Read-only file system" in rec["error"], rec
+
+
+@case(READONLY, expect=read_only_refused)
 def _(root, host):
     pass  # made read-only in the hook's own mount namespace (see test_hostile_image)
 
@@ -491,7 +536,7 @@ def test_canary_detects_reads_writes_and_creates(canary):
 
 
 def _host_side(tmp_path: Path, bundle: Path, env: h.HookEnv) -> dict:
-    return h.host_tree_snapshot(tmp_path, skip=[str(bundle), str(env.state_dir), str(env.log),
+    return h.host_tree_snapshot(tmp_path, exclude=[str(bundle), str(env.state_dir), str(env.log),
                                                 str(tmp_path / "host-canary")])
 
 
@@ -506,7 +551,15 @@ def test_hostile_image(c, tmp_path, canary):
     host_dropin = HOST_DROPIN.exists()
 
     pre = h.readonly_rootfs_preexec(root) if c.name == READONLY else None
-    res = h.run_hook(env.entry, h.state_json(bundle), cwd=root, preexec_fn=pre)
+    if "levels-deep" in c.name:
+        # Holding 1500 directory fds needs more than a 1024 soft limit; the other deep case has 256.
+        nofile = 256 if c.name == LOW_NOFILE else min(8192, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        pre = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))  # noqa: E731
+    try:
+        res = h.run_hook(env.entry, h.state_json(bundle), cwd=root, preexec_fn=pre)
+    finally:
+        if "levels-deep" in c.name:
+            h.rm_tree(root / "usr/local/deep")  # past shutil.rmtree's recursion limit: pytest could not
 
     assert res.rc == 0, res
     assert res.duration < h.HOOK_TIMEOUT / 2, res
@@ -526,6 +579,95 @@ def test_hostile_image(c, tmp_path, canary):
         assert [n for n in os.listdir(confd) if n.endswith(b".tmp")] == []
     if c.expect is not None:
         c.expect(rec, root, canary.base)
+
+
+# ------------------------------------------------------------------- races (TOCTOU)
+
+_FLIPPER = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+pairs = [(a.encode(), b.encode()) for a, b in zip(sys.argv[1::2], sys.argv[2::2])]
+print("ready", flush=True)
+while True:
+    for a, b in pairs:
+        libc.renameat2(-100, a, -100, b, 2)  # AT_FDCWD, RENAME_EXCHANGE: an atomic swap
+"""
+
+
+def test_paths_swapped_for_escaping_links_during_the_run(tmp_path, canary):
+    """While hooks run, another process keeps swapping real dirs/files with links to the host.
+
+    The walk is one component at a time on O_PATH descriptors, never ``..`` on
+    disk, creates are O_EXCL|O_NOFOLLOW under a confined dir fd: whichever
+    state each lookup sees, it stays in the rootfs.
+    """
+    env = h.make_hook_env(tmp_path / "hookenv")
+    bundle = h.write_bundle(tmp_path / "bundle")
+    root = h.base_rootfs(bundle / "rootfs")
+    os.symlink(str(canary.base / "etc/ld.so.conf.d"), root / "etc/.alt-confd")
+    os.symlink(h.escape(canary.base / "cuda"), root / "usr/local/.alt-cuda")
+    os.symlink(str(canary.base / "etc"), root / ".alt-etc")
+    (root / "etc/ld.so.conf.d/.alt-dropin").symlink_to(canary.base / "planted")
+    (root / "etc/.alt-ld.so.conf").symlink_to(canary.base / "etc/ld.so.conf")
+    (_compat(root) / ".alt-lib").symlink_to(canary.base / "lib/libcuda.so.host")
+    pairs = [root / "etc/ld.so.conf.d", root / "etc/.alt-confd",
+             root / "usr/local/cuda", root / "usr/local/.alt-cuda",
+             root / "etc", root / ".alt-etc",
+             root / "etc/ld.so.conf", root / "etc/.alt-ld.so.conf",
+             root / h.DROPIN, root / "etc/ld.so.conf.d/.alt-dropin",
+             _compat(root) / h.COMPAT_NAME, _compat(root) / ".alt-lib"]
+    canary.arm()
+    flip = subprocess.Popen([h.HOOK_PYTHON, "-I", "-S", "-c", _FLIPPER, *map(str, pairs)],
+                            stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert flip.stdout.readline() == b"ready\n"
+        decisions = []
+        for _ in range(25):
+            res = h.run_hook(env.entry, h.state_json(bundle), cwd=root)
+            assert res.rc == 0 and b"Traceback" not in res.stderr, res
+            rec = env.last_record()
+            assert rec.get("reason") != "internal_error", rec
+            decisions.append(rec["decision"])
+    finally:
+        os.killpg(flip.pid, 9)
+        flip.wait()
+        flip.stdout.close()
+    assert canary.changes() == [], decisions
+    assert len(env.log_records()) == 25
+
+
+def test_mkdirs_entry_that_appears_mid_call(tmp_path):
+    """Deterministic form of a race the swap test above found (TypeError, internal_error).
+
+    mkdirs saw /etc missing (twice), and by its create-lookup it was back: a
+    walk result, not the (parent, name) pair it unpacked. It must check it
+    like any entry: a directory is fine, a file is NotADirectoryError.
+    """
+    from compat_hook.rootfs import Root
+
+    fds = len(os.listdir("/proc/self/fd"))
+    for kind in ("dir", "file"):
+        root = tmp_path / kind
+        root.mkdir()
+
+        class Racy(Root):
+            misses = 2
+
+            def _walk(self, path, follow=True, missing_ok=False):
+                if path == "/etc" and not missing_ok and self.misses:
+                    self.misses -= 1
+                    if not self.misses:  # the swap lands between the lookups and the create
+                        (root / "etc").mkdir() if kind == "dir" else (root / "etc").write_text("x")
+                    raise FileNotFoundError(2, "No such file or directory", path)
+                return super()._walk(path, follow, missing_ok)
+
+        with Racy(str(root)) as r:
+            if kind == "dir":
+                assert r.mkdirs("/etc/ld.so.conf.d") == "/etc/ld.so.conf.d"
+            else:
+                with pytest.raises(NotADirectoryError):
+                    r.mkdirs("/etc/ld.so.conf.d")
+        assert len(os.listdir("/proc/self/fd")) == fds, "a descriptor leaked"
 
 
 # ------------------------------------------------------------------- real containers

@@ -170,6 +170,7 @@ CASES = [
     ("cc_60_590", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla P100", (6, 0))]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
     ("cc_70_590", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla V100", (7, 0))]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
     ("cc_75_590", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla T4", (7, 5))]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    ("cc_60_580_no_note", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla P100", (6, 0))]), image("580.65.06", None), GPU_REQ, CFG), "enable", "compat_major_newer"),
     ("cc_60_575", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla P100", (6, 0))]), image(), GPU_REQ, CFG), "enable", "compat_newer_supported"),
     ("cc_unknown_590", lambda: (host("550.54.15", gpus=[gpu(2)]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "enable", "compat_newer_supported"),
     ("cc_60_590_no_note", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla P100", (6, 0))]), image("590.44.01", None), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),

@@ -247,15 +247,16 @@ def test_explain_writes_nothing(make_rootfs, fake_host, tmp_path):
     host = fake_host(version_line="NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Tue 2025",
                      libcuda=["libcuda.so.580.65.06"])
     conf = write_config(tmp_path, host_root=host, extra="cache: true\n")
-    before = {d: snapshot_tree(d) for d in (bundle, host, tmp_path / "conf")}
+    # Everything of this test lives under tmp_path: bundle, rootfs, host tree, config.
+    before = snapshot_tree(tmp_path)
     for args in (["--bundle", str(bundle), "--json"], ["--rootfs", str(bundle / "rootfs")],
                  ["--rootfs", str(bundle / "rootfs"), "--host-driver-version", "550.54.15"]):
         out = cli(*args, "--config", conf)
         assert out.returncode == 0, out.stderr
     r = json.loads(cli("--bundle", str(bundle), "--json", "--config", conf).stdout)
     assert r["would_change"]["ldconfig"][0] == "remove the stale /etc/ld.so.conf.d/00-00-compat-hook.conf"
-    after = {d: snapshot_tree(d) for d in before}
+    after = snapshot_tree(tmp_path)
     assert after == before
     assert not (tmp_path / "log").exists()
     assert not (tmp_path / "store").exists()
-    assert not any(os.path.basename(p) == b"cache" for tree in after.values() for p in tree)
+    assert not any(os.path.basename(p) == b"cache" for p in after)

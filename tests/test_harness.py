@@ -233,6 +233,7 @@ def test_failures_are_reported_and_cleaned_up(tmp_path, runtime, libs):
 
 
 # Keep last: pytest runs a module's tests in file order.
+@pytest.mark.containers
 def test_nothing_left_behind(tmp_path_factory):
     assert _started, "no container ran"
     assert rt.mounts_under(tmp_path_factory.getbasetemp()) == []

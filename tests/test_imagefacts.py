@@ -142,7 +142,6 @@ def test_not_candidate_names(make_rootfs, name):
 # -- the ELF cache ------------------------------------------------------------------------
 
 LIB = "usr/local/cuda/compat/libcuda.so.575.57.08"
-HOST = None  # set per test
 
 
 def _decide(img, driver=(550, 54, 15)):
@@ -329,3 +328,41 @@ def test_cache_never_changes_a_decision(host_v, compat_v, note, cuda):
 def teardown_module(module):
     if _shared:
         shutil.rmtree(_shared["base"], ignore_errors=True)
+
+
+def test_cache_hits_across_overlay_mounts(tmp_path):
+    """containerd and Podman mount each container's rootfs as a new overlay
+    (a new st_dev every time): the same image layer must still be a hit."""
+    import subprocess
+
+    from compat_hook.elfgen import NOTE_575, make_elf
+    from compat_hook.rootfs import Root
+
+    lower = tmp_path / "lower"
+    (lower / "usr/local/cuda/compat").mkdir(parents=True)
+    (lower / "usr/local/cuda/compat/libcuda.so.575.57.08").write_bytes(make_elf(note_json=NOTE_575))
+    from compat_hook.config import from_mapping
+
+    cfg = from_mapping({})
+    state = str(tmp_path / "state")
+    seen = []
+    mounts = []
+    try:
+        for i in range(2):  # both mounted at once, like two running containers
+            up, wk, mnt = (tmp_path / f"{n}{i}" for n in ("up", "wk", "mnt"))
+            for d in (up, wk, mnt):
+                d.mkdir()
+            subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                            f"lowerdir={lower},upperdir={up},workdir={wk}", str(mnt)], check=True)
+            mounts.append(mnt)
+        for mnt in mounts:
+            with Root(str(mnt)) as r:
+                f = imagefacts.gather(r, cfg, state_dir=state)
+            st = os.stat(mnt / "usr/local/cuda/compat/libcuda.so.575.57.08")
+            seen.append((f.elf_source, (st.st_dev, os.stat(mnt).st_dev), f.elf.note.cuda_version))
+    finally:
+        for mnt in mounts:
+            subprocess.run(["umount", str(mnt)], check=True)
+    assert [s[0] for s in seen] == ["parsed", "cache"]
+    assert seen[0][1][1] != seen[1][1][1]  # two overlay superblocks
+    assert seen[1][2] == "12.9"

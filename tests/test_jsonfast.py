@@ -17,29 +17,30 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 scalars = (st.none() | st.booleans() | st.integers(min_value=-(1 << 70), max_value=1 << 70)
            | st.floats(allow_nan=False, allow_infinity=False) | st.text())
 values = st.recursive(scalars, lambda kids: st.lists(kids, max_size=5)
-                      | st.dictionaries(st.text(), kids, max_size=5), max_leaves=30)
+                      | st.dictionaries(st.text(), kids, max_size=5), max_leaves=12)
 
 
 def ref_dumps(obj, **kw):
     return json.dumps(obj, separators=(",", ":"), allow_nan=False, **kw)
 
 
-@settings(max_examples=300)
+@settings(max_examples=100, deadline=None)
 @given(values)
 def test_dumps_equals_json(obj):
     assert jsonfast.dumps(obj) == ref_dumps(obj)
     assert jsonfast.dumps(obj, sort_keys=True) == ref_dumps(obj, sort_keys=True)
 
 
-@settings(max_examples=300)
+@settings(max_examples=100, deadline=None)
 @given(values, st.sampled_from([None, 1, 2]))
 def test_loads_equals_json(obj, indent):
     text = json.dumps(obj, indent=indent, ensure_ascii=bool(indent))
     assert jsonfast.loads(text) == json.loads(text)
     assert jsonfast.loads(text.encode("utf-8")) == json.loads(text)
-    assert jsonfast.loads(jsonfast.dumps(obj)) == obj or obj != obj
+    assert jsonfast.loads(jsonfast.dumps(obj)) == obj
 
 
+@settings(max_examples=50, deadline=None)
 @given(values, st.sampled_from(["", " ", "\n", "\t\r\n "]))
 def test_surrounding_whitespace(obj, ws):
     text = ws + json.dumps(obj) + ws

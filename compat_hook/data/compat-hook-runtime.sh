@@ -20,6 +20,7 @@
 ch_python=@PYTHON@
 ch_boot=@BOOT@
 ch_config=@CONFIG@
+ch_state=@STATE@
 ch_default_config=/etc/compat-hook/config.yaml
 ch_path='/usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin'
 
@@ -140,7 +141,25 @@ for ch_a do
     esac
 done
 
+ch_resolve() {
+    case $ch_rt in
+        /*) ch_bin=$ch_rt ;;
+        *)
+            ch_bin=
+            for ch_d in $ch_path; do
+                if [ -f "$ch_d/$ch_rt" ] && [ -x "$ch_d/$ch_rt" ]; then ch_bin=$ch_d/$ch_rt; break; fi
+            done ;;
+    esac
+}
+
 ch_to_python() {
+    if [ -n "$ch_state" ] && [ -z "${COMPAT_HOOK_STATE_DIR-}" ]; then
+        export COMPAT_HOOK_STATE_DIR="$ch_state"
+    fi
+    if [ -n "$ch_sure" ]; then
+        ch_resolve
+        [ -z "$ch_bin" ] || export COMPAT_HOOK_RUNTIME_FALLBACK="$ch_bin"
+    fi
     if [ -n "$ch_cfgarg" ]; then
         exec "$ch_python" -I -S -c "$ch_boot" --compat-hook-config "$ch_cfg" "$@"
     fi
@@ -165,18 +184,11 @@ if [ -n "${COMPAT_HOOK_RUNTIME_ACTIVE-}" ]; then
     echo "compat-hook-runtime: the real runtime '$ch_rt' leads back to compat-hook-runtime (a loop)" >&2
     exit 1
 fi
-case $ch_rt in
-    /*) ch_bin=$ch_rt ;;
-    *)
-        ch_bin=
-        for ch_d in $ch_path; do
-            if [ -f "$ch_d/$ch_rt" ] && [ -x "$ch_d/$ch_rt" ]; then ch_bin=$ch_d/$ch_rt; break; fi
-        done
-        if [ -z "$ch_bin" ]; then
-            echo "compat-hook-runtime: runtime '$ch_rt' not found in $ch_path" >&2
-            exit 127
-        fi ;;
-esac
+ch_resolve
+if [ -z "$ch_bin" ]; then
+    echo "compat-hook-runtime: runtime '$ch_rt' not found in $ch_path" >&2
+    exit 127
+fi
 if [ "$ch_bin" -ef "$0" ]; then
     echo "compat-hook-runtime: runtime '$ch_rt' is this wrapper itself (a loop)" >&2
     exit 1

@@ -11,15 +11,20 @@ Two files:
   cuda-compat``)::
 
       [crio.runtime.runtimes.cuda-compat]
-      runtime_path = "/usr/libexec/compat-hook/compat-hook-runtime"
+      runtime_path = "/usr/local/libexec/compat-hook/compat-hook-runtime"
       runtime_type = "oci"
 
-  ``--set-as-default`` adds ``[crio.runtime] default_runtime``. The ``99-``
-  prefix loads it after other drop-ins, so that default wins. The file is
-  edited with tomlkit (other tables and comments in it stay); ``uninstall``
-  removes our table and the default when it names it, and the file when
-  nothing else is left. CRI-O reads runtimes at start: ``systemctl restart
-  crio`` afterwards (never done by these commands).
+  (the wrapper containerd's install renders; ``--wrapper-path`` moves it).
+  ``--set-as-default`` adds ``[crio.runtime] default_runtime``; the ``99-``
+  prefix loads the file after other drop-ins, so that default wins.
+
+The drop-in is edited with tomlkit (other tables and comments in it stay) and
+never backed up next to itself: CRI-O loads every file in crio.conf.d, so a
+backup there would register the handler again. ``uninstall`` removes our
+table, the default when it names it, the file when nothing else is left in it,
+the hooks.d file, and the wrapper unless another engine still names it. CRI-O
+reads runtimes at start: ``systemctl restart crio`` afterwards (never done by
+these commands).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from __future__ import annotations
 import os
 
 from . import hooksd
-from .hooksd import InstallError, say
+from .hooksd import InstallError
 
 __all__ = ["DEFAULT_DROPIN", "install", "uninstall", "render_dropin"]
 
@@ -107,20 +112,26 @@ def render_dropin(text: str | None, path: str, *, name: str, wrapper: str | None
     return tomlkit.dumps(doc)
 
 
-def _dropin_change(args, remove: bool):
+def _runtime_path(text: str | None, path: str, name: str):
+    if text is None:
+        return None
+    doc = _parse(path, text).unwrap()
+    entry = (((doc.get("crio") or {}).get("runtime") or {}).get("runtimes") or {}).get(name)
+    return entry.get("runtime_path") if isinstance(entry, dict) else None
+
+
+def _dropin_change(args, remove: bool, wrapper: str | None = None):
     from .files import Change
 
     path = os.path.abspath(args.config or DEFAULT_DROPIN)
     change = Change(path, None, mode=None)
     if change.old is None and remove:
         return None
-    wrapper = None if remove else hooksd.wrapper_path(args)
     new = render_dropin(change.old, path, name=args.runtime_name, wrapper=wrapper,
                         set_default=bool(getattr(args, "set_as_default", False)), remove=remove)
     if new is not None and change.old is not None:
-        old_doc, new_doc = _parse(path, change.old), _parse(path, new)
-        if old_doc.unwrap() == new_doc.unwrap():
-            new = change.old  # same settings: leave the bytes alone
+        if _parse(path, change.old).unwrap() == _parse(path, new).unwrap():
+            new = change.old  # the same settings: leave the bytes alone
     change.new = new
     return change
 
@@ -128,20 +139,25 @@ def _dropin_change(args, remove: bool):
 def install(args) -> int:
     hooksd.check_args(args, "crio")
     hooks = hooksd.changes(args, "crio")
-    dropin = _dropin_change(args, remove=False)
-    hooksd.run([(hooks, False), ([dropin], True)], args, "crio", verb="registered",
-               after=f"crio: hook {hooks[0].path} (active for new containers) and runtime handler "
-                     f"{args.runtime_name!r} in {dropin.path}; restart CRI-O to load the handler "
-                     f"(systemctl restart crio)")
+    wrapper = hooksd.wrapper_change(args)
+    dropin = _dropin_change(args, remove=False, wrapper=wrapper.path)
+    hooksd.run([(hooks + [wrapper, dropin], False)], args, "crio", verb="registered",
+               after=f"crio: hook {hooks[0].path} (used by new containers at once) and runtime handler "
+                     f"{args.runtime_name!r} -> {wrapper.path} in {dropin.path}; restart CRI-O to load "
+                     f"the handler (systemctl restart crio)")
     hooksd.note_dir(os.path.dirname(hooks[0].path), "crio")
     return 0
 
 
 def uninstall(args) -> int:
     hooksd.check_args(args, "crio")
-    hooks = hooksd.removals(args, "crio")
+    hooks = hooksd.removals(args, "crio", keep_packaged=True)
     dropin = _dropin_change(args, remove=True)
-    groups = [(hooks, False)] + ([([dropin], True)] if dropin is not None else [])
+    groups = [(hooks, False)]
+    if dropin is not None:
+        groups.append(([dropin], False))
+        wrapper = _runtime_path(dropin.old, dropin.path, args.runtime_name)
+        groups.append((hooksd.wrapper_removal(wrapper, dropin.path), False))
     hooksd.run(groups, args, "crio", verb="unregistered",
                after="crio: unregistered; restart CRI-O to drop the runtime handler "
                      "(systemctl restart crio)")

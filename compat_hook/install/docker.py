@@ -3,10 +3,13 @@
 Docker has no drop-ins and no hooks.d: the runtime wrapper is registered in
 ``/etc/docker/daemon.json`` (``--config`` overrides the path)::
 
-    "runtimes": {"cuda-compat": {"path": "/usr/libexec/compat-hook/compat-hook-runtime"}}
+    "runtimes": {"cuda-compat": {"path": "/usr/local/libexec/compat-hook/compat-hook-runtime"}}
 
 and used per container (``docker run --runtime cuda-compat``) or for every
 container with ``--set-as-default`` (``"default-runtime": "cuda-compat"``).
+The wrapper is the one containerd's install renders (``--wrapper-path``,
+default ``/usr/local/libexec/compat-hook/compat-hook-runtime``); it execs the
+config's ``runtime:`` (runc by default) for every verb.
 Every other key, their order and the file's indentation (detected: two
 spaces, four, a tab, or one line) are kept, and a file whose settings would
 not change is not rewritten. A backup is taken before each change. ``uninstall`` removes the entry (and ``runtimes`` when that leaves
@@ -99,6 +102,7 @@ def edit(data: dict, *, name: str, wrapper: str | None, set_default: bool, remov
 
 
 def _plan(args, remove: bool):
+    """``(daemon.json change, wrapper changes)``."""
     from .files import Change
 
     path = os.path.abspath(args.config or DEFAULT_CONFIG)
@@ -107,33 +111,46 @@ def _plan(args, remove: bool):
     change = Change(path, None)
     old = change.old
     data = _load(path, old)
-    wrapper = None if remove else hooksd.wrapper_path(args)
-    new_data = edit(data, name=args.runtime_name, wrapper=wrapper,
+    name = args.runtime_name
+    if remove:
+        entry = (data.get("runtimes") or {}).get(name) if isinstance(data.get("runtimes"), dict) else None
+        wrappers = hooksd.wrapper_removal(entry.get("path") if isinstance(entry, dict) else None, path)
+    else:
+        wrapper = hooksd.wrapper_change(args)
+        wrappers = [wrapper]
+        previous = data.get("default-runtime")
+        if getattr(args, "set_as_default", False) and previous not in (None, name, "runc"):
+            entry = (data.get("runtimes") or {}).get(previous) if isinstance(data.get("runtimes"), dict) else None
+            real = entry.get("path") if isinstance(entry, dict) and isinstance(entry.get("path"), str) else previous
+            say(f"note: default-runtime was {previous!r}; uninstall resets it to Docker's default (runc), "
+                f"not to {previous!r}. If containers need it, set `runtime: {real}` in "
+                f"compat-hook's config: the wrapper execs that runtime")
+    new_data = edit(data, name=name, wrapper=None if remove else wrappers[0].path,
                     set_default=bool(getattr(args, "set_as_default", False)), remove=remove)
     if new_data == data and old is not None:
-        change.new = old  # semantically unchanged: never reformat someone's file
+        change.new = old  # the same settings: never reformat someone's file
     else:
         change.new = render(new_data, detect_indent(old) if old else "    ")
-    return change
+    return change, wrappers
 
 
 def install(args) -> int:
     hooksd.check_args(args, "docker")
-    change = _plan(args, remove=False)
-    hooksd.run([([change], True)], args, "docker", verb="registered",
-               after=f"docker: runtime {args.runtime_name!r} registered in {change.path}; "
-                     f"restart the daemon to use it (systemctl restart docker), then "
+    change, wrappers = _plan(args, remove=False)
+    hooksd.run([(wrappers, False), ([change], True)], args, "docker", verb="registered",
+               after=f"docker: runtime {args.runtime_name!r} -> {wrappers[0].path} in {change.path}; "
+                     f"restart the daemon to load it (systemctl restart docker), then "
                      f"docker run --runtime {args.runtime_name} ...")
     return 0
 
 
 def uninstall(args) -> int:
     hooksd.check_args(args, "docker")
-    change = _plan(args, remove=True)
+    change, wrappers = _plan(args, remove=True)
     if change.old is None:
         say(f"docker: {change.path} does not exist; nothing to remove")
         return 0
-    hooksd.run([([change], True)], args, "docker", verb="unregistered",
+    hooksd.run([([change], True), (wrappers, False)], args, "docker", verb="unregistered",
                after=f"docker: runtime {args.runtime_name!r} removed from {change.path}; "
                      f"restart the daemon (systemctl restart docker)")
     return 0

@@ -41,7 +41,8 @@ from ..errors import CompatHookError, UsageError
 
 __all__ = ["DEFAULT_DIR", "OVERRIDE_DIR", "FILE_NAME", "InstallError", "document", "render",
            "target_path", "is_ours", "packaged", "changes", "removals", "install", "uninstall",
-           "stable_interpreter", "package_document", "say", "check_args"]
+           "stable_interpreter", "package_document", "wrapper_change", "wrapper_removal", "run",
+           "note_dir", "say", "check_args"]
 
 DEFAULT_DIR = "/usr/share/containers/oci/hooks.d"
 OVERRIDE_DIR = "/etc/containers/oci/hooks.d"
@@ -148,32 +149,60 @@ def packaged(path: str) -> bool:
         return False
 
 
-def wrapper_path(args) -> str:
-    """The runtime wrapper an engine is pointed at: ``--wrapper-path``, else the default.
+# --------------------------------------------------------------------------- the runtime wrapper
+# Docker and CRI-O register the same rendered shell wrapper as containerd
+# (compat_hook/data/compat-hook-runtime.sh through runtime.render_wrapper),
+# at the same default path, rendered the same way, so installing for several
+# engines never rewrites it back and forth.
 
-    The default is the containerd module's, so every engine registers the same file.
-    """
+WRAPPER_MARK = "#!/bin/sh\n# compat-hook-runtime:"
+#: Where the other engines' registrations name the wrapper (read to tell whether it is shared).
+ENGINE_FILES = ("/etc/containerd/conf.d/99-zz-compat-hook.toml", "/etc/docker/daemon.json",
+                "/etc/crio/crio.conf.d/99-compat-hook.toml")
+
+
+def wrapper_change(args):
+    """The :class:`~compat_hook.install.files.Change` writing the rendered wrapper (mode 0755)."""
+    from ..config import DEFAULT_PATH
+    from ..runtime import DEFAULT_WRAPPER_PATH, render_wrapper
+    from .files import Change
+
     explicit = getattr(args, "wrapper_path", None)
-    if explicit:
-        path = os.path.abspath(explicit)
-    else:
-        path = _default_wrapper()
-    if not os.path.isabs(path):
-        raise InstallError(f"the runtime wrapper path must be absolute, got {path!r}")
-    return path
+    path = os.path.abspath(explicit) if explicit else DEFAULT_WRAPPER_PATH
+    hook_config = getattr(args, "hook_config", None)
+    change = Change(path, render_wrapper(os.path.abspath(hook_config) if hook_config else DEFAULT_PATH),
+                    mode=0o755)
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise InstallError(f"{path} exists and is not a regular file")
+    if change.old is not None and change.changed and not change.old.startswith(WRAPPER_MARK):
+        raise InstallError(f"{path} exists and is not compat-hook's runtime wrapper; "
+                           f"move it away or use --wrapper-path")
+    return change
 
 
-def _default_wrapper() -> str:
-    try:
-        from .containerd import default_wrapper_path
-    except ImportError:
-        default_wrapper_path = None
-    if default_wrapper_path is not None:
-        return default_wrapper_path()
-    import shutil
+def wrapper_removal(path, own_config: str) -> list:
+    """Remove the wrapper at ``path`` unless another engine's registration still names it."""
+    from .files import Change
 
-    found = shutil.which("compat-hook-runtime", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    return found or "/usr/bin/compat-hook-runtime"
+    if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isfile(path):
+        return []
+    change = Change(path, None)
+    if not (change.old or "").startswith(WRAPPER_MARK):
+        say(f"note: left {path} alone: it is not compat-hook's runtime wrapper")
+        return []
+    for other in ENGINE_FILES:
+        if os.path.abspath(other) == os.path.abspath(own_config):
+            continue
+        text = None
+        try:
+            with open(other, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            pass
+        if text and path in text:
+            say(f"note: kept {path}: {other} still uses it")
+            return []
+    return [change]
 
 
 # --------------------------------------------------------------------------- commands
@@ -199,8 +228,12 @@ def changes(args, engine: str) -> list:
     return [change]
 
 
-def removals(args, engine: str) -> list:
-    """The Change that removes our hooks.d file (empty when there is none)."""
+def removals(args, engine: str, *, keep_packaged: bool = False) -> list:
+    """The Change that removes our hooks.d file (empty when there is none).
+
+    A file of the Debian package is dpkg's: an error, or with ``keep_packaged``
+    a note (CRI-O's uninstall still removes its runtime handler).
+    """
     from .files import Change
 
     path = target_path(args)
@@ -210,8 +243,12 @@ def removals(args, engine: str) -> list:
     if not is_ours(change.old):
         raise InstallError(f"{path} is not compat-hook's; not removing it")
     if packaged(path):
-        raise InstallError(f"{path} belongs to the compat-hook package; remove the package "
-                           f"(apt remove compat-hook) to unregister it")
+        msg = (f"{path} belongs to the compat-hook package; remove the package "
+               f"(apt remove compat-hook) to unregister the hook")
+        if keep_packaged:
+            say(f"note: {msg}")
+            return []
+        raise InstallError(msg)
     return [change]
 
 

@@ -11,7 +11,7 @@ The package is a staged tree turned into a .deb with ``dpkg-deb --build
 =====================================================  ==============================================
 /usr/lib/python3/dist-packages/compat_hook/             the modules (+ data/), byte-compiled by postinst
 /usr/bin/compat-hook, /usr/bin/compat-hook-runtime      console scripts (``#!/usr/bin/python3 -I``)
-/usr/libexec/compat-hook/compat-hook-runtime.sh         the shell runtime wrapper (when the tree has it)
+/usr/libexec/compat-hook/compat-hook-runtime            the shell runtime wrapper, rendered for the above
 /usr/share/containers/oci/hooks.d/50-compat-hook.json   the Podman/CRI-O hook (``/usr/bin/python3 -I -S``)
 /etc/compat-hook/config.yaml                            conffile (config/compat-hook.yaml)
 /usr/share/man/man8/compat-hook.8.gz                    packaging/man/compat-hook.8 (+ compat-hook-runtime.8)
@@ -43,7 +43,7 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 CONFFILE = "etc/compat-hook/config.yaml"
 HOOKSD = "usr/share/containers/oci/hooks.d/50-compat-hook.json"
 WRAPPER_SRC = "compat_hook/data/compat-hook-runtime.sh"
-WRAPPER_DST = "usr/libexec/compat-hook/compat-hook-runtime.sh"
+WRAPPER_DST = "usr/libexec/compat-hook/compat-hook-runtime"
 
 SCRIPT = """#!/usr/bin/python3 -I
 # {name} (Debian package {pkg}): {what}
@@ -121,6 +121,14 @@ def hooksd_text() -> bytes:
     return hooksd.render(hooksd.package_document(python=SYSTEM_PYTHON, paths=["/" + DIST_PACKAGES])).encode()
 
 
+def wrapper_text() -> bytes:
+    """The runtime wrapper rendered for the installed locations (``podman --runtime``, ``--wrapper-path``)."""
+    sys.path.insert(0, str(REPO))
+    from compat_hook.runtime import render_wrapper
+
+    return render_wrapper(None, python=SYSTEM_PYTHON, paths=["/" + DIST_PACKAGES]).encode()
+
+
 def installed_size_kib(stage: pathlib.Path) -> int:
     total = 0
     for root, dirs, files in os.walk(stage):
@@ -146,8 +154,7 @@ def build(out: pathlib.Path, stage: pathlib.Path) -> pathlib.Path:
     for src in python_files():
         rel = src.relative_to(REPO)
         data = src.read_bytes()
-        mode = 0o755 if data.startswith(b"#!") and src.suffix != ".py" else 0o644
-        put(stage, f"{DIST_PACKAGES}/{rel}", data, mode)
+        put(stage, f"{DIST_PACKAGES}/{rel}", data, 0o644)  # data/*.sh is a template, not a program
 
     # Console scripts (pyproject [project.scripts]).
     put(stage, "usr/bin/compat-hook", SCRIPT.format(
@@ -156,9 +163,8 @@ def build(out: pathlib.Path, stage: pathlib.Path) -> pathlib.Path:
     put(stage, "usr/bin/compat-hook-runtime", SCRIPT.format(
         name="compat-hook-runtime", pkg=PKG, what="the runtime wrapper (execs the real OCI runtime)",
         module="compat_hook.runtime", func="main").encode(), 0o755)
-    wrapper = REPO / WRAPPER_SRC
-    if wrapper.is_file():
-        put(stage, WRAPPER_DST, wrapper.read_bytes(), 0o755)
+    if (REPO / WRAPPER_SRC).is_file():
+        put(stage, WRAPPER_DST, wrapper_text(), 0o755)
 
     # Configuration, hook, man pages, docs.
     put(stage, CONFFILE, config_text())
@@ -197,10 +203,15 @@ def build(out: pathlib.Path, stage: pathlib.Path) -> pathlib.Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(REPO / "dist"), help="where the .deb goes (default dist/)")
-    ap.add_argument("--stage", default=None, help="staging dir (default build/deb/<name>)")
+    ap.add_argument("--stage", default=None, help="keep the staged tree in this dir (default: a temp dir)")
     a = ap.parse_args(argv)
-    stage = pathlib.Path(a.stage) if a.stage else REPO / "build" / "deb" / f"{PKG}_{version()}_all"
-    deb = build(pathlib.Path(a.out).resolve(), stage.resolve())
+    if a.stage:
+        deb = build(pathlib.Path(a.out).resolve(), pathlib.Path(a.stage).resolve())
+    else:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="compat-hook-deb-") as d:
+            deb = build(pathlib.Path(a.out).resolve(), pathlib.Path(d) / "root")
     print(deb)
     return 0
 

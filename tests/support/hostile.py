@@ -40,7 +40,6 @@ import socket
 import stat
 import struct
 import subprocess
-import sys
 import threading
 import time
 
@@ -145,9 +144,11 @@ def make_hook_env(base: Path, *, on_error: str = "continue", stage: str = "creat
 
 
 @functools.lru_cache(maxsize=None)
-def _entry_json(config: str, state_dir: str, stage: str) -> str:
-    p = subprocess.run([HOOK_PYTHON, "-m", "compat_hook", "hook-entry", "--stage", stage,
-                        "--config", config, "--state-dir", state_dir],
+def _entry_json(config: str | None, state_dir: str | None, stage: str) -> str:
+    argv = [HOOK_PYTHON, "-m", "compat_hook", "hook-entry", "--stage", stage]
+    argv += ["--config", config] if config else []
+    argv += ["--state-dir", state_dir] if state_dir else []
+    p = subprocess.run(argv,
                        cwd=REPO, capture_output=True, text=True, timeout=60,
                        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"})
     if p.returncode != 0:
@@ -155,7 +156,7 @@ def _entry_json(config: str, state_dir: str, stage: str) -> str:
     return p.stdout
 
 
-def registered_entry(config: str, state_dir: str, stage: str = "createContainer") -> dict:
+def registered_entry(config: str | None, state_dir: str | None, stage: str = "createContainer") -> dict:
     """The OCI hook entry exactly as ``compat-hook hook-entry`` prints it."""
     e = json.loads(_entry_json(config, state_dir, stage))
     assert set(e) == {"path", "args", "env", "timeout"}, e
@@ -254,7 +255,7 @@ def run_hook(entry: dict, stdin=b"", *, cwd=None, env: dict | None = None, args:
         out, err = _communicate(proc, timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
-        proc.communicate()
+        proc.wait()
         raise AssertionError(f"hook ran past its timeout of {timeout} s: {argv[:3]}")
     finally:
         if feed is not None:
@@ -406,7 +407,13 @@ def read_in_root(root, path) -> bytes:
 
 
 def rm_tree(path) -> None:
-    """Remove a tree that may hold FIFOs, devices, odd names and read-only dirs (never follows links)."""
+    """Remove a tree that may hold FIFOs, devices, odd names or thousands of levels.
+
+    Iterative, with one directory descriptor at a time (``..`` to go back up),
+    so neither Python's recursion limit nor PATH_MAX nor RLIMIT_NOFILE gets
+    in the way (pytest's own cleanup, shutil.rmtree, fails on such a tree).
+    Never follows a symlink.
+    """
     path = os.fsencode(path)
     try:
         st = os.lstat(path)
@@ -415,9 +422,31 @@ def rm_tree(path) -> None:
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
         return
-    os.chmod(path, 0o755)
-    for name in os.listdir(path):
-        rm_tree(os.path.join(path, name))
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags)
+    names: list = []
+    try:
+        while True:
+            sub = None
+            for name in os.listdir(fd):
+                if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    sub = name
+                    break
+                os.unlink(name, dir_fd=fd)
+            if sub is not None:
+                nfd = os.open(sub, flags, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+                names.append(sub)
+                continue
+            if not names:
+                break
+            up = os.open("..", flags & ~os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            os.rmdir(names.pop(), dir_fd=fd)
+    finally:
+        os.close(fd)
     os.rmdir(path)
 
 
@@ -449,11 +478,6 @@ def big_note_elf(descsz: int, file_size: int):
     i = note_section_index(bytes(data))
     struct.pack_into("<Q", data, shoff + i * shentsize + 0x20, descsz + 64)  # sh_size
     return sparse(file_size, bytes(data))
-
-
-def elf_with(**fields) -> bytes:
-    """elfgen's ELF with raw header overrides (``shnum_override`` etc.)."""
-    return elf(**fields)
 
 
 def sparse_elf_table_at_end(size: int):
@@ -585,15 +609,15 @@ class Canary:
             self._mounted = False
 
 
-def host_tree_snapshot(base: Path, skip=()) -> dict:
-    """name -> (type, size, mtime) of everything under ``base`` except ``skip`` subtrees (lstat only)."""
+def host_tree_snapshot(base: Path, exclude=()) -> dict:
+    """name -> (type, size, mtime) of everything under ``base`` except ``exclude`` subtrees (lstat only)."""
     out = {}
-    skip = {os.fsencode(s) for s in skip}
+    exclude = {os.fsencode(s) for s in exclude}
     for dirpath, dirnames, filenames in os.walk(os.fsencode(base)):
-        dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) not in skip]
+        dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) not in exclude]
         for n in dirnames + filenames:
             p = os.path.join(dirpath, n)
-            if p in skip:
+            if p in exclude:
                 continue
             st = os.lstat(p)
             out[p] = (stat.S_IFMT(st.st_mode), st.st_size if not stat.S_ISDIR(st.st_mode) else 0,
@@ -603,13 +627,13 @@ def host_tree_snapshot(base: Path, skip=()) -> dict:
 
 # --------------------------------------------------------------------------- namespaces, mounts, leaks
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 
 
-def _check(rc: int, what: str) -> None:
+def check_rc(rc: int, what: str) -> None:
     if rc != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"{what}: {os.strerror(e)}")
@@ -625,10 +649,10 @@ def readonly_rootfs_preexec(rootfs: Path):
     r = os.fsencode(rootfs)
 
     def pre():
-        _check(_libc.unshare(CLONE_NEWNS), "unshare")
-        _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-        _check(_libc.mount(r, r, None, MS_BIND | MS_REC, None), "bind")
-        _check(_libc.mount(None, r, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None), "remount ro")
+        check_rc(libc.unshare(CLONE_NEWNS), "unshare")
+        check_rc(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+        check_rc(libc.mount(r, r, None, MS_BIND | MS_REC, None), "bind")
+        check_rc(libc.mount(None, r, None, MS_BIND | MS_REMOUNT | MS_RDONLY, None), "remount ro")
         for probe in (b"/.rw-probe", b"/etc/.rw-probe", b"/etc/ld.so.conf.d/.rw-probe"):
             try:
                 fd = os.open(r + probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -640,11 +664,6 @@ def readonly_rootfs_preexec(rootfs: Path):
             os._exit(97)
 
     return pre
-
-
-def mount_points() -> list[str]:
-    with open("/proc/self/mountinfo") as f:
-        return sorted(line.split()[4] for line in f)
 
 
 def processes_mentioning(needle: str) -> list[str]:
@@ -686,6 +705,29 @@ def build_marker_so(out: Path, marker: Path) -> Path:
     src = out.with_suffix(".c")
     src.write_text(MARKER_SO_SRC)
     p = subprocess.run(["gcc", "-shared", "-fPIC", "-O1", f'-DMARKER="{marker}"', "-o", str(out), str(src)],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"gcc failed: {p.stderr.strip()}")
+    return out
+
+
+MARKER_EXE_SRC = r"""
+#include <fcntl.h>
+#include <unistd.h>
+int main(void)
+{
+    int fd = open(MARKER, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) { write(fd, "executed\n", 9); close(fd); }
+    return 0;
+}
+"""
+
+
+def build_marker_exe(out: Path, marker: Path) -> Path:
+    """Compile a static program that appends to ``marker`` (stands in for a hostile "ldconfig")."""
+    src = out.with_suffix(".c")
+    src.write_text(MARKER_EXE_SRC)
+    p = subprocess.run(["gcc", "-static", "-O1", f'-DMARKER="{marker}"', "-o", str(out), str(src)],
                        capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         raise RuntimeError(f"gcc failed: {p.stderr.strip()}")

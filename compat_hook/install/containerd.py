@@ -1,0 +1,605 @@
+"""``compat-hook install|uninstall containerd``: a CRI runtime for compat-hook.
+
+What ``install`` writes (``--config`` is the main file, default
+``/etc/containerd/config.toml``):
+
+* ``<main dir>/conf.d/99-zz-compat-hook.toml``, the drop-in with the runtime
+  ``--runtime-name`` (default ``cuda-compat``): a copy of the ``runc``
+  runtime (its options included) whose ``options.BinaryName`` is the
+  wrapper (``--via wrapper``, the default) or which gets a
+  ``base_runtime_spec`` holding the hook (``--via base-spec``);
+* ``imports`` in the main file, unless an entry already covers the drop-in;
+* the rendered shell wrapper (``--wrapper-path``, default
+  ``/usr/local/libexec/compat-hook/compat-hook-runtime``), mode 0755;
+* with ``--via base-spec``: ``<main dir>/compat-hook-base-spec.json``,
+  containerd's own default spec (``ctr oci spec``) plus the hook at
+  createContainer. containerd applies it to app containers only.
+
+Config version 2 (containerd 1.6/1.7, CRI plugin ``io.containerd.grpc.v1.cri``)
+and 3 (2.x, ``io.containerd.cri.v1.runtime``). containerd 1.6/1.7 *replace* a
+whole ``plugins.<id>`` table from a drop-in (../shared/docs/oci-runtimes.md
+§4), so for version 2 the drop-in carries the complete CRI section: from
+``containerd --config MAIN config dump`` when containerd is installed (run
+on a copy of the main file whose imports leave our own drop-in out, so a
+re-install picks up changes to the main CRI section), else from the files
+themselves, merged the way containerd does. The drop-in's name sorts after
+NVIDIA's ``99-nvidia.toml``: with replace semantics the last drop-in that
+carries the CRI section wins, and ours is built from a source that already
+includes theirs. 2.x merges drop-ins deeply; there the drop-in holds only the
+runtime.
+
+Idempotent (a second run prints ``no changes`` and touches nothing), every
+replaced file is backed up first, ``--dry-run`` prints the unified diff and
+writes nothing. After writing, ``containerd config dump`` must show the
+runtime, else the previous files are put back and the command fails.
+``uninstall`` removes the drop-in, the wrapper / base spec it recorded, and
+the ``imports`` entry if install added it, so ``config dump`` is what it
+was before. The drop-in records what install did in its
+``# compat-hook-install:`` line.
+
+Edited with tomlkit: comments and formatting of the main file are kept.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CompatHookError
+
+__all__ = ["install", "uninstall", "plan_install", "plan_uninstall", "DEFAULT_CONFIG",
+           "DROPIN_NAME", "CRI_PLUGIN", "InstallError"]
+
+DEFAULT_CONFIG = "/etc/containerd/config.toml"
+DROPIN_NAME = "99-zz-compat-hook.toml"
+BASE_SPEC_NAME = "compat-hook-base-spec.json"
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+RUNC_TYPE = "io.containerd.runc.v2"
+STATE_TAG = "# compat-hook-install: "
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class InstallError(CompatHookError):
+    code = "install_failed"
+
+
+def _tomlkit():
+    try:
+        import tomlkit
+    except ImportError:
+        raise InstallError("tomlkit is not installed (apt-get install python3-tomlkit, "
+                           "or pip install 'compat-hook[install]')") from None
+    return tomlkit
+
+
+def _which(name: str):
+    import shutil
+
+    return shutil.which(name, path=SAFE_PATH)
+
+
+def _run(argv: list, what: str, timeout: int = 60) -> str:
+    import subprocess
+
+    try:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=timeout, env={"PATH": SAFE_PATH, "LC_ALL": "C"})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InstallError(f"{what}: {e}") from None
+    if p.returncode != 0:
+        lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()] or [f"exit {p.returncode}"]
+        raise InstallError(f"{what} failed: {lines[-1]}")
+    return p.stdout
+
+
+_MAJOR: dict = {}
+
+
+def containerd_major(binary: str) -> int | None:
+    """containerd's major version (``containerd --version``), or None."""
+    if binary not in _MAJOR:
+        _MAJOR[binary] = _major(binary)
+    return _MAJOR[binary]
+
+
+def _major(binary: str) -> int | None:
+    try:
+        out = _run([binary, "--version"], "containerd --version", timeout=20)
+    except InstallError:
+        return None
+    for tok in out.split()[2:3]:
+        tok = tok.lstrip("v")
+        head = tok.split(".")[0]
+        if head.isdigit():
+            return int(head)
+    return None
+
+
+# -- reading configs --------------------------------------------------------
+
+def _parse(text: str, path: str):
+    tomlkit = _tomlkit()
+    try:
+        return tomlkit.parse(text)
+    except Exception as e:  # tomlkit.exceptions.ParseError and friends
+        raise InstallError(f"{path}: not valid TOML: {e}") from None
+
+
+def _plain(doc) -> dict:
+    return doc.unwrap() if hasattr(doc, "unwrap") else copy.deepcopy(dict(doc))
+
+
+def _load_plain(text: str, path: str) -> dict:
+    """Parse TOML to plain dicts, read-only (tomllib: ~20x faster than tomlkit on a dump)."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        return _plain(_parse(text, path))
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InstallError(f"{path}: not valid TOML: {e}") from None
+
+
+def _has_glob(p: str) -> bool:
+    # containerd 1.6-2.x (resolveImports) globs an entry only when it contains "*".
+    return "*" in p
+
+
+def _expand_imports(entries: list, base_dir: str) -> list:
+    """containerd's ``resolveImports``: a glob (``*``) is expanded as given (a relative
+    one against the cwd, sorted); another relative path is joined to the file's dir."""
+    import glob
+
+    out = []
+    for e in entries:
+        if _has_glob(e):
+            out.extend(os.path.abspath(m) for m in sorted(glob.glob(e)))
+        else:
+            out.append(e if os.path.isabs(e) else os.path.join(base_dir, e))
+    return out
+
+
+def _covers(entry: str, base_dir: str, target: str) -> bool:
+    """Whether an ``imports`` entry names ``target`` (Go filepath.Match: ``*`` stops at ``/``).
+
+    A relative glob depends on containerd's cwd, so it never counts.
+    """
+    import fnmatch
+
+    if not _has_glob(entry):
+        return os.path.normpath(entry if os.path.isabs(entry) else os.path.join(base_dir, entry)) == target
+    if not os.path.isabs(entry):
+        return False
+    pd, pb = os.path.split(os.path.normpath(entry))
+    td, tb = os.path.split(target)
+    if _has_glob(pd):
+        return fnmatch.fnmatchcase(td, pd) and fnmatch.fnmatchcase(tb, pb)
+    return pd == td and fnmatch.fnmatchcase(tb, pb)
+
+
+def _deep_merge(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_merge(dst[k], v)
+        else:
+            dst[k] = copy.deepcopy(v)
+
+
+def _merged_from_files(main_path: str, main: dict, version: int, exclude: str) -> dict:
+    """The merged config, containerd-style, from the files alone (no binary)."""
+    merged = copy.deepcopy(main)
+    seen = {os.path.normpath(main_path)}
+
+    def load(entries, base_dir):
+        for p in _expand_imports(entries, base_dir):
+            p = os.path.normpath(p)
+            if p == exclude or p in seen:
+                continue
+            seen.add(p)
+            try:
+                with open(p, encoding="utf-8") as f:
+                    sub = _load_plain(f.read(), p)
+            except FileNotFoundError:
+                raise InstallError(f"{main_path}: imports {p}, which does not exist") from None
+            plugins = sub.get("plugins")
+            if isinstance(plugins, dict):
+                tgt = merged.setdefault("plugins", {})
+                for pid, table in plugins.items():
+                    if version >= 3 and isinstance(table, dict) and isinstance(tgt.get(pid), dict):
+                        _deep_merge(tgt[pid], table)
+                    else:  # 1.6/1.7: a drop-in's plugin table replaces the whole section
+                        tgt[pid] = copy.deepcopy(table)
+            imp = sub.get("imports")
+            if isinstance(imp, list):
+                load([x for x in imp if isinstance(x, str)], os.path.dirname(p))
+
+    imp = main.get("imports")
+    load([x for x in imp if isinstance(x, str)] if isinstance(imp, list) else [], os.path.dirname(main_path))
+    return merged
+
+
+def _merged_from_dump(binary: str, main_path: str, main_text: str, main: dict, exclude: str) -> dict:
+    """``containerd config dump`` of the main file with our own drop-in left out."""
+    import tempfile
+
+    tomlkit = _tomlkit()
+    doc = _parse(main_text, main_path)
+    imp = main.get("imports")
+    entries = _expand_imports([x for x in imp if isinstance(x, str)] if isinstance(imp, list) else [],
+                              os.path.dirname(main_path))
+    entries = [e for e in entries if os.path.normpath(e) != exclude]
+    if "imports" in doc or entries:
+        arr = tomlkit.array()
+        arr.extend(entries)
+        doc["imports"] = arr
+    with tempfile.TemporaryDirectory(prefix="compat-hook-ctrd-") as d:
+        tmp = os.path.join(d, "config.toml")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(tomlkit.dumps(doc))
+        out = _run([binary, "--config", tmp, "config", "dump"], f"{binary} --config {main_path} config dump")
+    return _load_plain(out, "containerd config dump")
+
+
+def _dump(binary: str, main_path: str) -> dict:
+    out = _run([binary, "--config", main_path, "config", "dump"], f"{binary} --config {main_path} config dump")
+    return _load_plain(out, "containerd config dump")
+
+
+# -- the plan -----------------------------------------------------------------
+
+def _read(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _state_of(dropin_text: str | None) -> dict:
+    from .. import jsonfast
+
+    for line in (dropin_text or "").splitlines():
+        if line.startswith(STATE_TAG):
+            try:
+                st = jsonfast.loads(line[len(STATE_TAG):])
+            except ValueError:
+                return {}
+            return st if isinstance(st, dict) else {}
+    return {}
+
+
+def _version(main_text: str | None, main: dict, path: str, binary: str | None) -> int:
+    if main_text is None or not main:
+        major = containerd_major(binary) if binary else None
+        return 3 if major is not None and major >= 2 else 2
+    v = main.get("version")
+    if v is None:
+        raise InstallError(f"{path}: no 'version' key: a version 1 config, which compat-hook does not edit "
+                           f"(migrate it first: containerd config migrate)")
+    if v not in (2, 3):
+        raise InstallError(f"{path}: config version {v!r} is not supported (2 or 3)")
+    return v
+
+
+class Plan:
+    """What install/uninstall would write: :class:`~compat_hook.install.files.Change` list + notes."""
+
+    def __init__(self) -> None:
+        self.changes: list = []
+        self.notes: list = []
+        self.main_path = None
+        self.dropin_path = None
+        self.runtime_name = None
+        self.via = None
+        self.version = None
+        self.binary = None
+
+
+def _source_mode(args) -> str:
+    return getattr(args, "config_source", None) or "auto"
+
+
+def plan_install(args) -> Plan:
+    from .. import jsonfast
+    from ..config import DEFAULT_PATH
+    from ..runtime import DEFAULT_WRAPPER_PATH, render_wrapper
+    from .files import Change
+
+    tomlkit = _tomlkit()
+    plan = Plan()
+    main_path = os.path.abspath(args.config or DEFAULT_CONFIG)
+    name = args.runtime_name if args.runtime_name is not None else "cuda-compat"
+    if not name or any(c in name for c in " \t\n\"'[]."):
+        raise InstallError(f"--runtime-name {name!r}: use letters, digits, '-' and '_'")
+    via = args.via or "wrapper"
+    hook_config = os.path.abspath(args.hook_config) if getattr(args, "hook_config", None) else DEFAULT_PATH
+    state_dir = os.path.abspath(args.state_dir) if getattr(args, "state_dir", None) else None
+    mode = _source_mode(args)
+    binary = _which("containerd")
+    if mode == "command" and binary is None:
+        raise InstallError("--config-source command: containerd is not installed")
+    main_text = _read(main_path)
+    doc = _parse(main_text or "", main_path)
+    main = _plain(doc)
+    version = _version(main_text, main, main_path, binary)
+    conf_d = os.path.join(os.path.dirname(main_path), "conf.d")
+    dropin = os.path.join(conf_d, DROPIN_NAME)
+    old_dropin = _read(dropin)
+    prev = _state_of(old_dropin)
+    plan.main_path, plan.dropin_path, plan.runtime_name, plan.via = main_path, dropin, name, via
+    plan.version = version
+
+    # The main file: version (new/empty files) and imports.
+    state = {"main": main_path, "runtime": name, "via": via}
+    for k in ("main_created", "version_added"):
+        if prev.get(k):
+            state[k] = True
+    edited = False
+    if main_text is None:
+        state["main_created"] = True
+    if "version" not in doc:
+        doc["version"] = version
+        state["version_added"] = edited = True
+    imports = doc.get("imports")
+    if imports is not None and not isinstance(_plain_value(imports), list):
+        raise InstallError(f"{main_path}: 'imports' is not a list")
+    entries = [x for x in (_plain_value(imports) or []) if isinstance(x, str)]
+    base_dir = os.path.dirname(main_path)
+    if not any(_covers(e, base_dir, dropin) for e in entries):
+        glob_entry = os.path.join(conf_d, "*.toml")
+        if imports is None:
+            arr = tomlkit.array()
+            arr.append(glob_entry)
+            doc["imports"] = arr
+            state["imports_key_added"] = True
+        else:
+            doc["imports"].append(glob_entry)
+        state["imports_added"] = glob_entry
+        edited = True
+    elif prev.get("imports_added") and prev["imports_added"] in entries:
+        state["imports_added"] = prev["imports_added"]
+        if prev.get("imports_key_added"):
+            state["imports_key_added"] = True
+    new_main = tomlkit.dumps(doc) if edited else main_text
+
+    # The merged configuration, without our drop-in. The dump is used when
+    # the installed containerd speaks this config version (1.x: 2, 2.x: 3).
+    exclude = os.path.normpath(dropin)
+    major = containerd_major(binary) if binary is not None else None
+    speaks = binary is not None and major is not None and (major >= 2) == (version >= 3)
+    # The post-install check needs a containerd that reads this config version.
+    plan.binary = binary if speaks else None
+    if speaks and mode != "file":
+        merged = _merged_from_dump(binary, main_path, main_text or "", main, exclude)
+        state["source"] = "containerd config dump"
+    else:
+        if mode == "command":
+            raise InstallError(f"--config-source command: containerd {major} does not use config version {version}")
+        merged = _merged_from_files(main_path, main, version, exclude)
+        state["source"] = "files"
+    plugin = CRI_PLUGIN[version]
+    cri = copy.deepcopy((merged.get("plugins") or {}).get(plugin) or {})
+    if not isinstance(cri, dict):
+        raise InstallError(f"{main_path}: plugins.{plugin!r} is not a table")
+    ctrd = cri.setdefault("containerd", {})
+    runtimes = ctrd.setdefault("runtimes", {})
+    default_name = ctrd.get("default_runtime_name") or "runc"
+    src = runtimes.get("runc")
+    src_name = "runc"
+    if not isinstance(src, dict):
+        src_name = default_name if default_name != name else None
+        src = runtimes.get(src_name) if src_name else None
+    rt = copy.deepcopy(src) if isinstance(src, dict) else {}
+    if not rt.get("runtime_type"):
+        rt["runtime_type"] = RUNC_TYPE
+    options = rt.setdefault("options", {})
+    state["copied_from"] = src_name if isinstance(src, dict) else None
+
+    base_spec = os.path.join(os.path.dirname(main_path), BASE_SPEC_NAME)
+    wrapper = os.path.abspath(args.wrapper_path) if getattr(args, "wrapper_path", None) else DEFAULT_WRAPPER_PATH
+    if via == "wrapper":
+        options["BinaryName"] = wrapper
+        state["wrapper"] = wrapper
+        plan.changes.append(Change(wrapper, render_wrapper(hook_config, state_dir=state_dir), mode=0o755))
+    else:
+        rt["base_runtime_spec"] = base_spec
+        state["base_spec"] = base_spec
+        plan.changes.append(Change(base_spec, _base_spec_text(hook_config, state_dir), mode=0o644))
+
+    # Switching --via (or --wrapper-path): what the previous install wrote goes.
+    for key in ("wrapper", "base_spec"):
+        old_path = prev.get(key)
+        if isinstance(old_path, str) and old_path != state.get(key) and _is_ours(key, old_path):
+            plan.changes.append(Change(old_path, None))
+
+    if version == 2:
+        # The complete CRI section (1.6/1.7 replace it whole), plus our runtime.
+        if default_name not in runtimes and default_name == "runc":
+            runtimes["runc"] = {"runtime_type": RUNC_TYPE}
+        runtimes[name] = rt
+        if args.set_as_default:
+            ctrd["default_runtime_name"] = name
+        section = cri
+    else:
+        section = {"containerd": {"runtimes": {name: rt}}}
+        if args.set_as_default:
+            section["containerd"]["default_runtime_name"] = name
+
+    out = tomlkit.document()
+    for line in (
+        f"Written by `compat-hook install containerd`: the runtime {name!r} "
+        f"({'compat-hook-runtime wrapper' if via == 'wrapper' else 'compat-hook hook in a base_runtime_spec'}).",
+        "Remove it with `compat-hook uninstall containerd`; do not edit (a re-install rewrites it).",
+    ) + ((
+        "containerd 1.6/1.7 replace a whole plugin section from a drop-in, so this file carries the",
+        f"complete CRI section ({state['source']}); re-run the install after changing the CRI",
+        f"settings in {main_path}.",
+    ) if version == 2 else ()):
+        out.add(tomlkit.comment(line))
+    out.add(tomlkit.comment(STATE_TAG[2:] + jsonfast.dumps(state, sort_keys=True)))
+    out.add(tomlkit.nl())
+    out["version"] = version
+    plugins = tomlkit.table(is_super_table=True)
+    plugins[plugin] = section
+    out["plugins"] = plugins
+    text = tomlkit.dumps(out)
+    plan.changes.insert(0, Change(dropin, text, mode=0o644))
+    if new_main != main_text:
+        plan.changes.insert(0, Change(main_path, new_main, mode=None))
+    plan.notes.append(f"restart containerd to load the runtime {name!r}; pods select it with "
+                      f"runtimeClassName (a RuntimeClass whose handler is {name!r}: "
+                      "packaging/kubernetes/runtimeclass.yaml)")
+    return plan
+
+
+def _plain_value(item):
+    return item.unwrap() if hasattr(item, "unwrap") else item
+
+
+def _base_spec_text(hook_config: str, state_dir: str | None = None) -> str:
+    import json
+
+    from ..registration import hook_entry
+
+    ctr = _which("ctr")
+    if ctr is None:
+        raise InstallError("--via base-spec needs containerd's ctr (for `ctr oci spec`), which is not installed")
+    try:
+        spec = json.loads(_run([ctr, "oci", "spec"], "ctr oci spec"))
+    except ValueError as e:
+        raise InstallError(f"ctr oci spec printed no JSON: {e}") from None
+    hooks = spec.setdefault("hooks", {})
+    entry = hook_entry(stage="createContainer", config=hook_config, state_dir=state_dir)
+    hooks.setdefault("createContainer", [])
+    if entry not in hooks["createContainer"]:
+        hooks["createContainer"].append(entry)
+    return json.dumps(spec, indent=2) + "\n"
+
+
+def _is_ours(key: str, path: str) -> bool:
+    """Whether ``path`` is a wrapper / base spec compat-hook wrote."""
+    if not (os.path.isabs(path) and os.path.isfile(path)):
+        return False
+    head = _read(path) or ""
+    if key == "wrapper":
+        return head.startswith("#!/bin/sh\n# compat-hook-runtime:")
+    return "compat_hook.cli import entry" in head
+
+
+def plan_uninstall(args) -> Plan:
+    from .files import Change
+
+    tomlkit = _tomlkit()
+    plan = Plan()
+    main_path = os.path.abspath(args.config or DEFAULT_CONFIG)
+    dropin = os.path.join(os.path.dirname(main_path), "conf.d", DROPIN_NAME)
+    plan.main_path, plan.dropin_path = main_path, dropin
+    text = _read(dropin)
+    if text is None:
+        plan.notes.append(f"{dropin} does not exist: nothing installed for {main_path}")
+        return plan
+    state = _state_of(text)
+    plan.runtime_name = state.get("runtime")
+    plan.changes.append(Change(dropin, None))
+    for key in ("wrapper", "base_spec"):
+        p = state.get(key)
+        if isinstance(p, str) and os.path.isabs(p) and os.path.isfile(p):
+            if _is_ours(key, p):
+                plan.changes.append(Change(p, None))
+            else:
+                plan.notes.append(f"left {p} alone: it is not what compat-hook wrote")
+    main_text = _read(main_path)
+    added = state.get("imports_added")
+    if main_text is not None:
+        doc = _parse(main_text, main_path)
+        edited = False
+        imports = doc.get("imports")
+        if isinstance(added, str) and isinstance(imports, list) and added in imports:
+            imports.remove(added)
+            if len(imports) == 0 and state.get("imports_key_added"):
+                del doc["imports"]
+            edited = True
+        if state.get("version_added") and list(doc.keys()) == ["version"]:
+            del doc["version"]
+            edited = True
+        new_text = tomlkit.dumps(doc)
+        if state.get("main_created") and not doc.keys() and not new_text.strip():
+            plan.changes.insert(0, Change(main_path, None))
+        elif edited:
+            plan.changes.insert(0, Change(main_path, new_text))
+    return plan
+
+
+# -- entry points -------------------------------------------------------------
+
+def _verify(plan: Plan) -> str | None:
+    """Why ``containerd config dump`` does not show the runtime as planned (``None``: it does)."""
+    if plan.binary is None or not os.path.exists(plan.main_path):
+        return None
+    try:
+        dump = _dump(plan.binary, plan.main_path)
+    except InstallError as e:
+        return str(e)
+    rt = None
+    for plugin in CRI_PLUGIN.values():  # containerd 2.x dumps a version 2 file migrated to 3
+        rts = (((dump.get("plugins") or {}).get(plugin) or {}).get("containerd") or {}).get("runtimes") or {}
+        rt = rt or rts.get(plan.runtime_name)
+    if not isinstance(rt, dict):
+        later = [p for p in _expand_imports([x for x in dump.get("imports") or [] if isinstance(x, str)], "/")
+                 if os.path.basename(p) > DROPIN_NAME and os.path.dirname(p) == os.path.dirname(plan.dropin_path)]
+        hint = f" (a later drop-in replaces the CRI section: {', '.join(later)})" if later else ""
+        return f"containerd config dump shows no runtime {plan.runtime_name!r}{hint}"
+    return None
+
+
+def _restore(plan: Plan) -> None:
+    from .files import remove, write_atomic
+
+    for c in reversed(plan.changes):
+        if not c.changed and c.new is not None:
+            continue
+        if c.old is None:
+            remove(c.path, backup=False)
+        else:
+            write_atomic(c.path, c.old, backup=False)
+
+
+def _run_plan(plan: Plan, args, verify: bool) -> int:
+    from .files import apply
+
+    out = sys.stdout
+    changed = apply(plan.changes, dry_run=args.dry_run, out=out)
+    if changed and not args.dry_run and verify:
+        why = _verify(plan)
+        if why is not None:
+            _restore(plan)
+            raise InstallError(f"{why}; the previous files are back in place")
+    if changed and not args.dry_run:
+        for n in plan.notes:
+            out.write(n + "\n")
+    elif not changed:
+        for n in plan.notes:
+            if "does not exist" in n or "left " in n:
+                out.write(n + "\n")
+    return EXIT_OK
+
+
+def install(args) -> int:
+    return _main(lambda: _run_plan(plan_install(args), args, verify=True))
+
+
+def uninstall(args) -> int:
+    return _main(lambda: _run_plan(plan_uninstall(args), args, verify=False))
+
+
+def _main(fn) -> int:
+    try:
+        return fn()
+    except InstallError as e:
+        sys.stderr.write(f"compat-hook: {e}\n")
+        return EXIT_FAILED
+    except CompatHookError as e:
+        sys.stderr.write(f"compat-hook: {e}\n")
+        return EXIT_USAGE

@@ -1,0 +1,216 @@
+#!/bin/sh
+# compat-hook-k8s: the DaemonSet's installer (packaging/kubernetes/daemonset.yaml).
+#
+#   compat-hook-k8s run        install, then wait (the container's command)
+#   compat-hook-k8s install    install once and exit
+#   compat-hook-k8s uninstall  remove the containerd registration (the preStop hook)
+#   compat-hook-k8s help
+#
+# The node's root filesystem is mounted at $HOST_ROOT (hostPath "/"). compat-hook
+# itself runs on the node, not in this container: the hook and the runtime
+# wrapper are started by the node's containerd, so they must use the node's
+# Python and files. This script
+#   1. copies the payload of the image ($PAYLOAD: compat_hook plus pure-Python
+#      PyYAML, pyelftools and tomlkit) to $HOST_ROOT$HOST_PREFIX/<version-hash>,
+#      a new directory per build that is never modified afterwards, so
+#      containers starting during an upgrade never see half a copy; the
+#      previous copy is kept, older ones are removed;
+#   2. puts /etc/compat-hook/config.yaml on the node if it has none (or copies
+#      $CONFIG_SOURCE over it, e.g. a mounted ConfigMap);
+#   3. runs `compat-hook install containerd` chrooted into the node root with
+#      the node's python3 (>= 3.9 required), so every path it registers is a
+#      node path. The runtime wrapper goes to the fixed path
+#      $HOST_PREFIX/bin/compat-hook-runtime (rewritten atomically), so an
+#      upgrade of the DaemonSet changes no containerd setting and needs no
+#      containerd restart: the next container start runs the new copy.
+#      $HOST_PREFIX/bin/compat-hook runs the current copy for the node's admin
+#      (`/opt/compat-hook/bin/compat-hook explain --bundle ...`);
+#   4. restarts containerd only when RESTART_CONTAINERD=true and the
+#      registration changed (default off: restart it yourself with
+#      `systemctl restart containerd` in a maintenance window). The restart runs
+#      $RESTART_COMMAND, by default `nsenter --target 1 --mount --uts --ipc --net
+#      --pid -- systemctl restart containerd`, which needs `hostPID: true` and
+#      `privileged: true` in the pod spec. Running containers keep running
+#      (their shims do not restart).
+#
+# Environment (defaults in brackets):
+#   HOST_ROOT [/host]  PAYLOAD [/opt/compat-hook]  HOST_PREFIX [/opt/compat-hook]
+#   HOST_PYTHON [/usr/bin/python3]  CONTAINERD_CONFIG [/etc/containerd/config.toml]
+#   RUNTIME_NAME [cuda-compat]  INSTALL_ARGS [] (e.g. "--set-as-default")
+#   CONFIG_SOURCE []  RESTART_CONTAINERD [false]  RESTART_COMMAND [see above]
+#   UNINSTALL_ON_STOP [true]  READY_FILE [/tmp/compat-hook-ready]
+# Only POSIX sh and busybox applets are used.
+set -eu
+
+HOST_ROOT=${HOST_ROOT:-/host}
+PAYLOAD=${PAYLOAD:-/opt/compat-hook}
+HOST_PREFIX=${HOST_PREFIX:-/opt/compat-hook}
+HOST_PYTHON=${HOST_PYTHON:-/usr/bin/python3}
+CONTAINERD_CONFIG=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+RUNTIME_NAME=${RUNTIME_NAME:-cuda-compat}
+INSTALL_ARGS=${INSTALL_ARGS:-}
+CONFIG_SOURCE=${CONFIG_SOURCE:-}
+RESTART_CONTAINERD=${RESTART_CONTAINERD:-false}
+RESTART_COMMAND=${RESTART_COMMAND:-nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd}
+UNINSTALL_ON_STOP=${UNINSTALL_ON_STOP:-true}
+READY_FILE=${READY_FILE:-/tmp/compat-hook-ready}
+
+log() { echo "compat-hook-k8s: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+is_true() {
+    case $1 in true|True|TRUE|1|yes|Yes|YES|on|On|ON) return 0 ;; *) return 1 ;; esac
+}
+
+check() {
+    [ -d "$HOST_ROOT" ] || die "HOST_ROOT=$HOST_ROOT is not a directory (mount the node's / there)"
+    [ -f "$PAYLOAD/STAMP" ] || die "PAYLOAD=$PAYLOAD has no STAMP file (not a compat-hook image payload)"
+    [ -x "$HOST_ROOT$HOST_PYTHON" ] || [ -L "$HOST_ROOT$HOST_PYTHON" ] ||
+        die "the node has no $HOST_PYTHON; compat-hook needs python3 >= 3.9 on the node (set HOST_PYTHON)"
+    host_env "$HOST_PYTHON" -I -S -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else 1)' ||
+        die "$HOST_PYTHON on the node is older than 3.9"
+}
+
+# A command run chrooted into the node root with a fixed environment.
+host_env() {
+    env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C \
+        chroot "$HOST_ROOT" "$@"
+}
+
+stamp() { cat "$PAYLOAD/STAMP"; }
+
+# compat-hook on the node, from the installed copy $1 (a node path).
+compat_hook() {
+    dir=$1; shift
+    host_env "$HOST_PYTHON" -I -c \
+        'import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.cli import entry; entry()' \
+        "$dir/lib" "$@"
+}
+
+copy_payload() {
+    dest="$HOST_PREFIX/$(stamp)"
+    if [ -f "$HOST_ROOT$dest/STAMP" ] && [ "$(cat "$HOST_ROOT$dest/STAMP")" = "$(stamp)" ]; then
+        log "payload already on the node at $dest"
+    else
+        tmp="$HOST_ROOT$dest.tmp.$$"
+        rm -rf "$tmp"
+        mkdir -p "$HOST_ROOT$HOST_PREFIX"
+        mkdir -p "$tmp"
+        cp -a "$PAYLOAD/." "$tmp/"
+        rm -rf "$HOST_ROOT$dest"
+        mv "$tmp" "$HOST_ROOT$dest"
+        log "copied the payload to $dest"
+    fi
+    echo "$dest"
+}
+
+put_config() {
+    cfg="$HOST_ROOT/etc/compat-hook/config.yaml"
+    mkdir -p "$HOST_ROOT/etc/compat-hook"
+    if [ -n "$CONFIG_SOURCE" ]; then
+        [ -f "$CONFIG_SOURCE" ] || die "CONFIG_SOURCE=$CONFIG_SOURCE does not exist"
+        cp "$CONFIG_SOURCE" "$cfg.tmp.$$" && mv "$cfg.tmp.$$" "$cfg"
+        log "copied $CONFIG_SOURCE to /etc/compat-hook/config.yaml"
+    elif [ ! -e "$cfg" ]; then
+        cp "$PAYLOAD/share/config.yaml" "$cfg.tmp.$$" && mv "$cfg.tmp.$$" "$cfg"
+        log "wrote the default /etc/compat-hook/config.yaml"
+    fi
+}
+
+# A checksum of containerd's configuration files, to tell whether a restart is needed.
+containerd_sum() {
+    d="$HOST_ROOT$(dirname "$CONTAINERD_CONFIG")"
+    if [ -d "$d" ]; then
+        find "$d" -type f ! -name '*.bak' | sort | while read -r f; do md5sum "$f"; done
+    fi
+}
+
+restart_containerd() {
+    if ! is_true "$RESTART_CONTAINERD"; then
+        log "containerd not restarted (RESTART_CONTAINERD=$RESTART_CONTAINERD): run" \
+            "'systemctl restart containerd' on the node to load the change"
+        return 1
+    fi
+    log "restarting containerd: $RESTART_COMMAND"
+    sh -c "$RESTART_COMMAND" || die "the restart failed (RESTART_COMMAND needs hostPID: true and privileged: true)"
+    return 0
+}
+
+# $HOST_PREFIX/bin/compat-hook: the admin's entry to the current copy $1.
+launcher() {
+    b="$HOST_ROOT$HOST_PREFIX/bin"
+    mkdir -p "$b"
+    printf '#!/bin/sh\n# compat-hook (installed by the compat-hook DaemonSet): the current copy\nexec %s "$@"\n' \
+        "$1/bin/compat-hook" > "$b/.compat-hook.$$"
+    chmod 0755 "$b/.compat-hook.$$"
+    mv "$b/.compat-hook.$$" "$b/compat-hook"
+}
+
+# Remove copies other than $1 and the newest other one ($1 empty: remove all), and
+# the backups compat-hook leaves when it rewrites the wrapper (it is regenerated).
+prune() {
+    keep=$1
+    kept=
+    rm -f "$HOST_ROOT$HOST_PREFIX"/bin/*.bak
+    for d in $(ls -1dt "$HOST_ROOT$HOST_PREFIX"/*/ 2>/dev/null); do
+        d=${d%/}
+        [ -f "$d/STAMP" ] || continue
+        [ "$d" = "$HOST_ROOT$keep" ] && continue
+        if [ -n "$keep" ] && [ -z "$kept" ]; then kept=$d; continue; fi
+        rm -rf "$d"
+        log "removed the old copy ${d#"$HOST_ROOT"}"
+    done
+}
+
+do_install() {
+    check
+    dest=$(copy_payload)
+    put_config
+    before=$(containerd_sum)
+    # shellcheck disable=SC2086 # INSTALL_ARGS is a list of words on purpose
+    compat_hook "$dest" install containerd --config "$CONTAINERD_CONFIG" \
+        --runtime-name "$RUNTIME_NAME" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" \
+        $INSTALL_ARGS >&2 || die "compat-hook install containerd failed"
+    launcher "$dest"
+    after=$(containerd_sum)
+    if [ "$before" != "$after" ]; then
+        restart_containerd || true
+    else
+        log "containerd's configuration is unchanged"
+    fi
+    prune "$dest"
+    echo "$dest" > "$READY_FILE"
+    log "ready: runtime '$RUNTIME_NAME' -> compat-hook $dest"
+}
+
+do_uninstall() {
+    if ! is_true "$UNINSTALL_ON_STOP"; then
+        log "UNINSTALL_ON_STOP=$UNINSTALL_ON_STOP: leaving the registration in place"
+        return 0
+    fi
+    check
+    dest="$HOST_PREFIX/$(stamp)"
+    [ -d "$HOST_ROOT$dest/lib" ] || dest=$(copy_payload)
+    before=$(containerd_sum)
+
+    compat_hook "$dest" uninstall containerd --config "$CONTAINERD_CONFIG" \
+        --runtime-name "$RUNTIME_NAME" >&2 || die "compat-hook uninstall containerd failed"
+    after=$(containerd_sum)
+    rm -f "$READY_FILE"
+    if [ "$before" != "$after" ] && restart_containerd; then
+        prune ""
+        rm -rf "$HOST_ROOT$HOST_PREFIX/bin"
+        rmdir "$HOST_ROOT$HOST_PREFIX" 2>/dev/null || true
+    fi
+}
+
+case ${1:-run} in
+    run)
+        do_install
+        trap 'exit 0' TERM INT
+        while :; do sleep 3600 & wait $! || true; done ;;
+    install) do_install ;;
+    uninstall) do_uninstall ;;
+    help|-h|--help) sed -n '2,30p' "$0" ;;
+    *) die "unknown command '$1' (run, install, uninstall, help)" ;;
+esac

@@ -1,0 +1,61 @@
+#!/bin/sh
+# build-image.sh: the DaemonSet's OCI image, built locally with umoci (no registry, no daemon).
+#
+#   packaging/oci-image/build-image.sh [--deb DEB] [--layout DIR] [--tag TAG] [--tar FILE]
+#
+# DEB defaults to the newest dist/compat-hook_*_all.deb (make deb), DIR to
+# dist/oci/compat-hook, TAG to the package version, FILE to
+# dist/compat-hook-image_<version>.tar (the layout as one tar). The root
+# filesystem is stage-payload.sh's: busybox-static, the installer script and the
+# payload copied to the node. Then, on a node (or for kind, `kind load image-archive`):
+#
+#   ctr -n k8s.io images import --base-name localhost/compat-hook dist/compat-hook-image_<version>.tar
+#   podman load -i dist/compat-hook-image_<version>.tar    # then: podman tag <id> localhost/compat-hook:<version>
+#
+# or push it: skopeo copy oci:dist/oci/compat-hook:<version> docker://REGISTRY/compat-hook:<version>
+# Needs umoci, dpkg-deb, tar, busybox-static, python3-yaml, python3-pyelftools, python3-tomlkit.
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+deb= layout= tag= tar=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --deb) deb=$2; shift 2 ;;
+        --layout) layout=$2; shift 2 ;;
+        --tag) tag=$2; shift 2 ;;
+        --tar) tar=$2; shift 2 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        *) echo "$0: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+if [ -z "$deb" ]; then
+    deb=$(ls -t "$repo"/dist/compat-hook_*_all.deb 2>/dev/null | head -n1 || true)
+    [ -n "$deb" ] || { echo "$0: no dist/compat-hook_*_all.deb: run 'make deb' first" >&2; exit 1; }
+fi
+version=$(dpkg-deb -f "$deb" Version)
+tag=${tag:-$version}
+layout=${layout:-$repo/dist/oci/compat-hook}
+tar=${tar:-$repo/dist/compat-hook-image_$version.tar}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+rm -rf "$layout"
+mkdir -p "$(dirname "$layout")"
+umoci init --layout "$layout"
+umoci new --image "$layout:$tag"
+umoci unpack --image "$layout:$tag" "$work/bundle" >/dev/null
+"$here/stage-payload.sh" "$deb" "$work/bundle/rootfs"
+umoci repack --image "$layout:$tag" "$work/bundle"
+umoci config --image "$layout:$tag" \
+    --config.cmd /usr/local/bin/compat-hook-k8s --config.cmd run \
+    --config.env PATH=/usr/local/bin:/bin --config.workingdir / \
+    --config.label "org.opencontainers.image.title=compat-hook" \
+    --config.label "org.opencontainers.image.version=$version" \
+    --config.label "org.opencontainers.image.description=installs compat-hook on GPU nodes (packaging/kubernetes)" \
+    --history.created_by "packaging/oci-image/build-image.sh"
+umoci gc --layout "$layout"
+mkdir -p "$(dirname "$tar")"
+tar -C "$layout" -cf "$tar" .
+echo "$layout:$tag"
+echo "$tar"

@@ -1,0 +1,300 @@
+"""The real ``compat-hook hook`` in real runc and crun containers (issue 3, item 8).
+
+Every test registers the hook exactly as users do (``registration.hook_entry``)
+in config.json, AFTER a stand-in of the NVIDIA Container Toolkit legacy
+prestart hook that bind-mounts the fake host's libcuda (a real Debian build)
+into the container and runs ldconfig.  The fake host root's
+``/proc/driver/nvidia/version`` names the same driver version.  Assertions are
+on the container's own probe output (``cuDriverGetVersion`` and the path
+``dlopen("libcuda.so.1")`` loaded), the rootfs, and the hook's JSON log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from compat_hook import elfgen, ldcache, registration
+from tests.support import debs, hookenv, rootfs, runtimes as rt
+
+pytestmark = pytest.mark.containers
+RUNTIMES = pytest.mark.parametrize("runtime", ["runc", "crun"])
+
+HOST_535 = "535.261.03"
+COMPAT_550 = "550.163.01"
+HOST_555 = "555.58.02"
+SYS_DIR = "/usr/lib/x86_64-linux-gnu"
+COMPAT_DIR = "/usr/local/cuda-12.4/compat"
+COMPAT_LIB = f"{COMPAT_DIR}/libcuda.so.{COMPAT_550}"
+DROPIN_REL = ldcache.DROPIN_PATH.lstrip("/")
+PYTHON = "/usr/bin/python3"
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+_started: list[str] = []
+
+
+def host_lib(version: str) -> str:
+    return f"{SYS_DIR}/libcuda.so.{version}"
+
+
+@pytest.fixture(scope="module")
+def libs() -> dict[str, pathlib.Path]:
+    return {v: debs.libcuda(v) for v in debs.VERSIONS}
+
+
+class Env:
+    """One fake host (version file + stand-in lib), one hook config, one log, one rootfs."""
+
+    def __init__(self, tmp: pathlib.Path, runtime: str, libs: dict, host: str = HOST_535, *,
+                 compat_lib: pathlib.Path | None = None, ld_so_conf: bool = True, **config):
+        self.tmp, self.runtime, self.libs, self.host = tmp, runtime, libs, host
+        self.host_root = hookenv.fake_host(tmp / "host", host)
+        self.log = tmp / "compat-hook.log"
+        self.state = tmp / "state"
+        self.config = hookenv.write_config(tmp / "config.yaml", host_root=self.host_root,
+                                           log_file=self.log, **config)
+        self.bundle = tmp / "bundle"
+        self.rootfs = rootfs.build_rootfs(
+            self.bundle / "rootfs", compat_lib=libs[COMPAT_550] if compat_lib is None else compat_lib,
+            ld_so_conf=ld_so_conf)
+
+    def set_host(self, version: str) -> None:
+        """The host driver was upgraded: new /proc version, the stand-in mounts the new lib."""
+        self.host = version
+        hookenv.set_host_version(self.host_root, version)
+
+    def run(self, stage: str = "createContainer", *, ours: bool = True, env=None,
+            annotations=None, args=None) -> rt.Result:
+        hooks = {"prestart": [rt.nvidia_standin_hook(self.libs[self.host], self.tmp / "work", "prestart")]}
+        if ours:
+            hooks.setdefault(stage, []).append(
+                registration.hook_entry(stage=stage, config=str(self.config), state_dir=str(self.state)))
+        kw = {}
+        if args is not None:
+            kw["args"] = args
+        bundle = rt.make_bundle(self.bundle, self.rootfs, hooks=hooks,
+                                env=list(rt.DEFAULT_ENV if env is None else env),
+                                annotations=annotations, **kw)
+        res = rt.run_container(bundle, self.runtime)
+        _started.append(res.container_id)
+        return res
+
+    def records(self) -> list[dict]:
+        return hookenv.read_log(self.log)
+
+    def dropin(self) -> pathlib.Path:
+        return self.rootfs / DROPIN_REL
+
+
+def assert_probe(res: rt.Result, cuda: int, lib: str) -> None:
+    assert res.rc == 0, str(res)
+    assert res.probe == {"cuDriverGetVersion": str(cuda), "libcuda": lib}, str(res)
+
+
+def only_record(env: Env, res: rt.Result) -> dict:
+    recs = [r for r in env.records() if r.get("container_id") == res.container_id]
+    assert len(recs) == 1, env.records()
+    return recs[0]
+
+
+def explain(env: Env) -> dict:
+    p = subprocess.run([PYTHON, "-m", "compat_hook", "explain", "--json", "--config", str(env.config),
+                        "--rootfs", str(env.rootfs)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+# --------------------------------------------------------------------------- enable / skip
+
+
+@RUNTIMES
+@pytest.mark.parametrize("stage", ["createContainer", "prestart"])
+def test_host535_compat550_loads_compat(tmp_path, runtime, libs, stage):
+    env = Env(tmp_path, runtime, libs, HOST_535)
+    res = env.run(stage)
+    assert_probe(res, 12040, COMPAT_LIB)
+    assert env.dropin().read_text() == ldcache.dropin_text(COMPAT_DIR)
+    assert env.dropin().stat().st_mode & 0o7777 == 0o644
+    rec = only_record(env, res)
+    assert (rec["stage"], rec["decision"], rec["reason"]) == (stage, "enable", "compat_major_newer")
+    assert rec["host_driver_version"] == HOST_535 and rec["compat_version"] == COMPAT_550
+    assert rec["actions"][0] == f"wrote {ldcache.DROPIN_PATH}"
+    assert rec["actions"][1].startswith("ldconfig -r (")
+    if stage == "prestart":  # ldconfig joined the container's mount namespace (sees the stand-in's mount)
+        assert "in the mount namespace of pid" in rec["actions"][1], rec
+
+
+@RUNTIMES
+def test_host555_compat550_keeps_host_lib(tmp_path, runtime, libs):
+    env = Env(tmp_path, runtime, libs, HOST_555)
+    res = env.run()
+    assert_probe(res, 12050, host_lib(HOST_555))
+    assert not os.path.lexists(env.dropin())
+    rec = only_record(env, res)
+    assert (rec["decision"], rec["reason"], rec["actions"]) == ("skip", "compat_not_newer", [])
+
+
+@RUNTIMES
+def test_restart_after_host_upgrade_drops_compat(tmp_path, runtime, libs):
+    """Same rootfs, host 535 -> 555 between two starts: the stale drop-in is removed."""
+    env = Env(tmp_path, runtime, libs, HOST_535)
+    assert_probe(env.run(), 12040, COMPAT_LIB)
+    assert env.dropin().is_file()
+    env.set_host(HOST_555)
+    res = env.run()
+    assert_probe(res, 12050, host_lib(HOST_555))
+    assert not os.path.lexists(env.dropin())
+    assert sorted(os.listdir(env.rootfs / "etc/ld.so.conf.d")) == ["x86_64-linux-gnu.conf"]
+    rec = only_record(env, res)
+    assert (rec["decision"], rec["reason"]) == ("skip", "compat_not_newer")
+    assert rec["host_driver_version"] == HOST_555
+    assert rec["actions"][0] == f"removed {ldcache.DROPIN_PATH}" and rec["actions"][1].startswith("ldconfig -r")
+
+
+# --------------------------------------------------------------------------- the note
+
+
+def noted_lib(tmp: pathlib.Path, src: pathlib.Path, drivers: list) -> pathlib.Path:
+    """A copy of the Debian 550 libcuda with a ``.note.cuda.fwd_compatibility`` listing ``drivers``."""
+    payload = json.dumps({"format": 1, "CUDA version": "12.4", "driver": drivers,
+                          "device": [1, 2, 7, 8, 9, 10, 11, 12, 13, 14]}, separators=(",", ":"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    note = tmp / "NOTE.bin"
+    note.write_bytes(elfgen.note_bytes(payload))
+    out = tmp / src.name
+    shutil.copyfile(src, out)
+    p = subprocess.run(["objcopy", f"--add-section={elfgen.NOTE_NAME}={note}",
+                        f"--set-section-flags={elfgen.NOTE_NAME}=alloc,readonly", str(out)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+@RUNTIMES
+@pytest.mark.parametrize("drivers,cuda,lib,reason", [
+    ([550, 555, 560], 12020, host_lib(HOST_535), "host_branch_unsupported"),
+    ([535, 550, 555], 12040, COMPAT_LIB, "compat_newer_supported"),
+], ids=["host-branch-unlisted", "host-branch-listed"])
+def test_note_driver_list(tmp_path, runtime, libs, drivers, cuda, lib, reason):
+    lib_file = noted_lib(tmp_path / "noted", libs[COMPAT_550], drivers)
+    env = Env(tmp_path, runtime, libs, HOST_535, compat_lib=lib_file)
+    report = explain(env)
+    assert report["image"]["elf"]["note"] is not None, report["image"]
+    assert report["image"]["elf"]["note_error"] is None
+    assert report["note"] is not None and list(report["image"]["elf"]["note"]["driver"]) == drivers
+    assert report["reason"] == reason
+    res = env.run()
+    assert_probe(res, cuda, lib)
+    rec = only_record(env, res)
+    assert rec["reason"] == reason
+    assert os.path.lexists(env.dropin()) == (cuda == 12040)
+
+
+# --------------------------------------------------------------------------- changes nothing
+
+
+def settled(e: Env, **run_kw) -> dict:
+    """Start once with only the stand-in, so its one-time edits are in the baseline."""
+    assert e.run(ours=False, **run_kw).rc == 0
+    return hookenv.snapshot(e.rootfs)
+
+
+def assert_unchanged(before: dict, after: dict) -> None:
+    """Only the stand-in's own ``ldconfig -r`` may touch ld.so.cache (same bytes, new mtime)."""
+    changed = hookenv.diff(before, after)
+    for path in ("etc", "etc/ld.so.cache"):
+        if path in changed:
+            b, a = changed.pop(path)
+            assert (b[0], b[1], b[2], b[4]) == (a[0], a[1], a[2], a[4]), (path, b, a)
+    assert changed == {}
+
+
+@RUNTIMES
+@pytest.mark.parametrize("how", ["config", "annotation"])
+def test_dry_run_changes_nothing(tmp_path, runtime, libs, how):
+    env = Env(tmp_path, runtime, libs, HOST_535, **({"dry_run": True} if how == "config" else {}))
+    ann = {"compat-hook/dry-run": "true"} if how == "annotation" else None
+    before = settled(env, annotations=ann)
+    res = env.run("createContainer", annotations=ann)
+    assert_probe(res, 12020, host_lib(HOST_535))
+    assert_unchanged(before, hookenv.snapshot(env.rootfs))
+    assert not os.path.lexists(env.dropin())
+    rec = only_record(env, res)
+    assert rec["dry_run"] is True and (rec["decision"], rec["reason"]) == ("enable", "compat_major_newer")
+    assert rec["actions"] == [f"dry-run: would write_dropin {COMPAT_DIR}", "dry-run: would ldconfig"]
+
+
+@RUNTIMES
+def test_no_gpu_request_changes_nothing(tmp_path, runtime, libs):
+    env = Env(tmp_path, runtime, libs, HOST_535)
+    no_gpu = ["PATH=/usr/local/bin:/usr/bin:/bin"]
+    before = settled(env, env=no_gpu)
+    res = env.run("createContainer", env=no_gpu)
+    assert_probe(res, 12020, host_lib(HOST_535))
+    assert_unchanged(before, hookenv.snapshot(env.rootfs))
+    rec = only_record(env, res)
+    assert (rec["decision"], rec["reason"], rec["actions"]) == ("skip", "no_gpu_request", [])
+
+
+# --------------------------------------------------------------------------- idempotence, log, distroless
+
+
+@RUNTIMES
+def test_two_starts_leave_one_dropin(tmp_path, runtime, libs):
+    env = Env(tmp_path, runtime, libs, HOST_535)
+    first = env.run("createContainer")
+    second = env.run("prestart")
+    for res in (first, second):
+        assert_probe(res, 12040, COMPAT_LIB)
+    confs = sorted(os.listdir(env.rootfs / "etc/ld.so.conf.d"))
+    assert confs == [ldcache.DROPIN_NAME, "x86_64-linux-gnu.conf"]
+    assert env.dropin().read_text() == ldcache.dropin_text(COMPAT_DIR)
+    assert [p for p in os.listdir(env.rootfs / "etc") if "compat-hook" in p or p.startswith(".")] == []
+    assert only_record(env, second).get("dropin") == "unchanged"
+
+
+@RUNTIMES
+def test_log_has_one_json_line_per_run(tmp_path, runtime, libs):
+    env = Env(tmp_path, runtime, libs, HOST_535)
+    runs = [(env.run("createContainer"), "createContainer"),
+            (env.run("prestart", env=["PATH=/bin"], args=["/bin/true"]), "prestart")]
+    assert all(r.rc == 0 for r, _ in runs), [str(r) for r, _ in runs]
+    lines = env.log.read_text().splitlines()
+    assert len(lines) == 2
+    recs = [json.loads(line) for line in lines]
+    for rec, (res, stage) in zip(recs, runs):
+        assert rec["event"] == "hook" and rec["container_id"] == res.container_id
+        assert rec["stage"] == stage and isinstance(rec["time"], str)
+        assert isinstance(rec["duration_ms"], (int, float)) and 0 < rec["duration_ms"] < 10_000
+        assert isinstance(rec["actions"], list) and "decision" in rec and "reason" in rec
+    enable, skip = recs
+    assert (enable["decision"], enable["reason"]) == ("enable", "compat_major_newer")
+    assert enable["host_driver_version"] == HOST_535 and enable["compat_version"] == COMPAT_550
+    assert enable["compat_dir"] == COMPAT_DIR and len(enable["actions"]) == 2
+    assert (skip["decision"], skip["reason"]) == ("skip", "no_gpu_request")
+    # no GPU request: the stale drop-in is still removed (decision skip undoes an earlier start)
+    assert skip["actions"][0] == f"removed {ldcache.DROPIN_PATH}"
+
+
+@RUNTIMES
+def test_distroless_without_ld_so_conf(tmp_path, runtime, libs):
+    env = Env(tmp_path, runtime, libs, HOST_535, ld_so_conf=False)
+    assert not os.path.lexists(env.rootfs / "etc/ld.so.conf")
+    res = env.run("createContainer")
+    assert_probe(res, 12040, COMPAT_LIB)
+    assert (env.rootfs / "etc/ld.so.conf").read_bytes() == ldcache._LD_SO_CONF_TEXT
+    assert (env.rootfs / "etc/ld.so.conf").stat().st_mode & 0o7777 == 0o644
+    assert "created /etc/ld.so.conf" in only_record(env, res)["actions"]
+
+
+# Keep last: pytest runs a module's tests in file order.
+def test_nothing_left_behind(tmp_path_factory):
+    assert _started, "no container ran"
+    assert rt.mounts_under(tmp_path_factory.getbasetemp()) == []
+    assert rt.mounts_under(debs.cache_dir()) == []
+    assert [d for d in rt.STATE_DIRS if d.exists()] == []

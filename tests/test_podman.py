@@ -1,0 +1,237 @@
+"""Real Podman (Debian's 4.3.1) with the hooks.d file ``compat-hook install podman`` writes.
+
+A local image, built here as an OCI layout with umoci from the harness rootfs
+(tests/support/rootfs.py: busybox, glibc, the probe, the real compat
+libcuda 550 in /usr/local/cuda-12.4/compat), is loaded with ``podman load``
+(docs/oci-runtimes.md section 9.8). The "host driver" is a real host
+libcuda bind-mounted with ``-v`` onto the container's
+/usr/lib/x86_64-linux-gnu/libcuda.so.1, as the NVIDIA toolkit does, and the
+hook reads a fake host tree (``/proc/driver/nvidia/version``) through
+``host_root`` in its config.
+
+Podman runs with private storage under the test's tmp dir (``--root``,
+``--runroot``, ``--tmpdir``, file locks), ``--cgroup-manager=cgroupfs
+--events-backend=file --runtime=/usr/sbin/runc``, overlay storage (vfs when overlay cannot be
+mounted), ``--network=none`` and the CI machine's rlimits (section 8:
+``--ulimit nofile=4096:4096 --ulimit nproc=4096:4096``). The storage is reset
+and removed afterwards, and the test checks that no mount is left under it.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from tests.conftest import write_fake_host
+from tests.support import debs, rootfs
+from tests.support import runtimes as rt
+
+HOST_535 = "535.261.03"
+COMPAT_550 = "550.163.01"
+HOST_555 = "555.58.02"
+SYS_LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT_550}"
+PODMAN = shutil.which("podman", path="/usr/bin:/bin") or "/usr/bin/podman"
+UMOCI = shutil.which("umoci", path="/usr/bin:/bin") or "/usr/bin/umoci"
+IMAGE = "localhost/compat-hook-test:latest"
+RUN_FLAGS = ["--network=none", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "HOME": "/root"}
+
+pytestmark = pytest.mark.containers
+
+
+def sh(argv, *, timeout=120, check=True, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(a) for a in argv], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=timeout, env=kw.pop("env", ENV), **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{argv}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def build_image_tar(work: pathlib.Path, *, compat_lib=None) -> pathlib.Path:
+    """An OCI layout (umoci) of the harness rootfs, as a tar ``podman load`` takes; tag ``latest``."""
+    layout, bundle = work / "layout", work / "unpacked"
+    sh([UMOCI, "init", "--layout", layout])
+    sh([UMOCI, "new", "--image", f"{layout}:latest"])
+    sh([UMOCI, "unpack", "--image", f"{layout}:latest", bundle])
+    rootfs.build_rootfs(bundle / "rootfs", compat_lib=compat_lib)
+    sh([UMOCI, "repack", "--image", f"{layout}:latest", bundle])
+    sh([UMOCI, "config", "--image", f"{layout}:latest", "--config.cmd", "/usr/local/bin/probe",
+        "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin"])
+    shutil.rmtree(bundle)
+    tar = work / "image.tar"
+    sh(["tar", "-C", layout, "-cf", tar, "."])
+    return tar
+
+
+class Podman:
+    """podman with private storage under ``base``; every call gets the same global flags."""
+
+    def __init__(self, base: pathlib.Path, driver: str = "overlay") -> None:
+        self.base = base
+        self.driver = driver
+        # Everything of this instance is private, so concurrent test runs (and their
+        # `system reset`) cannot touch each other: podman refuses a runroot longer than 50
+        # characters (pytest's tmp paths are longer), its default tmpdir /run/libpod and
+        # its SHM lock segment /dev/shm/libpod_lock are shared by every podman on the
+        # machine, hence --tmpdir and file locks (lock_type, from a private containers.conf).
+        self.private = pathlib.Path(tempfile.mkdtemp(prefix="chpm-", dir="/tmp"))
+        self.runroot = self.private / "run"
+        self.tmpdir = self.private / "tmp"
+        self.conf = self.private / "containers.conf"
+        self.conf.write_text('[engine]\nlock_type = "file"\n')
+
+    def argv(self, *args, hooks_dir=None) -> list:
+        g = ["/usr/bin/env", f"CONTAINERS_CONF={self.conf}", PODMAN, "--root", self.base / "storage",
+             "--runroot", self.runroot, "--tmpdir", self.tmpdir,
+             "--cgroup-manager=cgroupfs", "--events-backend=file", "--runtime=/usr/sbin/runc",
+             f"--storage-driver={self.driver}"]
+        if hooks_dir is not None:
+            g += ["--hooks-dir", hooks_dir]
+        return g + list(args)
+
+    def __call__(self, *args, hooks_dir=None, check=True, timeout=120, env=None):
+        return sh(self.argv(*args, hooks_dir=hooks_dir), check=check, timeout=timeout, env=env or ENV)
+
+    def load(self, tar: pathlib.Path, tag: str = IMAGE) -> None:
+        out = self("load", "-i", tar).stdout
+        loaded = [ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Loaded image")]
+        assert loaded, out
+        self("tag", loaded[0], tag)
+
+    def run(self, *args, hooks_dir=None, env=None) -> rt.Result:
+        t0 = time.monotonic()
+        p = self("run", "--rm", *RUN_FLAGS, *args, hooks_dir=hooks_dir, check=False, timeout=120, env=env)
+        return rt.Result(p.returncode, p.stdout, p.stderr, "podman", "", time.monotonic() - t0)
+
+    def reset(self) -> None:
+        sh(self.argv("system", "reset", "-f"), check=False, timeout=120)
+        leftover = rt.mounts_under(self.base) + rt.mounts_under(self.private)
+        for mp in sorted(leftover, key=len, reverse=True):
+            subprocess.run(["umount", "-l", mp], capture_output=True)
+        shutil.rmtree(self.base, ignore_errors=True)
+        shutil.rmtree(self.private, ignore_errors=True)
+        assert leftover == [], f"mounts left under {self.base}: {leftover}"
+
+
+def start_podman(base: pathlib.Path, tar: pathlib.Path) -> Podman:
+    """Load ``tar`` into private storage: overlay, or vfs where overlay cannot be mounted."""
+    pm = Podman(base, "overlay")
+    try:
+        pm.load(tar)
+    except AssertionError as e:
+        pm.reset()
+        if "overlay" not in str(e).lower() and "mount" not in str(e).lower():
+            raise
+        pm = Podman(base, "vfs")
+        pm.load(tar)
+    return pm
+
+
+def hook_config(path: pathlib.Path, host_root: pathlib.Path, log: pathlib.Path) -> pathlib.Path:
+    path.write_text(f'host_root: {host_root}\nlog_file: {log}\nnvml: "off"\n')
+    return path
+
+
+def fake_host(base: pathlib.Path, version: str) -> pathlib.Path:
+    return write_fake_host(base, version_line=(
+        f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  Release Build  "
+        f"(dvs-builder@U16-I3-B03-4-3)  Mon Dec  1 12:00:00 UTC 2026"))
+
+
+def install_podman(*argv, state_dir=None) -> int:
+    """``compat-hook install|uninstall podman ARGV`` through the real argument parser."""
+    from compat_hook import cli
+    from compat_hook.install import run_install
+
+    args = cli._parser().parse_args(list(argv))
+    args.state_dir = str(state_dir) if state_dir else None  # keep the hook's cache in tmp
+    return run_install(args, uninstall=args.command == "uninstall")
+
+
+def log_lines(log: pathlib.Path) -> list:
+    if not log.exists():
+        return []
+    return [json.loads(ln) for ln in log.read_text().splitlines() if ln.strip()]
+
+
+@pytest.fixture(scope="module")
+def libs() -> dict:
+    return {v: debs.libcuda(v) for v in (HOST_535, COMPAT_550, HOST_555)}
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory, libs):
+    work = tmp_path_factory.mktemp("podman")
+    tar = build_image_tar(work / "image", compat_lib=libs[COMPAT_550])
+    pm = start_podman(work / "pm", tar)
+    try:
+        yield pm
+    finally:
+        pm.reset()
+
+
+def _host_lib(lib: pathlib.Path) -> list:
+    return ["-v", f"{lib}:{SYS_LIB}:ro"]
+
+
+def test_podman_compat_on_and_off(podman, libs, tmp_path, capsys):
+    """host 535 + image compat 550 -> the compat driver (12040); host 555 -> the host's (12050)."""
+    state = tmp_path / "state"
+    cases = {}
+    for name, version in (("h535", HOST_535), ("h555", HOST_555)):
+        hooks = tmp_path / f"hooks-{name}"
+        log = tmp_path / f"{name}.log"
+        cfg = hook_config(tmp_path / f"{name}.yaml", fake_host(tmp_path / f"host-{name}", version), log)
+        assert install_podman("install", "podman", "--hooks-dir", str(hooks), "--hook-config", str(cfg),
+                              state_dir=state) == 0
+        doc = json.loads((hooks / "50-compat-hook.json").read_text())
+        assert doc["when"] == {"always": True} and doc["stages"] == ["createContainer"]
+        assert doc["hook"]["env"] == ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"]
+        assert doc["hook"]["args"][1:3] == ["-I", "-S"] and str(cfg) in doc["hook"]["args"]
+        cases[name] = (hooks, log)
+    out = capsys.readouterr().out
+    assert "wrote " in out
+
+    hooks, log = cases["h535"]
+    res = podman.run("-e", "NVIDIA_VISIBLE_DEVICES=all", *_host_lib(libs[HOST_535]), IMAGE, hooks_dir=hooks)
+    assert res.rc == 0, str(res)
+    assert res.probe == {"cuDriverGetVersion": "12040", "libcuda": COMPAT_LIB}, str(res)
+    (rec,) = log_lines(log)
+    assert rec["decision"] == "enable" and rec["reason"] == "compat_major_newer", rec
+    assert rec["host_driver_version"] == HOST_535 and rec["stage"] == "createContainer", rec
+    assert "/overlay/" in rec["rootfs"] or "/vfs/" in rec["rootfs"], rec
+
+    hooks, log = cases["h555"]
+    res = podman.run("-e", "NVIDIA_VISIBLE_DEVICES=all", *_host_lib(libs[HOST_555]), IMAGE, hooks_dir=hooks)
+    assert res.rc == 0, str(res)
+    assert res.probe == {"cuDriverGetVersion": "12050", "libcuda": SYS_LIB}, str(res)
+    (rec,) = log_lines(log)
+    assert rec["decision"] == "skip" and rec["reason"] == "compat_not_newer", rec
+
+
+def test_podman_non_gpu_container_and_uninstall(podman, libs, tmp_path, capsys):
+    """The hook fires for every container (when: always) and skips non-GPU ones; uninstall removes it."""
+    hooks, log = tmp_path / "hooks", tmp_path / "hook.log"
+    cfg = hook_config(tmp_path / "cfg.yaml", fake_host(tmp_path / "host", HOST_535), log)
+    base = ["podman", "--hooks-dir", str(hooks), "--hook-config", str(cfg)]
+    assert install_podman("install", *base, state_dir=tmp_path / "state") == 0
+    assert install_podman("install", *base, state_dir=tmp_path / "state") == 0
+    assert "already registered; nothing changed" in capsys.readouterr().out
+
+    res = podman.run(*_host_lib(libs[HOST_535]), IMAGE, hooks_dir=hooks)  # no NVIDIA_VISIBLE_DEVICES
+    assert res.probe == {"cuDriverGetVersion": "12020", "libcuda": SYS_LIB}, str(res)
+    (rec,) = log_lines(log)
+    assert rec["decision"] == "skip" and rec["reason"] == "no_gpu_request", rec
+
+    assert install_podman("uninstall", *base[:3]) == 0
+    assert not (hooks / "50-compat-hook.json").exists()
+    res = podman.run("-e", "NVIDIA_VISIBLE_DEVICES=all", *_host_lib(libs[HOST_535]), IMAGE, hooks_dir=hooks)
+    assert res.probe == {"cuDriverGetVersion": "12020", "libcuda": SYS_LIB}, str(res)
+    assert len(log_lines(log)) == 1  # the hook did not run
