@@ -21,30 +21,34 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["hook_entry", "hooksd_document", "python_paths", "interpreter", "HOOK_ENV"]
+__all__ = ["hook_entry", "hooksd_document", "python_paths", "interpreter", "stable_interpreter", "HOOK_ENV"]
 
 HOOK_ENV = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"]
 
 
-def interpreter() -> str:
-    """The real interpreter binary running us (a venv's python resolves to its base).
+def stable_interpreter(exe: str) -> str:
+    """``/usr/bin/python3`` for ``/usr/bin/python3.11`` when the former links to the latter.
 
-    ``/usr/bin/python3`` rather than ``/usr/bin/python3.11`` where the first
-    links to the second: a distro upgrade to the next minor version would
-    otherwise leave every registered entry pointing at a removed binary.
+    A distro upgrade to the next minor version would otherwise leave every
+    registered entry pointing at a removed binary.
     """
-    exe = os.path.realpath(sys.executable or "/usr/bin/python3")
-    if not os.access(exe, os.X_OK):
-        return sys.executable
     d, name = os.path.split(exe)
     if name.startswith("python3.") and name[8:].isdigit():
         stable = os.path.join(d, "python3")
         try:
-            if os.path.realpath(stable) == exe and os.access(stable, os.X_OK):
+            if os.path.realpath(stable) == os.path.realpath(exe) and os.access(stable, os.X_OK):
                 return stable
         except OSError:
             pass
     return exe
+
+
+def interpreter() -> str:
+    """The real interpreter binary running us (a venv's python resolves to its base)."""
+    exe = os.path.realpath(sys.executable or "/usr/bin/python3")
+    if not os.access(exe, os.X_OK):
+        return sys.executable
+    return stable_interpreter(exe)
 
 
 def python_paths() -> list:
@@ -64,7 +68,9 @@ def python_paths() -> list:
 
 
 def boot_code(paths: list) -> str:
-    return f"import sys;sys.path[:0]={paths!r};from compat_hook.cli import entry;entry()"
+    # Appended, not prepended: stdlib imports then find their module on the
+    # first path entry (-I already keeps the cwd and user site out).
+    return f"import sys;sys.path+={paths!r};from compat_hook.cli import entry;entry()"
 
 
 def hook_entry(*, stage: str = "createContainer", config: str | None = None,

@@ -74,7 +74,7 @@ def boot_code(paths: list) -> str:
     open: one line on stderr, then the runtime the shell wrapper read
     (``COMPAT_HOOK_RUNTIME_FALLBACK``) runs with the same arguments.
     """
-    return (f"import sys\nsys.path[:0]={paths!r}\n"
+    return (f"import sys\nsys.path+={paths!r}\n"
             "try:\n from compat_hook.runtime import entry\n"
             "except ImportError as e:\n"
             " import os\n"

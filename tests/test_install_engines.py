@@ -152,7 +152,7 @@ def test_stable_interpreter(tmp_path):
 def test_package_document_points_at_the_installed_locations():
     doc = hooksd.package_document()
     assert doc["hook"]["path"] == "/usr/bin/python3" == doc["hook"]["args"][0]
-    assert doc["hook"]["args"][4] == ("import sys;sys.path[:0]=['/usr/lib/python3/dist-packages'];"
+    assert doc["hook"]["args"][4] == ("import sys;sys.path+=['/usr/lib/python3/dist-packages'];"
                                       "from compat_hook.cli import entry;entry()")
     assert doc["hook"]["args"][5:] == ["hook", "--stage", "createContainer"]
 

@@ -68,16 +68,10 @@ def say(msg: str) -> None:
 
 
 def stable_interpreter(exe: str) -> str:
-    """``/usr/bin/python3`` for ``/usr/bin/python3.11`` when the former links to the latter."""
-    d, name = os.path.split(exe)
-    if name.startswith("python3.") and name[8:].replace(".", "").isdigit():
-        stable = os.path.join(d, "python3")
-        try:
-            if os.path.realpath(stable) == os.path.realpath(exe) and os.access(stable, os.X_OK):
-                return stable
-        except OSError:
-            pass
-    return exe
+    """See :func:`compat_hook.registration.stable_interpreter`."""
+    from ..registration import stable_interpreter as _stable
+
+    return _stable(exe)
 
 
 def _set_interpreter(entry: dict, exe: str, paths: list | None = None) -> dict:
