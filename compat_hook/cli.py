@@ -50,10 +50,16 @@ def _parser():
 
     from . import __version__
 
-    p = argparse.ArgumentParser(prog="compat-hook", description=(
+    class Parser(argparse.ArgumentParser):
+        # One line on stderr for bad usage (the usage text is in --help).
+        def error(self, message):
+            sys.stderr.write(f"{self.prog}: {message} (see --help)\n")
+            raise SystemExit(EXIT_USAGE)
+
+    p = Parser(prog="compat-hook", description=(
         "Turn on CUDA Forward Compatibility per container, decided at every start."))
     p.add_argument("--version", action="version", version=f"compat-hook {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     e = sub.add_parser("explain", help="show the facts, the decision and what would change (changes nothing)")
     src = e.add_mutually_exclusive_group(required=True)
@@ -83,7 +89,7 @@ def _parser():
     c.add_argument("--check", metavar="FILE", help="validate FILE and print its effective settings")
 
     s = sub.add_parser("store", help="the host compat store")
-    ssub = s.add_subparsers(dest="store_command", metavar="ACTION")
+    ssub = s.add_subparsers(dest="store_command", metavar="ACTION", parser_class=Parser)
     sa = ssub.add_parser("add", help="import a cuda-compat package (unpacked dir or .deb)")
     sa.add_argument("path")
     ssub.add_parser("list", help="list stored packages")
