@@ -25,6 +25,7 @@ CANDIDATE_PREFIX = "libcuda.so."
 _OTHER_LIBS = ("libcudadebugger.so.", "libnvidia-nvvm.so.", "libnvidia-ptxjitcompiler.so.",
                "libnvidia-gpucomp.so.", "libnvidia-tileiras.so.", "libnvidia-pkcs11.so.",
                "libnvidia-pkcs11-openssl3.so.", "libnvidia-nvvm70.so.")
+_KNOWN = _OTHER_LIBS + (CANDIDATE_PREFIX,)
 
 
 def _is_candidate_name(name: str) -> bool:
@@ -79,9 +80,10 @@ def scan_compat_dir(root, path: str):
     candidates = sorted(n for n, kind in entries if kind == "file" and _is_candidate_name(n))
     others = []
     for n, kind in sorted(entries):
-        if kind not in ("file", "symlink") or n in candidates:
+        # One C-level startswith over the tuple first: most names match nothing.
+        if kind not in ("file", "symlink") or not n.startswith(_KNOWN) or n in candidates:
             continue
-        for prefix in _OTHER_LIBS + (CANDIDATE_PREFIX,):
+        for prefix in _KNOWN:
             if n.startswith(prefix):
                 others.append({"name": n, "kind": kind, "version": n[len(prefix):] or None})
                 break

@@ -175,6 +175,37 @@ def apply(root, actions: list, config, done: list, ns_pid=None) -> None:
             raise ValueError(action)
 
 
+def _wait(pid: int, deadline: float):
+    """The child's wait status, or ``None`` once ``deadline`` (monotonic) passed."""
+    import select
+    import time
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # kernel < 5.3: poll waitpid
+        pidfd = None
+    try:
+        if pidfd is not None:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+        delay = 0.001
+        while True:
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got == pid:
+                return status
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if pidfd is not None:
+                poller.poll(left * 1000)
+            else:
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 0.05)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 def _spawn_limited(exe: str, argv: list, env: dict, w: int, limits) -> int:
     """``posix_spawn`` ``exe`` with stdout/stderr on ``w`` and the soft ``limits``."""
     import resource
@@ -226,8 +257,6 @@ def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10,
     the namespace cannot substitute it. The wait uses a pidfd with a timeout.
     """
     import resource
-    import select
-
     import time
 
     if not os.path.isabs(ldconfig) or not os.access(ldconfig, os.X_OK):
@@ -240,16 +269,18 @@ def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10,
     real = ldconfig + ".real"
     exe = real if os.access(real, os.X_OK) else ldconfig
     limits = ((resource.RLIMIT_CPU, int(timeout) + 1), (resource.RLIMIT_CORE, 0),
-              (resource.RLIMIT_FSIZE, 256 << 20), (resource.RLIMIT_NOFILE, 1024),
+              (resource.RLIMIT_FSIZE, 64 << 20), (resource.RLIMIT_NOFILE, 1024),
               (resource.RLIMIT_AS, 4 << 30))
-    r, w = os.pipe()
+    # Output goes to a memfd, not a pipe: an image can make ldconfig print a
+    # warning per file (500 files: 500 wake-ups, +4 ms), and a pipe that fills
+    # would stall it. Only the tail is read, after it exits.
+    w = os.memfd_create("compat-hook-ldconfig", os.MFD_CLOEXEC)
     t0 = time.monotonic()
     exe_fd = -1
     if not ns_pid:
         try:
             pid = _spawn_limited(exe, argv, env, w, limits)
         except OSError as e:
-            os.close(r)
             os.close(w)
             raise LdconfigError(f"cannot start ldconfig: {e.strerror or e}") from None
     else:
@@ -257,7 +288,6 @@ def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10,
         pid = os.fork()
     if pid == 0:  # child: never return into Python code paths
         try:
-            os.close(r)
             devnull = os.open("/dev/null", os.O_RDWR)
             os.dup2(devnull, 0)
             os.dup2(w, 1)
@@ -284,54 +314,22 @@ def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10,
             except Exception:
                 pass
         os._exit(127)
-    os.close(w)
     if exe_fd >= 0:
         os.close(exe_fd)
-    status = None
-    out = b""
     try:
-        deadline = t0 + timeout
-        pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
-        try:
-            poller = select.poll()
-            poller.register(r, select.POLLIN)
-            if pidfd is not None:
-                poller.register(pidfd, select.POLLIN)
-            while status is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    # SIGKILL to its process group (`import signal` pulls in enum, ~7 ms)
-                    try:
-                        os.killpg(pid, 9)
-                    except OSError:
-                        os.kill(pid, 9)
-                    os.waitpid(pid, 0)
-                    raise LdconfigError(f"ldconfig timed out after {timeout} s")
-                for fd, _ in poller.poll(min(left, 0.05 if pidfd is None else left) * 1000):
-                    if fd == r:
-                        chunk = os.read(r, 4096)
-                        if chunk and len(out) < 8192:
-                            out += chunk
-                        elif not chunk:
-                            poller.unregister(r)
-                got, st = os.waitpid(pid, os.WNOHANG)
-                if got == pid:
-                    status = st
-        finally:
-            if pidfd is not None:
-                os.close(pidfd)
+        status = _wait(pid, t0 + timeout)
+        if status is None:
+            # SIGKILL to its process group (`import signal` pulls in enum, ~7 ms)
+            try:
+                os.killpg(pid, 9)
+            except OSError:
+                os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise LdconfigError(f"ldconfig timed out after {timeout} s")
+        size = os.fstat(w).st_size
+        out = os.pread(w, 8192, max(0, size - 8192))
     finally:
-        try:
-            # Never block here: a grandchild may still hold the pipe open.
-            os.set_blocking(r, False)
-            while len(out) < 8192:
-                chunk = os.read(r, 4096)
-                if not chunk:
-                    break
-                out += chunk
-        except OSError:
-            pass
-        os.close(r)
+        os.close(w)
     ms = int((time.monotonic() - t0) * 1000)
     code = os.waitstatus_to_exitcode(status)
     if code != 0:

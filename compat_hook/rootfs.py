@@ -215,12 +215,14 @@ class Root:
             out = []
             with os.scandir(dfd) as it:
                 for e in it:
-                    if e.is_symlink():
+                    # d_type answers these without a stat; files first, the
+                    # common case in a compat dir.
+                    if e.is_file(follow_symlinks=False):
+                        kind = "file"
+                    elif e.is_symlink():
                         kind = "symlink"
                     elif e.is_dir(follow_symlinks=False):
                         kind = "dir"
-                    elif e.is_file(follow_symlinks=False):
-                        kind = "file"
                     else:
                         kind = "other"
                     out.append((e.name, kind))
