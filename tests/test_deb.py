@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import write_fake_host
 from tests.support import debs
+from tests.support.steps import sections as _sections
 from tests.test_podman import (COMPAT_550, COMPAT_LIB, HOST_535, IMAGE, RUN_FLAGS, SYS_LIB, build_image_tar,
                                start_podman)
 
@@ -154,17 +155,6 @@ step after-purge
     {{ echo "podman-exit=$?"; cat "$T/podman2.err"; }}
 step end
 """
-
-
-def _sections(out: str) -> dict:
-    res, cur = {}, None
-    for line in out.splitlines():
-        if line.startswith("=== "):
-            cur = line[4:]
-            res[cur] = []
-        elif cur is not None:
-            res[cur].append(line)
-    return {k: "\n".join(v) for k, v in res.items()}
 
 
 @pytest.mark.containers

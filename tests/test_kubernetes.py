@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from tests.support.cache import cache_dir, locked
+from tests.support.steps import sections as _sections
 from tests.test_podman import RUN_FLAGS, start_podman
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -201,17 +202,6 @@ $PM -e RESTART_CONTAINERD=true -e 'RESTART_COMMAND=echo restarted > /host/restar
     {image} compat-hook-k8s uninstall 2>&1 || echo "exit=$?"
 step end
 """
-
-
-def _sections(out: str) -> dict:
-    res, cur = {}, None
-    for line in out.splitlines():
-        if line.startswith("=== "):
-            cur = line[4:]
-            res[cur] = []
-        elif cur is not None:
-            res[cur].append(line)
-    return {k: "\n".join(v) for k, v in res.items()}
 
 
 @pytest.mark.containers
