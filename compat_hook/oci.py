@@ -31,9 +31,18 @@ MAX_SPEC_BYTES = 64 << 20
 def _read_limited(fd: int, limit: int, what: str) -> bytes:
     chunks = []
     total = 0
+    # A regular file is read in one call of its size (+1 to see EOF): a 1 MB
+    # config.json in 64 KiB chunks costs ~0.5 ms more in copies and syscalls.
+    step = 1 << 16
+    try:
+        st = os.fstat(fd)
+        if st.st_size > 0 and st.st_mode & 0o170000 == 0o100000:
+            step = min(st.st_size, limit) + 1
+    except OSError:
+        pass
     while True:
         try:
-            b = os.read(fd, 1 << 16)
+            b = os.read(fd, step)
         except InterruptedError:  # pragma: no cover
             continue
         if not b:
