@@ -42,7 +42,19 @@ def main(argv: list | None = None) -> int:
 
 def entry() -> None:
     """``python3 -I -S -c '...; from compat_hook.cli import entry; entry()' ARGS``."""
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    if sys.argv[1:2] == ["hook"]:
+        # The hook's log line is already written (os.write) and nothing else is
+        # pending: skip interpreter finalization, ~3 ms of every container start
+        # (hyperfine: `-I -S -c 'sys.exit(0)'` 14.2 ms, `os._exit(0)` 11.3 ms).
+        import os
+
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(status)
+    sys.exit(status)
 
 
 def _parser():
