@@ -23,6 +23,8 @@ __all__ = [
     "UnsafePath",
     "StateError",
     "ElfError",
+    "describe",
+    "one_line",
 ]
 
 #: A decision was reached (enable or skip); the hook did its job.
@@ -81,3 +83,27 @@ class ElfError(CompatHookError):
     """A candidate library could not be parsed as ELF at all."""
 
     code = "bad_elf"
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped: image-chosen names may hold newlines."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def describe(e: BaseException) -> tuple:
+    """``(reason code, one-line message)`` for any exception a run ends with.
+
+    >>> describe(ConfigError("mode: bad"))
+    ('bad_config', 'mode: bad')
+    >>> describe(FileNotFoundError(2, "No such file or directory", "/x\\n"))[0]
+    'os_error'
+    """
+    if isinstance(e, CompatHookError):
+        code, msg = e.code, str(e)
+    elif isinstance(e, OSError):
+        code, msg = "os_error", f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")
+    else:
+        code, msg = "internal_error", f"{type(e).__name__}: {e}"
+    return code, one_line(msg)

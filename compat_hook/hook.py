@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from .errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CompatHookError, UsageError
+from .errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, describe, one_line
 
 __all__ = ["main", "run"]
 
@@ -69,7 +69,7 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
     try:
         opts = _parse(argv)
     except UsageError as e:
-        msg = _one_line(str(e))
+        msg = one_line(str(e))
         record.update(decision="error", reason=e.code, error=msg)
         sys.stderr.write(f"compat-hook: {msg}\n")
         _finish(record, _config_for_log(argv, env), t0)
@@ -91,21 +91,10 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
         state_dir = state_dir or _config.DEFAULT_STATE_DIR
         _hook(opts, config, state_dir, stdin_fd, record)
         status = EXIT_OK
-    except CompatHookError as e:
-        status = _failed(record, config, e.code, str(e))
-    except OSError as e:
-        status = _failed(record, config, "os_error", f"{e.filename or ''}: {e.strerror or e}".lstrip(": "))
     except Exception as e:  # last line of defence: never a traceback, never a broken container
-        status = _failed(record, config, "internal_error", f"{type(e).__name__}: {e}")
+        status = _failed(record, config, *describe(e))
     _finish(record, config, t0)
     return status, record
-
-
-def _one_line(text: str) -> str:
-    """``text`` with control characters escaped: image-chosen names may hold newlines."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _config_for_log(argv: list, env):
@@ -125,7 +114,6 @@ def _config_for_log(argv: list, env):
 
 
 def _failed(record: dict, config, code: str, message: str) -> int:
-    message = _one_line(message)
     fail = config is not None and config.on_error == "fail"
     record.update(decision="error", reason=code, error=message,
                   outcome="container stopped (on_error: fail)" if fail

@@ -345,14 +345,9 @@ def _create(argv, idx, verb, config, cfg_error, cfg_path, real, t0):
             raise ConfigError(cfg_error or "no configuration")
         _edit(config, record)
     except Exception as e:  # fail open: never a traceback, never a broken start
-        from .errors import CompatHookError
+        from .errors import describe
 
-        if isinstance(e, CompatHookError):
-            code, msg = e.code, str(e)
-        elif isinstance(e, OSError):
-            code, msg = "os_error", f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")
-        else:
-            code, msg = "internal_error", f"{type(e).__name__}: {e}"
+        code, msg = describe(e)
         fail = config is not None and config.on_error == "fail"
         record.update(decision="error", reason=code, error=msg,
                       outcome="container not created (on_error: fail)" if fail
