@@ -139,13 +139,18 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
     state = oci.read_state(stdin_fd)
     record["container_id"] = state.get("id") if isinstance(state.get("id"), str) else None
     bundle = state["bundle"]
-    spec = oci.load_spec(bundle)
+    spec = oci.load_spec(bundle, members=oci.HOOK_MEMBERS)
     # Kept alive to the end of the process, which exits without freeing it
     # (cli.entry): freeing a 1 MB spec's objects costs ~1.8 ms.
     _KEEP[:] = [spec]  # one slot: in-process callers (tests) do not accumulate
     rootfs = oci.rootfs_path(bundle, spec)
     record["rootfs"] = rootfs
-    request = Request.from_spec(spec, config.annotations, state.get("annotations"))
+    try:
+        request = Request.from_spec(spec, config.annotations, state.get("annotations"))
+    except ValueError as e:  # a member parsed only now (oci.load_spec)
+        from .errors import StateError
+
+        raise StateError(f"{bundle}/config.json: not JSON: {e}") from None
     dry = config.dry_run or opts["dry_run"] or request.dry_run
     record["dry_run"] = dry
 

@@ -21,7 +21,7 @@ ValueError: invalid JSON: Expecting property name enclosed in double quotes at o
 
 from __future__ import annotations
 
-__all__ = ["loads", "dumps"]
+__all__ = ["loads", "loads_object", "LazyObject", "dumps"]
 
 import gc as _gc  # builtin: free to import
 
@@ -57,13 +57,33 @@ _scanner = _json.make_scanner(_Context()) if _json is not None else None
 _encoder = None
 
 
-def loads(text):
-    """Parse a JSON document (str or UTF-8 bytes); ``ValueError`` if invalid."""
+def _make_skipper():
+    # The same C scanner, so the same grammar and errors, but every object is
+    # handed to ``len`` as a list of pairs and dropped at once: what a skipped
+    # member allocates is freed while it is scanned and reused for the next
+    # object, instead of growing the heap. Fresh heap pages are what a large
+    # document costs in a short-lived process (~3 us per page fault on the CI
+    # machine kind: a 1 MB config.json parsed whole is ~4 MB of objects).
+    ctx = _Context()
+    ctx.object_pairs_hook = len
+    return _json.make_scanner(ctx)
+
+
+_skipper = _make_skipper() if _json is not None else None
+
+
+def _decode(text):
     if isinstance(text, (bytes, bytearray)):
         try:
-            text = text.decode("utf-8")
+            return text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"invalid JSON: not UTF-8 ({e.reason})") from None
+    return text
+
+
+def loads(text):
+    """Parse a JSON document (str or UTF-8 bytes); ``ValueError`` if invalid."""
+    text = _decode(text)
     if _scanner is None:  # pragma: no cover
         import json
 
@@ -115,6 +135,237 @@ def loads(text):
     if end != n:
         raise ValueError(f"invalid JSON: extra data at offset {end}")
     return obj
+
+
+#: What JSON's short escapes decode to; no other character of a string's
+#: value can come from an escape except through ``\u`` or ``\/``.
+_SHORT_ESCAPED = frozenset('"\\\b\f\n\r\t')
+
+
+def _raw_may_hold(text: str, start: int, end: int, needle: str, content: str | None = None) -> bool:
+    """Whether a string inside ``text[start:end]`` could hold ``needle`` (``False`` only when sure).
+
+    A string's raw text is its value but for escapes. Without ``\\u`` or
+    ``\\/`` in the range, every escape decodes to one of ``_SHORT_ESCAPED``;
+    a needle with none of those can then only occur verbatim in the raw text.
+    ``content`` is the part of ``needle`` inside a string when that is not
+    all of it (a name: ``"name"``).
+    """
+    if not needle or not _SHORT_ESCAPED.isdisjoint(needle if content is None else content):
+        return True
+    find = text.find
+    if find(needle, start, end) >= 0:
+        return True
+    b = find("\\", start, end)  # one character: memchr, ~20x faster than a word
+    return b >= 0 and (find("\\u", b, end) >= 0 or find("\\/", b, end) >= 0)
+
+
+class LazyObject:
+    """A JSON object document whose members are parsed only when asked for.
+
+    Made by :func:`loads_object`. The members named ``eager`` are parsed at
+    once; the others are scanned (validated, not kept) and their place noted,
+    so :meth:`get` parses one on first use. Duplicate names behave as in
+    :func:`loads`: the last one wins.
+
+    With ``stop_early``, scanning stops after the last ``eager`` member: the
+    rest of the document (the *tail*) is searched as raw text by
+    :meth:`may_contain`, and by :meth:`get` for a name not seen before the
+    stop, and parsed only if a search cannot rule the name or needle out.
+    The caller vouches for the tail: the document was parsed before (a
+    runtime runs the hook only after it has parsed config.json itself), so
+    an error there goes unseen unless the tail is read, and a name seen
+    before the stop is not looked for again in it. (A repeated name is not
+    worth ~0.5 ms a search: runc's Go decoder merges repeated members, which
+    no last-one-wins parser reproduces anyway.)
+
+    >>> doc = loads_object('{"a": 1, "b": {"c": [2, "/dev/x"]}, "a": 3}', eager=("a",))
+    >>> doc.may_contain("b", "/dev/x"), doc.may_contain("b", "/dev/y")
+    (True, False)
+    >>> doc.get("a"), doc.get("b"), doc.get("z", "none")
+    (3, {'c': [2, '/dev/x']}, 'none')
+    """
+
+    __slots__ = ("_text", "_values", "_spans", "_tail")
+
+    def __init__(self, text: str, values: dict | None = None) -> None:
+        self._text = text
+        self._values = {} if values is None else values
+        self._spans: dict = {}  # name -> (start, end) of its value in the text
+        self._tail: int | None = None  # where the unscanned rest starts
+
+    def __contains__(self, key) -> bool:
+        return self.get(key, _ABSENT) is not _ABSENT
+
+    def keys(self) -> list:
+        self._finish()
+        return [*self._spans] if self._spans else [*self._values]
+
+    def get(self, key, default=None):
+        """The member's value (parsed now if it was skipped), else ``default``."""
+        if not isinstance(key, str):
+            return default
+        if key not in self._spans and self._tail_may_name(key):
+            self._finish()  # a name the tail may hold: scan it
+        try:
+            return self._values[key]
+        except KeyError:
+            pass
+        span = self._spans.get(key)
+        if span is None:
+            return default
+        with _NoGC():
+            # Cannot fail: the skipper has scanned this very span.
+            value, _ = _scanner(self._text, span[0])
+        self._values[key] = value
+        return value
+
+    def _tail_may_name(self, key) -> bool:
+        # A name's raw text is the name itself unless an escape is in it.
+        t = self._tail
+        if t is None:
+            return False
+        if not isinstance(key, str):
+            return True
+        return _raw_may_hold(self._text, t, len(self._text), '"' + key + '"', key)
+
+    def may_contain(self, key, needle: str) -> bool:
+        """Whether the member's strings could hold ``needle`` (``False`` only when sure).
+
+        The member's text, and the unscanned tail, are searched as raw text
+        (:func:`_raw_may_hold`). ``"\\0"`` asks whether any string may hold
+        a NUL (only ``\\u0000`` can make one).
+        """
+        span = self._spans.get(key)
+        if span is not None:  # seen: its text, not the tail's (see the class)
+            return _raw_may_hold(self._text, span[0], span[1], needle)
+        if key in self._values:  # from loads: no text positions
+            return True
+        return self._tail is not None and _raw_may_hold(self._text, self._tail, len(self._text), needle)
+
+    def to_dict(self) -> dict:
+        """Every member, parsed: what :func:`loads` returns (member order aside)."""
+        for key in self.keys():
+            self.get(key)
+        return dict(self._values)
+
+    def _finish(self) -> None:
+        if self._tail is None:
+            return
+        with _NoGC():
+            ok = self._walk(self._tail, False, frozenset(), False)
+        if not ok:
+            loads(self._text)  # raises the error loads gives for this document
+            raise ValueError("invalid JSON")  # pragma: no cover - loads raised
+
+    def _walk(self, i: int, first: bool, eager: frozenset, stop_early: bool) -> bool:
+        """Scan members from ``i`` (just after ``{`` when ``first``, else after a value).
+
+        ``False`` on anything unusual, for :func:`loads` to judge.
+        """
+        text, values, spans = self._text, self._values, self._spans
+        scanstring, n = _json.scanstring, len(text)
+        pending = set(eager) if stop_early and eager else None
+        self._tail = None
+        try:
+            while text[i] in _WS:
+                i += 1
+            if first and text[i] == "}":
+                i += 1
+            else:
+                while True:
+                    if not first:
+                        c = text[i]
+                        if c == "}":
+                            i += 1
+                            break
+                        if c != ",":
+                            return False
+                        i += 1
+                        while text[i] in _WS:
+                            i += 1
+                    first = False
+                    if text[i] != '"':
+                        return False
+                    key, i = scanstring(text, i + 1, True)
+                    while text[i] in _WS:
+                        i += 1
+                    if text[i] != ":":
+                        return False
+                    i += 1
+                    while text[i] in _WS:
+                        i += 1
+                    start = i
+                    if key in eager:
+                        values[key], i = _scanner(text, i)
+                    else:
+                        _, i = _skipper(text, i)
+                        values.pop(key, None)
+                    spans[key] = (start, i)
+                    while i < n and text[i] in _WS:
+                        i += 1
+                    if pending is not None:
+                        pending.discard(key)
+                        if not pending:
+                            self._tail = i
+                            return True
+        except (IndexError, ValueError, StopIteration, RecursionError, SystemError):
+            return False
+        while i < n and text[i] in _WS:
+            i += 1
+        return i == n
+
+
+_ABSENT = object()
+
+
+class _NoGC:
+    # The scanner builds only acyclic lists and dicts: nothing for the cyclic
+    # GC to find while it runs (a 1 MB document otherwise triggers dozens of
+    # collections, ~15% of the parse).
+    __slots__ = ("on",)
+
+    def __enter__(self):
+        self.on = _gc.isenabled()
+        _gc.disable()
+
+    def __exit__(self, *exc):
+        if self.on:
+            _gc.enable()
+
+
+def loads_object(text, eager=(), *, stop_early: bool = False) -> LazyObject:
+    """Parse a JSON document that must be an object, the ``eager`` members only.
+
+    ``ValueError`` exactly as :func:`loads` for an invalid document (in the
+    part scanned, see :class:`LazyObject`); a valid document that is not an
+    object raises ``TypeError``.
+
+    Why: the hook reads 2 of a config.json's members (process, root) and
+    looks for a few words in the rest; a 1 MB spec (thousands of mounts)
+    parsed whole costs the hook ~7 ms more (benchmarks/README.md).
+    """
+    text = _decode(text)
+    if _scanner is None:  # pragma: no cover
+        obj = loads(text)
+        if not isinstance(obj, dict):
+            raise TypeError("not a JSON object")
+        return LazyObject(text, obj)
+    doc = LazyObject(text)
+    i = 0
+    n = len(text)
+    while i < n and text[i] in _WS:
+        i += 1
+    if i < n and text[i] == "{":
+        with _NoGC():
+            if doc._walk(i + 1, True, frozenset(eager), stop_early):
+                return doc
+    # Anything unusual (not an object, a syntax error, a BOM): the whole
+    # parser decides, so errors and results are exactly those of loads.
+    obj = loads(text)
+    if not isinstance(obj, dict):
+        raise TypeError("not a JSON object")
+    return LazyObject(text, obj)
 
 
 def _default(o):

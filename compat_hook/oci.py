@@ -20,7 +20,7 @@ import stat as _stat
 from . import jsonfast
 from .errors import StateError
 
-__all__ = ["read_state", "load_spec", "rootfs_path", "MAX_STATE_BYTES", "MAX_SPEC_BYTES"]
+__all__ = ["read_state", "load_spec", "rootfs_path", "HOOK_MEMBERS", "MAX_STATE_BYTES", "MAX_SPEC_BYTES"]
 
 #: A state is a few hundred bytes; anything past this is not a runtime talking.
 MAX_STATE_BYTES = 1 << 20
@@ -76,8 +76,21 @@ def read_state(fd: int = 0) -> dict:
     return state
 
 
-def load_spec(bundle: str) -> dict:
-    """Parse ``<bundle>/config.json``; :class:`StateError` if unusable."""
+#: The members of config.json the hook reads for every container. The rest
+#: (mounts, annotations, linux: most of a large spec) is searched as text and
+#: parsed only when it may hold what a decision looks for.
+HOOK_MEMBERS = ("process", "root")
+
+
+def load_spec(bundle: str, members=None):
+    """Parse ``<bundle>/config.json``; :class:`StateError` if unusable.
+
+    Without ``members``, a dict of the whole validated document. With them, a
+    :class:`jsonfast.LazyObject` that stops scanning after the last of them
+    (``stop_early``): for the hook, which the runtime runs only after it has
+    parsed this very file; an error past that point shows only if a member
+    there is read (``ValueError`` from ``get``).
+    """
     if not isinstance(bundle, str) or "\0" in bundle:
         raise StateError("the bundle path is not a string without NUL bytes")
     path = os.path.join(bundle, "config.json")
@@ -97,9 +110,13 @@ def load_spec(bundle: str) -> dict:
     finally:
         os.close(fd)
     try:
+        if members is not None:
+            return jsonfast.loads_object(data, members, stop_early=True)
         spec = jsonfast.loads(data)
     except ValueError as e:
         raise StateError(f"{path}: not JSON: {e}") from None
+    except TypeError:
+        spec = None
     if not isinstance(spec, dict):
         raise StateError(f"{path}: not a JSON object")
     return spec

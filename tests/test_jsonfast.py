@@ -128,3 +128,131 @@ def test_first_error_without_json_loaded():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 3 and all(line.startswith("ValueError ") for line in lines), out.stdout
+
+
+# --- loads_object / LazyObject: parse some members, search the rest as text ---
+
+from tests.support.jsontext import encode  # noqa: E402
+
+names = st.sampled_from(["process", "root", "mounts", "annotations", "linux", "a", "é/x", 'q"', ""])
+words = st.text(alphabet=st.sampled_from('ab/-.\\"\n\0é\u2028 '), max_size=6)
+docs = st.dictionaries(names, st.recursive(
+    st.none() | st.booleans() | st.integers() | words,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(words, kids, max_size=4), max_leaves=10),
+    max_size=6)
+
+
+def strings_in(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from strings_in(v)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from strings_in(v)
+
+
+@settings(max_examples=400, deadline=None)
+@given(docs, st.lists(names, max_size=3), st.booleans(), st.integers(0, 1 << 30), st.booleans(), words)
+def test_lazy_object_answers_as_loads(doc, eager, stop_early, seed, indent, needle):
+    """Every member reads as json.loads reads it; may_contain is never False for a hit.
+
+    The text comes with random ``\\uXXXX`` and ``\\/`` escapes, so a raw-text
+    search that ignored them would miss.
+    """
+    text = encode(doc, seed, indent=indent)
+    assert json.loads(text) == doc
+    full = json.loads(text)
+    lazy = jsonfast.loads_object(text, eager, stop_early=stop_early)
+    for key in ["process", "root", "mounts", "annotations", "linux", "a", "é/x", 'q"', "", "zz"]:
+        hit = any(needle in s for s in strings_in(full.get(key)))
+        if hit:
+            assert lazy.may_contain(key, needle), (key, needle, text)
+    for key in ["zz", *doc]:
+        assert lazy.get(key, "<absent>") == full.get(key, "<absent>"), (key, text)
+        assert (key in lazy) == (key in full)
+    assert lazy.to_dict() == full
+    assert sorted(lazy.keys()) == sorted(full)
+
+
+plain = st.text(alphabet=st.sampled_from("ab/-.é :"), max_size=6)  # nothing JSON escapes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(names, st.recursive(plain, lambda k: st.lists(k, max_size=3)
+                                           | st.dictionaries(plain, k, max_size=3), max_leaves=8),
+                       max_size=5), st.booleans())
+def test_stop_early_leaves_the_tail_unparsed(tail, indent):
+    """After process and root, a tail without escapes and without the needle is never scanned."""
+    tail = {k: v for k, v in tail.items() if k not in ("process", "root")}
+    doc = {"process": {"env": ["A=1"]}, "root": {"path": "r"}, **tail}
+    text = encode(doc, 0, escape_rate=0.0, indent=indent)
+    lazy = jsonfast.loads_object(text, ("process", "root"), stop_early=True)
+    assert lazy.get("process") == {"env": ["A=1"]} and lazy.get("root") == {"path": "r"}
+    assert lazy.get("never-a-name") is None
+    for key in ("mounts", "annotations", "linux", "zz"):
+        assert not lazy.may_contain(key, "nowhere")
+    assert lazy._tail is not None  # nothing above needed the tail scanned
+    for key, value in tail.items():
+        assert lazy.get(key) == value
+    assert lazy._tail is None or not tail
+
+
+def test_stop_early_does_not_see_a_repeated_name_after_the_stop():
+    text = '{"process": 1, "root": 2, "process": 3, "mounts": [4]}'
+    assert jsonfast.loads_object(text, ("process",)).get("process") == 3
+    lazy = jsonfast.loads_object(text, ("process", "root"), stop_early=True)
+    assert lazy.get("process") == 1  # documented: the first one, not looked for again
+    assert lazy.get("mounts") == [4]  # a name not seen yet: the tail is scanned
+    assert lazy.get("process") == 3  # ...and then the last one wins, as in loads
+
+
+def test_stop_early_tail_error_shows_when_the_tail_is_read():
+    text = '{"process": 1, "root": 2, "mounts": [1,], "x": 1}'
+    lazy = jsonfast.loads_object(text, ("process", "root"), stop_early=True)
+    assert lazy.get("process") == 1
+    with pytest.raises(ValueError) as e:
+        lazy.get("mounts")
+    with pytest.raises(ValueError) as ref:
+        jsonfast.loads(text)
+    assert str(e.value) == str(ref.value)
+
+
+@pytest.mark.parametrize("text", [
+    "", " ", "{", '{"a": 1,}', "{'a': 1}", '{"a" 1}', '{"a": 1} x', '{"a": tru}', "\ufeff{}",
+    '{"a": NaN}', '{"a": "\\x"}', '{"a": [1,]}', '{"a": 1 "b": 2}', '{,}', '{"a": 1,,"b": 2}',
+])
+@pytest.mark.parametrize("stop_early", [False, True])
+def test_lazy_object_errors_are_those_of_loads(text, stop_early):
+    with pytest.raises(ValueError) as ref:
+        jsonfast.loads(text)
+    with pytest.raises(ValueError) as e:
+        jsonfast.loads_object(text, ("a",), stop_early=stop_early).to_dict()  # reads it all
+    assert str(e.value) == str(ref.value)
+
+
+@pytest.mark.parametrize("text", ["[]", "1", '"x"', "null", " [1, 2] "])
+def test_lazy_object_not_an_object_is_type_error(text):
+    with pytest.raises(TypeError):
+        jsonfast.loads_object(text)
+
+
+def test_lazy_object_non_string_name_is_absent():
+    lazy = jsonfast.loads_object('{"a": 1, "b": 2}', ("a",), stop_early=True)
+    assert lazy.get(["a"], "d") == "d" and lazy.get(None) is None and lazy.get(1) is None
+
+
+def test_skipped_members_are_not_kept():
+    # The point of skipping: a skipped member's objects are freed as it is
+    # scanned, so they never pile up. Checked through the allocator's block
+    # count, not time.
+    big = json.dumps({"process": {"env": ["A=1"]}, "root": {"path": "r"},
+                      "mounts": [{"destination": f"/m/{i}", "options": ["ro", "bind"]} for i in range(5000)]})
+    before = sys.getallocatedblocks()
+    lazy = jsonfast.loads_object(big, ("process", "root"))
+    kept = sys.getallocatedblocks() - before
+    assert kept < 1000, kept  # parsed whole, the mounts alone are >35000 blocks
+    assert len(lazy.get("mounts")) == 5000
+    assert sys.getallocatedblocks() - before > 20000
