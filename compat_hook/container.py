@@ -33,9 +33,11 @@ ENV_DISABLE = "COMPAT_HOOK_DISABLE"
 
 _TRUE = ("1", "true", "yes", "on", "y")
 
-#: The annotations a decision reads start with these; ``Request.annotations``
+#: compat-hook's own annotations start with this; ``Request.annotations``
 #: holds those only.
-ANNOTATION_PREFIXES = ("compat-hook/", "cdi.k8s.io/")
+ANNOTATION_PREFIX = "compat-hook/"
+#: A CDI device request (``cdi.k8s.io/<name>: nvidia.com/gpu=0``) makes a GPU request.
+CDI_PREFIX = "cdi.k8s.io/"
 
 #: The variables a decision reads; ``Request.env`` holds these only.
 ENV_KEYS = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_REQUIRE_CUDA", "NVIDIA_DISABLE_REQUIRE", "CUDA_VERSION",
@@ -87,7 +89,7 @@ class Request:
     """What the container asks for, from its config.json.
 
     ``env`` holds the variables of :data:`ENV_KEYS` only, ``annotations``
-    those starting with one of :data:`ANNOTATION_PREFIXES`.
+    those starting with :data:`ANNOTATION_PREFIX`.
     """
 
     __slots__ = ("env", "annotations", "gpu_requested", "gpu_reason", "disabled", "disabled_reason",
@@ -110,9 +112,9 @@ class Request:
 
         ``spec`` is a dict or a :class:`~compat_hook.jsonfast.LazyObject`; of
         the latter, ``annotations``, ``linux`` and ``mounts`` are parsed only
-        when their text may hold what is looked for (``compat-hook/`` or
-        ``cdi.k8s.io/``; ``/dev/nv`` when no ``NVIDIA_VISIBLE_DEVICES``
-        decides).
+        when their text may hold what is looked for: ``compat-hook/``; and
+        when no ``NVIDIA_VISIBLE_DEVICES`` decides, ``/dev/nv`` and
+        ``cdi.k8s.io/``.
         """
         from .jsonfast import LazyObject
 
@@ -124,16 +126,21 @@ class Request:
         env = (_pick_env(raw_env, not lazy or spec.may_contain("process", "\0"))
                if isinstance(raw_env, list) else {})
         # A large spec's annotations member is parsed only if its text may
-        # hold a name a decision reads (LazyObject.may_contain).
-        spec_annotations = None
-        if not lazy or any(spec.may_contain("annotations", p) for p in ANNOTATION_PREFIXES):
-            spec_annotations = spec.get("annotations")
-        annotations: dict = {}
-        for source in (extra_annotations, state_annotations, spec_annotations):
-            if isinstance(source, dict):
-                annotations.update({k: v for k, v in source.items()
-                                    if isinstance(k, str) and isinstance(v, str)
-                                    and k.startswith(ANNOTATION_PREFIXES)})
+        # hold a name a decision reads (LazyObject.may_contain); the CDI
+        # names only matter when nothing before them found a GPU request.
+        sources = [extra_annotations, state_annotations, None]
+
+        def annotations_with(prefix: str) -> dict:
+            if sources[2] is None and (not lazy or spec.may_contain("annotations", prefix)):
+                sources[2] = spec.get("annotations")
+            out: dict = {}
+            for source in sources:
+                if isinstance(source, dict):
+                    out.update({k: v for k, v in source.items()
+                                if isinstance(k, str) and isinstance(v, str) and k.startswith(prefix)})
+            return out
+
+        annotations = annotations_with(ANNOTATION_PREFIX)
 
         gpu, why = False, "no NVIDIA_VISIBLE_DEVICES, NVIDIA device or CDI device"
         nvd = env.get("NVIDIA_VISIBLE_DEVICES")
@@ -158,8 +165,8 @@ class Request:
                     gpu, why = True, f"device mount {p}"
                     break
         if not gpu:
-            for k, v in annotations.items():
-                if k.startswith("cdi.k8s.io/") and "nvidia.com/" in v:
+            for k, v in annotations_with(CDI_PREFIX).items():
+                if "nvidia.com/" in v:
                     gpu, why = True, f"CDI annotation {k}"
                     break
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 __all__ = ["loads", "loads_object", "LazyObject", "dumps"]
 
+import _codecs  # builtin: free to import
 import gc as _gc  # builtin: free to import
 
 try:
@@ -154,10 +155,14 @@ def _raw_may_hold(text: str, start: int, end: int, needle: str, content: str | N
     if not needle or not _SHORT_ESCAPED.isdisjoint(needle if content is None else content):
         return True
     find = text.find
+    if isinstance(text, str):
+        bs, bsu, bss = "\\", "\\u", "\\/"
+    else:  # the UTF-8 bytes of a document's tail (loads_object)
+        needle, bs, bsu, bss = needle.encode("utf-8"), b"\\", b"\\u", b"\\/"
     if find(needle, start, end) >= 0:
         return True
-    b = find("\\", start, end)  # one character: memchr, ~20x faster than a word
-    return b >= 0 and (find("\\u", b, end) >= 0 or find("\\/", b, end) >= 0)
+    b = find(bs, start, end)  # one character: memchr, ~20x faster than a word
+    return b >= 0 and (find(bsu, b, end) >= 0 or find(bss, b, end) >= 0)
 
 
 class LazyObject:
@@ -186,13 +191,24 @@ class LazyObject:
     (3, {'c': [2, '/dev/x']}, 'none')
     """
 
-    __slots__ = ("_text", "_values", "_spans", "_tail")
+    __slots__ = ("_text", "_values", "_spans", "_tail", "_data", "_tail_b")
 
     def __init__(self, text: str, values: dict | None = None) -> None:
         self._text = text
         self._values = {} if values is None else values
         self._spans: dict = {}  # name -> (start, end) of its value in the text
-        self._tail: int | None = None  # where the unscanned rest starts
+        self._tail: int | None = None  # where the unscanned rest starts in the text
+        # Set when only a head of the document was decoded: its UTF-8 bytes,
+        # and where the tail starts in them.
+        self._data: bytes | None = None
+        self._tail_b = 0
+
+    def _tail_may_hold(self, needle: str, content: str | None = None) -> bool:
+        if self._tail is None:
+            return False
+        if self._data is not None:
+            return _raw_may_hold(self._data, self._tail_b, len(self._data), needle, content)
+        return _raw_may_hold(self._text, self._tail, len(self._text), needle, content)
 
     def __contains__(self, key) -> bool:
         return self.get(key, _ABSENT) is not _ABSENT
@@ -222,12 +238,9 @@ class LazyObject:
 
     def _tail_may_name(self, key) -> bool:
         # A name's raw text is the name itself unless an escape is in it.
-        t = self._tail
-        if t is None:
+        if self._tail is None:
             return False
-        if not isinstance(key, str):
-            return True
-        return _raw_may_hold(self._text, t, len(self._text), '"' + key + '"', key)
+        return not isinstance(key, str) or self._tail_may_hold('"' + key + '"', key)
 
     def may_contain(self, key, needle: str) -> bool:
         """Whether the member's strings could hold ``needle`` (``False`` only when sure).
@@ -241,7 +254,7 @@ class LazyObject:
             return _raw_may_hold(self._text, span[0], span[1], needle)
         if key in self._values:  # from loads: no text positions
             return True
-        return self._tail is not None and _raw_may_hold(self._text, self._tail, len(self._text), needle)
+        return self._tail_may_hold(needle)
 
     def to_dict(self) -> dict:
         """Every member, parsed: what :func:`loads` returns (member order aside)."""
@@ -252,6 +265,10 @@ class LazyObject:
     def _finish(self) -> None:
         if self._tail is None:
             return
+        if self._data is not None:
+            # Only a head was decoded: decode it all (the head is its prefix,
+            # so every position found so far stays right).
+            self._text, self._data = _decode(self._data), None
         with _NoGC():
             ok = self._walk(self._tail, False, frozenset(), False)
         if not ok:
@@ -345,6 +362,10 @@ def loads_object(text, eager=(), *, stop_early: bool = False) -> LazyObject:
     looks for a few words in the rest; a 1 MB spec (thousands of mounts)
     parsed whole costs the hook ~7 ms more (benchmarks/README.md).
     """
+    if stop_early and eager and isinstance(text, bytes) and len(text) >= _HEAD_MIN and _scanner is not None:
+        doc = _head_only(text, eager)
+        if doc is not None:
+            return doc
     text = _decode(text)
     if _scanner is None:  # pragma: no cover
         obj = loads(text)
@@ -366,6 +387,54 @@ def loads_object(text, eager=(), *, stop_early: bool = False) -> LazyObject:
     if not isinstance(obj, dict):
         raise TypeError("not a JSON object")
     return LazyObject(text, obj)
+
+
+#: Below this, a document is decoded whole: a head saves nothing worth a search.
+_HEAD_MIN = 256 << 10
+#: Decoded past the first place every eager name occurs: a whole config.json
+#: ``root`` member, for one, is a few hundred bytes.
+_HEAD_SLACK = 64 << 10
+
+
+def _head_only(data: bytes, eager) -> LazyObject | None:
+    """Decode and scan only a head of ``data`` holding every ``eager`` member, or ``None``.
+
+    Why: a new 1 MB string costs the hook ~1 ms (fresh pages: ~3 us a page
+    fault on the CI machine kind, and as much to free them at exit), and a
+    config.json's process and root come first in every writer's order (Go's
+    field order). The head ends ``_HEAD_SLACK`` past the first place where
+    every eager name occurs as raw text; if the scan does not find them all
+    inside it (another order, a name inside a string first), ``None``: the
+    caller decodes the whole document.
+    """
+    cut = 0
+    for name in eager:
+        at = data.find(b'"' + name.encode("utf-8") + b'"')
+        if at < 0:
+            return None
+        cut = max(cut, at)
+    cut += _HEAD_SLACK
+    if cut >= len(data):
+        return None
+    try:
+        # final=False: a character cut in two at the end is left out.
+        text, _ = _codecs.utf_8_decode(memoryview(data)[:cut], "strict", False)
+    except UnicodeDecodeError:
+        return None
+    n = len(text)
+    i = 0
+    while i < n and text[i] in _WS:
+        i += 1
+    if i >= n or text[i] != "{":
+        return None
+    doc = LazyObject(text)
+    with _NoGC():
+        if not doc._walk(i + 1, True, frozenset(eager), True) or doc._tail is None:
+            return None
+    t = doc._tail
+    doc._data = data
+    doc._tail_b = t if text.isascii() else len(text[:t].encode("utf-8"))
+    return doc
 
 
 def _default(o):

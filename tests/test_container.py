@@ -111,8 +111,8 @@ def test_lazy_spec_reads_only_process_and_root_when_nothing_else_can_matter(tmp_
     assert r.gpu_requested and r.gpu_reason == "device /dev/nvidia0"
 
 
-def test_annotations_hold_the_prefixes_a_decision_reads_only():
+def test_annotations_hold_compat_hooks_own_only():
     r = Request.from_spec({"annotations": {"compat-hook/dry-run": "true", "cdi.k8s.io/a": "nvidia.com/gpu=0",
                                            "other": "x", "compat-hookx": "y"}})
-    assert r.annotations == {"compat-hook/dry-run": "true", "cdi.k8s.io/a": "nvidia.com/gpu=0"}
-    assert r.dry_run and r.gpu_requested
+    assert r.annotations == {"compat-hook/dry-run": "true"}
+    assert r.dry_run and r.gpu_requested and r.gpu_reason == "CDI annotation cdi.k8s.io/a"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import os
 import subprocess
 import sys
@@ -256,3 +257,73 @@ def test_skipped_members_are_not_kept():
     assert kept < 1000, kept  # parsed whole, the mounts alone are >35000 blocks
     assert len(lazy.get("mounts")) == 5000
     assert sys.getallocatedblocks() - before > 20000
+
+
+BIG_MOUNTS = [{"destination": f"/m/{i}", "source": f"/s/{i}", "options": ["ro", "bind"]} for i in range(6000)]
+BIG_MOUNTS_JSON = json.dumps(BIG_MOUNTS)
+SENTINEL = 918273645.25  # a number: written the same whatever the escapes
+
+
+@settings(max_examples=60, deadline=None)
+@given(docs, st.integers(0, 1 << 30), st.booleans(), st.integers(0, 3), words)
+def test_large_document_decoded_as_far_as_needed_answers_as_loads(doc, seed, indent, pad_shift, needle):
+    """Bytes of >= 256 KiB: a head is decoded; the tail is searched as UTF-8 bytes.
+
+    The padding of two-byte characters after root makes the head's end fall
+    inside a character (pad_shift moves it), and puts non-ASCII text before
+    the tail, so the tail's byte offset differs from its string index.
+    """
+    rnd = random.Random(seed)
+    doc = {"process": {"env": ["é=1", "A=2"]}, "root": {"path": "r"},
+           "pad": "é" * (33000 + pad_shift), **doc, "mounts": SENTINEL}
+    order = list(doc)
+    rnd.shuffle(order)
+    if seed % 2:  # the usual order half the time: process and root first
+        order = ["process", "root"] + [k for k in order if k not in ("process", "root")]
+    doc = {k: doc[k] for k in order}
+    # The mounts are spliced in as written once: encoding them each time is slow.
+    data = encode(doc, seed, escape_rate=0.01, indent=indent).replace(json.dumps(SENTINEL), BIG_MOUNTS_JSON)
+    data = data.encode("utf-8")
+    assert len(data) >= 256 << 10
+    full = json.loads(data)
+    assert full["mounts"] == BIG_MOUNTS
+    lazy = jsonfast.loads_object(data, ("process", "root"), stop_early=True)
+    for key in ["process", "root", "mounts", "annotations", "linux", "a", "é/x", 'q"', "", "pad", "zz"]:
+        if any(needle in s for s in strings_in(full.get(key))):
+            assert lazy.may_contain(key, needle), (key, needle)
+    for key in ["process", "root", "zz", *full]:
+        assert lazy.get(key, "<absent>") == full.get(key, "<absent>"), key
+    assert lazy.to_dict() == full
+
+
+def test_large_document_head_only_when_the_order_allows():
+    doc = {"ociVersion": "1", "process": {"env": ["A=é"]}, "root": {"path": "r"}, "mounts": BIG_MOUNTS,
+           "annotations": {"compat-hook/disable": "true"}}
+    data = json.dumps(doc, ensure_ascii=False).encode()
+    lazy = jsonfast.loads_object(data, ("process", "root"), stop_early=True)
+    assert lazy._data is not None and len(lazy._text) < len(data) // 2  # a head only
+    assert lazy.may_contain("annotations", "compat-hook/")
+    assert not lazy.may_contain("annotations", "cdi.k8s.io/")
+    assert lazy.get("annotations") == {"compat-hook/disable": "true"}
+    assert lazy._data is None and lazy.get("mounts") == BIG_MOUNTS
+    # Non-ASCII in the head: the tail starts at a byte offset past its string
+    # index; a search from the index would see the head's "compat-hook/".
+    doc["process"]["env"].append("Z=" + "é" * 2000 + "cdi.k8s.io/")
+    doc["root"]["path"] = "é" * 100
+    lazy = jsonfast.loads_object(json.dumps(doc, ensure_ascii=False).encode(), ("process", "root"),
+                                 stop_early=True)
+    assert lazy._data is not None
+    assert lazy.may_contain("process", "cdi.k8s.io/") and not lazy.may_contain("annotations", "cdi.k8s.io/")
+    # root after mounts: no head, the whole document is decoded.
+    doc2 = {"process": doc["process"], "mounts": BIG_MOUNTS, "root": {"path": "r"}}
+    lazy = jsonfast.loads_object(json.dumps(doc2).encode(), ("process", "root"), stop_early=True)
+    assert lazy._data is None and lazy.get("root") == {"path": "r"}
+
+
+def test_large_document_invalid_utf8_in_the_tail_shows_when_read():
+    data = json.dumps({"process": {}, "root": {}, "mounts": BIG_MOUNTS}).encode()
+    data = data.replace(b'"/m/5999"', b'"/m/\xff999"')
+    lazy = jsonfast.loads_object(data, ("process", "root"), stop_early=True)
+    assert lazy.get("root") == {}
+    with pytest.raises(ValueError, match="not UTF-8"):
+        lazy.to_dict()
