@@ -236,11 +236,9 @@ class LazyObject:
         self._values[key] = value
         return value
 
-    def _tail_may_name(self, key) -> bool:
+    def _tail_may_name(self, key: str) -> bool:
         # A name's raw text is the name itself unless an escape is in it.
-        if self._tail is None:
-            return False
-        return not isinstance(key, str) or self._tail_may_hold('"' + key + '"', key)
+        return self._tail is not None and self._tail_may_hold('"' + key + '"', key)
 
     def may_contain(self, key, needle: str) -> bool:
         """Whether the member's strings could hold ``needle`` (``False`` only when sure).
@@ -368,10 +366,7 @@ def loads_object(text, eager=(), *, stop_early: bool = False) -> LazyObject:
             return doc
     text = _decode(text)
     if _scanner is None:  # pragma: no cover
-        obj = loads(text)
-        if not isinstance(obj, dict):
-            raise TypeError("not a JSON object")
-        return LazyObject(text, obj)
+        return _whole(text)
     doc = LazyObject(text)
     i = 0
     n = len(text)
@@ -383,6 +378,10 @@ def loads_object(text, eager=(), *, stop_early: bool = False) -> LazyObject:
                 return doc
     # Anything unusual (not an object, a syntax error, a BOM): the whole
     # parser decides, so errors and results are exactly those of loads.
+    return _whole(text)
+
+
+def _whole(text: str) -> LazyObject:
     obj = loads(text)
     if not isinstance(obj, dict):
         raise TypeError("not a JSON object")
