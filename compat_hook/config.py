@@ -147,7 +147,7 @@ SCHEMA = {
     "ldconfig_timeout": (10, _positive_number, "seconds before the ldconfig child is killed"),
     "require_gpu_request": (True, _bool, "skip containers that request no GPU (NVIDIA_VISIBLE_DEVICES, nvidia devices, CDI)"),
     "cache": (True, _bool, "remember parsed libraries and config in the state dir (never changes a decision)"),
-    "wrapper_add_hook": (False, _bool, "wrapper: also add the ldconfig-mode hook to the spec's createContainer hooks"),
+    "wrapper_add_hook": (True, _bool, "wrapper: add compat-hook's createContainer hook to the spec when the ld cache must change (compat on in ldconfig mode, or a compat dir the image or the NVIDIA toolkit set up must lose); false only when the hook is registered another way"),
     "wrapper_drop_oom_score_adj": (False, _bool, "wrapper: drop process.oomScoreAdj (hosts without CAP_SYS_RESOURCE)"),
     "annotations": ({}, _opt_str_map, "extra annotations to treat as set on every container (testing)"),
 }

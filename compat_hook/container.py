@@ -39,7 +39,18 @@ ANNOTATION_PREFIX = "compat-hook/"
 #: A CDI device request (``cdi.k8s.io/<name>: nvidia.com/gpu=0``) makes a GPU request.
 CDI_PREFIX = "cdi.k8s.io/"
 
-#: The variables a decision reads; ``Request.env`` holds these only.
+#: Annotations naming the pod, namespace, container and image, per engine
+#: (containerd's CRI, CRI-O): the log line carries them for the operator.
+LABEL_ANNOTATIONS = {
+    "pod": ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"),
+    "namespace": ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace"),
+    "container_name": ("io.kubernetes.cri.container-name", "io.kubernetes.container.name"),
+    "image": ("io.kubernetes.cri.image-name", "io.kubernetes.cri-o.ImageName"),
+}
+LABEL_PREFIX = "io.kubernetes."
+
+#: The variables a decision reads (``LD_LIBRARY_PATH``: the warning about an
+#: image that points at a compat dir); ``Request.env`` holds these only.
 ENV_KEYS = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_REQUIRE_CUDA", "NVIDIA_DISABLE_REQUIRE", "CUDA_VERSION",
             "LD_LIBRARY_PATH", ENV_DISABLE)
 
@@ -93,10 +104,11 @@ class Request:
     """
 
     __slots__ = ("env", "annotations", "gpu_requested", "gpu_reason", "disabled", "disabled_reason",
-                 "dry_run")
+                 "dry_run", "labels")
 
     def __init__(self, env: dict, annotations: dict, gpu_requested: bool, gpu_reason: str,
-                 disabled: bool = False, disabled_reason: str | None = None, dry_run: bool = False):
+                 disabled: bool = False, disabled_reason: str | None = None, dry_run: bool = False,
+                 labels: dict | None = None):
         self.env = env
         self.annotations = annotations
         self.gpu_requested = gpu_requested
@@ -104,6 +116,8 @@ class Request:
         self.disabled = disabled
         self.disabled_reason = disabled_reason
         self.dry_run = dry_run
+        #: ``pod``, ``namespace``, ``container_name``, ``image`` where the annotations name them.
+        self.labels = labels or {}
 
     @classmethod
     def from_spec(cls, spec, extra_annotations: dict | None = None,
@@ -176,7 +190,20 @@ class Request:
         elif truthy(env.get(ENV_DISABLE)):
             disabled, dreason = True, f"env {ENV_DISABLE}"
         dry = truthy(annotations.get(ANNOTATION_DRY_RUN))
-        return cls(env, annotations, gpu, why, disabled, dreason, dry)
+        labels = {}
+        # Parsed only when the text names one of them: a 1 MB spec's tail is
+        # searched once for the prefix (most annotations are not these).
+        k8s = None
+        if not lazy or (spec.may_contain("annotations", LABEL_PREFIX) and any(
+                spec.may_contain("annotations", n) for names in LABEL_ANNOTATIONS.values() for n in names)):
+            k8s = annotations_with(LABEL_PREFIX)
+        if k8s:
+            for field, names in LABEL_ANNOTATIONS.items():
+                for n in names:
+                    if k8s.get(n):
+                        labels[field] = k8s[n]
+                        break
+        return cls(env, annotations, gpu, why, disabled, dreason, dry, labels)
 
     @classmethod
     def assume_gpu(cls) -> "Request":

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from .versions import branch_max_cuda, format_version, try_parse_version
 
-__all__ = ["Decision", "decide", "decide_store", "REASONS", "CONSUMER_BRANDS"]
+__all__ = ["Decision", "decide", "decide_request", "decide_store", "REASONS", "LEAVE_REASONS"]
 
 #: Every reason code, with the one-line explanation ``explain`` prints.
 REASONS = {
@@ -74,8 +74,13 @@ REASONS = {
     "store_not_needed": "the host driver already provides the CUDA version the image needs",
 }
 
-#: nvmlBrandType_t values of consumer boards (GeForce, TITAN and their RTX forms).
-CONSUMER_BRANDS = frozenset((5, 6, 15, 16))
+#: Skips after which compat-hook leaves the container as the image and the
+#: NVIDIA toolkit made it: it was told to stay out (opt-out, no GPU), it
+#: cannot tell what is right (host unknown), or the image carries no compat
+#: driver to keep away. Every other skip means "compat is wrong here", and
+#: compat-hook makes the host driver win (its ``effect`` is ``"host"``).
+LEAVE_REASONS = frozenset(("opt_out", "no_gpu_request", "host_driver_unknown", "host_cuda_unknown",
+                           "no_candidate", "no_store_package", "store_not_needed"))
 
 
 class Decision:
@@ -101,6 +106,32 @@ class Decision:
     @property
     def message(self) -> str:
         return REASONS.get(self.reason, self.reason)
+
+    @property
+    def effect(self) -> str:
+        """What should take effect in the container: ``compat``, ``host`` or ``leave``.
+
+        ``host``: compat is wrong for this host and container, so the host
+        driver must win over whatever compat path the image or another hook
+        sets up; ``leave``: compat-hook does not touch what others did.
+
+        >>> Decision("skip", "device_unsupported").effect, Decision("skip", "opt_out").effect
+        ('host', 'leave')
+        """
+        if self.action == "enable":
+            return "compat"
+        return "leave" if self.reason in LEAVE_REASONS else "host"
+
+    def mounted_at(self, target: str) -> "Decision":
+        """This (store) decision with the package seen at ``target`` in the container.
+
+        >>> d = Decision("enable", "store_package", "/var/lib/compat-hook/store/550.54.15", source="store")
+        >>> d.mounted_at("/usr/local/cuda/compat").compat_dir
+        '/usr/local/cuda/compat'
+        """
+        details = dict(self.details, host_dir=self.compat_dir)
+        return Decision(self.action, self.reason, target, self.compat_version, self.source, details,
+                        list(self.warnings))
 
     def to_dict(self) -> dict:
         return {"decision": self.action, "reason": self.reason, "message": self.message,
@@ -150,6 +181,19 @@ def _arch_check(host, compat_version):
     return None
 
 
+def decide_request(request, config) -> Decision | None:
+    """Rule 1 alone: the skip for an opted-out or non-GPU container, else ``None``.
+
+    Needs no host or image facts, so a caller can stop here before reading any.
+    """
+    if request is not None:
+        if request.disabled:
+            return _skip("opt_out", by=request.disabled_reason)
+        if config.require_gpu_request and not request.gpu_requested:
+            return _skip("no_gpu_request", gpu=request.gpu_reason)
+    return None
+
+
 def decide(host, image, request, config) -> Decision:
     """Decide whether this container should use the image's compat driver.
 
@@ -159,11 +203,9 @@ def decide(host, image, request, config) -> Decision:
     no opt-out, as ``explain --rootfs`` assumes); ``config``: a
     :class:`~compat_hook.config.Config`.
     """
-    if request is not None:
-        if request.disabled:
-            return _skip("opt_out", by=request.disabled_reason)
-        if config.require_gpu_request and not request.gpu_requested:
-            return _skip("no_gpu_request", gpu=request.gpu_reason)
+    first = decide_request(request, config)
+    if first is not None:
+        return first
     if image.status == "ambiguous":
         return _skip("ambiguous_candidates", candidates=list(image.candidates), dir=image.compat_dir)
     if image.status != "found":
@@ -171,9 +213,7 @@ def decide(host, image, request, config) -> Decision:
     base = {"candidate": image.candidate, "dir": image.compat_dir}
     if image.elf is None:
         return _skip("candidate_unreadable", **base)
-    from .elfnote import machine_for_arch
-
-    machine = machine_for_arch(host.arch)
+    machine = host.machine
     why = image.elf.loadable_for(machine) if machine else "elf_machine"
     if why is not None:
         return _skip(why, host_machine=machine, elf=image.elf.to_dict(), **base)
@@ -241,10 +281,9 @@ def decide_store(host, request, packages: list, config, image_needs=None) -> Dec
     must pass :func:`decide` exactly as an image's own would, and provide at
     least the CUDA the image needs; the newest such package wins.
     """
-    if request is not None and request.disabled:
-        return _skip("opt_out", by=request.disabled_reason)
-    if request is not None and config.require_gpu_request and not request.gpu_requested:
-        return _skip("no_gpu_request", gpu=request.gpu_reason)
+    first = decide_request(request, config)
+    if first is not None:
+        return first
     need, need_src = image_needs if image_needs else (None, None)
     if need is None:
         return _skip("no_candidate", store="the image states no CUDA version it needs")

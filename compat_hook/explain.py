@@ -1,8 +1,10 @@
-"""``compat-hook explain``: facts, decision, reason, and what each mode would change.
+"""``compat-hook explain``: facts, decision, reason, what the hook and the wrapper would
+change, and what the NVIDIA toolkit would do beside them.
 
 Read-only by construction: it opens the rootfs through the confined
 :class:`~compat_hook.rootfs.Root` for reading, passes no state dir (so not
-even the cache is written) and never calls an effect.
+even the cache is written) and never calls an effect. The plans come from
+the same :func:`compat_hook.assess.assess` the hook and the wrapper run.
 """
 
 from __future__ import annotations
@@ -12,14 +14,17 @@ __all__ = ["explain", "render_text"]
 
 def explain(config, *, rootfs: str | None = None, bundle: str | None = None,
             host_driver_version: str | None = None, host_cuda_version: str | None = None) -> dict:
-    """Gather facts and decide; returns the report (see :func:`render_text`).
+    """Gather facts and assess as the hook and the wrapper would; returns the report.
 
-    Raises :class:`~compat_hook.errors.StateError` for an unreadable bundle
-    or rootfs.
+    Each actor's plan comes from :func:`compat_hook.assess.assess`, the code
+    the hook and the wrapper run: ``effects.hook`` is what the hook does at
+    createContainer, ``effects.wrapper`` what the wrapper changes in
+    config.json (for ``--rootfs``, a minimal spec stands in). Raises
+    :class:`~compat_hook.errors.StateError` for an unreadable bundle or rootfs.
     """
-    from . import hostfacts, imagefacts, ldcache, ldpath, oci
+    from . import hostfacts, oci
+    from .assess import assess
     from .container import Request
-    from .decision import decide
     from .errors import StateError
     from .rootfs import Root
 
@@ -34,73 +39,66 @@ def explain(config, *, rootfs: str | None = None, bundle: str | None = None,
         root = Root(rootfs)
     except OSError as e:
         raise StateError(f"cannot open rootfs {rootfs}: {e.strerror}") from None
+
+    def entry():
+        from .registration import hook_entry
+
+        return hook_entry(stage="createContainer", config=config.source)
+
     with root:
-        image = imagefacts.gather(root, config, state_dir=None)
-        host = hostfacts.gather(config, driver_version=host_driver_version,
-                                cuda_version=host_cuda_version)
-        decision = decide(host, image, request, config)
-        store_decision = None
-        if image.status == "none" and config.store_inject and decision.reason == "no_candidate":
-            from . import store
-
-            store_decision = store.decide_for(host, request, config)
-            if store_decision is not None and store_decision.enable:
-                decision = store_decision
-        existing = ldcache.current_dropin(root)
-
-    modes = {}
-    image_enable = decision.enable and decision.source == "image"
-    actions = ldcache.plan_for(image_enable, decision.compat_dir, existing)
-    ld_changes = []
-    for a, arg in actions:
-        if a == "write_dropin":
-            ld_changes.append(f"write {ldcache.DROPIN_PATH} containing {arg}")
-        elif a == "remove_dropin":
-            ld_changes.append(f"remove the stale {ldcache.DROPIN_PATH}")
-        elif a == "ldconfig":
-            ld_changes.append(f"run {config.ldconfig} -r <rootfs> to refresh /etc/ld.so.cache")
-    modes["ldconfig"] = ld_changes or ["nothing"]
-
-    env_list = []
-    if spec is not None:
-        proc = spec.get("process")
-        raw = proc.get("env") if isinstance(proc, dict) else None
-        env_list = [e for e in raw if isinstance(e, str)] if isinstance(raw, list) else []
-    known = set(config.compat_dirs) | {config.store_target}
-    for d in image.dirs_checked:
-        if d.get("resolved"):
-            known.add(d["resolved"])
-    new_env, changed = ldpath.rewrite_env(env_list, decision.compat_dir if decision.enable else None,
-                                          known)
-    old = next((e for e in reversed(env_list) if e.startswith("LD_LIBRARY_PATH=")), None)
-    new = next((e for e in reversed(new_env) if e.startswith("LD_LIBRARY_PATH=")), None)
-    env_changes = []
-    if changed:
-        env_changes.append(f"{old or 'LD_LIBRARY_PATH unset'} -> {new or 'LD_LIBRARY_PATH unset'}")
-    if decision.enable and decision.source == "store":
-        env_changes.append(f"bind-mount {decision.compat_dir} read-only at {config.store_target}")
-    modes["env"] = env_changes or ["nothing"]
-
-    note = image.elf.note.to_dict() if image.elf is not None and image.elf.note is not None else None
-    return {
+        host = hostfacts.gather(config, driver_version=host_driver_version, cuda_version=host_cuda_version)
+        hook = assess(config, request, root, spec=spec, host=host, actors=("hook",), mount_ns=True,
+                      toolkit=True, full=True)
+        wrapper = assess(config, request, root, host=host, actors=("wrapper",), hook_entry=entry, full=True,
+                         spec=spec if spec is not None else {"process": {"env": []}, "root": {"path": rootfs}})
+    image = hook.image
+    decision = wrapper.decision  # the wrapper sees the spec: a store mount is its to make
+    elf = image.elf if image is not None else None
+    note = elf.note.to_dict() if elf is not None and elf.note is not None else None
+    report = {
         "decision": decision.action,
         "reason": decision.reason,
         "message": decision.message,
+        "effect": decision.effect,
         "compat_dir": decision.compat_dir,
-        "compat_version": decision.compat_version or image.compat_version_text,
+        "compat_version": decision.compat_version or (image.compat_version_text if image else None),
         "host_driver_version": host.to_dict()["driver_version"],
         "host_cuda_version": host.to_dict()["cuda_version"],
         "note": note,
-        "warnings": decision.warnings,
+        "warnings": list(decision.warnings) + hook.warnings,
+        "notes": hook.notes,
         "details": decision.details,
         "host": host.to_dict(),
         "image": image.to_dict(),
         "request": request.to_dict(),
-        "store": store_decision.to_dict() if store_decision is not None else None,
-        "would_change": modes,
+        "store": wrapper.store.to_dict() if wrapper.store is not None else None,
+        "effects": {"hook": hook.effects()["hook"], "wrapper": wrapper.effects()["wrapper"]},
+        "hook_actions": [list(x) for x in hook.hook],
+        "compat_dropins": hook.dropins,
+        "ld_library_path_compat": hook.ld_compat_entries,
+        "toolkit": hook.toolkit,
         "rootfs": rootfs,
         "config": config.source,
     }
+    report["summary"] = _summary(report)
+    return report
+
+
+def _summary(r: dict) -> str:
+    """One line: what the toolkit alone does, what compat-hook decides, what takes effect."""
+    tk = r["toolkit"]
+    lib = {"compat": "compat library", "host": "host library"}
+    tk_part = "toolkit: would enable" if tk["enables"] else "toolkit: would not enable"
+    ours = f"compat-hook: {r['decision']} {r['reason']}"
+    with_hook, alone = tk["with_hook"], tk["alone"]
+    line = f"{tk_part}; {ours} -> {lib[with_hook['result']]}"
+    if r["effect"] == "leave":
+        line += f" (left as the image and the toolkit set it: {alone['by']})"
+    elif with_hook["result"] != alone["result"]:
+        line += ", compat-hook overrides it"
+    if tk["with_wrapper"]["result"] != with_hook["result"]:
+        line += f"; with the wrapper: {lib[tk['with_wrapper']['result']]}"
+    return line
 
 
 def render_text(report: dict) -> str:
@@ -160,9 +158,22 @@ def render_text(report: dict) -> str:
     if report.get("store"):
         s = report["store"]
         out.append(f"host store: {s['decision']} ({s['reason']})")
+    if report["compat_dropins"]:
+        for d in report["compat_dropins"]:
+            out.append(f"  compat drop-in: /etc/ld.so.conf.d/{d['file']} -> {', '.join(d['dirs'])} ({d['by']})")
+    if report["ld_library_path_compat"]:
+        out.append(f"  LD_LIBRARY_PATH names compat dirs: {', '.join(report['ld_library_path_compat'])}")
+    tk = report["toolkit"]
+    out.append("NVIDIA toolkit (enable-cuda-compat, v1.20 rules):")
+    out.append(f"  would {'enable' if tk['enables'] else 'not enable'}: {tk['why']}")
+    out.append(f"  alone, the container loads the {tk['alone']['result']} library ({tk['alone']['by']})")
+    for n in report["notes"]:
+        out.append(f"note: {n}")
     out.append("would change:")
-    for mode, changes in report["would_change"].items():
-        for c in changes:
-            out.append(f"  {mode} mode: {c}")
+    for actor, changes in report["effects"].items():
+        label = "hook (createContainer)" if actor == "hook" else "wrapper (config.json)"
+        for c in changes or ["nothing"]:
+            out.append(f"  {label}: {c}")
+    out.append(f"result: {report['summary']}")
     out.append("(explain changes nothing)")
     return "\n".join(out) + "\n"

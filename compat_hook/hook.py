@@ -134,6 +134,7 @@ def _finish(record: dict, config, t0: float) -> None:
 
 def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> None:
     from . import oci
+    from .assess import assess
     from .container import Request
 
     state = oci.read_state(stdin_fd)
@@ -154,7 +155,6 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
     dry = config.dry_run or opts["dry_run"] or request.dry_run
     record["dry_run"] = dry
 
-    from .decision import decide
     from .rootfs import Root
 
     try:
@@ -164,110 +164,41 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
 
         raise StateError(f"cannot open rootfs {rootfs}: {e.strerror}") from None
     with root:
-        if request.disabled or (config.require_gpu_request and not request.gpu_requested):
-            # Fast path: no facts needed for the decision itself.
-            decision = decide(None, _NO_IMAGE, request, config)
-        else:
-            from . import hostfacts, imagefacts
+        from .mounts import in_container_mount_ns
 
-            image = imagefacts.gather(root, config, state_dir=state_dir)
-            host = hostfacts.gather(config)
-            decision = decide(host, image, request, config)
-            record["host_driver_version"] = host.to_dict()["driver_version"]
-            record["host_driver_source"] = host.driver_source
-            record["candidate"] = image.candidate
-            record["elf_source"] = image.elf_source
-            if image.status == "none" and config.store_inject and not request.disabled:
-                decision = _maybe_store(root, host, request, config, decision, record, dry)
-        record.update(decision=decision.action, reason=decision.reason,
-                      compat_dir=decision.compat_dir, compat_version=decision.compat_version)
-        if decision.warnings:
-            record["warnings"] = decision.warnings
-        if config.mode == "env" and decision.source == "image":
-            # env mode is the runtime wrapper's job; the hook only undoes a
-            # drop-in an earlier ldconfig-mode start may have left.
-            enable = False
-        else:
-            enable = decision.enable
-        from . import ldcache
+        a = assess(config, request, root, state_dir=state_dir, actors=("hook",),
+                   mount_ns=request.gpu_requested and not request.disabled and in_container_mount_ns())
+        record.update(a.log_fields())
+        if a.decision.enable and a.existing_dropin is not None and a.hook == [("ldconfig", None)]:
+            record["dropin"] = "unchanged"
+        record["planned"] = [act for act, _ in a.hook]
+        if dry:
+            record["actions"] = ([f"dry-run: would bind-mount {a.hook_mount[0]} at {a.hook_mount[1]}"]
+                                 if a.hook_mount else [])
+            record["actions"] += [f"dry-run: would {act}" + (f" {arg}" if arg else "") for act, arg in a.hook]
+            return
+        done: list = []
+        record["actions"] = done
+        if a.hook_mount is not None:
+            from .mounts import bind_readonly
 
-        existing = ldcache.current_dropin(root)
-        actions = ldcache.plan_for(enable, decision.compat_dir, existing)
-        lock = None
-        if actions and not dry:
-            # Concurrent hooks on one rootfs would race in ldconfig (its fixed
-            # /etc/ld.so.cache~ temp file): serialise them, then plan again.
-            lock = _lock_rootfs(state_dir, root, config.ldconfig_timeout, record)
-            existing = ldcache.current_dropin(root)
-            actions = ldcache.plan_for(enable, decision.compat_dir, existing)
-        try:
-            if enable and existing == ldcache.dropin_text(decision.compat_dir):
-                record["dropin"] = "unchanged"
-            record["planned"] = [a for a, _ in actions]
-            done: list = record.setdefault("actions", [])
-            if dry:
-                record["actions"] = [f"dry-run: would {a}" + (f" {arg}" if arg else "") for a, arg in actions]
-                return
-            ldcache.apply(root, actions, config, done, ldcache.namespace_pid(state))
-        finally:
-            if lock is not None:
-                os.close(lock)
+            done += bind_readonly(root, *a.hook_mount)
+        if a.hook:
+            from . import ldcache
 
-
-def _lock_rootfs(state_dir: str, root, timeout: float, record: dict):
-    """An exclusive lock for changing this rootfs; an fd to close, or None (then unlocked).
-
-    Host side (a file in the state dir, one of 1024 buckets by the rootfs'
-    device and inode), so nothing in the image can hold it. Waits at most
-    ``timeout`` seconds and then goes on unlocked rather than failing.
-    """
-    import fcntl
-
-    try:
-        st = root.stat("/")
-        d = os.path.join(state_dir, "locks")
-        os.makedirs(d, mode=0o700, exist_ok=True)
-        # 1024 buckets: unrelated rootfs rarely share one (32 at once: ~40% chance
-        # of any collision, against ~99.9% with 64), and the files stay bounded.
-        name = f"rootfs-{(st.st_dev * 1000003 + st.st_ino) % 1024:04d}.lock"
-        fd = os.open(os.path.join(d, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as e:
-        record["lock"] = f"not taken: {e.strerror or e}"
-        return None
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                record["lock"] = f"not taken: still held after {timeout} s"
-                break
-            time.sleep(0.005)
-        except OSError as e:
-            record["lock"] = f"not taken: {e.strerror or e}"
-            break
-    os.close(fd)
-    return None
-
-
-def _maybe_store(root, host, request, config, decision, record, dry):
-    """Podman/CRI-O path: bind-mount a host-store package (createContainer only)."""
-    try:
-        from . import store
-    except ImportError:  # pragma: no cover - store ships with the package
-        return decision
-    return store.hook_inject(root, host, request, config, decision, record, dry)
+            try:
+                actions, did, note = ldcache.apply_locked(root, a.hook_target, a.hook_purpose, config,
+                                                          state_dir, ldcache.namespace_pid(state))
+            except Exception as e:
+                done += getattr(e, "done", [])
+                raise
+            done += did
+            record["planned"] = [act for act, _ in actions]
+            if note:
+                record["lock"] = note
 
 
 _KEEP: list = []
-
-
-class _NoImage:
-    status = "none"
-
-
-_NO_IMAGE = _NoImage()
 
 
 def main(argv: list | None = None) -> int:

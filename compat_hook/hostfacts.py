@@ -110,11 +110,11 @@ class HostFacts:
     """What the host says. Versions are ``(major, minor, patch)`` tuples or None."""
 
     __slots__ = ("driver_version", "driver_source", "cuda_version", "cuda_source", "gpus",
-                 "gpus_source", "tegra", "arch", "notes", "driver_text")
+                 "gpus_source", "tegra", "arch", "machine", "notes", "driver_text")
 
     def __init__(self, driver_version=None, driver_source=None, cuda_version=None, cuda_source=None,
                  gpus=None, gpus_source=None, tegra=False, arch="x86_64", notes=None,
-                 driver_text=None) -> None:
+                 driver_text=None, machine=None) -> None:
         self.driver_version = driver_version
         # As the source wrote it (575.57.08): kept for display and logs.
         self.driver_text = driver_text or (format_version(driver_version, 3) if driver_version else None)
@@ -125,6 +125,12 @@ class HostFacts:
         self.gpus_source = gpus_source
         self.tegra = tegra
         self.arch = arch
+        if machine is None:
+            from .elfnote import machine_for_arch  # a table; elfnote imports pyelftools lazily
+
+            machine = machine_for_arch(arch)
+        #: The ELF ``e_machine`` a library must have to load here (``EM_X86_64``), or None.
+        self.machine = machine
         self.notes = list(notes or [])
 
     def to_dict(self) -> dict:
@@ -137,6 +143,7 @@ class HostFacts:
             "gpus_source": self.gpus_source,
             "tegra": self.tegra,
             "arch": self.arch,
+            "machine": self.machine,
             "notes": list(self.notes),
         }
 

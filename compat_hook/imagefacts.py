@@ -19,7 +19,8 @@ import stat as _stat
 
 from .versions import try_parse_version
 
-__all__ = ["ImageFacts", "gather", "scan_compat_dir", "CANDIDATE_PREFIX"]
+__all__ = ["ImageFacts", "gather", "scan_compat_dir", "is_candidate_name", "host_lib_dir",
+           "compat_dropins", "CANDIDATE_PREFIX", "CONTAINER_LIB_DIRS"]
 
 CANDIDATE_PREFIX = "libcuda.so."
 _OTHER_LIBS = ("libcudadebugger.so.", "libnvidia-nvvm.so.", "libnvidia-ptxjitcompiler.so.",
@@ -28,7 +29,12 @@ _OTHER_LIBS = ("libcudadebugger.so.", "libnvidia-nvvm.so.", "libnvidia-ptxjitcom
 _KNOWN = _OTHER_LIBS + (CANDIDATE_PREFIX,)
 
 
-def _is_candidate_name(name: str) -> bool:
+def is_candidate_name(name: str) -> bool:
+    """Whether ``name`` is a compat driver's file name (``libcuda.so.<version>``).
+
+    >>> is_candidate_name("libcuda.so.550.54.15"), is_candidate_name("libcuda.so.1")
+    (True, False)
+    """
     # NVIDIA globs libcuda.so.*.*: at least one dot after the prefix.
     suffix = name[len(CANDIDATE_PREFIX):] if name.startswith(CANDIDATE_PREFIX) else ""
     return "." in suffix and not suffix.startswith(".") and not suffix.endswith(".")
@@ -77,7 +83,7 @@ def scan_compat_dir(root, path: str):
     """``(resolved_dir, candidates, other_libs)`` for one compat dir, or raises OSError."""
     resolved = root.realpath(path)
     entries = root.listdir(resolved)
-    candidates = sorted(n for n, kind in entries if kind == "file" and _is_candidate_name(n))
+    candidates = sorted(n for n, kind in entries if kind == "file" and is_candidate_name(n))
     others = []
     for n, kind in sorted(entries):
         # One C-level startswith over the tuple first: most names match nothing.
@@ -169,3 +175,75 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True) 
                 facts.elf = None
         return facts
     return facts
+
+
+#: Container dirs where runtimes put the host driver's libraries (the NVIDIA
+#: toolkit's CDI specs and libnvidia-container mount them into the image's
+#: multiarch dir; older device plugins used /usr/local/nvidia).
+CONTAINER_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+                      "/lib/aarch64-linux-gnu", "/usr/lib64", "/lib64", "/usr/lib", "/lib",
+                      "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib")
+
+
+def host_lib_dir(root, driver_text: str | None, dirs=CONTAINER_LIB_DIRS) -> str | None:
+    """The container dir (resolved) holding the host driver's ``libcuda.so.<driver_text>``.
+
+    Only the name is looked at: at prestart the runtime's bind mount is not
+    visible from the host's mount namespace, only its (empty, regular)
+    mount point. A dir inside a compat dir never counts.
+    """
+    if not driver_text:
+        return None
+    name = CANDIDATE_PREFIX + driver_text
+    for d in dirs:
+        try:
+            resolved = root.realpath(d)
+            st = root.lstat(resolved.rstrip("/") + "/" + name)
+        except OSError:
+            continue
+        if _stat.S_ISREG(st.st_mode) and "/compat" not in resolved:
+            return resolved
+    return None
+
+
+#: At most this many ld.so.conf.d entries are read (an image can plant thousands).
+MAX_DROPINS = 512
+
+
+def compat_dropins(root, own: str = "00-00-compat-hook.conf", limit: int = MAX_DROPINS) -> tuple:
+    """``(dropins, notes)``: the ``/etc/ld.so.conf.d/*.conf`` files naming a compat dir.
+
+    Each is ``{"file": name, "dirs": [...], "by": "nvidia-toolkit" | "image"}``
+    in ldconfig's order (file name). ``00-compat-*.conf`` files are the
+    NVIDIA toolkit's ``enable-cuda-compat`` (at this start or a stale one);
+    others are baked into the image (NGC's ``00-cuda-compat.conf``, vLLM's
+    ``cuda-compat.conf``). Only regular files are read (at most 4 KiB each,
+    confined to the root); our own drop-in is left out.
+    """
+    from .ldpath import is_compat_entry
+
+    notes: list = []
+    try:
+        entries = root.listdir("/etc/ld.so.conf.d")
+    except OSError:
+        return [], notes
+    names = sorted(n for n, kind in entries if n.endswith(".conf") and n != own and kind in ("file", "symlink"))
+    if len(names) > limit:
+        notes.append(f"{len(names)} drop-ins in /etc/ld.so.conf.d: only the first {limit} read")
+        names = names[:limit]
+    out = []
+    for n in names:
+        try:
+            text = root.read_file("/etc/ld.so.conf.d/" + n, 4096).decode("utf-8", "replace")
+        except OSError as e:  # a symlink out, a FIFO, a vanished file: not a drop-in we can vouch for
+            notes.append(f"/etc/ld.so.conf.d/{n}: not read ({getattr(e, 'strerror', None) or e})")
+            continue
+        dirs = []
+        for line in text.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line and not line.startswith("include") and is_compat_entry(line):
+                dirs.append(line)
+        if dirs:
+            out.append({"file": n, "dirs": dirs,
+                        "by": "nvidia-toolkit" if n.startswith("00-compat-") else "image"})
+    return out, notes

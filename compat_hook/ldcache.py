@@ -22,6 +22,18 @@ no inherited descriptors.
 [('remove_dropin', None), ('ldconfig', None)]
 >>> plan_for(False, None, None)
 []
+
+When compat is wrong for the host (a skip whose ``effect`` is ``"host"``) the
+same drop-in names the container dir holding the *host* driver's
+``libcuda.so.<host version>`` instead: sorting first, it beats every compat
+drop-in the image bakes (NGC ``00-cuda-compat.conf``, vLLM's) or the NVIDIA
+toolkit's ``enable-cuda-compat`` writes (``00-compat-<uuid>.conf``, at this
+start or a stale one from an earlier start), and it keeps winning when the
+toolkit's ``update-ldcache`` rebuilds the cache after us
+(../shared/docs/nvidia-toolkit.md section 13).
+
+>>> plan_for(True, "/usr/lib/x86_64-linux-gnu", None, purpose="host")
+[('write_dropin', '/usr/lib/x86_64-linux-gnu'), ('ldconfig', None)]
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import os
 from .errors import CompatHookError, UnsafePath
 
 __all__ = ["DROPIN_DIR", "DROPIN_NAME", "DROPIN_PATH", "LD_SO_CONF", "plan_for", "current_dropin",
-           "apply", "run_ldconfig", "LdconfigError"]
+           "apply", "apply_locked", "run_ldconfig", "lock_rootfs", "LdconfigError"]
 
 DROPIN_DIR = "/etc/ld.so.conf.d"
 DROPIN_NAME = "00-00-compat-hook.conf"
@@ -39,17 +51,24 @@ DROPIN_PATH = f"{DROPIN_DIR}/{DROPIN_NAME}"
 LD_SO_CONF = "/etc/ld.so.conf"
 _LD_SO_CONF_TEXT = b"# created by compat-hook: the image had no /etc/ld.so.conf\ninclude /etc/ld.so.conf.d/*.conf\n"
 _HEADER = "# compat-hook: CUDA forward compatibility for this container (rewritten at every start)\n"
+#: The header of a drop-in naming the host driver's dir (compat is wrong on this host).
+_HOST_HEADER = ("# compat-hook: the host driver's libcuda, not a compat one, is right on this host "
+                "(rewritten at every start)\n")
+
+
+def _header(purpose: str) -> str:
+    return _HOST_HEADER if purpose == "host" else _HEADER
 
 
 class LdconfigError(CompatHookError):
     code = "ldconfig_failed"
 
 
-def dropin_text(compat_dir: str) -> str:
-    return f"{_HEADER}{compat_dir}\n"
+def dropin_text(compat_dir: str, purpose: str = "compat") -> str:
+    return f"{_header(purpose)}{compat_dir}\n"
 
 
-def dropin_bytes(compat_dir: str) -> bytes:
+def dropin_bytes(compat_dir: str, purpose: str = "compat") -> bytes:
     """The drop-in as written: the dir's exact bytes (an image may use non-UTF-8 names).
 
     ld.so.conf has no quoting: a newline would split the name into lines the
@@ -62,7 +81,7 @@ def dropin_bytes(compat_dir: str) -> bytes:
             or any(c < 0x20 or c == 0x7F for c in raw)):
         raise UnsafePath(f"the compat dir {compat_dir!r} cannot be named in an ld.so.conf file "
                          "(control character, '#' or edge whitespace)")
-    return _HEADER.encode() + raw + b"\n"
+    return _header(purpose).encode() + raw + b"\n"
 
 
 def current_dropin(root) -> str | None:
@@ -81,15 +100,17 @@ def current_dropin(root) -> str | None:
         return ""
 
 
-def plan_for(enable: bool, compat_dir: str | None, existing: str | None) -> list:
+def plan_for(enable: bool, compat_dir: str | None, existing: str | None, purpose: str = "compat") -> list:
     """The ordered actions for a decision, given the drop-in found (pure).
 
-    Enabling always refreshes the cache: another hook (the NVIDIA toolkit's)
-    may have rebuilt it since the last start, and it is the only way to be
-    sure the compat entry is first.
+    ``enable``: our drop-in must name ``compat_dir`` (with ``purpose``
+    ``"host"``: the host driver's dir); else it must not exist. Writing
+    always refreshes the cache: another hook (the NVIDIA toolkit's) may have
+    rebuilt it since the last start, and it is the only way to be sure our
+    entry is first.
     """
     if enable:
-        if existing == dropin_text(compat_dir):
+        if existing == dropin_text(compat_dir, purpose):
             return [("ldconfig", None)]  # a restart: the drop-in is already right
         return [("write_dropin", compat_dir), ("ldconfig", None)]
     if existing is not None:
@@ -127,19 +148,31 @@ def namespace_pid(state: dict):
     return pid if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino) else None
 
 
-def apply(root, actions: list, config, done: list, ns_pid=None) -> None:
-    """Carry out ``actions`` in ``root``; appends what was done to ``done``.
+def apply(root, actions: list, config, ns_pid=None, purpose: str = "compat") -> list:
+    """Carry out ``actions`` in ``root``; returns what was done, for the log.
+
+    On an error the exception carries what was done before it in ``done``.
 
     If ldconfig fails after a drop-in was written, the drop-in is taken out
     again: the cache did not change, and a drop-in left behind would turn
     compat on at the image's next own ldconfig run - the opposite of what
     the failure log says ("starts without compat").
     """
+    done: list = []
+    try:
+        _apply(root, actions, config, ns_pid, purpose, done)
+    except Exception as e:
+        e.done = done
+        raise
+    return done
+
+
+def _apply(root, actions, config, ns_pid, purpose, done) -> None:
     extra_dirs: list = []
     wrote = False
     for action, arg in actions:
         if action == "write_dropin":
-            text = dropin_bytes(arg)  # refuse before changing anything
+            text = dropin_bytes(arg, purpose)  # refuse before changing anything
             if not root.exists(LD_SO_CONF):
                 root.mkdirs("/etc")
                 root.write_file(LD_SO_CONF, _LD_SO_CONF_TEXT, 0o644)
@@ -173,6 +206,64 @@ def apply(root, actions: list, config, done: list, ns_pid=None) -> None:
                                                    if ns_pid else ")"))
         else:  # pragma: no cover - plan_for produces only these
             raise ValueError(action)
+
+
+def apply_locked(root, target: str | None, purpose: str, config, state_dir: str, ns_pid=None) -> tuple:
+    """Plan again under the rootfs lock and carry out: ``(actions, done, lock_note)``.
+
+    ``target``: the dir our drop-in must name (``None``: no drop-in). The
+    plan is made again once the lock is held, since a concurrent start may
+    have changed the drop-in meanwhile.
+    """
+    fd, note = lock_rootfs(state_dir, root, config.ldconfig_timeout)
+    try:
+        actions = plan_for(target is not None, target, current_dropin(root), purpose)
+        return actions, apply(root, actions, config, ns_pid, purpose), note
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def lock_rootfs(state_dir: str, root, timeout: float) -> tuple:
+    """An exclusive lock for changing this rootfs' ld cache: ``(fd or None, note or None)``.
+
+    Concurrent hooks on one rootfs would race in ldconfig (its fixed
+    ``/etc/ld.so.cache~`` temp file), so they are serialised; the caller
+    plans again once it holds the lock and closes the fd when done. Host
+    side (a file in the state dir, one of 1024 buckets by the rootfs' device
+    and inode), so nothing in the image can hold it. Waits at most
+    ``timeout`` seconds and then goes on unlocked (fd ``None``, the note
+    says why) rather than failing.
+    """
+    import fcntl
+    import time
+
+    try:
+        st = root.stat("/")
+        d = os.path.join(state_dir, "locks")
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        # 1024 buckets: unrelated rootfs rarely share one (32 at once: ~40% chance
+        # of any collision, against ~99.9% with 64), and the files stay bounded.
+        name = f"rootfs-{(st.st_dev * 1000003 + st.st_ino) % 1024:04d}.lock"
+        fd = os.open(os.path.join(d, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        return None, f"not taken: {e.strerror or e}"
+    deadline = time.monotonic() + timeout
+    note = None
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd, None
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                note = f"not taken: still held after {timeout} s"
+                break
+            time.sleep(0.005)
+        except OSError as e:
+            note = f"not taken: {e.strerror or e}"
+            break
+    os.close(fd)
+    return None, note
 
 
 def _wait(pid: int, deadline: float):

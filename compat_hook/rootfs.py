@@ -251,6 +251,16 @@ class Root:
             raise UnsafePath(f"file changed while opening: {w.path}")
         return os.fdopen(fd, "rb", buffering=0)
 
+    def open_path(self, path: str) -> tuple:
+        """``(fd, resolved)``: an ``O_PATH`` descriptor of ``path`` resolved in the root.
+
+        For operations that need a descriptor rather than a name (a bind
+        mount through ``/proc/self/fd/N``, which no image symlink can
+        redirect); the caller closes it.
+        """
+        w = self._walk(path)
+        return w.fd, w.path
+
     def read_file(self, path: str, limit: int = 1 << 20) -> bytes:
         """Read at most ``limit`` bytes of a regular file (:meth:`open_regular`)."""
         with self.open_regular(path) as f:

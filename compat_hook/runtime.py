@@ -12,17 +12,23 @@ On ``create``/``run`` it edits ``<bundle>/config.json`` (atomically; see
 :mod:`compat_hook.specedit`), then execs the real runtime with the very same
 arguments:
 
+What it changes is planned by :func:`compat_hook.assess.assess` (the same
+code ``explain`` runs); this module only writes it:
+
+* **ldconfig mode** (the default) and **both**: compat-hook's createContainer
+  hook is added to the spec (``wrapper_add_hook``, on by default) when the ld
+  cache must change: it writes the drop-in once the runtime has mounted the
+  host driver's libraries;
 * **env mode** (``mode: env`` or ``both``): when the decision enables the
   image's compat driver, its container dir goes first on ``LD_LIBRARY_PATH``;
-* in every mode, when a GPU container's decision is *skip* (the host driver is
-  known and the compat driver must not be used), compat dirs the image put
-  on ``LD_LIBRARY_PATH`` are removed: a stale compat path on a newer host is
-  CUDA error 803. Opted-out and non-GPU containers, and hosts whose driver
-  is unknown, are left alone;
+* in every mode, when compat is wrong for this host and container (the
+  decision's effect is ``host``), compat dirs the image put on
+  ``LD_LIBRARY_PATH`` are removed: a stale compat path on a newer host is
+  CUDA error 803. Opted-out and non-GPU containers, hosts whose driver is
+  unknown and images without compat libs are left alone;
 * **host store**: an image without compat libs that needs a newer CUDA than
   the host driver provides gets a read-only bind mount of a fitting store
   package at ``store_target`` plus ``LD_LIBRARY_PATH`` (any mode);
-* ``wrapper_add_hook``: the hook (createContainer) is added to the spec;
 * ``wrapper_drop_oom_score_adj``: ``process.oomScoreAdj`` is dropped.
 
 Failures fail open (one log line, the real runtime runs with the spec
@@ -362,20 +368,10 @@ def _create(argv, idx, verb, config, cfg_error, cfg_path, real, t0):
     return status
 
 
-class _NoImage:
-    status = "none"
-
-
-# Skip reasons after which an image's compat dirs are taken off
-# LD_LIBRARY_PATH; for the others (opt-out, no GPU, unknown host) the
-# container's environment is left as the image made it.
-_KEEP_ENV_REASONS = frozenset(("opt_out", "no_gpu_request", "host_driver_unknown", "host_cuda_unknown"))
-
-
 def _edit(config, record: dict) -> None:
     from . import oci, specedit
+    from .assess import assess
     from .container import Request
-    from .decision import Decision, decide
 
     bundle = record["bundle"]
     spec = oci.load_spec(bundle)
@@ -383,67 +379,38 @@ def _edit(config, record: dict) -> None:
     request = Request.from_spec(spec, config.annotations)
     dry = config.dry_run or request.dry_run
     record["dry_run"] = dry
-    known = set(config.compat_dirs) | {config.store_target}
-    mounts: list = []
-    ld_dir = None
-    if request.disabled or (config.require_gpu_request and not request.gpu_requested):
-        decision = decide(None, _NoImage(), request, config)
-    else:
-        from . import hostfacts, imagefacts
-        from .rootfs import Root
+    state_dir = os.environ.get("COMPAT_HOOK_STATE_DIR") or None
+    if state_dir is None:
+        from .config import DEFAULT_STATE_DIR
 
-        state_dir = os.environ.get("COMPAT_HOOK_STATE_DIR") or None
-        if state_dir is None:
-            from .config import DEFAULT_STATE_DIR
+        state_dir = DEFAULT_STATE_DIR
+    from .rootfs import Root
 
-            state_dir = DEFAULT_STATE_DIR
-        try:
-            root = Root(rootfs)
-        except OSError as e:
-            from .errors import StateError
+    try:
+        root = Root(rootfs)
+    except OSError as e:
+        from .errors import StateError
 
-            raise StateError(f"cannot open rootfs {rootfs}: {e.strerror}") from None
-        with root:
-            image = imagefacts.gather(root, config, state_dir=state_dir)
-        host = hostfacts.gather(config)
-        decision = decide(host, image, request, config)
-        record["host_driver_version"] = host.to_dict()["driver_version"]
-        record["host_driver_source"] = host.driver_source
-        record["candidate"] = image.candidate
-        for d in image.dirs_checked:
-            if d.get("resolved"):
-                known.add(d["resolved"])
-        if image.status == "none" and config.store_inject:
-            from . import store
+        raise StateError(f"cannot open rootfs {rootfs}: {e.strerror}") from None
 
-            sd = store.decide_for(host, request, config)
-            record["store"] = {"decision": sd.action, "reason": sd.reason, "version": sd.compat_version}
-            if sd.enable:
-                if specedit.mount_at(spec, config.store_target) is not None:
-                    record["store"]["skipped"] = f"the spec mounts something at {config.store_target} already"
-                else:
-                    mounts.append(specedit.store_mount(sd.compat_dir, config.store_target))
-                    ld_dir = config.store_target
-                    decision = Decision("enable", sd.reason, config.store_target, sd.compat_version,
-                                        "store", sd.details, sd.warnings)
-        if decision.enable and decision.source == "image" and config.mode in ("env", "both"):
-            ld_dir = decision.compat_dir
-    strip = not decision.enable and decision.reason not in _KEEP_ENV_REASONS
-    record.update(decision=decision.action, reason=decision.reason, source=decision.source,
-                  compat_dir=decision.compat_dir, compat_version=decision.compat_version, mode=config.mode)
-    if decision.warnings:
-        record["warnings"] = decision.warnings
-    hooks = []
-    if config.wrapper_add_hook:
+    def entry():
         from .registration import hook_entry
 
-        hooks.append(("createContainer", hook_entry(stage="createContainer", config=config.source,
-                                                    state_dir=os.environ.get("COMPAT_HOOK_STATE_DIR") or None)))
-    new, done = specedit.plan(spec, ld_dir=ld_dir, strip=strip, known=known, mounts=mounts,
-                              hooks=hooks, drop_oom=config.wrapper_drop_oom_score_adj)
+        return hook_entry(stage="createContainer", config=config.source,
+                          state_dir=os.environ.get("COMPAT_HOOK_STATE_DIR") or None)
+
+    with root:
+        a = assess(config, request, root, spec=spec, state_dir=state_dir, actors=("wrapper",),
+                   hook_entry=entry)
+    record.update(a.log_fields())
+    record["source"] = a.decision.source
+    record["mode"] = config.mode
     if dry:
-        record["actions"] = [f"dry-run: would {a}" for a in done]
+        record["actions"] = [f"dry-run: would {x}" for x in a.spec_edits]
         return
-    if done:
+    if a.spec_edits:
+        new, done = specedit.plan(spec, **a.wrapper)
         specedit.write_spec(bundle, new)
-    record["actions"] = done
+        record["actions"] = done
+    else:
+        record["actions"] = []

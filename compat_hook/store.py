@@ -1,4 +1,4 @@
-"""The host compat store: cuda-compat packages kept on the node.
+"""The host compat store: cuda-compat packages kept on the node (``compat-hook store``).
 
 Layout under ``store_dir`` (default ``/var/lib/compat-hook/store``)::
 
@@ -10,7 +10,8 @@ Only the version directory is ever mounted into a container (read-only);
 the metadata stays beside it. Packages are validated with the same ELF
 checks as an image's compat driver before they are stored, and the decision
 for a container uses the stored ELF facts, so no ELF parsing happens at
-container start.
+container start (:mod:`compat_hook.storefacts` reads them;
+:mod:`compat_hook.mounts` is the hook's bind mount).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import stat as _stat
 
 from .errors import CompatHookError
 
-__all__ = ["StoreError", "add", "list_entries", "remove", "packages", "decide_for", "hook_inject"]
+__all__ = ["StoreError", "add", "list_entries", "remove"]
 
 
 class StoreError(CompatHookError):
@@ -35,11 +36,11 @@ def _is_version_name(name: str) -> bool:
 
 def _find_compat_dir(top: str) -> tuple:
     """``(dir, lib)``: the single directory under ``top`` holding a regular libcuda.so.<version>."""
-    from .imagefacts import _is_candidate_name
+    from .imagefacts import is_candidate_name
 
     found = []
     for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-        libs = [n for n in filenames if _is_candidate_name(n)
+        libs = [n for n in filenames if is_candidate_name(n)
                 and _stat.S_ISREG(os.lstat(os.path.join(dirpath, n)).st_mode)]
         if libs:
             found.append((dirpath, libs))
@@ -184,95 +185,3 @@ def remove(store_dir: str, version: str) -> None:
     except FileNotFoundError:
         pass
     shutil.rmtree(trash, ignore_errors=True)
-
-
-def packages(store_dir: str) -> list:
-    """Stored packages as :class:`~compat_hook.imagefacts.ImageFacts` (host paths)."""
-    from .elfnote import ElfInfo
-    from .imagefacts import ImageFacts
-    from .versions import try_parse_version
-
-    out = []
-    for e in list_entries(store_dir):
-        f = ImageFacts()
-        f.status = "found"
-        f.compat_dir = e["path"]
-        f.candidate = "libcuda.so." + e["version"]
-        f.compat_version_text = e["version"]
-        f.compat_version = try_parse_version(e["version"])
-        try:
-            f.elf = ElfInfo.from_dict(e["elf"])
-        except (ValueError, KeyError, TypeError):
-            continue
-        out.append(f)
-    return out
-
-
-def decide_for(host, request, config):
-    """The host-store decision for a container whose image has no compat libs."""
-    from .decision import decide_store
-
-    pkgs = packages(config.store_dir)
-    need = request.required_cuda() if request is not None else (None, None)
-    return decide_store(host, request, pkgs, config, need)
-
-
-# -- the hook's injection (Podman / CRI-O hooks.d, createContainer) ---------
-
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 32, 4096, 16384
-
-
-def _mount(source: str | None, target: str, flags: int) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                           ctypes.c_void_p]
-    src = os.fsencode(source) if source is not None else None
-    if libc.mount(src, os.fsencode(target), None, flags, None) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e), target)
-
-
-def _in_container_mount_ns() -> bool:
-    try:
-        return os.stat("/proc/self/ns/mnt").st_ino != os.stat("/proc/1/ns/mnt").st_ino
-    except OSError:
-        return False
-
-
-def hook_inject(root, host, request, config, decision, record, dry):
-    """Bind-mount the chosen store package read-only at ``store_target`` in the rootfs.
-
-    Only in the container's mount namespace (createContainer): a mount made
-    from the host namespace would leak onto the host and be invisible in the
-    container. The target is created and opened inside the confined root
-    and mounted through its ``/proc/self/fd`` path, so an image symlink
-    cannot redirect the mount; the source is only ever a store directory.
-    Returns the decision the hook should carry out (its compat_dir is then the
-    container path, for the ld.so drop-in).
-    """
-    from .decision import Decision
-
-    sd = decide_for(host, request, config)
-    record["store"] = {"decision": sd.action, "reason": sd.reason, "version": sd.compat_version}
-    if not sd.enable:
-        return decision
-    if not _in_container_mount_ns():
-        record["store"]["skipped"] = "not in the container's mount namespace (register at createContainer)"
-        return decision
-    target = config.store_target
-    if dry:
-        record.setdefault("actions", []).append(f"dry-run: would bind-mount {sd.compat_dir} at {target}")
-    else:
-        resolved = root.mkdirs(target)
-        w = root._walk(resolved)
-        try:
-            fdpath = f"/proc/self/fd/{w.fd}"
-            _mount(sd.compat_dir, fdpath, _MS_BIND)
-            _mount(None, fdpath, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-        finally:
-            os.close(w.fd)
-        record.setdefault("actions", []).append(f"bind-mounted {sd.compat_dir} at {resolved} (ro)")
-        target = resolved
-    return Decision("enable", sd.reason, target, sd.compat_version, "store", sd.details, sd.warnings)

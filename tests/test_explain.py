@@ -133,8 +133,11 @@ def test_cli_json(make_rootfs, fake_host, tmp_path):
     assert r["compat_version"] == "575.57.08"
     assert r["host_driver_version"] == "550.54.15"
     assert r["note"]["cuda_version"] == "12.9" and r["note"]["driver"] == [535, 550, 560, 565, 570, 575]
-    assert r["would_change"]["ldconfig"][0] == \
-        "write /etc/ld.so.conf.d/00-00-compat-hook.conf containing /usr/local/cuda-12.9/compat"
+    assert r["effects"]["hook"] == [
+        "write /etc/ld.so.conf.d/00-00-compat-hook.conf naming /usr/local/cuda-12.9/compat (the compat dir)",
+        "refresh the container's ld cache (ldconfig -r)"]
+    # the wrapper (ldconfig mode) adds the hook that writes it
+    assert [e.split(" /")[0] for e in r["effects"]["wrapper"]] == ["added createContainer hook"]
 
 
 def test_cli_text(make_rootfs, fake_host, tmp_path):
@@ -160,7 +163,7 @@ STALE = "LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/nvidia/lib:/usr/local
 
 
 @pytest.mark.parametrize("driver, decision, new", [
-    ("550.54.15", "enable", "LD_LIBRARY_PATH=/usr/local/cuda-12.9/compat:/usr/local/nvidia/lib:/usr/local/nvidia/lib64"),
+    ("550.54.15", "enable", None),  # ldconfig mode: the image's compat entry is right here
     ("580.65.06", "skip", "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64"),
 ])
 def test_cli_bundle_shows_the_stale_ld_library_path(make_rootfs, fake_host, tmp_path, driver, decision, new):
@@ -170,7 +173,9 @@ def test_cli_bundle_shows_the_stale_ld_library_path(make_rootfs, fake_host, tmp_
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["decision"] == decision
-    assert r["would_change"]["env"] == [f"{STALE} -> {new}"]
+    env_edits = [e for e in r["effects"]["wrapper"] if e.startswith("LD_LIBRARY_PATH")]
+    assert env_edits == ([new] if new else [])
+    assert r["ld_library_path_compat"] == ["/usr/local/cuda/compat"]
     assert r["request"]["gpu_requested"] is True
     assert r["rootfs"] == str(bundle / "rootfs")
 
@@ -181,7 +186,7 @@ def test_cli_bundle_without_gpu_request(make_rootfs, fake_host, tmp_path):
               "--config", write_config(tmp_path), "--json")
     r = json.loads(out.stdout)
     assert (r["decision"], r["reason"]) == ("skip", "no_gpu_request")
-    assert r["would_change"] == {"ldconfig": ["nothing"], "env": ["nothing"]}
+    assert r["effects"] == {"hook": [], "wrapper": []}
 
 
 def _one_line_error(out):
@@ -254,7 +259,7 @@ def test_explain_writes_nothing(make_rootfs, fake_host, tmp_path):
         out = cli(*args, "--config", conf)
         assert out.returncode == 0, out.stderr
     r = json.loads(cli("--bundle", str(bundle), "--json", "--config", conf).stdout)
-    assert r["would_change"]["ldconfig"][0] == "remove the stale /etc/ld.so.conf.d/00-00-compat-hook.conf"
+    assert r["effects"]["hook"][0] == "remove /etc/ld.so.conf.d/00-00-compat-hook.conf"
     after = snapshot_tree(tmp_path)
     assert after == before
     assert not (tmp_path / "log").exists()

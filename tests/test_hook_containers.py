@@ -134,9 +134,13 @@ def test_host555_compat550_keeps_host_lib(tmp_path, runtime, libs):
     env = Env(tmp_path, runtime, libs, HOST_555)
     res = env.run()
     assert_probe(res, 12050, host_lib(HOST_555))
-    assert not os.path.lexists(env.dropin())
+    # compat is wrong here: our drop-in names the host driver's dir, so it wins
+    # over any compat path the image or the NVIDIA toolkit adds (test_toolkit_*)
+    assert env.dropin().read_text() == ldcache.dropin_text(SYS_DIR, "host")
     rec = only_record(env, res)
-    assert (rec["decision"], rec["reason"], rec["actions"]) == ("skip", "compat_not_newer", [])
+    assert (rec["decision"], rec["reason"], rec["effect"]) == ("skip", "compat_not_newer", "host")
+    assert rec["host_lib_dir"] == SYS_DIR and rec["compat_version"] == COMPAT_550
+    assert rec["actions"][0] == f"wrote {ldcache.DROPIN_PATH}" and rec["actions"][1].startswith("ldconfig -r")
 
 
 @RUNTIMES
@@ -148,12 +152,13 @@ def test_restart_after_host_upgrade_drops_compat(tmp_path, runtime, libs):
     env.set_host(HOST_555)
     res = env.run()
     assert_probe(res, 12050, host_lib(HOST_555))
-    assert not os.path.lexists(env.dropin())
-    assert sorted(os.listdir(env.rootfs / "etc/ld.so.conf.d")) == ["x86_64-linux-gnu.conf"]
+    # still one file of ours: the compat drop-in was replaced by the host one
+    assert sorted(os.listdir(env.rootfs / "etc/ld.so.conf.d")) == [ldcache.DROPIN_NAME, "x86_64-linux-gnu.conf"]
+    assert env.dropin().read_text() == ldcache.dropin_text(SYS_DIR, "host")
     rec = only_record(env, res)
     assert (rec["decision"], rec["reason"]) == ("skip", "compat_not_newer")
     assert rec["host_driver_version"] == HOST_555
-    assert rec["actions"][0] == f"removed {ldcache.DROPIN_PATH}" and rec["actions"][1].startswith("ldconfig -r")
+    assert rec["actions"][0] == f"wrote {ldcache.DROPIN_PATH}" and rec["actions"][1].startswith("ldconfig -r")
 
 
 # --------------------------------------------------------------------------- the note
@@ -192,7 +197,9 @@ def test_note_driver_list(tmp_path, runtime, libs, drivers, cuda, lib, reason):
     assert_probe(res, cuda, lib)
     rec = only_record(env, res)
     assert rec["reason"] == reason
-    assert os.path.lexists(env.dropin()) == (cuda == 12040)
+    # enable: the drop-in names the compat dir; host branch unlisted: the host driver's dir
+    want = ldcache.dropin_text(COMPAT_DIR) if cuda == 12040 else ldcache.dropin_text(SYS_DIR, "host")
+    assert env.dropin().read_text() == want
 
 
 # --------------------------------------------------------------------------- changes nothing

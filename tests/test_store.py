@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from compat_hook import elfgen, store
+from compat_hook import elfgen, store, storefacts
 from compat_hook.config import from_mapping
 from compat_hook.container import Request
 from compat_hook.hostfacts import HostFacts
@@ -151,7 +151,7 @@ def test_the_store_decision_uses_stored_packages(tmp_path, lib550):
     sd = tmp_path / "store"
     store.add(str(sd), str(make_package(tmp_path / "pkg", lib550)), None)
     cfg = from_mapping({"store_dir": str(sd), "nvml": "off", "log_file": None})
-    [pkg] = store.packages(str(sd))
+    [pkg] = storefacts.packages(str(sd))
     assert pkg.compat_dir == str(sd / V550) and pkg.compat_version == (550, 163, 1)
 
     def req(*env):
@@ -159,13 +159,13 @@ def test_the_store_decision_uses_stored_packages(tmp_path, lib550):
 
     h535 = HostFacts(driver_version=(535, 261, 3), arch="x86_64")
     h555 = HostFacts(driver_version=(555, 58, 2), arch="x86_64")
-    d = store.decide_for(h535, req("CUDA_VERSION=12.4.1"), cfg)
+    d = storefacts.decide_for(h535, req("CUDA_VERSION=12.4.1"), cfg)
     assert (d.action, d.reason, d.compat_dir, d.compat_version) == ("enable", "store_package", str(sd / V550), V550)
-    assert store.decide_for(h555, req("CUDA_VERSION=12.4.1"), cfg).reason == "store_not_needed"
-    assert store.decide_for(h535, req("CUDA_VERSION=12.8"), cfg).reason == "no_store_package"
-    assert store.decide_for(h535, req("NVIDIA_REQUIRE_CUDA=cuda>=12.3 brand=tesla"), cfg).enable
-    assert store.decide_for(h535, req(), cfg).reason == "no_candidate"
-    assert store.decide_for(h535, req("CUDA_VERSION=12.4", "COMPAT_HOOK_DISABLE=1"), cfg).reason == "opt_out"
+    assert storefacts.decide_for(h555, req("CUDA_VERSION=12.4.1"), cfg).reason == "store_not_needed"
+    assert storefacts.decide_for(h535, req("CUDA_VERSION=12.8"), cfg).reason == "no_store_package"
+    assert storefacts.decide_for(h535, req("NVIDIA_REQUIRE_CUDA=cuda>=12.3 brand=tesla"), cfg).enable
+    assert storefacts.decide_for(h535, req(), cfg).reason == "no_candidate"
+    assert storefacts.decide_for(h535, req("CUDA_VERSION=12.4", "COMPAT_HOOK_DISABLE=1"), cfg).reason == "opt_out"
 
 
 def test_validation_failures_are_one_line(tmp_path, cfg):
