@@ -167,7 +167,8 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
         from .mounts import in_container_mount_ns
 
         a = assess(config, request, root, state_dir=state_dir, actors=("hook",),
-                   mount_ns=request.gpu_requested and not request.disabled and in_container_mount_ns())
+                   mount_ns=request.gpu_requested and not request.disabled
+                   and in_container_mount_ns(opts["stage"]))
         record.update(a.log_fields())
         if a.decision.enable and a.existing_dropin is not None and a.hook == [("ldconfig", None)]:
             record["dropin"] = "unchanged"

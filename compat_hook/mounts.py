@@ -28,12 +28,23 @@ def _mount(source: str | None, target: str, flags: int) -> None:
         raise OSError(e, os.strerror(e), target)
 
 
-def in_container_mount_ns() -> bool:
-    """Whether this process runs in another mount namespace than pid 1 (the container's)."""
+def in_container_mount_ns(stage: str | None = None) -> bool:
+    """Whether a mount made now lands in the container (and nowhere else).
+
+    The runtime-spec runs createContainer (and startContainer) hooks in the
+    container's mount namespace, prestart and createRuntime hooks in the
+    runtime's. Where pid 1's namespace can be read it must differ from ours
+    (never the host's); where it cannot (a sandboxed pid 1), the stage says.
+    """
     try:
-        return os.stat("/proc/self/ns/mnt").st_ino != os.stat("/proc/1/ns/mnt").st_ino
+        same = os.stat("/proc/self/ns/mnt").st_ino == os.stat("/proc/1/ns/mnt").st_ino
     except OSError:
+        same = None
+    if same is True:
         return False
+    if stage is None:
+        return same is False
+    return stage in ("createContainer", "startContainer")
 
 
 def bind_readonly(root, source: str, target: str) -> list:
@@ -41,9 +52,18 @@ def bind_readonly(root, source: str, target: str) -> list:
     resolved = root.mkdirs(target)
     fd, resolved = root.open_path(resolved)
     try:
-        fdpath = f"/proc/self/fd/{fd}"
-        _mount(source, fdpath, _MS_BIND)
-        _mount(None, fdpath, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        _mount(source, f"/proc/self/fd/{fd}", _MS_BIND)
+    finally:
+        os.close(fd)
+    # The first descriptor names the directory now covered by the mount: open
+    # the target again (the confined walk crosses into the new mount), check it
+    # is the store dir, and make that read-only.
+    fd, _ = root.open_path(resolved)
+    try:
+        got, want = os.fstat(fd), os.stat(source)
+        if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino):
+            raise OSError(f"{resolved}: the bind mount of {source} is not where it was made")
+        _mount(None, f"/proc/self/fd/{fd}", _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     finally:
         os.close(fd)
     return [f"bind-mounted {source} at {resolved} (ro)"]

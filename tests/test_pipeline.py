@@ -1,0 +1,191 @@
+"""One pipeline: what ``explain --json`` plans is what the wrapper writes into config.json and
+what the hook writes into the rootfs (differential, over a matrix of images, hosts and modes).
+
+Each case builds a bundle (a rootfs with or without compat libs, baked compat drop-ins, an image
+``LD_LIBRARY_PATH``, the host driver's libcuda where the runtime would mount it) and a fake host
+root, then:
+
+* runs ``compat-hook explain --bundle --json`` (a subprocess, the CLI a user runs);
+* runs the wrapper's ``create`` on a copy of the bundle, with ``runtime: /bin/true`` so only
+  the edit happens, and compares config.json before/after with explain's ``effects.wrapper``;
+* runs the hook (``compat-hook hook`` with the state on stdin, in a private mount namespace
+  like createContainer) on another copy and compares the rootfs with ``hook_actions``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from compat_hook import ldcache
+from tests.conftest import Symlink, build_tree, elf, snapshot_tree
+from tests.elfgen import NOTE_575
+
+REPO = str(pathlib.Path(__file__).resolve().parent.parent)
+PYTHON = "/usr/bin/python3"
+COMPAT = "usr/local/cuda-12.9/compat"
+SYS = "usr/lib/x86_64-linux-gnu"
+STALE_LD = "/usr/local/cuda/compat:/usr/local/nvidia/lib64"
+
+IMAGES = {
+    "compat575": {f"{COMPAT}/libcuda.so.575.57.08": elf(NOTE_575),
+                  f"{COMPAT}/libcuda.so.1": Symlink("libcuda.so.575.57.08"),
+                  "usr/local/cuda": Symlink("cuda-12.9")},
+    "no-compat": {"usr/local/cuda-12.9/lib64/libcudart.so.12": b"x", "usr/local/cuda": Symlink("cuda-12.9")},
+}
+HOSTS = {"older": "550.54.15", "newer": "580.65.06", "unknown": None}
+
+
+def _case_ids():
+    for image, host, mode, extra in itertools.product(
+            IMAGES, HOSTS, ("ldconfig", "env", "both"),
+            ("plain", "baked-dropin", "image-ld-path", "opt-out", "no-gpu", "our-stale-dropin", "store")):
+        if mode != "ldconfig" and extra in ("opt-out", "no-gpu"):
+            continue  # the request decides alone; one mode is enough
+        if extra == "store" and image != "no-compat":
+            continue  # a store package is only for images without compat libs
+        yield pytest.param(image, host, mode, extra, id=f"{image}-{host}-{mode}-{extra}")
+
+
+def _bundle(base: pathlib.Path, image: str, host: str | None, extra: str) -> pathlib.Path:
+    entries = dict(IMAGES[image])
+    entries["etc/ld.so.conf.d/x86_64-linux-gnu.conf"] = "/usr/local/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n"
+    entries["etc/ld.so.conf"] = "include /etc/ld.so.conf.d/*.conf\n"
+    if host is not None:  # where the NVIDIA runtime mounts the host driver's library
+        entries[f"{SYS}/libcuda.so.{HOSTS[host]}"] = b"\x7fELF host libcuda"
+    if extra == "baked-dropin":
+        entries["etc/ld.so.conf.d/00-cuda-compat.conf"] = "/usr/local/cuda/compat\n"
+    if extra == "our-stale-dropin":
+        entries[ldcache.DROPIN_PATH.lstrip("/")] = ldcache.dropin_text("/usr/local/cuda-11.8/compat")
+    build_tree(base / "rootfs", entries)
+    env = ["PATH=/usr/bin:/bin", "CUDA_VERSION=12.9.0"]
+    env.append("NVIDIA_VISIBLE_DEVICES=void" if extra == "no-gpu" else "NVIDIA_VISIBLE_DEVICES=all")
+    if extra == "image-ld-path":
+        env.append(f"LD_LIBRARY_PATH={STALE_LD}")
+    if extra == "opt-out":
+        env.append("COMPAT_HOOK_DISABLE=1")
+    spec = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+            "process": {"args": ["/bin/true"], "cwd": "/", "env": env, "user": {"uid": 0, "gid": 0}},
+            "annotations": {}, "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}]}
+    (base / "config.json").write_text(json.dumps(spec, indent=1))
+    return base
+
+
+def _host_root(base: pathlib.Path, host: str | None) -> pathlib.Path:
+    entries = {"proc/driver/nvidia": None, SYS: None}
+    base.mkdir(parents=True)
+    for d in entries:
+        (base / d).mkdir(parents=True)
+    if host is not None:
+        (base / "proc/driver/nvidia/version").write_text(
+            f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {HOSTS[host]}  Mon Jan  6 2025\n")
+    return base
+
+
+def _config(path: pathlib.Path, host_root, mode, log) -> pathlib.Path:
+    path.write_text(json.dumps({"host_root": str(host_root), "mode": mode, "nvml": "off",
+                                "log_file": str(log), "runtime": "/bin/true",
+                                "store_dir": str(path.parent / "store")}))
+    return path
+
+
+def _run(argv, **kw):
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60, **kw)
+
+
+def _records(log: pathlib.Path) -> list:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _spec_changes(before: dict, after: dict) -> list:
+    """What the wrapper changed, as explain words it (specedit.plan's lines)."""
+    out = []
+    b_env, a_env = before["process"]["env"], after["process"]["env"]
+    b_ld = next((e for e in reversed(b_env) if e.startswith("LD_LIBRARY_PATH=")), None)
+    a_ld = next((e for e in reversed(a_env) if e.startswith("LD_LIBRARY_PATH=")), None)
+    for m in after.get("mounts", []):
+        if m not in before.get("mounts", []):
+            out.append(f"mount {m['source']} at {m['destination']} ({','.join(m.get('options', ()))})")
+    if a_ld != b_ld:
+        out.append(a_ld if a_ld is not None else f"unset LD_LIBRARY_PATH (was {b_ld.split('=', 1)[1]})")
+    for stage, hooks in after.get("hooks", {}).items():
+        for h in hooks:
+            if h not in before.get("hooks", {}).get(stage, []):
+                out.append(f"added {stage} hook {h['path']}")
+    return out
+
+
+@pytest.mark.parametrize("image, host, mode, extra", list(_case_ids()))
+def test_explain_plans_what_the_wrapper_and_the_hook_do(tmp_path, image, host, mode, extra):
+    src = _bundle(tmp_path / "src", image, host, extra)
+    host_root = _host_root(tmp_path / "host", host)
+    log = tmp_path / "log" / "compat-hook.log"
+    conf = _config(tmp_path / "config.yaml", host_root, mode, log)
+    if extra == "store":  # a stored cuda-compat package (575, note 12.9) the image may get
+        pkg = build_tree(tmp_path / "pkg", {"compat/libcuda.so.575.57.08": elf(NOTE_575),
+                                             "compat/libcuda.so.1": Symlink("libcuda.so.575.57.08")})
+        add = _run([PYTHON, "-m", "compat_hook", "store", "add", str(pkg), "--config", str(conf)])
+        assert add.returncode == 0, add.stderr
+
+    out = _run([PYTHON, "-m", "compat_hook", "explain", "--bundle", str(src), "--config", str(conf), "--json"])
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+
+    # -- the wrapper, on its own copy -------------------------------------------------
+    wb = tmp_path / "wrapper-bundle"
+    shutil.copytree(src, wb, symlinks=True)
+    before = json.loads((wb / "config.json").read_text())
+    env = {"PATH": "/usr/bin:/bin", "COMPAT_HOOK_CONFIG": str(conf),
+           "COMPAT_HOOK_STATE_DIR": str(tmp_path / "state")}
+    w = _run([PYTHON, "-c", "import sys; from compat_hook.runtime import main; sys.exit(main())",
+              "create", "--bundle", str(wb), "cid"], env=env)
+    assert w.returncode == 0, w.stderr
+    after = json.loads((wb / "config.json").read_text())
+    assert _spec_changes(before, after) == plan["effects"]["wrapper"], (before, after)
+    [wrec] = [r for r in _records(log) if r["event"] == "runtime"]
+    assert (wrec["decision"], wrec["reason"]) == (plan["decision"], plan["reason"])
+    assert wrec["actions"] == plan["effects"]["wrapper"]
+
+    # -- the hook, on its own copy, in a private mount namespace (as at createContainer) --
+    hb = tmp_path / "hook-bundle"
+    shutil.copytree(src, hb, symlinks=True)
+    snap = snapshot_tree(hb / "rootfs")
+    state = json.dumps({"ociVersion": "1.0.2", "id": "cid", "status": "creating", "pid": 1,
+                        "bundle": str(hb)})
+    h = _run(["unshare", "-m", "--propagation", "private", PYTHON, "-m", "compat_hook", "hook",
+              "--stage", "createContainer", "--config", str(conf), "--state-dir", str(tmp_path / "state")],
+             input=state, env={"PATH": "/usr/bin:/bin"})
+    assert h.returncode == 0, h.stderr
+    [hrec] = [r for r in _records(log) if r["event"] == "hook"]
+    assert hrec.get("error") is None, hrec
+    assert (hrec["decision"], hrec["reason"], hrec["effect"]) == (plan["decision"], plan["reason"], plan["effect"])
+    assert hrec["planned"] == [a for a, _ in plan["hook_actions"]]
+    dropin = hb / "rootfs" / ldcache.DROPIN_PATH.lstrip("/")
+    written = [arg for act, arg in plan["hook_actions"] if act == "write_dropin"]
+    if written:
+        purpose = "host" if plan["effect"] == "host" else "compat"
+        assert dropin.read_text() == ldcache.dropin_text(written[0], purpose)
+    elif ["remove_dropin", None] in plan["hook_actions"]:
+        assert not os.path.lexists(dropin)
+    else:
+        assert snapshot_tree(hb / "rootfs") == snap  # nothing planned, nothing changed
+
+    # -- the policy the two share -------------------------------------------------------
+    if plan["effect"] == "host":
+        assert any(e.startswith("added createContainer hook") for e in plan["effects"]["wrapper"])
+        if extra == "image-ld-path":
+            assert "LD_LIBRARY_PATH=/usr/local/nvidia/lib64" in plan["effects"]["wrapper"]
+    if extra == "store" and host == "older":
+        assert plan["reason"] == "store_package"
+        assert f"mount {tmp_path}/store/575.57.08 at /usr/local/cuda/compat (rbind,ro,nosuid,nodev)" \
+            in plan["effects"]["wrapper"]
+        assert hrec["actions"][0].startswith(f"bind-mounted {tmp_path}/store/575.57.08 at ")
+    if plan["reason"] in ("host_driver_unknown", "opt_out", "no_gpu_request"):
+        assert not any(e.startswith("LD_LIBRARY_PATH") or e.startswith("unset")
+                       for e in plan["effects"]["wrapper"])
