@@ -1,0 +1,306 @@
+"""``compat-hook plan``: each image's outcome on the host driver now and on a target driver.
+
+The driver-upgrade preflight. For every image and each driver (now, after)
+it runs :func:`compat_hook.assess.assess` - the code the hook and the wrapper
+run at container start - against a host that has that driver, and turns the
+result into what the container gets:
+
+* ``host``: the host driver, new enough for what the image needs;
+* ``host-minor``: an older host driver of the same CUDA major (CUDA's
+  minor-version compatibility): it runs, but PTX newer than the driver
+  fails with 222;
+* ``compat``: the image's compat driver; ``store``: a host-store package;
+* ``broken``: error 35 (insufficient driver), 803 or 804.
+
+``toolkit_only_after`` is what the NVIDIA toolkit alone (v1.20 rules, the
+image's compat drop-ins and ``LD_LIBRARY_PATH`` included) gives on the
+target driver, so the operator sees what compat-hook changes.
+
+>>> from compat_hook.hostfacts import HostFacts
+>>> host_outcome(HostFacts(driver_version=(535, 261, 3)), (12, 4, 0))
+{'outcome': 'host-minor', 'cuda': '12.2', 'error': 222}
+>>> host_outcome(HostFacts(driver_version=(535, 261, 3)), (13, 0, 0))['error']
+35
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import UsageError
+
+__all__ = ["plan", "host_outcome", "parse_target", "render_text", "gpus_from_names"]
+
+#: CUDA errors a wrong compat choice ends in, by compat-hook's skip reason.
+_WRONG_COMPAT_ERROR = {"device_unsupported": 804, "device_unknown": 804}
+
+
+def _cuda_text(v) -> str | None:
+    return f"{v[0]}.{v[1]}" if v else None
+
+
+def host_outcome(host, needs) -> dict:
+    """What the host driver alone gives an image needing CUDA ``needs`` (a tuple or None)."""
+    from .versions import branch_max_cuda
+
+    native = branch_max_cuda(host.driver_version[0]) if host.driver_version else host.cuda_version
+    if native is None:
+        return {"outcome": "host", "cuda": None, "error": None}
+    if needs is None or native[:2] >= needs[:2]:
+        return {"outcome": "host", "cuda": _cuda_text(native), "error": None}
+    if native[0] == needs[0]:
+        return {"outcome": "host-minor", "cuda": _cuda_text(native), "error": 222}
+    return {"outcome": "broken", "cuda": _cuda_text(native), "error": 35}
+
+
+def _compat_cuda(a):
+    """The CUDA version the chosen compat driver provides."""
+    from .versions import branch_max_cuda, try_parse_version
+
+    d = a.decision
+    note = (d.details or {}).get("note")
+    if isinstance(note, dict) and note.get("cuda_version"):
+        v = try_parse_version(note["cuda_version"])
+        if v is not None:
+            return v
+    v = try_parse_version(d.compat_version) if d.compat_version else None
+    return branch_max_cuda(v[0]) if v else None
+
+
+def _result(a, host, needs, loads: str) -> dict:
+    """The outcome when the container loads ``loads`` (``compat``/``host``) under assessment ``a``."""
+    d = a.decision
+    if loads == "compat":
+        if a.effect == "compat":
+            cuda = _compat_cuda(a)
+            out = {"outcome": "store" if d.source == "store" else "compat", "reason": d.reason,
+                   "cuda": _cuda_text(cuda), "error": None}
+            if needs is not None and cuda is not None and cuda[:2] < needs[:2]:
+                out.update(outcome="broken", error=35 if cuda[0] != needs[0] else 222)
+            return out
+        # The image's compat driver is loaded although it is wrong here.
+        return {"outcome": "broken", "reason": d.reason, "cuda": None,
+                "error": _WRONG_COMPAT_ERROR.get(d.reason, 803)}
+    out = host_outcome(host, needs)
+    return {"outcome": out["outcome"], "reason": d.reason, "cuda": out["cuda"], "error": out["error"]}
+
+
+def _request(env: list):
+    from .container import Request
+
+    env = [e for e in env if isinstance(e, str)]
+    # plan asks about GPU containers: the device plugin sets this at start.
+    if not any(e.startswith("NVIDIA_VISIBLE_DEVICES=") for e in env):
+        env.append("NVIDIA_VISIBLE_DEVICES=all")
+    return Request.from_spec({"process": {"env": env}})
+
+
+def assess_image(config, root, env: list, host) -> dict:
+    """``{"needs_cuda", "result", "toolkit_only"}`` for one image on one host."""
+    from .assess import assess
+
+    request = _request(env)
+    needs, _ = request.required_cuda()
+    spec = {"process": {"env": list(env)}, "root": {"path": "rootfs"}}
+    a = assess(config, request, root, spec=spec, host=host, actors=("hook", "wrapper"), toolkit=True)
+    loads = a.toolkit["with_wrapper"]["result"] if a.toolkit else "host"
+    alone = a.toolkit["alone"]["result"] if a.toolkit else "host"
+    if a.effect == "compat":
+        loads = "compat"
+    return {"needs_cuda": _cuda_text(needs), "result": _result(a, host, needs, loads),
+            "toolkit_only": _result(a, host, needs, alone)}
+
+
+def gpus_from_names(names: list) -> list:
+    """:class:`~compat_hook.hostfacts.Gpu` objects from NVML names or GFD ``gpu.product`` labels.
+
+    >>> [g.brand for g in gpus_from_names(["NVIDIA-H100-80GB-HBM3", "NVIDIA GeForce RTX 4090"])]
+    [14, 5]
+    """
+    from .hostfacts import Gpu, brand_from_model
+
+    out = []
+    for i, n in enumerate(names):
+        model = n.replace("-", " ") if " " not in n else n
+        out.append(Gpu(f"gpu{i}", model, brand_from_model(model), "--gpu"))
+    return out
+
+
+def _host_with(base, driver_text: str):
+    from .hostfacts import HostFacts
+    from .versions import try_parse_version
+
+    v = try_parse_version(driver_text)
+    return HostFacts(driver_version=v, driver_source="plan", driver_text=driver_text,
+                     gpus=base.gpus, gpus_source=base.gpus_source, arch=base.arch,
+                     cuda_version=None, tegra=False)
+
+
+def _check_driver(text: str, where: str) -> str:
+    from .versions import try_parse_version
+
+    t = (text or "").strip()
+    if t.startswith("sha256:") or "@sha256:" in t:
+        raise UsageError(f"{where}: {t!r} is an image digest, not a driver version: give the version (550.54.15)")
+    v = try_parse_version(t)
+    if v is None or t.count(".") < 1:
+        raise UsageError(f"{where}: {t!r} is not a full driver version (550.54.15; a branch alone says too little)")
+    return t
+
+
+def parse_target(manifest: str) -> tuple:
+    """``(version, where)`` from a ClusterPolicy or NVIDIADriver manifest (multi-document YAML)."""
+    import yaml
+
+    try:
+        with open(manifest, "rb") as f:
+            docs = [d for d in yaml.safe_load_all(f.read()) if d is not None]
+    except OSError as e:
+        raise UsageError(f"{manifest}: cannot read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"{manifest}: not valid YAML: {str(e).splitlines()[0]}") from None
+    found = []
+    for d in docs:
+        if not isinstance(d, dict):
+            continue
+        kind, spec = d.get("kind"), d.get("spec") if isinstance(d.get("spec"), dict) else {}
+        name = (d.get("metadata") or {}).get("name") if isinstance(d.get("metadata"), dict) else None
+        if kind == "ClusterPolicy":
+            drv = spec.get("driver") if isinstance(spec.get("driver"), dict) else {}
+            if drv.get("version") is not None:
+                found.append((str(drv["version"]), f"ClusterPolicy {name} spec.driver.version"))
+        elif kind == "NVIDIADriver" and spec.get("version") is not None:
+            sel = spec.get("nodeSelector")
+            where = f"NVIDIADriver {name} spec.version"
+            if sel:
+                where += " (nodeSelector " + ",".join(f"{k}={v}" for k, v in sorted(sel.items())) + ")"
+            found.append((str(spec["version"]), where))
+    if not found:
+        raise UsageError(f"{manifest}: no ClusterPolicy spec.driver.version or NVIDIADriver spec.version")
+    if len({v for v, _ in found}) > 1:
+        raise UsageError(f"{manifest}: several driver versions ({', '.join(w for _, w in found)}): "
+                         "give one with --driver")
+    version, where = found[0]
+    return _check_driver(version, f"{manifest}: {where}"), where
+
+
+def plan(config, sources: list, *, driver: str | None = None, manifest: str | None = None,
+         from_driver: str | None = None, gpus: list | None = None, opener=None) -> dict:
+    """The plan report (see the module docstring and :func:`render_text`)."""
+    from . import hostfacts
+
+    if (driver is None) == (manifest is None):
+        raise UsageError("give the target driver with --driver VERSION or --manifest FILE")
+    target_from = "--driver"
+    if manifest is not None:
+        driver, target_from = parse_target(manifest)
+    else:
+        driver = _check_driver(driver, "--driver")
+    base = hostfacts.gather(config)
+    if gpus:
+        base.gpus, base.gpus_source = gpus_from_names(gpus), "--gpu"
+    if from_driver is not None:
+        now_text = _check_driver(from_driver, "--from-driver")
+    elif base.driver_version is not None:
+        now_text = base.driver_text
+    else:
+        raise UsageError(f"the host driver is unknown under {config.host_root}: give --from-driver VERSION")
+    now, after = _host_with(base, now_text), _host_with(base, driver)
+    if opener is None:
+        from .planimages import open_source as opener
+    images = []
+    for src in sources:
+        entry = {"image": src}
+        try:
+            with opener(src, config) as img:
+                r_now = assess_image(config, img.root, img.env, now)
+                r_after = assess_image(config, img.root, img.env, after)
+            entry.update(needs_cuda=r_now["needs_cuda"], now=r_now["result"], after=r_after["result"],
+                         toolkit_only_after=r_after["toolkit_only"])
+        except Exception as e:  # one image's failure never stops the others
+            from .errors import describe
+
+            code, msg = describe(e)
+            entry.update(needs_cuda=None, error=msg, error_code=code, now=None, after=None,
+                         toolkit_only_after=None)
+        images.append(entry)
+    return {"driver": {"now": now_text, "after": driver, "target_from": target_from},
+            "gpus": [g.to_dict() for g in base.gpus], "images": images, "summary": _summary(images)}
+
+
+def _summary(images: list) -> dict:
+    ok = [i for i in images if i.get("now") is not None]
+    return {
+        "images": len(images), "unreadable": len(images) - len(ok),
+        "broken_after": sum(1 for i in ok if i["after"]["outcome"] == "broken"),
+        "changed": sum(1 for i in ok if i["now"]["outcome"] != i["after"]["outcome"]),
+        "broken_after_toolkit_only": sum(1 for i in ok if i["toolkit_only_after"]["outcome"] == "broken"),
+        "fixed_by_compat_hook": sum(1 for i in ok if i["toolkit_only_after"]["outcome"] == "broken"
+                                    and i["after"]["outcome"] != "broken"),
+    }
+
+
+def _cell(r) -> str:
+    if r is None:
+        return "-"
+    s = r["outcome"]
+    if r.get("cuda"):
+        s += f" {r['cuda']}"
+    if r.get("error"):
+        s += f" ({r['error']})"
+    return s
+
+
+def render_text(report: dict) -> str:
+    d = report["driver"]
+    rows = [("IMAGE", "NEEDS", f"NOW {d['now']}", f"AFTER {d['after']}", "TOOLKIT ALONE AFTER")]
+    for i in report["images"]:
+        if i.get("error"):
+            rows.append((i["image"], "-", "unreadable", "-", i["error"]))
+            continue
+        rows.append((i["image"], i["needs_cuda"] or "-", _cell(i["now"]), _cell(i["after"]),
+                     _cell(i["toolkit_only_after"])))
+    widths = [max(len(r[k]) for r in rows) for k in range(4)]
+    out = ["  ".join(r[k].ljust(widths[k]) for k in range(4)) + "  " + r[4] for r in rows]
+    s = report["summary"]
+    out.append(f"{s['images']} image(s): {s['broken_after']} broken after the upgrade, {s['changed']} change "
+               f"outcome, {s['unreadable']} unreadable; the toolkit alone would leave "
+               f"{s['broken_after_toolkit_only']} broken ({s['fixed_by_compat_hook']} kept working by compat-hook)")
+    return "\n".join(out) + "\n"
+
+
+def exit_status(report: dict, fail_on: str | None) -> int:
+    """0, or 3 when ``fail_on`` (``broken`` / ``change``) is met."""
+    s = report["summary"]
+    if fail_on == "broken" and s["broken_after"]:
+        return 3
+    if fail_on == "change" and s["changed"]:
+        return 3
+    return 0
+
+
+class _DirImage:
+    """A rootfs dir or an OCI bundle dir as a plan source (env from the bundle's config.json)."""
+
+    def __init__(self, path: str) -> None:
+        from . import oci
+        from .rootfs import Root
+
+        self.env = []
+        rootfs = path
+        if os.path.isfile(os.path.join(path, "config.json")):
+            spec = oci.load_spec(path)
+            rootfs = oci.rootfs_path(path, spec)
+            proc = spec.get("process") if isinstance(spec.get("process"), dict) else {}
+            self.env = [e for e in proc.get("env") or [] if isinstance(e, str)]
+        self.root = Root(rootfs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.root.close()
+
+
+def open_dir(path: str):
+    return _DirImage(path)
