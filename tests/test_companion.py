@@ -1,0 +1,182 @@
+"""Beside the NVIDIA toolkit and the image's own compat setup: what compat-hook plans, what
+``explain`` says of both sides, and the hostile rootfs for the new paths (drop-in scan, host
+library lookup). Real containers with the toolkit's own binaries: tests/test_toolkit_containers.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import time
+
+import pytest
+
+from compat_hook import ldcache
+from compat_hook.assess import assess
+from compat_hook.container import Request
+from compat_hook.hostfacts import Gpu, HostFacts
+from compat_hook.rootfs import Root
+from tests.conftest import Dir, Fifo, Symlink, build_tree, config_for, elf, snapshot_tree
+
+REPO = str(pathlib.Path(__file__).resolve().parent.parent)
+PYTHON = "/usr/bin/python3"
+NOTE_550 = json.dumps({"format": 1, "CUDA version": "12.4", "driver": [470, 525, 535],
+                       "device": [1, 2, 7, 8, 9, 10, 11, 12, 13, 14]})
+COMPAT = "usr/local/cuda-12.4/compat"
+IMAGE = {f"{COMPAT}/libcuda.so.550.163.01": elf(NOTE_550),
+         f"{COMPAT}/libcuda.so.1": Symlink("libcuda.so.550.163.01"),
+         "usr/local/cuda": Symlink("cuda-12.4"),
+         "etc/ld.so.conf.d/x86_64-linux-gnu.conf": "/usr/lib/x86_64-linux-gnu\n"}
+SYS = "/usr/lib/x86_64-linux-gnu"
+
+
+def host(version: str, geforce: bool = False) -> HostFacts:
+    from compat_hook.versions import parse_version
+
+    gpus = [Gpu("0000:17:00.0", "NVIDIA GeForce RTX 4090" if geforce else "NVIDIA H100 80GB HBM3",
+                5 if geforce else 14, "test")]
+    return HostFacts(driver_version=parse_version(version), driver_source="test", gpus=gpus,
+                     driver_text=version)
+
+
+def run_assess(rootfs, h, env=("NVIDIA_VISIBLE_DEVICES=all",), actors=("hook",)):
+    cfg = config_for(None)
+    spec = {"process": {"env": list(env)}, "root": {"path": str(rootfs)}}
+    with Root(str(rootfs)) as root:
+        return assess(cfg, Request.from_spec(spec), root, spec=spec, host=h, actors=actors, toolkit=True,
+                      hook_entry=lambda: {"path": "/usr/bin/python3", "args": ["python3", "compat_hook", "hook"]})
+
+
+@pytest.mark.parametrize("dropin", ["00-cuda-compat.conf", "cuda-compat.conf", "zzz-cuda-compat.conf",
+                                    "00-compat-4f1e2d3c-aaaa-bbbb-cccc-000011112222.conf"])
+def test_a_skip_names_the_host_dir_whatever_compat_dropin_the_image_or_toolkit_left(tmp_path, dropin):
+    rootfs = build_tree(tmp_path / "r", dict(IMAGE, **{
+        f"etc/ld.so.conf.d/{dropin}": "/usr/local/cuda-12.4/compat\n",
+        f"{SYS.lstrip('/')}/libcuda.so.555.58.02": b"host"}))
+    a = run_assess(rootfs, host("555.58.02"))
+    assert (a.decision.reason, a.effect) == ("compat_not_newer", "host")
+    assert a.hook == [("write_dropin", SYS), ("ldconfig", None)] and a.hook_purpose == "host"
+    by = "nvidia-toolkit" if dropin.startswith("00-compat-") else "image"
+    assert a.dropins == [{"file": dropin, "dirs": ["/usr/local/cuda-12.4/compat"], "by": by}]
+    # ldconfig order: our 00-00- name sorts before every one of them
+    assert ldcache.DROPIN_NAME < dropin
+    # what the toolkit alone would leave: vLLM's zzz- name loses to the multiarch drop-in
+    assert a.toolkit["alone"]["result"] == ("host" if dropin.startswith("zzz") else "compat")
+    assert a.toolkit["with_hook"]["result"] == "host"
+
+
+def test_geforce_toolkit_would_enable_compat_hook_overrides(tmp_path, make_rootfs, fake_host):
+    rootfs = make_rootfs(IMAGE)
+    h = fake_host(version_line="NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Tue 2025",
+                  gpus=["NVIDIA GeForce RTX 4090"])
+    conf = tmp_path / "c.yaml"
+    conf.write_text(f"log_file: null\nnvml: 'off'\nhost_root: {h}\n")
+    out = subprocess.run([PYTHON, "-m", "compat_hook", "explain", "--rootfs", str(rootfs), "--config", str(conf),
+                          "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert (r["decision"], r["reason"], r["effect"]) == ("skip", "device_unsupported", "host")
+    assert r["toolkit"]["enables"] is True and r["toolkit"]["alone"]["result"] == "compat"
+    assert r["summary"] == ("toolkit: would enable; compat-hook: skip device_unsupported -> host library, "
+                            "compat-hook overrides it")
+    text = subprocess.run([PYTHON, "-m", "compat_hook", "explain", "--rootfs", str(rootfs), "--config", str(conf)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60).stdout
+    assert "NVIDIA toolkit (enable-cuda-compat, v1.20 rules):\n  would enable: the note lists branch 535" in text
+    assert "result: toolkit: would enable; compat-hook: skip device_unsupported -> host library" in text
+
+
+def test_leave_alone_cases_say_so(tmp_path):
+    rootfs = build_tree(tmp_path / "r", dict(IMAGE, **{"etc/ld.so.conf.d/00-cuda-compat.conf": "/usr/local/cuda/compat\n"}))
+    unknown = HostFacts(driver_version=None)
+    a = run_assess(rootfs, unknown)
+    assert (a.decision.reason, a.effect, a.hook) == ("host_driver_unknown", "leave", [])
+    assert "left_alone" in a.log_fields()
+    a = run_assess(rootfs, host("555.58.02"), env=("NVIDIA_VISIBLE_DEVICES=all", "COMPAT_HOOK_DISABLE=1"))
+    assert (a.decision.reason, a.effect, a.hook) == ("opt_out", "leave", [])
+
+
+def test_image_ld_library_path_hook_only_warns_wrapper_strips(tmp_path):
+    rootfs = build_tree(tmp_path / "r", dict(IMAGE, **{f"{SYS.lstrip('/')}/libcuda.so.555.58.02": b"host"}))
+    env = ("NVIDIA_VISIBLE_DEVICES=all", "LD_LIBRARY_PATH=/usr/local/cuda/compat:/opt/lib")
+    hook_only = run_assess(rootfs, host("555.58.02"), env=env)
+    [w] = hook_only.warnings
+    assert "LD_LIBRARY_PATH names /usr/local/cuda/compat" in w and "compat-hook install containerd" in w
+    assert hook_only.log_fields()["warnings"] == [w]
+    assert hook_only.toolkit["with_hook"]["result"] == "compat"      # the env beats any ld cache
+    wrapper = run_assess(rootfs, host("555.58.02"), env=env, actors=("wrapper",))
+    assert wrapper.warnings == []
+    assert wrapper.spec_edits[0] == "LD_LIBRARY_PATH=/opt/lib"
+    assert wrapper.toolkit["with_wrapper"]["result"] == "host"
+
+
+# -- hostile rootfs for the new paths ---------------------------------------------------------------
+
+def test_hostile_dropins_are_confined_bounded_and_never_block(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.conf").write_text("/usr/local/cuda/compat\n")
+    entries = dict(IMAGE)
+    entries.update({
+        "etc/ld.so.conf.d/00-fifo.conf": Fifo(),                                  # never opened
+        "etc/ld.so.conf.d/01-out.conf": Symlink(str(outside / "secret.conf")),     # resolved in the root
+        "etc/ld.so.conf.d/02-dotdot.conf": Symlink("../../../../../../" + str(outside / "secret.conf")),
+        "etc/ld.so.conf.d/03-dir.conf": Dir(),
+        "etc/ld.so.conf.d/04-paths.conf": "../../usr/local/cuda/compat\n/usr/local/cuda/compat/../../../../etc\n",
+        f"{SYS.lstrip('/')}/libcuda.so.555.58.02": Symlink("/etc/passwd"),       # not a regular file
+    })
+    for i in range(5000):
+        entries[f"etc/ld.so.conf.d/5{i:05d}-many.conf"] = "/opt/x\n"
+    rootfs = build_tree(tmp_path / "r", entries)
+    snap = snapshot_tree(tmp_path)
+    t0 = time.monotonic()
+    a = run_assess(rootfs, host("555.58.02"))
+    assert time.monotonic() - t0 < 10
+    assert snapshot_tree(tmp_path) == snap  # read-only
+    files = [d["file"] for d in a.dropins]
+    assert "00-fifo.conf" not in files and "01-out.conf" not in files and "02-dotdot.conf" not in files
+    assert any("only the first 512 read" in n for n in a.notes)
+    # the host library is a symlink in the image: not the runtime's mount, nothing to name
+    assert a.hook_target is None and a.effect == "host"
+
+
+def test_host_lib_dir_through_a_symlink_out_of_the_rootfs_stays_inside(tmp_path):
+    outside = tmp_path / "hostlibs"
+    build_tree(outside, {"libcuda.so.555.58.02": b"host"})
+    rootfs = build_tree(tmp_path / "r", dict(IMAGE, **{"usr/lib/x86_64-linux-gnu": Symlink(str(outside))}))
+    a = run_assess(rootfs, host("555.58.02"))
+    assert a.hook_target is None  # the link resolves inside the rootfs, where there is no such file
+    build_tree(rootfs / str(outside).lstrip("/"), {"libcuda.so.555.58.02": b"in-root copy"})
+    a = run_assess(rootfs, host("555.58.02"))
+    assert a.hook_target == str(outside)  # the in-root path the container sees, never a host path
+
+
+def test_hook_with_hostile_dropins_fails_open_and_writes_only_its_own_file(tmp_path):
+    entries = dict(IMAGE)
+    entries.update({"etc/ld.so.conf.d/00-fifo.conf": Fifo(),
+                    f"{SYS.lstrip('/')}/libcuda.so.555.58.02": b"host",
+                    "etc/ld.so.conf": "include /etc/ld.so.conf.d/*.conf\n"})
+    bundle = tmp_path / "b"
+    build_tree(bundle / "rootfs", entries)
+    (bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+                                                    "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}}))
+    hroot = build_tree(tmp_path / "host", {"proc/driver/nvidia/version":
+                                           "NVRM version: NVIDIA UNIX x86_64 Kernel Module  555.58.02  x\n"})
+    log = tmp_path / "log"
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps({"host_root": str(hroot), "nvml": "off", "log_file": str(log)}))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": 1, "bundle": str(bundle)})
+    before = snapshot_tree(bundle / "rootfs")
+    p = subprocess.run([PYTHON, "-m", "compat_hook", "hook", "--stage", "createContainer", "--config", str(conf),
+                        "--state-dir", str(tmp_path / "state")], input=state, capture_output=True, text=True,
+                       timeout=60, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(log.read_text().splitlines()[-1])
+    assert rec["effect"] == "host" and rec["actions"][0] == f"wrote {ldcache.DROPIN_PATH}", rec
+    after = snapshot_tree(bundle / "rootfs")
+    changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    assert changed <= {b"etc/ld.so.conf.d/00-00-compat-hook.conf", b"etc/ld.so.cache", b"etc/ld.so.conf.d",
+                       b"etc", b"usr/local/cuda-12.4/compat", b"usr/local/cuda-12.4/compat/libcuda.so.1",
+                       b"usr/lib/x86_64-linux-gnu"}, changed
+    assert os.path.exists(bundle / "rootfs/etc/ld.so.conf.d/00-fifo.conf")
