@@ -206,9 +206,12 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
                                    "mount namespace (register it at createContainer, or use the wrapper)")
                 else:
                     a.decision = a.store.mounted_at(config.store_target)
-        a.dropins, notes = imagefacts.compat_dropins(root)
-        a.notes.extend(notes)
-        a.ld_compat_entries = _ld_entries(request, known)
+        if a.image.status != "none" or toolkit or full:
+            # Without a compat libcuda in the image no drop-in of it can matter;
+            # a GPU container without compat libs is the common start (hot path).
+            a.dropins, notes = imagefacts.compat_dropins(root)
+            a.notes.extend(notes)
+            a.ld_compat_entries = _ld_entries(request, known)
     a.effect = a.decision.effect
     _plan_hook(a, config, root, mount_ns)
     if "wrapper" in a.actors:
