@@ -96,9 +96,12 @@ class Assessment:
             out["compat_dropins"] = [f"{x['file']} ({x['by']})" for x in self.dropins]
         if self.ld_compat_entries:
             out["ld_library_path_compat"] = list(self.ld_compat_entries)
-        if self.effect == "leave" and (self.dropins or self.ld_compat_entries
-                                       or (self.toolkit or {}).get("enables")):
-            out["left_alone"] = f"{d.reason}: compat-hook leaves the image's and the toolkit's compat setup as it is"
+        has_compat = img is not None and img.status in ("found", "ambiguous")
+        if self.effect == "leave" and (d.reason == "opt_out" or has_compat or self.dropins
+                                       or self.ld_compat_entries):
+            # Said whether or not the toolkit's hook ran before us: it may run after.
+            out["left_alone"] = (f"{d.reason}: compat-hook leaves whatever the image and the NVIDIA toolkit "
+                                 "set up for compat as it is")
         warnings = list(d.warnings) + self.warnings
         if warnings:
             out["warnings"] = warnings
