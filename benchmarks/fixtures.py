@@ -114,6 +114,11 @@ class Fixtures:
             hooks = None if name == "nohook" else {"createContainer": [entry]}
             self.e2e[name] = rts.make_bundle(work / f"e2e-{name}", root, args=("/bin/true",), env=env,
                                              hooks=hooks)
+        # The NVIDIA toolkit's own hook pair gets a copy of the stub rootfs: its drop-ins
+        # (a new 00-compat-<uuid>.conf and zz-nvcr-*.conf per run) must not reach ours.
+        self.rootfs["toolkit"] = work / "rootfs-toolkit"
+        shutil.copytree(self.rootfs["stub"], self.rootfs["toolkit"], symlinks=True)
+        b["toolkit"] = rts.make_bundle(work / "b-toolkit", self.rootfs["toolkit"], env=GPU_ENV)
         self.states = {}
         for name, bundle in list(b.items()) + [(f"conc{i}", cb) for i, cb in enumerate(self.conc_bundles)]:
             self.states[name] = self._state(name, bundle)

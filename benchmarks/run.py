@@ -44,6 +44,20 @@ class Row:
         return self.argv() if callable(self.argv) else self.argv
 
 
+def toolkit_binaries() -> Path | None:
+    """``nvidia-cdi-hook`` of the toolkit the tests install (v1.20.2, built on first use), or None."""
+    sys.path.insert(0, str(HERE.parent))
+    try:
+        from tests.support import toolkit
+    except ImportError:
+        return None
+    try:
+        return Path(toolkit.ensure().cdi_hook)
+    except Exception as e:  # no Go, no network: the row says so
+        print(f"[bench] the NVIDIA toolkit is not available: {e}", file=sys.stderr)
+        return None
+
+
 def _last_log(log: Path) -> dict:
     try:
         return json.loads(log.read_text().splitlines()[-1])
@@ -86,6 +100,33 @@ def build_rows(fx: fixtures.Fixtures, wrapper: Path | None):
     H("hook_compat_500files", "hook enabling compat, compat dir with 500 files (warm)", "many")
     rows.append(Row("ldconfig_500files", "/sbin/ldconfig -r <rootfs with the 500-file compat dir> alone",
                     [LDCONFIG, "-r", str(fx.rootfs["many"])], group="child"))
+    tk = toolkit_binaries()
+    if tk is not None:
+        # The toolkit's own pair as a CDI spec runs it (nvidia-toolkit.md sections 2, 4), on
+        # the same stub image and host version; each run starts from the image's own drop-ins.
+        troot = fx.rootfs["toolkit"]
+
+        def clean_toolkit():
+            d = troot / "etc/ld.so.conf.d"
+            for n in os.listdir(d):
+                if n.startswith(("00-compat-", "00-nvcr-", "zz-nvcr-")):
+                    os.unlink(d / n)
+        tkenv = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVIDIA_CTK_DEBUG": "false"}
+        rows.append(Row("toolkit_enable_cuda_compat", "NVIDIA toolkit: nvidia-cdi-hook enable-cuda-compat (writes)",
+                        [str(tk), "enable-cuda-compat", f"--host-driver-version={fixtures.HOST_DRIVER}"],
+                        tkenv, fx.states["toolkit"], clean_toolkit, group="toolkit"))
+        # update-ldcache pivot_roots into the rootfs, which must be a mount point (as a
+        # container's is): it runs in a private mount namespace with the rootfs bound onto
+        # itself, and is paired with the same wrapper around /bin/true, so the row's delta
+        # is update-ldcache's own time.
+        def in_ns(*argv):
+            return ["/usr/bin/unshare", "-m", "--propagation", "private", "/bin/sh", "-c",
+                    'mount --bind "$0" "$0" && exec "$@"', str(troot), *argv]
+        rows.append(Row("toolkit_ns_true", "unshare -m + bind mount of the rootfs + /bin/true (for the pair below)",
+                        in_ns("/bin/true"), tkenv, group="child"))
+        rows.append(Row("toolkit_update_ldcache", "NVIDIA toolkit: nvidia-cdi-hook update-ldcache",
+                        in_ns(str(tk), "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"),
+                        tkenv, fx.states["toolkit"], clean_toolkit, group="toolkit", baseline="toolkit_ns_true"))
     dist = fixtures.registration.python_paths()[1:]  # where PyYAML and pyelftools live
     rows.append(Row("import_pyelftools", "python -I -S: import elftools.elf.elffile (pyelftools' ELF reader, for scale)",
                     [args[0], "-I", "-S", "-c", f"import sys;sys.path[:0]={dist!r};import elftools.elf.elffile"],
@@ -260,6 +301,14 @@ def main() -> int:
     lim = 1.5 * m5["pair_median_ms"] + ld5
     T("hook_compat_500files <= 1.5x baseline + its ldconfig (same rule as warm)", m5["median_ms"] <= lim,
       f"{m5['median_ms']} ms vs limit {lim:.2f} ms (ldconfig alone {ld5} ms)")
+    comparisons = {}
+    if "toolkit_enable_cuda_compat" in R:
+        # Not a target: the incumbent's Go pair (two processes, its ldconfig in fresh
+        # namespaces) against compat-hook's one Python hook, same image, same run.
+        pair = R["toolkit_enable_cuda_compat"]["median_ms"] + R["toolkit_update_ldcache"]["delta_ms"]
+        comparisons["hook_compat_warm_vs_toolkit_pair"] = {
+            "toolkit_pair_ms": round(pair, 2), "hook_compat_warm_ms": w["median_ms"],
+            "ratio": round(w["median_ms"] / pair, 3)}
     big, small = R["hook_nocompat_bigspec"], R["hook_nocompat"]
     d = big["median_ms"] - small["median_ms"]
     T("1 MB config.json adds <= 5 ms", d <= 5, f"+{d:.2f} ms ({big['median_ms']} vs {small['median_ms']} ms)")
@@ -298,7 +347,7 @@ def main() -> int:
                        "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
            "baseline": {"argv": base_argv, "median_ms": round(B, 2)},
            "hook_argv": args[:4] + ["<boot code>"] + args[5:], "decisions": checks,
-           "rows": res_rows, "concurrency": conc, "targets": targets,
+           "rows": res_rows, "concurrency": conc, "targets": targets, "comparisons": comparisons,
            "wrapper": "available" if wrapper else "not available",
            "seconds": round(time.monotonic() - t_start, 1)}
     print(f"baseline {' '.join(base_argv)}: median {B:.2f} ms  ({iters} iterations, A/B interleaved)")
@@ -318,6 +367,9 @@ def main() -> int:
           f"errors {cerr} exit / {log_errors} log; the hooks' own duration_ms p50 {conc['self_p50_ms']}, "
           f"p99 {conc['self_p99_ms']}")
     print("\ndecisions:", ", ".join(f"{k}={v['decision']}/{v['reason']}/{v['elf_source']}" for k, v in checks.items()))
+    for k, v in comparisons.items():
+        print(f"\ncompared: compat-hook's hook enabling compat {v['hook_compat_warm_ms']} ms vs the NVIDIA "
+              f"toolkit's enable-cuda-compat + update-ldcache {v['toolkit_pair_ms']} ms: {v['ratio']:.2f}x")
     print("\ntargets:")
     for t in targets:
         print(f"  {'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {t['detail']}")
