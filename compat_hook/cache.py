@@ -169,9 +169,6 @@ class Recorder:
         self._pos = self._f.seek(offset, whence)
         return self._pos
 
-    def tell(self) -> int:
-        return self._pos
-
     def read(self, n: int = -1) -> bytes:
         data = self._f.read(n)
         self.spans.append([self._pos, len(data)])

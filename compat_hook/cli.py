@@ -83,6 +83,37 @@ def _parser():
     e.add_argument("--config", metavar="FILE")
     e.add_argument("--json", action="store_true", help="print one JSON object")
 
+    pl = sub.add_parser("plan", help="predict each image's outcome on a target driver before an upgrade")
+    pl.add_argument("sources", nargs="+", metavar="SOURCE",
+                    help="a rootfs or OCI bundle dir, oci:DIR[:TAG], oci-archive:FILE[:TAG], "
+                         "docker-archive:FILE, containerd:REF or containerd: (every image)")
+    tgt = pl.add_mutually_exclusive_group(required=True)
+    tgt.add_argument("--driver", metavar="VERSION", help="the target driver version (550.54.15)")
+    tgt.add_argument("--manifest", metavar="FILE",
+                     help="a ClusterPolicy or NVIDIADriver manifest naming the target version")
+    pl.add_argument("--from-driver", metavar="VERSION", help="the current driver (default: the host's)")
+    pl.add_argument("--host-root", metavar="DIR", help="read host facts under DIR (default /)")
+    pl.add_argument("--gpu", action="append", metavar="NAME", default=[],
+                    help="a GPU: its NVML name or GFD's nvidia.com/gpu.product label (repeatable; "
+                         "default: the host's)")
+    pl.add_argument("--store", metavar="DIR", help="the host compat store to consider (default: the config's)")
+    pl.add_argument("--address", metavar="SOCKET", help="containerd's socket for containerd: sources")
+    pl.add_argument("--namespace", metavar="NS", default="k8s.io", help="containerd namespace (default k8s.io)")
+    pl.add_argument("--config", metavar="FILE")
+    pl.add_argument("--json", action="store_true", help="print one JSON object")
+    pl.add_argument("--fail-on", choices=("broken", "change"),
+                    help="exit 3 when an image is broken after the upgrade (broken) or any outcome changes")
+
+    rp = sub.add_parser("report", help="what the hook and the wrapper decided, per host driver version (from the log)")
+    rp.add_argument("--log", action="append", metavar="FILE", default=[],
+                    help="a decision log, plain or .gz (repeatable; default: the config's log_file); "
+                         "its rotated siblings FILE.1, FILE.2.gz ... are read too")
+    rp.add_argument("--no-rotated", action="store_true", help="read only the files named")
+    rp.add_argument("--since", metavar="TIME", help="only records from TIME on: ISO 8601, or an age (30m, 2h, 3d)")
+    rp.add_argument("--config", metavar="FILE")
+    rp.add_argument("--json", action="store_true", help="print one JSON object")
+    rp.add_argument("--fail-on", choices=("failures",), help="exit 3 when any record is a failure (decision error)")
+
     sub.add_parser("hook", help="the OCI hook: reads the state JSON on stdin (see the README)")
 
     he = sub.add_parser("hook-entry", help="print the OCI hook entry (path, args, env, timeout) as JSON")
@@ -114,15 +145,23 @@ def _parser():
 
     for verb in ("install", "uninstall"):
         i = sub.add_parser(verb, help=f"{verb} the registration for an engine")
-        i.add_argument("engine", choices=("containerd", "podman", "crio", "docker"))
+        i.add_argument("engine", choices=("containerd", "podman", "crio", "docker", "nvidia-toolkit"),
+                       help="the engine whose configuration gets the registration")
         i.add_argument("--config", metavar="PATH", help="the engine's config file")
         i.add_argument("--hook-config", metavar="FILE", help="compat-hook's own config for the registered entry")
-        i.add_argument("--runtime-name", default="cuda-compat")
-        i.add_argument("--set-as-default", action="store_true")
+        i.add_argument("--runtime-name", default="cuda-compat",
+                       help="containerd/CRI-O runtime handler (the RuntimeClass handler), Docker runtime name")
+        i.add_argument("--set-as-default", action="store_true",
+                       help="also make it the engine's default runtime (containerd, CRI-O, Docker)")
         i.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
-        i.add_argument("--via", choices=("wrapper", "base-spec"), default="wrapper")
-        i.add_argument("--hooks-dir", metavar="DIR")
-        i.add_argument("--wrapper-path", metavar="PATH")
+        i.add_argument("--via", choices=("wrapper", "base-spec"), default="wrapper",
+                       help="containerd: the runtime wrapper as BinaryName (default), or the hook in a "
+                            "base_runtime_spec (app containers only)")
+        i.add_argument("--hooks-dir", metavar="DIR",
+                       help="Podman/CRI-O: where the hooks.d file goes (default /usr/share/containers/oci/hooks.d)")
+        i.add_argument("--wrapper-path", metavar="PATH",
+                       help="where the runtime wrapper is written (default: the Debian package's when it is "
+                            "installed, else /usr/local/libexec/compat-hook/compat-hook-runtime)")
         i.add_argument("--state-dir", metavar="DIR",
                        help="state dir (cache) for the registered hook entry / wrapper (default /var/lib/compat-hook)")
         i.add_argument("--config-source", choices=("auto", "file", "command"), default="auto",
@@ -151,14 +190,41 @@ def _load_config(path, **changes):
     return cfg.replace(**changes) if changes else cfg
 
 
+def _dir_arg(flag: str, value):
+    """``value`` when it names a directory (or is None); else a one-line usage error."""
+    import os
+
+    from .errors import UsageError
+
+    if value is not None and not os.path.isdir(value):
+        raise UsageError(f"{flag} {value}: no such directory")
+    return value
+
+
+def _version_arg(flag: str, value):
+    """``value`` when it is a version (or None), the check the config applies to the same key."""
+    if value is None:
+        return None
+    from .errors import InvalidVersion, UsageError
+    from .versions import parse_version
+
+    try:
+        parse_version(value)
+    except InvalidVersion:
+        raise UsageError(f"{flag}: not a version of 1-3 numeric parts, got {value!r}") from None
+    return value
+
+
 def _cmd_explain(args) -> int:
     from . import jsonfast
     from .explain import explain, render_text
 
-    cfg = _load_config(args.config, host_root=args.host_root)
+    # A missing --host-root would read no host at all and explain the
+    # "driver unknown" case without saying why.
+    cfg = _load_config(args.config, host_root=_dir_arg("--host-root", args.host_root))
     report = explain(cfg, rootfs=args.rootfs, bundle=args.bundle,
-                     host_driver_version=args.host_driver_version,
-                     host_cuda_version=args.host_cuda_version)
+                     host_driver_version=_version_arg("--host-driver-version", args.host_driver_version),
+                     host_cuda_version=_version_arg("--host-cuda-version", args.host_cuda_version))
     if args.json:
         sys.stdout.write(jsonfast.dumps(report, indent=2) + "\n")
     else:
@@ -166,17 +232,58 @@ def _cmd_explain(args) -> int:
     return EXIT_OK
 
 
-def _cmd_hook(args) -> int:  # pragma: no cover - dispatched in main()
-    from .hook import main as hook_main
+def _cmd_plan(args) -> int:
+    import functools
+    import os
 
-    return hook_main([])
+    from . import jsonfast
+    from .errors import UsageError
+    from .plan import exit_status, plan, render_text
+    from .planimages import expand, open_source
+
+    if args.host_root is not None and not os.path.isdir(args.host_root):
+        raise UsageError(f"--host-root {args.host_root}: no such directory")
+    cfg = _load_config(args.config, host_root=args.host_root, store_dir=args.store)
+    where = {"address": args.address, "namespace": args.namespace}
+    report = plan(cfg, args.sources, driver=args.driver, manifest=args.manifest,
+                  from_driver=args.from_driver, gpus=args.gpu,
+                  opener=functools.partial(open_source, **where), expander=functools.partial(expand, **where))
+    if args.json:
+        sys.stdout.write(jsonfast.dumps(report, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_text(report))
+    return exit_status(report, args.fail_on)
+
+
+def _cmd_report(args) -> int:
+    from . import jsonfast
+    from .errors import UsageError
+    from .report import exit_status, parse_since, render_text, report
+
+    since = parse_since(args.since) if args.since is not None else None
+    logs = args.log
+    if not logs:
+        cfg = _load_config(args.config)
+        if not cfg.log_file:
+            raise UsageError("no log: the config's log_file is null; give --log FILE")
+        logs = [cfg.log_file]
+    rep = report(logs, since=since, rotated=not args.no_rotated)
+    if args.json:
+        sys.stdout.write(jsonfast.dumps(rep, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_text(rep))
+    return exit_status(rep, args.fail_on)
 
 
 def _cmd_hook_entry(args) -> int:
     from . import jsonfast
     from .registration import hook_entry, hooksd_document
 
-    entry = hook_entry(stage=args.stage, config=args.config, state_dir=args.state_dir)
+    from .install.wrapper import fail_closed
+
+    # on_error: fail is decided now, at registration (the boot code reads it before any import).
+    entry = hook_entry(stage=args.stage, config=args.config, state_dir=args.state_dir,
+                       fail_closed=fail_closed(args.config))
     if args.format == "cdi":
         doc = dict(hookName=args.stage, **entry)
     elif args.format == "hooks.d":
@@ -199,7 +306,14 @@ def _cmd_config(args) -> int:
     if args.check:
         from . import jsonfast
 
-        cfg = _config.load(args.check)
+        try:
+            cfg = _config.load(args.check)
+        except _config.ConfigError as e:
+            # load() names the file for read and YAML errors, only the key for a bad value.
+            msg = str(e)
+            if not msg.startswith(args.check + ": "):
+                raise _config.ConfigError(f"{args.check}: {msg}") from None
+            raise
         sys.stdout.write(jsonfast.dumps(cfg.to_dict(), indent=2) + "\n")
         return EXIT_OK
     sys.stdout.write(_config.render_default_yaml())
@@ -230,15 +344,15 @@ def _cmd_store(args) -> int:
 
 
 def _cmd_install(args) -> int:
-    from .install import run_install
+    from .install import Options, run_install
 
-    return run_install(args, uninstall=False)
+    return run_install(Options.from_namespace(args), uninstall=False)
 
 
 def _cmd_uninstall(args) -> int:
-    from .install import run_install
+    from .install import Options, run_install
 
-    return run_install(args, uninstall=True)
+    return run_install(Options.from_namespace(args), uninstall=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

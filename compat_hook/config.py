@@ -120,7 +120,8 @@ def _opt_str_map(v, where):
 
 
 # key -> (default, validator, comment). The comment is what `compat-hook
-# config --defaults` prints; config/compat-hook.yaml carries the same text.
+# config` prints above each key (render_default_yaml); config/compat-hook.yaml
+# carries the same text.
 SCHEMA = {
     "host_root": ("/", _abs_path, "where host facts (/proc, /sys, driver libraries) are read"),
     "driver_lib_dirs": ([

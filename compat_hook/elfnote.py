@@ -312,15 +312,10 @@ def machine_for_arch(arch: str) -> str | None:
 
 
 def _loads(text: str):
-    # The project's fast JSON parser when present; json.loads otherwise (same
-    # semantics: ValueError on invalid JSON). Imported here, not at module
-    # level, because only files that carry a note need it.
-    try:
-        from . import jsonfast
-    except ImportError:
-        import json
+    # ValueError on invalid JSON. Imported here, not at module level, because
+    # only files that carry a note need it.
+    from . import jsonfast
 
-        return json.loads(text)
     return jsonfast.loads(text)
 
 
@@ -380,25 +375,19 @@ def inspect_elf(f) -> ElfInfo:
     from elftools.common.exceptions import ELFError
     from elftools.construct import ConstructError
 
+    # Only what hostile bytes can raise becomes "unparseable": pyelftools' own
+    # errors while decoding a header, struct.error and ValueError. Anything
+    # else (AttributeError, TypeError, KeyError, ...) is a bug of ours and must
+    # reach the entry point's fail-open handler as one, not hide as a bad file.
     try:
         _inspect(f, head, size, info)
     except _Bad as exc:
         info.error = str(exc)
         info.note = None
-    except (
-        ELFError,
-        ConstructError,
-        struct.error,
-        ValueError,
-        IndexError,
-        KeyError,
-        OSError,
-        UnicodeDecodeError,
-        AttributeError,
-        TypeError,
-        MemoryError,
-        RecursionError,
-    ) as exc:
+    except OSError as exc:  # the file itself failed us (EIO, a FUSE-backed layer)
+        info.error = f"cannot read file: {exc}"
+        info.note = None
+    except (ELFError, ConstructError, struct.error, ValueError) as exc:
         info.error = f"unparseable ELF ({exc.__class__.__name__}: {exc})"
         info.note = None
     return info

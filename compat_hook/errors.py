@@ -22,7 +22,6 @@ __all__ = [
     "InvalidVersion",
     "UnsafePath",
     "StateError",
-    "ElfError",
     "describe",
     "one_line",
 ]
@@ -77,12 +76,6 @@ class StateError(CompatHookError):
     """The OCI state on stdin, the bundle or its config.json is unusable."""
 
     code = "bad_state"
-
-
-class ElfError(CompatHookError):
-    """A candidate library could not be parsed as ELF at all."""
-
-    code = "bad_elf"
 
 
 def one_line(text: str) -> str:

@@ -188,8 +188,12 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
             from . import ldcache
 
             try:
+                # At createContainer we are in the container's mount namespace already, and the
+                # state's pid may name another process (a pod sharing its pid namespace).
+                ns_pid = None if opts["stage"] in ("createContainer", "startContainer") else \
+                    ldcache.namespace_pid(state)
                 actions, did, note = ldcache.apply_locked(root, a.hook_target, a.hook_purpose, config,
-                                                          state_dir, ldcache.namespace_pid(state))
+                                                          state_dir, ns_pid)
             except Exception as e:
                 done += getattr(e, "done", [])
                 raise

@@ -440,12 +440,6 @@ def _default(o):
     raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
 
 
-def _floatstr(o: float) -> str:
-    if o != o or o in (float("inf"), float("-inf")):
-        raise ValueError("Out of range float values are not JSON compliant")
-    return float.__repr__(o)
-
-
 def dumps(obj, *, indent: int | None = None, sort_keys: bool = False) -> str:
     """Serialise to compact ASCII JSON (one line unless ``indent`` is given)."""
     global _encoder

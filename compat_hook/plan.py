@@ -185,7 +185,7 @@ def parse_target(manifest: str) -> tuple:
 
 
 def plan(config, sources: list, *, driver: str | None = None, manifest: str | None = None,
-         from_driver: str | None = None, gpus: list | None = None, opener=None) -> dict:
+         from_driver: str | None = None, gpus: list | None = None, opener=None, expander=None) -> dict:
     """The plan report (see the module docstring and :func:`render_text`)."""
     from . import hostfacts
 
@@ -208,8 +208,20 @@ def plan(config, sources: list, *, driver: str | None = None, manifest: str | No
     now, after = _host_with(base, now_text), _host_with(base, driver)
     if opener is None:
         from .planimages import open_source as opener
+    if expander is None:
+        from .planimages import expand as expander
     images = []
+    todo = []
     for src in sources:
+        try:
+            todo.extend(expander(src))
+        except Exception as e:  # a store that cannot be listed: one row says why
+            from .errors import describe
+
+            code, msg = describe(e)
+            images.append({"image": src, "needs_cuda": None, "error": msg, "error_code": code, "now": None,
+                           "after": None, "toolkit_only_after": None})
+    for src in todo:
         entry = {"image": src}
         try:
             with opener(src, config) as img:

@@ -12,7 +12,7 @@ import os
 
 from .errors import UsageError
 
-__all__ = ["open_source", "TRANSPORTS"]
+__all__ = ["open_source", "expand", "TRANSPORTS"]
 
 TRANSPORTS = ("oci:", "oci-archive:", "docker-archive:", "containerd:")
 
@@ -28,3 +28,12 @@ def open_source(source: str, config=None, *, address: str | None = None, namespa
 
         return open_dir(source)
     raise UsageError(f"{source}: not a directory, nor {', '.join(t + '...' for t in TRANSPORTS)}")
+
+
+def expand(source: str, *, address: str | None = None, namespace: str = "k8s.io") -> list:
+    """One source per image: ``containerd:`` lists every image, a layout or archive every tag."""
+    if source.startswith(TRANSPORTS):
+        from . import images
+
+        return images.expand_sources([source], address=address, namespace=namespace)
+    return [source]

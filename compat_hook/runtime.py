@@ -74,50 +74,18 @@ class RuntimeNotFound(Exception):
 
 
 def boot_code(paths: list) -> str:
-    """The ``-I -S -c`` code that starts :func:`entry` with exactly ``paths`` on sys.path.
+    """The wrapper's boot code: :func:`compat_hook.registration.boot_code` (``target="runtime"``)."""
+    from .registration import boot_code as _boot_code
 
-    If compat_hook cannot be imported (a half-removed install), it fails
-    open: one line on stderr, then the runtime the shell wrapper read
-    (``COMPAT_HOOK_RUNTIME_FALLBACK``) runs with the same arguments.
-    """
-    return (f"import sys\nsys.path+={paths!r}\n"
-            "try:\n from compat_hook.runtime import entry\n"
-            "except ImportError as e:\n"
-            " import os\n"
-            " rt=os.environ.pop('COMPAT_HOOK_RUNTIME_FALLBACK','') or '/usr/sbin/runc'\n"
-            " sys.stderr.write('compat-hook-runtime: %s: running %s without compat-hook\\n'%(e,rt))\n"
-            " os.environ['COMPAT_HOOK_RUNTIME_ACTIVE']='1'\n"
-            " os.execv(rt,[rt]+sys.argv[1:][2*(sys.argv[1:2]==['--compat-hook-config']):])\n"
-            "entry()")
+    return _boot_code(paths, target="runtime")
 
 
 def render_wrapper(config_path: str | None = None, *, python: str | None = None,
                    paths: list | None = None, state_dir: str | None = None) -> str:
-    """The shell wrapper's text with absolute paths filled in.
+    """The rendered shell wrapper: :func:`compat_hook.install.wrapper.render_wrapper`."""
+    from .install.wrapper import render_wrapper as _render
 
-    ``config_path``: the config it reads when ``COMPAT_HOOK_CONFIG`` is unset
-    (default ``/etc/compat-hook/config.yaml``); ``python``: the interpreter
-    (default: the real one running this); ``paths``: its ``sys.path`` head
-    (default: where compat_hook, PyYAML and pyelftools live); ``state_dir``:
-    the cache dir the Python part uses unless ``COMPAT_HOOK_STATE_DIR`` is set
-    (default /var/lib/compat-hook). Used by every engine's installer
-    (containerd ``BinaryName``, Docker ``runtimes.path``).
-    """
-    import shlex
-
-    from .config import DEFAULT_PATH
-    from .registration import interpreter, python_paths
-
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
-                           "compat-hook-runtime.sh"), encoding="utf-8") as f:
-        text = f.read()
-    values = {"@PYTHON@": python or interpreter(),
-              "@BOOT@": boot_code(paths if paths is not None else python_paths()),
-              "@CONFIG@": os.path.abspath(config_path) if config_path else DEFAULT_PATH,
-              "@STATE@": os.path.abspath(state_dir) if state_dir else ""}
-    for k, v in values.items():
-        text = text.replace(f"={k}\n", f"={shlex.quote(v)}\n", 1)
-    return text
+    return _render(config_path, python=python, paths=paths, state_dir=state_dir)
 
 
 def find_verb(argv: list) -> tuple:
@@ -397,7 +365,8 @@ def _edit(config, record: dict) -> None:
         from .registration import hook_entry
 
         return hook_entry(stage="createContainer", config=config.source,
-                          state_dir=os.environ.get("COMPAT_HOOK_STATE_DIR") or None)
+                          state_dir=os.environ.get("COMPAT_HOOK_STATE_DIR") or None,
+                          fail_closed=config.on_error == "fail")
 
     with root:
         a = assess(config, request, root, spec=spec, state_dir=state_dir, actors=("wrapper",),

@@ -543,7 +543,15 @@ def _host_side(tmp_path: Path, bundle: Path, env: h.HookEnv) -> dict:
                                                 str(tmp_path / "host-canary")])
 
 
-@pytest.mark.parametrize("c", CASES, ids=[c.name for c in CASES])
+# Seconds each: the first three wait out the hook's ldconfig_timeout (a blocked or endless
+# ldconfig is killed), the others build thousands of entries or levels.
+SLOW_CASES = {"ld.so.conf-is-a-fifo", "ld.so.cache-tempfile-is-a-fifo", "ld.so.conf-8GB-sparse",
+              "compat-dir-4000-other-entries", "compat-dir-1500-levels-deep", LOW_NOFILE,
+              "compat-dir-1000-candidates"}
+
+
+@pytest.mark.parametrize("c", [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.name in SLOW_CASES else [])
+                               for c in CASES])
 def test_hostile_image(c, tmp_path, canary):
     env = h.make_hook_env(tmp_path / "hookenv")
     bundle = h.write_bundle(tmp_path / "bundle")
@@ -597,6 +605,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_paths_swapped_for_escaping_links_during_the_run(tmp_path, canary):
     """While hooks run, another process keeps swapping real dirs/files with links to the host.
 
@@ -694,6 +703,7 @@ def _container(tmp_path, canary, c: Case | None, runtime: str):
     return res, env, root
 
 
+@pytest.mark.containers
 @pytest.mark.parametrize("name", CONTAINER_CASES)
 def test_hostile_image_container_still_starts_runc(name, tmp_path, canary):
     c = next(c for c in CASES if c.name == name)
@@ -707,6 +717,7 @@ def test_hostile_image_container_still_starts_runc(name, tmp_path, canary):
         c.expect(rec, root, canary.base)
 
 
+@pytest.mark.containers
 @pytest.mark.parametrize("runtime", ["runc", "crun"])
 def test_benign_image_container_gets_dropin(runtime, tmp_path, canary):
     """The control: the same rootfs without the hostile edit gets compat, under runc and crun."""
@@ -718,6 +729,7 @@ def test_benign_image_container_gets_dropin(runtime, tmp_path, canary):
     assert canary.changes() == []
 
 
+@pytest.mark.containers
 def test_hostile_image_container_crun(tmp_path, canary):
     c = next(c for c in CASES if c.name == "dropin-symlink-relative-escape")
     res, env, root = _container(tmp_path, canary, c, "crun")

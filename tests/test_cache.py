@@ -62,8 +62,13 @@ def test_key_fields(tmp_path):
 
 def test_recorder_is_transparent(tmp_path):
     _, p = st_of(tmp_path)
-    rec = recorded(p)
-    assert rec.tell() == 4096 and rec.total == 64 + 128 + 96
+    with open(p, "rb") as f:
+        rec = cache.Recorder(f)
+        assert rec.fileno() == f.fileno()
+        got = [(rec.seek(off), rec.read(n)) for off, n in ((0, 64), (1024, 128), (4000, 200))]
+        assert rec.seek(0, os.SEEK_END) == len(DATA)
+    assert got == [(0, DATA[:64]), (1024, DATA[1024:1152]), (4000, DATA[4000:])]
+    assert rec.total == 64 + 128 + 96 and rec.spans == [[0, 64], [1024, 128], [4000, 96]]
 
 
 def test_other_file_with_the_same_key_is_a_miss(tmp_path):

@@ -113,6 +113,7 @@ def test_image_ld_library_path_hook_only_warns_wrapper_strips(tmp_path):
 
 # -- hostile rootfs for the new paths ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_hostile_dropins_are_confined_bounded_and_never_block(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -152,6 +153,7 @@ def test_host_lib_dir_through_a_symlink_out_of_the_rootfs_stays_inside(tmp_path)
     assert a.hook_target == str(outside)  # the in-root path the container sees, never a host path
 
 
+@pytest.mark.slow
 def test_hook_with_hostile_dropins_fails_open_and_writes_only_its_own_file(tmp_path):
     entries = dict(IMAGE)
     entries.update({"etc/ld.so.conf.d/00-fifo.conf": Fifo(),

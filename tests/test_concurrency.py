@@ -24,6 +24,9 @@ import pytest
 from tests.support import hostile as h
 from tests.support import runtimes as rt
 
+# Dozens of hook processes with real ldconfig runs: seconds, not the edit-test loop.
+pytestmark = pytest.mark.slow
+
 Path = pathlib.Path
 
 

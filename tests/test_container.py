@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from compat_hook.container import ENV_KEYS, Request, _pick_env
@@ -23,6 +24,7 @@ entries = st.one_of(st.builds(lambda k, v: f"{k}={v}", keys, values), st.text(ma
                     st.integers(), st.none())
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(st.lists(entries, max_size=12))
 def test_pick_env_equals_the_plain_loop(items):
@@ -75,6 +77,7 @@ def same(a: Request, b: Request) -> None:
     assert (a.env, a.annotations) == (b.env, b.annotations)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(specs, st.integers(0, 1 << 30), st.booleans(), st.sampled_from([None, {"cdi.k8s.io/s": "nvidia.com/gpu=1"}]))
 def test_lazy_spec_gives_the_request_a_full_parse_gives(spec, seed, indent, state_annotations):

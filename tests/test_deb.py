@@ -97,6 +97,7 @@ def test_control_and_contents(deb):
     shutil.rmtree(tree)
 
 
+@pytest.mark.slow
 def test_lintian_reports_no_errors(deb):
     if shutil.which("lintian") is None:  # CI installs it (Makefile TEST_DEPS); fetch it where missing
         _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "lintian"], timeout=600,

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def _demo(*args):
     return subprocess.run([sys.executable, "-m", "compat_hook", "demo", *args],
@@ -21,6 +23,7 @@ def test_demo_explain_table():
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.containers
 def test_demo_real_containers():
     # CI runs as root with runc and busybox-static installed: the container part must run.
     p = _demo()

@@ -689,6 +689,19 @@ def test_io_error_after_the_header_is_reported():
     assert info.note is None
 
 
+def test_a_bug_of_ours_is_not_reported_as_a_bad_file():
+    # A caller handing over a text-mode reader is a bug in compat-hook, not a
+    # hostile image: it must surface (the entry point's fail-open handler logs
+    # internal_error), not hide as "unparseable ELF".
+    class TextAfterHeader(CountingReader):
+        def read(self, n=-1):
+            data = super().read(n)
+            return data if self.calls == 1 else data.decode("latin-1")
+
+    with pytest.raises(TypeError):
+        inspect_elf(TextAfterHeader(io.BytesIO(make_elf(note_json=NOTE_575))))
+
+
 # ---------------------------------------------------------------- to_dict / from_dict
 
 

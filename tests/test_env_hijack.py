@@ -264,6 +264,7 @@ def test_positive_control_ld_preload_fires_when_env_is_inherited(setup):
     _assert_correct_decision(env, root)
 
 
+@pytest.mark.containers
 @pytest.mark.parametrize("runtime", ["runc", "crun"])
 def test_real_runtime_image_env_does_not_reach_hook(runtime, setup):
     """The image ENV carries LD_PRELOAD=/proc/self/cwd/poc.so and PYTHON*; the hook is registered."""

@@ -225,12 +225,14 @@ def inspect_file(data: bytes) -> ElfInfo:
         return inspect_elf(f)
 
 
+@pytest.mark.slow
 @PROPS
 @given(mutated_elf())
 def test_inspect_elf_never_raises_on_mutated_fixtures(data):
     check_info(inspect_bytes(data))
 
 
+@pytest.mark.slow
 @PROPS
 @given(mutated_elf())
 def test_inspect_elf_same_answer_through_a_real_file(data):
@@ -275,6 +277,7 @@ def _covered(data: bytes) -> set:
 _t0: list = []
 
 
+@pytest.mark.slow
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(mutated_elf())
@@ -435,12 +438,14 @@ def check_spec(data: bytes) -> bool:
     return True
 
 
+@pytest.mark.slow
 @PROPS
 @given(mutated_json(VALID_STATE))
 def test_read_state_only_raises_state_error(data):
     check_state(data)
 
 
+@pytest.mark.slow
 @PROPS
 @given(mutated_json(VALID_SPEC))
 def test_load_spec_only_raises_state_error(data):

@@ -297,6 +297,7 @@ def _shared_dirs():
     return _shared
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(host_v=_versions, compat_v=_versions, note=_notes, cuda=st.sampled_from([None, "12.8", "13.0"]))
 def test_cache_never_changes_a_decision(host_v, compat_v, note, cuda):

@@ -14,6 +14,7 @@ import os
 import pathlib
 import subprocess
 
+import pytest
 import tomlkit
 
 from compat_hook.install import containerd as ic
@@ -109,6 +110,7 @@ def fails(p: subprocess.CompletedProcess, *needles) -> None:
         assert n in lines[0], p.stderr
 
 
+@pytest.mark.slow  # several `containerd config dump` runs
 def test_install_v2_from_config_dump(tmp_path):
     main = main_v2(tmp_path)
     original_text = main.read_text()
@@ -160,6 +162,7 @@ def test_install_v2_from_config_dump(tmp_path):
     assert ok(install(main, verb="uninstall")).strip().startswith("no changes")
 
 
+@pytest.mark.slow  # several `containerd config dump` runs
 def test_dry_run_prints_the_diff_and_writes_nothing(tmp_path):
     main = main_v2(tmp_path)
     snap = snapshot_tree(tmp_path)
@@ -177,6 +180,7 @@ def test_dry_run_prints_the_diff_and_writes_nothing(tmp_path):
     assert '-default_runtime_name = "runc"\n+default_runtime_name = "cuda-compat"' in out
 
 
+@pytest.mark.slow  # several `containerd config dump` runs
 def test_set_as_default_and_runtime_name(tmp_path):
     main = main_v2(tmp_path)
     before = dump(main)
@@ -194,6 +198,7 @@ def test_set_as_default_and_runtime_name(tmp_path):
         fails(install(main, "--runtime-name", bad), "--runtime-name")
 
 
+@pytest.mark.slow  # several `containerd config dump` runs
 def test_file_source_and_existing_nvidia_dropin(tmp_path):
     """NCT's layout: imports already cover conf.d, and 99-nvidia.toml carries the full CRI section."""
     text = MAIN_V2.replace('oom_score = -999   # keep me\n',
@@ -236,6 +241,7 @@ def test_file_source_keeps_the_main_cri_section(tmp_path):
         without(before, ("imports",))
 
 
+@pytest.mark.slow  # several `containerd config dump` runs
 def test_a_main_file_without_cri_section_and_a_missing_main(tmp_path):
     # No CRI section at all: the drop-in must keep the default runc runtime working.
     main = main_v2(tmp_path / "a", 'version = 2\nroot = "/var/lib/x"\n')

@@ -15,7 +15,7 @@ import tomllib
 
 import pytest
 
-from compat_hook import cli
+from compat_hook import cli, registration
 from compat_hook.install import crio, docker, hooksd
 from compat_hook.registration import hook_entry
 
@@ -152,8 +152,7 @@ def test_stable_interpreter(tmp_path):
 def test_package_document_points_at_the_installed_locations():
     doc = hooksd.package_document()
     assert doc["hook"]["path"] == "/usr/bin/python3" == doc["hook"]["args"][0]
-    assert doc["hook"]["args"][4] == ("import sys;sys.path+=['/usr/lib/python3/dist-packages'];"
-                                      "from compat_hook.cli import entry;entry()")
+    assert doc["hook"]["args"][4] == registration.boot_code(["/usr/lib/python3/dist-packages"])
     assert doc["hook"]["args"][5:] == ["hook", "--stage", "createContainer"]
 
 

@@ -25,6 +25,7 @@ def ref_dumps(obj, **kw):
     return json.dumps(obj, separators=(",", ":"), allow_nan=False, **kw)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(values)
 def test_dumps_equals_json(obj):
@@ -32,6 +33,7 @@ def test_dumps_equals_json(obj):
     assert jsonfast.dumps(obj, sort_keys=True) == ref_dumps(obj, sort_keys=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(values, st.sampled_from([None, 1, 2]))
 def test_loads_equals_json(obj, indent):
@@ -41,6 +43,7 @@ def test_loads_equals_json(obj, indent):
     assert jsonfast.loads(jsonfast.dumps(obj)) == obj
 
 
+@pytest.mark.slow
 @settings(max_examples=50, deadline=None)
 @given(values, st.sampled_from(["", " ", "\n", "\t\r\n "]))
 def test_surrounding_whitespace(obj, ws):
@@ -155,6 +158,7 @@ def strings_in(value):
             yield from strings_in(v)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(docs, st.lists(names, max_size=3), st.booleans(), st.integers(0, 1 << 30), st.booleans(), words)
 def test_lazy_object_answers_as_loads(doc, eager, stop_early, seed, indent, needle):
@@ -181,6 +185,7 @@ def test_lazy_object_answers_as_loads(doc, eager, stop_early, seed, indent, need
 plain = st.text(alphabet=st.sampled_from("ab/-.é :"), max_size=6)  # nothing JSON escapes
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(names, st.recursive(plain, lambda k: st.lists(k, max_size=3)
                                            | st.dictionaries(plain, k, max_size=3), max_leaves=8),
@@ -264,6 +269,7 @@ BIG_MOUNTS_JSON = json.dumps(BIG_MOUNTS)
 SENTINEL = 918273645.25  # a number: written the same whatever the escapes
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(docs, st.integers(0, 1 << 30), st.booleans(), st.integers(0, 3), words)
 def test_large_document_decoded_as_far_as_needed_answers_as_loads(doc, seed, indent, pad_shift, needle):

@@ -67,6 +67,7 @@ def validator() -> pathlib.Path:
 # --------------------------------------------------------------------------- manifests
 
 
+@pytest.mark.slow
 def test_every_manifest_validates_against_the_schemas(validator):
     assert {p.name for p in MANIFESTS} >= {"daemonset.yaml", "runtimeclass.yaml", "cuda-pod.yaml"}
     for version in K8S_VERSIONS:
@@ -76,6 +77,7 @@ def test_every_manifest_validates_against_the_schemas(validator):
         assert len(passed) == sum(len(_docs(m)) for m in MANIFESTS), p.stdout
 
 
+@pytest.mark.slow
 def test_validator_rejects_a_bad_manifest(validator, tmp_path):
     """The check has teeth: an unknown field and a missing required one both fail."""
     ds = _docs(K8S / "daemonset.yaml")[1]
@@ -132,6 +134,7 @@ def image(tmp_path_factory) -> dict:
     return {"deb": deb, "layout": layout, "tar": tar, "dir": out}
 
 
+@pytest.mark.slow
 def test_build_image_makes_a_valid_oci_layout(image, tmp_path):
     layout = image["layout"]
     assert json.loads((layout / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}

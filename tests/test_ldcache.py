@@ -43,6 +43,7 @@ def test_failure_is_one_line_with_the_last_output_line(tmp_path, ns):
         ldcache.run_ldconfig(exe, "/r", (), 5, _ns(ns))
 
 
+@pytest.mark.slow
 @PATHS
 def test_timeout_kills_the_child(tmp_path, ns):
     marker = tmp_path / "survived"
@@ -73,6 +74,7 @@ def test_child_gets_the_rlimits_and_the_parent_keeps_its_own(tmp_path, ns):
     assert {r: resource.getrlimit(r) for r in before} == before
 
 
+@pytest.mark.slow
 def test_a_parent_that_used_more_cpu_than_the_limit_survives(tmp_path):
     """Lowering our own soft RLIMIT_CPU below the CPU already used would SIGXCPU us."""
     import subprocess

@@ -81,6 +81,7 @@ def split(value):
     return value.split(":") if value else []
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(entries, enable)
 def test_rewrite_properties(parts, enable_dir):
@@ -107,6 +108,7 @@ env_items = st.sampled_from(["PATH=/bin", "A=1", "LD_LIBRARY_PATHX=/usr/local/cu
     entries.map(lambda p: "LD_LIBRARY_PATH=" + ":".join(p))
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(env_items, max_size=5), enable)
 def test_rewrite_env_properties(env, enable_dir):

@@ -50,7 +50,14 @@ def _case_ids():
             continue  # the request decides alone; one mode is enough
         if extra == "store" and image != "no-compat":
             continue  # a store package is only for images without compat libs
-        yield pytest.param(image, host, mode, extra, id=f"{image}-{host}-{mode}-{extra}")
+        # Each case starts three or four interpreters (~0.3 s): `make test-fast` keeps a
+        # cross-section (every image and host; the ld cache path, the env path with an
+        # image LD_LIBRARY_PATH and with a store package), `make test` the whole matrix.
+        marks = () if (mode, extra) in _FAST else (pytest.mark.slow,)
+        yield pytest.param(image, host, mode, extra, id=f"{image}-{host}-{mode}-{extra}", marks=marks)
+
+
+_FAST = {("ldconfig", "plain"), ("env", "image-ld-path"), ("env", "store")}
 
 
 def _bundle(base: pathlib.Path, image: str, host: str | None, extra: str) -> pathlib.Path:

@@ -214,6 +214,7 @@ def test_python_line_reader_agrees_with_the_yaml_loader():
     assert checked_sure >= 150
 
 
+@pytest.mark.slow
 def test_shell_reader_agrees_with_python(tmp_path):
     wrapper = render(tmp_path / "w.sh", None, python="/nonexistent/python3")
     cfg = tmp_path / "config.yaml"
@@ -541,6 +542,7 @@ def _pop_our_hook(spec: dict) -> bool:
     return True
 
 
+@pytest.mark.containers
 def test_env_mode_enables_the_image_compat_dir(tmp_path, libs):
     box = Box(tmp_path, libs, host=H535, mode="env")
     res = box.run()
@@ -554,6 +556,7 @@ def test_env_mode_enables_the_image_compat_dir(tmp_path, libs):
     assert rec["host_driver_version"] == H535 and rec["bundle"] == str(box.bundle)
 
 
+@pytest.mark.containers
 def test_newer_host_strips_a_stale_image_compat_path(tmp_path, libs):
     box = Box(tmp_path, libs, host=H555, mode="env", env=["LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/lib"])
     control = box.run(runtime=RUNC)  # plain runc: the stale path wins, the container gets the older driver
@@ -572,6 +575,7 @@ def test_newer_host_strips_a_stale_image_compat_path(tmp_path, libs):
     assert rec["actions"][1].startswith("added createContainer hook ") and len(rec["actions"]) == 2
 
 
+@pytest.mark.containers
 def test_ldconfig_mode_leaves_env_alone_and_can_add_the_hook(tmp_path, libs):
     box = Box(tmp_path, libs, host=H535, mode="ldconfig", wrapper_add_hook=True)
     res = box.run()
@@ -586,6 +590,7 @@ def test_ldconfig_mode_leaves_env_alone_and_can_add_the_hook(tmp_path, libs):
     assert len(hook_recs) == 1 and hook_recs[0]["decision"] == "enable", hook_recs
 
 
+@pytest.mark.containers
 def test_store_injection_for_an_image_without_compat(tmp_path, libs):
     sd = tmp_path / "store"
     pkg = tmp_path / "pkg" / "usr/local/cuda-12.4/compat"
@@ -607,6 +612,7 @@ def test_store_injection_for_an_image_without_compat(tmp_path, libs):
     assert rt.mounts_under(tmp_path) == []
 
 
+@pytest.mark.containers
 def test_oom_score_adj_is_dropped(tmp_path, libs):
     def oom(spec):
         spec["process"]["oomScoreAdj"] = -998
@@ -623,6 +629,7 @@ def test_oom_score_adj_is_dropped(tmp_path, libs):
     assert box.record()["actions"][-1] == "dropped process.oomScoreAdj (-998)"
 
 
+@pytest.mark.containers
 def test_chaining_to_a_second_runtime(tmp_path, libs):
     calls = tmp_path / "standin.log"
     host_lib = libs[H555]
@@ -638,6 +645,7 @@ def test_chaining_to_a_second_runtime(tmp_path, libs):
     assert box.record()["runtime"] == str(tmp_path / "nvidia-container-runtime")
 
 
+@pytest.mark.containers
 def test_failures_fail_open_or_stop_with_on_error_fail(tmp_path, libs):
     # A broken store (a file where the store dir should be): the wrapper
     # cannot decide, the container itself is fine.
@@ -664,6 +672,7 @@ def test_failures_fail_open_or_stop_with_on_error_fail(tmp_path, libs):
     assert box.spec_after == box.spec_before
 
 
+@pytest.mark.containers
 def test_an_invalid_config_fails_open(tmp_path, libs):
     box = Box(tmp_path, libs, host=H535, mode="env")
     box.cfg.write_text("runtime: runc\nmode: bogus\n")
@@ -685,6 +694,7 @@ def test_an_invalid_config_fails_open(tmp_path, libs):
     assert box.spec_after == box.spec_before
 
 
+@pytest.mark.containers
 def test_opted_out_and_non_gpu_containers_are_untouched(tmp_path, libs):
     box = Box(tmp_path, libs, host=H555, mode="env",
               env=["COMPAT_HOOK_DISABLE=1", "LD_LIBRARY_PATH=/usr/local/cuda/compat"])

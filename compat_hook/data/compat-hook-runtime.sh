@@ -21,6 +21,8 @@ ch_python=@PYTHON@
 ch_boot=@BOOT@
 ch_config=@CONFIG@
 ch_state=@STATE@
+# Non-empty: on_error: fail at registration (a missing compat-hook stops the container).
+ch_fail=@FAIL@
 ch_default_config=/etc/compat-hook/config.yaml
 ch_path='/usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin'
 
@@ -160,9 +162,10 @@ ch_to_python() {
         ch_resolve
         [ -z "$ch_bin" ] || export COMPAT_HOOK_RUNTIME_FALLBACK="$ch_bin"
     fi
-    if [ -n "$ch_cfgarg" ]; then
-        exec "$ch_python" -I -S -c "$ch_boot" --compat-hook-config "$ch_cfg" "$@"
-    fi
+    # The boot code reads --fail-closed first, the Python wrapper then --compat-hook-config.
+    if [ -n "$ch_cfgarg" ]; then set -- --compat-hook-config "$ch_cfg" "$@"; fi
+    # Failing closed is for creates only: a delete or kill must always reach the runtime.
+    if [ -n "$ch_fail" ] && [ -n "$ch_edit" ]; then set -- --fail-closed "$@"; fi
     exec "$ch_python" -I -S -c "$ch_boot" "$@"
 }
 
@@ -172,9 +175,15 @@ if [ "${1-}" = --compat-hook-resolve ]; then
     exit 0
 fi
 
-if [ -z "$ch_sure" ] || [ "$ch_verb" = create ] || [ "$ch_verb" = run ]; then
+ch_edit=
+if [ "$ch_verb" = create ] || [ "$ch_verb" = run ]; then ch_edit=1; fi
+if [ -z "$ch_sure" ] || [ -n "$ch_edit" ]; then
     if [ -x "$ch_python" ]; then
         ch_to_python "$@"
+    fi
+    if [ -n "$ch_fail" ] && [ -n "$ch_edit" ]; then
+        echo "compat-hook-runtime: $ch_python is missing: not running the real runtime (on_error: fail)" >&2
+        exit 1
     fi
     echo "compat-hook-runtime: $ch_python is missing: running the real runtime without compat-hook" >&2
     [ -n "$ch_sure" ] || ch_rt=runc

@@ -1,22 +1,89 @@
 """``compat-hook install|uninstall ENGINE``: registration with container engines.
 
 One module per engine (``containerd``, ``podman``, ``crio``, ``docker``), each
-exposing ``install(args) -> int`` and ``uninstall(args) -> int`` where
-``args`` is the argparse namespace of the command (see ``cli._parser``). All
+exposing ``install(opts) -> int`` and ``uninstall(opts) -> int`` where
+``opts`` is an :class:`Options` (the command line builds it: ``cli``). All
 of them are idempotent, write atomically (temp file + rename, backup of what
 they replace) and print a unified diff instead of writing with ``--dry-run``.
-Shared helpers live in :mod:`compat_hook.install.files`.
+Shared helpers: :mod:`~compat_hook.install.files` (host files),
+:mod:`~compat_hook.install.wrapper` (the rendered runtime wrapper),
+:mod:`~compat_hook.install.hooksd` (the hooks.d file),
+:mod:`~compat_hook.install.checks` (will the configuration take effect?).
+
+>>> Options(engine="podman", hooks_dir="/tmp/h").runtime_name
+'cuda-compat'
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
-__all__ = ["run_install", "ENGINES"]
+__all__ = ["Options", "run_install", "ENGINES"]
 
-ENGINES = ("containerd", "podman", "crio", "docker")
+ENGINES = ("containerd", "podman", "crio", "docker", "nvidia-toolkit")
 
 
-def run_install(args, uninstall: bool = False) -> int:
-    mod = importlib.import_module(f"compat_hook.install.{args.engine}")
-    return (mod.uninstall if uninstall else mod.install)(args)
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What one ``install``/``uninstall`` is asked to do (paths as given; the engines make them absolute)."""
+
+    engine: str
+    #: The engine's config file (containerd's main config, daemon.json, the CRI-O drop-in, podman's hooks.d file).
+    config: str | None = None
+    #: compat-hook's configuration the registered hook and wrapper read (default /etc/compat-hook/config.yaml).
+    hook_config: str | None = None
+    runtime_name: str = "cuda-compat"
+    set_as_default: bool = False
+    dry_run: bool = False
+    #: containerd: ``wrapper`` (BinaryName) or ``base-spec`` (the hook in a base_runtime_spec).
+    via: str = "wrapper"
+    hooks_dir: str | None = None
+    wrapper_path: str | None = None
+    #: The hook's and the wrapper's state (cache) dir (default /var/lib/compat-hook).
+    state_dir: str | None = None
+    #: containerd: how the current config is read (``auto``, ``file``, ``command``).
+    config_source: str = "auto"
+
+    @classmethod
+    def from_namespace(cls, ns) -> "Options":
+        """From an argparse namespace of ``compat-hook install`` (fields it lacks keep their defaults)."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            if hasattr(ns, f.name):
+                v = getattr(ns, f.name)
+                if v is not None or f.default is None:
+                    values[f.name] = v
+        return cls(**values)
+
+
+def run_install(opts, uninstall: bool = False) -> int:
+    """Dispatch to ``compat_hook.install.<engine>``; ``opts``: :class:`Options` (or an argparse namespace)."""
+    if not isinstance(opts, Options):
+        opts = Options.from_namespace(opts)
+    if opts.engine not in ENGINES:
+        from ..errors import UsageError
+
+        raise UsageError(f"unknown engine {opts.engine!r} (one of {', '.join(ENGINES)})")
+    mod = importlib.import_module(f"compat_hook.install.{opts.engine.replace('-', '_')}")
+    status = (mod.uninstall if uninstall else mod.install)(opts)
+    if uninstall and status == 0 and not opts.dry_run and opts.state_dir:
+        _prune_state_dir(opts.state_dir)
+    return status
+
+
+def _prune_state_dir(state_dir: str) -> None:
+    """Remove a ``--state-dir`` (and its ``cache/``) when nothing is left in them.
+
+    A cache the hook still fills is kept (another registration may use it),
+    and so is a dir holding anything else (the host store). The default
+    ``/var/lib/compat-hook`` is the Debian package's (``apt purge``).
+    """
+    import os
+
+    base = os.path.abspath(state_dir)
+    for d in (os.path.join(base, "cache"), base):
+        try:
+            os.rmdir(d)
+        except OSError:  # missing or not empty
+            pass

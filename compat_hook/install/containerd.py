@@ -9,7 +9,9 @@ What ``install`` writes (``--config`` is the main file, default
   wrapper (``--via wrapper``, the default) or which gets a
   ``base_runtime_spec`` holding the hook (``--via base-spec``);
 * ``imports`` in the main file, unless an entry already covers the drop-in;
-* the rendered shell wrapper (``--wrapper-path``, default
+* the node's one runtime wrapper (:mod:`compat_hook.install.wrapper`:
+  ``--wrapper-path``, else the Debian package's
+  ``/usr/libexec/compat-hook/compat-hook-runtime``, else
   ``/usr/local/libexec/compat-hook/compat-hook-runtime``), mode 0755;
 * with ``--via base-spec``: ``<main dir>/compat-hook-base-spec.json``,
   containerd's own default spec (``ctr oci spec``) plus the hook at
@@ -34,8 +36,10 @@ writes nothing. After writing, ``containerd config dump`` must show the
 runtime, else the previous files are put back and the command fails.
 ``uninstall`` removes the drop-in, the wrapper / base spec it recorded, and
 the ``imports`` entry if install added it, so ``config dump`` is what it
-was before. The drop-in records what install did in its
-``# compat-hook-install:`` line.
+was before; files compat-hook generated go without a backup and with the
+backups earlier installs left of them, and ``conf.d`` too when install
+created it and nothing else is in it. The drop-in records what install did
+in its ``# compat-hook-install:`` line.
 
 Edited with tomlkit: comments and formatting of the main file are kept.
 """
@@ -60,8 +64,7 @@ STATE_TAG = "# compat-hook-install: "
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-class InstallError(CompatHookError):
-    code = "install_failed"
+from .hooksd import InstallError  # noqa: E402  (one error class for every engine: exit 1)
 
 
 def _tomlkit():
@@ -69,7 +72,7 @@ def _tomlkit():
         import tomlkit
     except ImportError:
         raise InstallError("tomlkit is not installed (apt-get install python3-tomlkit, "
-                           "or pip install 'compat-hook[install]')") from None
+                           "or pip install tomlkit)") from None
     return tomlkit
 
 
@@ -297,26 +300,24 @@ class Plan:
         self.binary = None
 
 
-def _source_mode(args) -> str:
-    return getattr(args, "config_source", None) or "auto"
-
-
-def plan_install(args) -> Plan:
+def plan_install(opts) -> Plan:
     from .. import jsonfast
     from ..config import DEFAULT_PATH
-    from ..runtime import DEFAULT_WRAPPER_PATH, render_wrapper
+    from .checks import enforce
     from .files import Change
+    from .wrapper import fail_closed, wrapper_for
 
     tomlkit = _tomlkit()
     plan = Plan()
-    main_path = os.path.abspath(args.config or DEFAULT_CONFIG)
-    name = args.runtime_name if args.runtime_name is not None else "cuda-compat"
+    main_path = os.path.abspath(opts.config or DEFAULT_CONFIG)
+    name = opts.runtime_name if opts.runtime_name is not None else "cuda-compat"
     if not name or any(c in name for c in " \t\n\"'[]."):
         raise InstallError(f"--runtime-name {name!r}: use letters, digits, '-' and '_'")
-    via = args.via or "wrapper"
-    hook_config = os.path.abspath(args.hook_config) if getattr(args, "hook_config", None) else DEFAULT_PATH
-    state_dir = os.path.abspath(args.state_dir) if getattr(args, "state_dir", None) else None
-    mode = _source_mode(args)
+    via = opts.via or "wrapper"
+    enforce(opts.hook_config, "wrapper" if via == "wrapper" else "hook", plan.notes.append)
+    hook_config = os.path.abspath(opts.hook_config) if opts.hook_config else DEFAULT_PATH
+    state_dir = os.path.abspath(opts.state_dir) if opts.state_dir else None
+    mode = opts.config_source or "auto"
     binary = _which("containerd")
     if mode == "command" and binary is None:
         raise InstallError("--config-source command: containerd is not installed")
@@ -333,12 +334,14 @@ def plan_install(args) -> Plan:
 
     # The main file: version (new/empty files) and imports.
     state = {"main": main_path, "runtime": name, "via": via}
-    for k in ("main_created", "version_added"):
+    for k in ("main_created", "version_added", "conf_d_created"):
         if prev.get(k):
             state[k] = True
     edited = False
     if main_text is None:
         state["main_created"] = True
+    if not os.path.isdir(conf_d):
+        state["conf_d_created"] = True
     if "version" not in doc:
         doc["version"] = version
         state["version_added"] = edited = True
@@ -398,33 +401,36 @@ def plan_install(args) -> Plan:
     state["copied_from"] = src_name if isinstance(src, dict) else None
 
     base_spec = os.path.join(os.path.dirname(main_path), BASE_SPEC_NAME)
-    wrapper = os.path.abspath(args.wrapper_path) if getattr(args, "wrapper_path", None) else DEFAULT_WRAPPER_PATH
     if via == "wrapper":
+        from .wrapper import wrapper_change
+
+        wrapper = wrapper_for(opts)[0]
         options["BinaryName"] = wrapper
         state["wrapper"] = wrapper
-        plan.changes.append(Change(wrapper, render_wrapper(hook_config, state_dir=state_dir), mode=0o755))
+        plan.changes.extend(wrapper_change(opts))
     else:
         rt["base_runtime_spec"] = base_spec
         state["base_spec"] = base_spec
-        plan.changes.append(Change(base_spec, _base_spec_text(hook_config, state_dir), mode=0o644))
+        plan.changes.append(Change(base_spec, _base_spec_text(hook_config, state_dir, fail_closed(opts.hook_config)),
+                                   mode=0o644, ours=True))
 
     # Switching --via (or --wrapper-path): what the previous install wrote goes.
     for key in ("wrapper", "base_spec"):
         old_path = prev.get(key)
         if isinstance(old_path, str) and old_path != state.get(key) and _is_ours(key, old_path):
-            plan.changes.append(Change(old_path, None))
+            plan.changes.append(Change(old_path, None, ours=True, prune=_own_dir(old_path)))
 
     if version == 2:
         # The complete CRI section (1.6/1.7 replace it whole), plus our runtime.
         if default_name not in runtimes and default_name == "runc":
             runtimes["runc"] = {"runtime_type": RUNC_TYPE}
         runtimes[name] = rt
-        if args.set_as_default:
+        if opts.set_as_default:
             ctrd["default_runtime_name"] = name
         section = cri
     else:
         section = {"containerd": {"runtimes": {name: rt}}}
-        if args.set_as_default:
+        if opts.set_as_default:
             section["containerd"]["default_runtime_name"] = name
 
     out = tomlkit.document()
@@ -445,7 +451,7 @@ def plan_install(args) -> Plan:
     plugins[plugin] = section
     out["plugins"] = plugins
     text = tomlkit.dumps(out)
-    plan.changes.insert(0, Change(dropin, text, mode=0o644))
+    plan.changes.insert(0, Change(dropin, text, mode=0o644, ours=True))
     if new_main != main_text:
         plan.changes.insert(0, Change(main_path, new_main, mode=None))
     plan.notes.append(f"restart containerd to load the runtime {name!r}; pods select it with "
@@ -458,7 +464,7 @@ def _plain_value(item):
     return item.unwrap() if hasattr(item, "unwrap") else item
 
 
-def _base_spec_text(hook_config: str, state_dir: str | None = None) -> str:
+def _base_spec_text(hook_config: str, state_dir: str | None = None, fail_closed: bool = False) -> str:
     import json
 
     from ..registration import hook_entry
@@ -471,16 +477,25 @@ def _base_spec_text(hook_config: str, state_dir: str | None = None) -> str:
     except ValueError as e:
         raise InstallError(f"ctr oci spec printed no JSON: {e}") from None
     hooks = spec.setdefault("hooks", {})
-    entry = hook_entry(stage="createContainer", config=hook_config, state_dir=state_dir)
+    entry = hook_entry(stage="createContainer", config=hook_config, state_dir=state_dir, fail_closed=fail_closed)
     hooks.setdefault("createContainer", [])
     if entry not in hooks["createContainer"]:
         hooks["createContainer"].append(entry)
     return json.dumps(spec, indent=2) + "\n"
 
 
+def _own_dir(path: str) -> bool:
+    """Whether ``path``'s directory is compat-hook's own (``.../compat-hook/``), removed when left empty."""
+    return os.path.basename(os.path.dirname(path)) == "compat-hook"
+
+
 def _is_ours(key: str, path: str) -> bool:
-    """Whether ``path`` is a wrapper / base spec compat-hook wrote."""
+    """Whether ``path`` is a wrapper / base spec compat-hook wrote (never the Debian package's)."""
     if not (os.path.isabs(path) and os.path.isfile(path)):
+        return False
+    from .hooksd import packaged
+
+    if packaged(path):
         return False
     head = _read(path) or ""
     if key == "wrapper":
@@ -488,12 +503,12 @@ def _is_ours(key: str, path: str) -> bool:
     return "compat_hook.cli import entry" in head
 
 
-def plan_uninstall(args) -> Plan:
+def plan_uninstall(opts) -> Plan:
     from .files import Change
 
     tomlkit = _tomlkit()
     plan = Plan()
-    main_path = os.path.abspath(args.config or DEFAULT_CONFIG)
+    main_path = os.path.abspath(opts.config or DEFAULT_CONFIG)
     dropin = os.path.join(os.path.dirname(main_path), "conf.d", DROPIN_NAME)
     plan.main_path, plan.dropin_path = main_path, dropin
     text = _read(dropin)
@@ -502,12 +517,16 @@ def plan_uninstall(args) -> Plan:
         return plan
     state = _state_of(text)
     plan.runtime_name = state.get("runtime")
-    plan.changes.append(Change(dropin, None))
+    plan.changes.append(Change(dropin, None, ours=True, prune=bool(state.get("conf_d_created"))))
     for key in ("wrapper", "base_spec"):
         p = state.get(key)
         if isinstance(p, str) and os.path.isabs(p) and os.path.isfile(p):
-            if _is_ours(key, p):
-                plan.changes.append(Change(p, None))
+            if key == "wrapper":
+                from .wrapper import wrapper_removal
+
+                plan.changes.extend(wrapper_removal(p, dropin))
+            elif _is_ours(key, p):
+                plan.changes.append(Change(p, None, ours=True))
             else:
                 plan.notes.append(f"left {p} alone: it is not what compat-hook wrote")
     main_text = _read(main_path)
@@ -526,9 +545,9 @@ def plan_uninstall(args) -> Plan:
             edited = True
         new_text = tomlkit.dumps(doc)
         if state.get("main_created") and not doc.keys() and not new_text.strip():
-            plan.changes.insert(0, Change(main_path, None))
-        elif edited:
-            plan.changes.insert(0, Change(main_path, new_text))
+            plan.changes.insert(0, Change(main_path, None, ours=True))
+        elif edited:  # only what install added goes: no backup of that, none left equal to the result
+            plan.changes.insert(0, Change(main_path, new_text, backup=False, restores=True))
     return plan
 
 
@@ -566,17 +585,17 @@ def _restore(plan: Plan) -> None:
             write_atomic(c.path, c.old, backup=False)
 
 
-def _run_plan(plan: Plan, args, verify: bool) -> int:
+def _run_plan(plan: Plan, opts, verify: bool) -> int:
     from .files import apply
 
     out = sys.stdout
-    changed = apply(plan.changes, dry_run=args.dry_run, out=out)
-    if changed and not args.dry_run and verify:
+    changed = apply(plan.changes, dry_run=opts.dry_run, out=out)
+    if changed and not opts.dry_run and verify:
         why = _verify(plan)
         if why is not None:
             _restore(plan)
             raise InstallError(f"{why}; the previous files are back in place")
-    if changed and not args.dry_run:
+    if changed and not opts.dry_run:
         for n in plan.notes:
             out.write(n + "\n")
     elif not changed:
@@ -586,12 +605,12 @@ def _run_plan(plan: Plan, args, verify: bool) -> int:
     return EXIT_OK
 
 
-def install(args) -> int:
-    return _main(lambda: _run_plan(plan_install(args), args, verify=True))
+def install(opts) -> int:
+    return _main(lambda: _run_plan(plan_install(opts), opts, verify=True))
 
 
-def uninstall(args) -> int:
-    return _main(lambda: _run_plan(plan_uninstall(args), args, verify=False))
+def uninstall(opts) -> int:
+    return _main(lambda: _run_plan(plan_uninstall(opts), opts, verify=False))
 
 
 def _main(fn) -> int:

@@ -14,7 +14,8 @@ Two files:
       runtime_path = "/usr/local/libexec/compat-hook/compat-hook-runtime"
       runtime_type = "oci"
 
-  (the wrapper containerd's install renders; ``--wrapper-path`` moves it).
+  (the node's one wrapper, :mod:`compat_hook.install.wrapper`: ``--wrapper-path``,
+  else the Debian package's, else ``/usr/local/libexec/...``).
   ``--set-as-default`` adds ``[crio.runtime] default_runtime``; the ``99-``
   prefix loads the file after other drop-ins, so that default wins.
 
@@ -46,7 +47,7 @@ def _tomlkit():
         import tomlkit
     except ImportError:
         raise InstallError("install crio needs tomlkit (apt install python3-tomlkit, "
-                           "or pip install 'compat-hook[install]')") from None
+                           "or pip install tomlkit)") from None
     return tomlkit
 
 
@@ -120,15 +121,15 @@ def _runtime_path(text: str | None, path: str, name: str):
     return entry.get("runtime_path") if isinstance(entry, dict) else None
 
 
-def _dropin_change(args, remove: bool, wrapper: str | None = None):
+def _dropin_change(opts, remove: bool, wrapper: str | None = None):
     from .files import Change
 
-    path = os.path.abspath(args.config or DEFAULT_DROPIN)
+    path = os.path.abspath(opts.config or DEFAULT_DROPIN)
     change = Change(path, None, mode=None)
     if change.old is None and remove:
         return None
-    new = render_dropin(change.old, path, name=args.runtime_name, wrapper=wrapper,
-                        set_default=bool(getattr(args, "set_as_default", False)), remove=remove)
+    new = render_dropin(change.old, path, name=opts.runtime_name, wrapper=wrapper,
+                        set_default=opts.set_as_default, remove=remove)
     if new is not None and change.old is not None:
         if _parse(path, change.old).unwrap() == _parse(path, new).unwrap():
             new = change.old  # the same settings: leave the bytes alone
@@ -136,29 +137,39 @@ def _dropin_change(args, remove: bool, wrapper: str | None = None):
     return change
 
 
-def install(args) -> int:
-    hooksd.check_args(args, "crio")
-    hooks = hooksd.changes(args, "crio")
-    wrapper = hooksd.wrapper_change(args)
-    dropin = _dropin_change(args, remove=False, wrapper=wrapper.path)
-    hooksd.run([(hooks + [wrapper, dropin], False)], args, "crio", verb="registered",
+def install(opts) -> int:
+    from .checks import enforce, registered_config
+    from .wrapper import wrapper_for
+
+    hooksd.check_args(opts, "crio")
+    enforce(opts.hook_config, "wrapper", hooksd.say, hook_elsewhere=True)
+    if registered_config(opts.hook_config)[0].mode == "env":
+        hooksd.say(f"warning: mode: env takes effect only for pods of the runtime handler {opts.runtime_name!r} "
+                   f"(runtimeClassName); the hooks.d hook cannot set LD_LIBRARY_PATH")
+    hooks = hooksd.changes(opts, "crio")
+    path = wrapper_for(opts)[0]
+    wrapper = hooksd.wrapper_change(opts)
+    dropin = _dropin_change(opts, remove=False, wrapper=path)
+    old = _runtime_path(dropin.old, dropin.path, opts.runtime_name)
+    wrapper += hooksd.wrapper_removal(old, dropin.path, keep=path)
+    hooksd.run([(hooks + wrapper + [dropin], False)], opts, "crio", verb="registered",
                after=f"crio: hook {hooks[0].path} (used by new containers at once) and runtime handler "
-                     f"{args.runtime_name!r} -> {wrapper.path} in {dropin.path}; restart CRI-O to load "
+                     f"{opts.runtime_name!r} -> {path} in {dropin.path}; restart CRI-O to load "
                      f"the handler (systemctl restart crio)")
     hooksd.note_dir(os.path.dirname(hooks[0].path), "crio")
     return 0
 
 
-def uninstall(args) -> int:
-    hooksd.check_args(args, "crio")
-    hooks = hooksd.removals(args, "crio", keep_packaged=True)
-    dropin = _dropin_change(args, remove=True)
+def uninstall(opts) -> int:
+    hooksd.check_args(opts, "crio")
+    hooks = hooksd.removals(opts, "crio", keep_packaged=True)
+    dropin = _dropin_change(opts, remove=True)
     groups = [(hooks, False)]
     if dropin is not None:
         groups.append(([dropin], False))
-        wrapper = _runtime_path(dropin.old, dropin.path, args.runtime_name)
+        wrapper = _runtime_path(dropin.old, dropin.path, opts.runtime_name)
         groups.append((hooksd.wrapper_removal(wrapper, dropin.path), False))
-    hooksd.run(groups, args, "crio", verb="unregistered",
+    hooksd.run(groups, opts, "crio", verb="unregistered",
                after="crio: unregistered; restart CRI-O to drop the runtime handler "
                      "(systemctl restart crio)")
     return 0

@@ -7,14 +7,19 @@ Docker has no drop-ins and no hooks.d: the runtime wrapper is registered in
 
 and used per container (``docker run --runtime cuda-compat``) or for every
 container with ``--set-as-default`` (``"default-runtime": "cuda-compat"``).
-The wrapper is the one containerd's install renders (``--wrapper-path``,
-default ``/usr/local/libexec/compat-hook/compat-hook-runtime``); it execs the
-config's ``runtime:`` (runc by default) for every verb.
+The wrapper is the node's one wrapper (:mod:`compat_hook.install.wrapper`:
+``--wrapper-path``, else the Debian package's, else
+``/usr/local/libexec/compat-hook/compat-hook-runtime``), rendered with
+``--hook-config`` and ``--state-dir``; it execs the config's ``runtime:``
+(runc by default) for every verb.
 Every other key, their order and the file's indentation (detected: two
 spaces, four, a tab, or one line) are kept, and a file whose settings would
-not change is not rewritten. A backup is taken before each change. ``uninstall`` removes the entry (and ``runtimes`` when that leaves
-it empty) and resets ``default-runtime`` only when it names this runtime
-(Docker's default, runc, applies again). Docker reads the file at start:
+not change is not rewritten. A backup is taken before each change.
+``uninstall`` removes the entry (and ``runtimes`` when that leaves it
+empty) and resets ``default-runtime`` only when it names this runtime
+(Docker's default, runc, applies again); a daemon.json left holding nothing
+(``{}``) whose backups hold nothing but this entry was compat-hook's alone
+and is removed with them. Docker reads the file at start:
 ``systemctl restart docker`` afterwards; the commands never restart it.
 """
 
@@ -101,56 +106,77 @@ def edit(data: dict, *, name: str, wrapper: str | None, set_default: bool, remov
     return data
 
 
-def _plan(args, remove: bool):
-    """``(daemon.json change, wrapper changes)``."""
-    from .files import Change
+def _only_ours(text: str | None, path: str, name: str) -> bool:
+    """Whether a daemon.json text holds nothing but runtime ``name`` (and a default naming it)."""
+    try:
+        data = _load(path, text)
+    except InstallError:
+        return False
+    return edit(data, name=name, wrapper=None, set_default=False, remove=True) == {}
 
-    path = os.path.abspath(args.config or DEFAULT_CONFIG)
+
+def _plan(opts, remove: bool):
+    """``(daemon.json change, wrapper changes)``."""
+    from .files import Change, backups_of, read_text
+
+    path = os.path.abspath(opts.config or DEFAULT_CONFIG)
     if os.path.isdir(path):
         raise InstallError(f"{path} is a directory")
     change = Change(path, None)
     old = change.old
     data = _load(path, old)
-    name = args.runtime_name
+    name = opts.runtime_name
+    runtimes = data.get("runtimes") if isinstance(data.get("runtimes"), dict) else {}
+    entry = runtimes.get(name)
+    old_wrapper = entry.get("path") if isinstance(entry, dict) else None
     if remove:
-        entry = (data.get("runtimes") or {}).get(name) if isinstance(data.get("runtimes"), dict) else None
-        wrappers = hooksd.wrapper_removal(entry.get("path") if isinstance(entry, dict) else None, path)
+        wrappers = hooksd.wrapper_removal(old_wrapper, path)
+        new_path = None
     else:
-        wrapper = hooksd.wrapper_change(args)
-        wrappers = [wrapper]
+        from .checks import enforce
+        from .wrapper import wrapper_for
+
+        enforce(opts.hook_config, "wrapper", say)
+        new_path = wrapper_for(opts)[0]
+        wrappers = hooksd.wrapper_change(opts)
+        # A registration moving to another wrapper (e.g. the Debian package's) drops the old one.
+        wrappers += hooksd.wrapper_removal(old_wrapper, path, keep=new_path)
         previous = data.get("default-runtime")
-        if getattr(args, "set_as_default", False) and previous not in (None, name, "runc"):
-            entry = (data.get("runtimes") or {}).get(previous) if isinstance(data.get("runtimes"), dict) else None
-            real = entry.get("path") if isinstance(entry, dict) and isinstance(entry.get("path"), str) else previous
+        if opts.set_as_default and previous not in (None, name, "runc"):
+            prev = runtimes.get(previous)
+            real = prev.get("path") if isinstance(prev, dict) and isinstance(prev.get("path"), str) else previous
             say(f"note: default-runtime was {previous!r}; uninstall resets it to Docker's default (runc), "
                 f"not to {previous!r}. If containers need it, set `runtime: {real}` in "
                 f"compat-hook's config: the wrapper execs that runtime")
-    new_data = edit(data, name=name, wrapper=None if remove else wrappers[0].path,
-                    set_default=bool(getattr(args, "set_as_default", False)), remove=remove)
+    new_data = edit(data, name=name, wrapper=new_path, set_default=opts.set_as_default, remove=remove)
     if new_data == data and old is not None:
         change.new = old  # the same settings: never reformat someone's file
+    elif remove and new_data == {} and all(_only_ours(read_text(b), path, name) for b in backups_of(path)):
+        change.new, change.ours = None, True  # it was ours alone: no file, no backups left
     else:
         change.new = render(new_data, detect_indent(old) if old else "    ")
-    return change, wrappers
+        if remove:  # only our entry goes: no backup of that, none left equal to the result
+            change.backup, change.restores = False, True
+    return change, wrappers, new_path
 
 
-def install(args) -> int:
-    hooksd.check_args(args, "docker")
-    change, wrappers = _plan(args, remove=False)
-    hooksd.run([(wrappers, False), ([change], True)], args, "docker", verb="registered",
-               after=f"docker: runtime {args.runtime_name!r} -> {wrappers[0].path} in {change.path}; "
+def install(opts) -> int:
+    hooksd.check_args(opts, "docker")
+    change, wrappers, wrapper = _plan(opts, remove=False)
+    hooksd.run([(wrappers, False), ([change], True)], opts, "docker", verb="registered",
+               after=f"docker: runtime {opts.runtime_name!r} -> {wrapper} in {change.path}; "
                      f"restart the daemon to load it (systemctl restart docker), then "
-                     f"docker run --runtime {args.runtime_name} ...")
+                     f"docker run --runtime {opts.runtime_name} ...")
     return 0
 
 
-def uninstall(args) -> int:
-    hooksd.check_args(args, "docker")
-    change, wrappers = _plan(args, remove=True)
+def uninstall(opts) -> int:
+    hooksd.check_args(opts, "docker")
+    change, wrappers, _ = _plan(opts, remove=True)
     if change.old is None:
         say(f"docker: {change.path} does not exist; nothing to remove")
         return 0
-    hooksd.run([([change], True), (wrappers, False)], args, "docker", verb="unregistered",
-               after=f"docker: runtime {args.runtime_name!r} removed from {change.path}; "
+    hooksd.run([([change], True), (wrappers, False)], opts, "docker", verb="unregistered",
+               after=f"docker: runtime {opts.runtime_name!r} removed from {change.path}; "
                      f"restart the daemon (systemctl restart docker)")
     return 0

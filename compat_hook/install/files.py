@@ -23,14 +23,27 @@ The whole API (nothing else here is meant to be used from outside):
     The name a backup of ``path`` gets: ``PATH.compat-hook-YYYYmmddTHHMMSS.bak``
     (``-2``, ``-3``... when taken within the same second). The suffix never ends
     in ``.toml``/``.json``/``.conf``, so engines' drop-in globs never load a backup.
-``Change(path, new, mode=None)``
+``backups_of(path) -> list``
+    The backups :func:`backup_path` made of ``path`` (sorted).
+``Change(path, new, mode=None, *, backup=None, ours=False, prune=False, restores=False)``
     One planned file change (``new=None``: delete). ``.old``, ``.changed``,
-    ``.diff()``.
+    ``.diff()``. ``backup``: take a backup before replacing (``None``: as
+    :func:`apply` says). ``ours``: compat-hook generates the file whole, so
+    deleting it takes no backup and also deletes the backups earlier
+    changes of it left (nothing of ours stays behind). ``restores``: an
+    uninstall taking out only what install added; backups identical to the
+    result are dropped (the file is what they hold). ``prune``: after
+    deleting it, remove its directory too when that is left empty (and
+    then an empty ``libexec`` above it, which the install created for it).
 ``apply(changes, *, dry_run=False, out=None, backup=True) -> bool``
     Dry run: print the diff of every changed file (``no changes`` when there
     is none). Otherwise write them in order and print one line per file
     (``wrote PATH (backup: B)`` / ``removed PATH``), or ``no changes``.
     Returns whether anything was (or would be) changed.
+
+Every write of a host file in ``compat-hook install`` goes through
+:func:`write_atomic`; the container-side writes (``rootfs.Root.write_file``)
+are separate, confined to a directory fd.
 """
 
 from __future__ import annotations
@@ -39,7 +52,7 @@ import os
 import sys
 import time
 
-__all__ = ["read_text", "diff", "write_atomic", "remove", "backup_path", "Change", "apply"]
+__all__ = ["read_text", "diff", "write_atomic", "remove", "backup_path", "backups_of", "Change", "apply"]
 
 
 def read_text(path: str) -> str | None:
@@ -74,6 +87,12 @@ def backup_path(path: str) -> str:
         n += 1
         cand = f"{base}-{n}.bak"
     return cand
+
+
+def backups_of(path: str) -> list:
+    import glob
+
+    return sorted(glob.glob(glob.escape(path) + ".compat-hook-*.bak"))
 
 
 def _target(path: str) -> str:
@@ -158,12 +177,17 @@ def remove(path: str, backup: bool = True) -> str | None:
 class Change:
     """A planned change of one file: ``new`` text, or ``None`` to delete it."""
 
-    __slots__ = ("path", "new", "mode", "old")
+    __slots__ = ("path", "new", "mode", "old", "backup", "ours", "prune", "restores")
 
-    def __init__(self, path: str, new: str | None, mode: int | None = None) -> None:
+    def __init__(self, path: str, new: str | None, mode: int | None = None, *, backup: bool | None = None,
+                 ours: bool = False, prune: bool = False, restores: bool = False) -> None:
         self.path = os.path.abspath(path)
         self.new = new
         self.mode = mode
+        self.backup = backup
+        self.ours = ours
+        self.prune = prune
+        self.restores = restores
         self.old = read_text(_target(self.path)) if os.path.lexists(self.path) else None
 
     @property
@@ -184,6 +208,19 @@ class Change:
         return f"Change({self.path!r}, {'delete' if self.new is None else 'write'})"
 
 
+def _prune(d: str, out) -> None:
+    """Remove ``d`` when empty, then its parent when that is an empty ``libexec`` (created for it)."""
+    for _ in range(2):
+        try:
+            os.rmdir(d)
+        except OSError:  # not empty (someone else's files) or gone
+            return
+        out.write(f"removed {d}/\n")
+        d = os.path.dirname(d)
+        if os.path.basename(d) != "libexec":
+            return
+
+
 def apply(changes, *, dry_run: bool = False, out=None, backup: bool = True) -> bool:
     out = out if out is not None else sys.stdout
     todo = [c for c in changes if c.changed]
@@ -191,15 +228,27 @@ def apply(changes, *, dry_run: bool = False, out=None, backup: bool = True) -> b
         out.write("no changes\n")
         return False
     for c in todo:
+        keep = (backup if c.backup is None else c.backup) and not (c.new is None and c.ours)
         if dry_run:
             out.write(c.diff())
             continue
         if c.new is None:
-            bak = remove(c.path, backup=backup)
+            bak = remove(c.path, backup=keep)
             out.write(f"removed {c.path}" + (f" (backup: {bak})" if bak else "") + "\n")
+            if c.ours:
+                for old in backups_of(c.path):
+                    os.unlink(old)
+                    out.write(f"removed {old}\n")
+            if c.prune:
+                _prune(os.path.dirname(c.path), out)
         else:
-            bak = write_atomic(c.path, c.new, mode=c.mode, backup=backup)
+            bak = write_atomic(c.path, c.new, mode=c.mode, backup=keep)
             out.write(f"wrote {c.path}" + (f" (backup: {bak})" if bak else "") + "\n")
+            if c.restores:
+                for old in backups_of(c.path):
+                    if read_text(old) == c.new:  # the file is that backup again
+                        os.unlink(old)
+                        out.write(f"removed {old} (the file is back as it was)\n")
     if dry_run:
         out.write(f"dry run: {len(todo)} file(s) would change; nothing written\n")
     return True

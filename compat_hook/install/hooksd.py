@@ -22,7 +22,8 @@ before pivot_root with the host filesystem visible, which the ldconfig mode
 and the host-store bind mount need.
 
 The hook entry is :func:`compat_hook.registration.hook_entry` (``-I -S``, an
-explicit ``env``), with one change: an interpreter that is
+explicit ``env``, the fail-open boot code; ``--fail-closed`` when the
+configuration says ``on_error: fail``). An interpreter that is
 ``/usr/bin/python3.11`` because ``/usr/bin/python3`` links to it is written as
 ``/usr/bin/python3``, so a distribution upgrade to the next Python minor
 version does not leave every container start pointing at a removed binary.
@@ -42,7 +43,7 @@ from ..errors import CompatHookError, UsageError
 __all__ = ["DEFAULT_DIR", "OVERRIDE_DIR", "FILE_NAME", "InstallError", "document", "render",
            "target_path", "is_ours", "packaged", "changes", "removals", "install", "uninstall",
            "stable_interpreter", "package_document", "wrapper_change", "wrapper_removal", "run",
-           "note_dir", "say", "check_args"]
+           "note_dir", "say", "check_args", "WRAPPER_MARK", "ENGINE_FILES"]
 
 DEFAULT_DIR = "/usr/share/containers/oci/hooks.d"
 OVERRIDE_DIR = "/etc/containers/oci/hooks.d"
@@ -74,23 +75,13 @@ def stable_interpreter(exe: str) -> str:
     return _stable(exe)
 
 
-def _set_interpreter(entry: dict, exe: str, paths: list | None = None) -> dict:
-    from ..registration import boot_code
-
-    args = list(entry["args"])
-    args[0] = exe
-    if paths is not None:
-        args[args.index("-c") + 1] = boot_code(list(paths))
-    return dict(entry, path=exe, args=args)
-
-
-def document(args) -> dict:
-    """The hooks.d document for the running installation (``--hook-config`` applies)."""
+def document(opts) -> dict:
+    """The hooks.d document for the running installation (``--hook-config``, ``--state-dir`` apply)."""
     from ..registration import hook_entry, hooksd_document
+    from .wrapper import fail_closed
 
-    entry = hook_entry(stage=STAGE, config=getattr(args, "hook_config", None),
-                       state_dir=getattr(args, "state_dir", None))
-    entry = _set_interpreter(entry, stable_interpreter(entry["path"]))
+    entry = hook_entry(stage=STAGE, config=opts.hook_config, state_dir=opts.state_dir,
+                       fail_closed=fail_closed(opts.hook_config))
     return hooksd_document(entry, stages=[STAGE])
 
 
@@ -99,8 +90,8 @@ def package_document(python: str = "/usr/bin/python3",
     """The document the Debian package ships (the installed locations, not this tree's)."""
     from ..registration import hook_entry, hooksd_document
 
-    entry = _set_interpreter(hook_entry(stage=STAGE, config=config), python, list(paths))
-    return hooksd_document(entry, stages=[STAGE])
+    return hooksd_document(hook_entry(stage=STAGE, config=config, python=python, paths=list(paths)),
+                           stages=[STAGE])
 
 
 def render(doc: dict) -> str:
@@ -124,13 +115,11 @@ def is_ours(text: str | None) -> bool:
     return isinstance(args, list) and any(isinstance(a, str) and _MARK in a for a in args)
 
 
-def target_path(args) -> str:
-    """``--config`` (the file itself) or ``--hooks-dir`` / the default dir + ``50-compat-hook.json``."""
-    explicit = getattr(args, "config", None) if getattr(args, "engine", None) == "podman" else None
-    if explicit:
-        return os.path.abspath(explicit)
-    d = getattr(args, "hooks_dir", None) or DEFAULT_DIR
-    return os.path.join(os.path.abspath(d), FILE_NAME)
+def target_path(opts) -> str:
+    """``--config`` (podman: the file itself) or ``--hooks-dir`` / the default dir + ``50-compat-hook.json``."""
+    if opts.engine == "podman" and opts.config:
+        return os.path.abspath(opts.config)
+    return os.path.join(os.path.abspath(opts.hooks_dir or DEFAULT_DIR), FILE_NAME)
 
 
 def packaged(path: str) -> bool:
@@ -144,70 +133,37 @@ def packaged(path: str) -> bool:
 
 
 # --------------------------------------------------------------------------- the runtime wrapper
-# Docker and CRI-O register the same rendered shell wrapper as containerd
-# (compat_hook/data/compat-hook-runtime.sh through runtime.render_wrapper),
-# at the same default path, rendered the same way, so installing for several
-# engines never rewrites it back and forth.
+# Docker and CRI-O register the same wrapper as containerd (compat_hook.install.wrapper).
+from .wrapper import WRAPPER_MARK  # noqa: E402  (the mark a rendered wrapper starts with)
 
-WRAPPER_MARK = "#!/bin/sh\n# compat-hook-runtime:"
 #: Where the other engines' registrations name the wrapper (read to tell whether it is shared).
 ENGINE_FILES = ("/etc/containerd/conf.d/99-zz-compat-hook.toml", "/etc/docker/daemon.json",
                 "/etc/crio/crio.conf.d/99-compat-hook.toml")
 
 
-def wrapper_change(args):
-    """The :class:`~compat_hook.install.files.Change` writing the rendered wrapper (mode 0755)."""
-    from ..config import DEFAULT_PATH
-    from ..runtime import DEFAULT_WRAPPER_PATH, render_wrapper
-    from .files import Change
+def wrapper_change(opts) -> list:
+    """See :func:`compat_hook.install.wrapper.wrapper_change`."""
+    from .wrapper import wrapper_change as _change
 
-    explicit = getattr(args, "wrapper_path", None)
-    path = os.path.abspath(explicit) if explicit else DEFAULT_WRAPPER_PATH
-    hook_config = getattr(args, "hook_config", None)
-    change = Change(path, render_wrapper(os.path.abspath(hook_config) if hook_config else DEFAULT_PATH),
-                    mode=0o755)
-    if os.path.lexists(path) and not os.path.isfile(path):
-        raise InstallError(f"{path} exists and is not a regular file")
-    if change.old is not None and change.changed and not change.old.startswith(WRAPPER_MARK):
-        raise InstallError(f"{path} exists and is not compat-hook's runtime wrapper; "
-                           f"move it away or use --wrapper-path")
-    return change
+    return _change(opts)
 
 
-def wrapper_removal(path, own_config: str) -> list:
-    """Remove the wrapper at ``path`` unless another engine's registration still names it."""
-    from .files import Change
+def wrapper_removal(path, own_config: str, *, keep: str | None = None) -> list:
+    """See :func:`compat_hook.install.wrapper.wrapper_removal`."""
+    from .wrapper import wrapper_removal as _removal
 
-    if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isfile(path):
-        return []
-    change = Change(path, None)
-    if not (change.old or "").startswith(WRAPPER_MARK):
-        say(f"note: left {path} alone: it is not compat-hook's runtime wrapper")
-        return []
-    for other in ENGINE_FILES:
-        if os.path.abspath(other) == os.path.abspath(own_config):
-            continue
-        text = None
-        try:
-            with open(other, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-        except OSError:
-            pass
-        if text and path in text:
-            say(f"note: kept {path}: {other} still uses it")
-            return []
-    return [change]
+    return _removal(path, own_config, keep=keep)
 
 
 # --------------------------------------------------------------------------- commands
 
 
-def changes(args, engine: str) -> list:
+def changes(opts, engine: str) -> list:
     """The :class:`~compat_hook.install.files.Change` that registers the hook (may be unchanged)."""
     from .files import Change
 
-    path = target_path(args)
-    change = Change(path, render(document(args)), mode=0o644)
+    path = target_path(opts)
+    change = Change(path, render(document(opts)), mode=0o644, backup=False, ours=True)
     old = change.old
     if old is None and os.path.lexists(path) and not os.path.isfile(path):
         raise InstallError(f"{path} exists and is not a regular file")
@@ -222,7 +178,7 @@ def changes(args, engine: str) -> list:
     return [change]
 
 
-def removals(args, engine: str, *, keep_packaged: bool = False) -> list:
+def removals(opts, engine: str, *, keep_packaged: bool = False) -> list:
     """The Change that removes our hooks.d file (empty when there is none).
 
     A file of the Debian package is dpkg's: an error, or with ``keep_packaged``
@@ -230,8 +186,8 @@ def removals(args, engine: str, *, keep_packaged: bool = False) -> list:
     """
     from .files import Change
 
-    path = target_path(args)
-    change = Change(path, None)
+    path = target_path(opts)
+    change = Change(path, None, ours=True)
     if change.old is None:
         return []
     if not is_ours(change.old):
@@ -246,7 +202,7 @@ def removals(args, engine: str, *, keep_packaged: bool = False) -> list:
     return [change]
 
 
-def run(groups: list, args, engine: str, *, verb: str, after: str = "") -> int:
+def run(groups: list, opts, engine: str, *, verb: str, after: str = "") -> int:
     """Apply (or, with ``--dry-run``, diff) groups of ``(changes, backup)``; say what happened.
 
     Files compat-hook generates whole (the hooks.d file) are replaced without
@@ -254,7 +210,7 @@ def run(groups: list, args, engine: str, *, verb: str, after: str = "") -> int:
     """
     from . import files
 
-    dry = bool(getattr(args, "dry_run", False))
+    dry = opts.dry_run
     changed = False
     for chs, backup in groups:
         if any(c.changed for c in chs):
@@ -267,18 +223,21 @@ def run(groups: list, args, engine: str, *, verb: str, after: str = "") -> int:
     return 0
 
 
-def install(args, engine: str = "podman") -> int:
+def install(opts, engine: str = "podman") -> int:
     """Write the hooks.d file; 0 whether it changed or was already there."""
-    ch = changes(args, engine)
-    run([(ch, False)], args, engine, verb="registered",
+    from .checks import enforce
+
+    enforce(opts.hook_config, "hook", say)
+    ch = changes(opts, engine)
+    run([(ch, False)], opts, engine, verb="registered",
         after=f"{engine}: the createContainer hook {ch[0].path} is in place; it fires for every "
               f"container and skips those that request no GPU")
     note_dir(os.path.dirname(ch[0].path), engine)
     return 0
 
 
-def uninstall(args, engine: str = "podman") -> int:
-    return run([(removals(args, engine), False)], args, engine, verb="unregistered")
+def uninstall(opts, engine: str = "podman") -> int:
+    return run([(removals(opts, engine), False)], opts, engine, verb="unregistered")
 
 
 def note_dir(d: str, engine: str) -> None:
@@ -288,6 +247,6 @@ def note_dir(d: str, engine: str) -> None:
         say(f"note: CRI-O reads {d} only if crio.runtime.hooks_dir lists it")
 
 
-def check_args(args, engine: str) -> None:
-    if getattr(args, "via", None) not in (None, "wrapper"):
-        raise UsageError(f"--via {args.via} is containerd-only; {engine} uses hooks.d")
+def check_args(opts, engine: str) -> None:
+    if opts.via not in (None, "wrapper"):
+        raise UsageError(f"--via {opts.via} is containerd-only; {engine} uses hooks.d")

@@ -1,11 +1,13 @@
 """``compat-hook install|uninstall podman``: the hooks.d file, nothing else.
 
-Podman needs no runtime registration: it reads hooks.d for every container
-(``/usr/share/containers/oci/hooks.d`` by default; see
-:mod:`compat_hook.install.hooksd`). ``--config FILE`` names the hooks.d file
-itself, ``--hooks-dir DIR`` its directory. The env mode (``LD_LIBRARY_PATH``)
-needs the runtime wrapper instead: ``podman --runtime /usr/bin/compat-hook-runtime``
-(docs/engines.md).
+Podman needs no runtime registration: it reads hooks.d for every container.
+Podman 4.x reads only ``/usr/share/containers/oci/hooks.d`` unless
+``--hooks-dir`` or ``hooks_dir`` in containers.conf say otherwise, so that is
+where the file goes (see :mod:`compat_hook.install.hooksd`). ``--config FILE``
+names the hooks.d file itself, ``--hooks-dir DIR`` its directory. The env mode
+(``LD_LIBRARY_PATH``) needs the runtime wrapper instead (``podman --runtime
+WRAPPER``, docs/engines.md); ``install podman`` refuses a configuration with
+``mode: env``, which the hook alone can never apply.
 """
 
 from __future__ import annotations
@@ -15,17 +17,13 @@ from . import hooksd
 __all__ = ["install", "uninstall"]
 
 
-def _notes(args) -> None:
-    if getattr(args, "set_as_default", False):
+def install(opts) -> int:
+    hooksd.check_args(opts, "podman")
+    if opts.set_as_default:
         hooksd.say("note: --set-as-default has no meaning for podman (hooks.d applies to every runtime)")
+    return hooksd.install(opts, "podman")
 
 
-def install(args) -> int:
-    hooksd.check_args(args, "podman")
-    _notes(args)
-    return hooksd.install(args, "podman")
-
-
-def uninstall(args) -> int:
-    hooksd.check_args(args, "podman")
-    return hooksd.uninstall(args, "podman")
+def uninstall(opts) -> int:
+    hooksd.check_args(opts, "podman")
+    return hooksd.uninstall(opts, "podman")

@@ -124,7 +124,7 @@ def hooksd_text() -> bytes:
 def wrapper_text() -> bytes:
     """The runtime wrapper rendered for the installed locations (``podman --runtime``, ``--wrapper-path``)."""
     sys.path.insert(0, str(REPO))
-    from compat_hook.runtime import render_wrapper
+    from compat_hook.install.wrapper import render_wrapper
 
     return render_wrapper(None, python=SYSTEM_PYTHON, paths=["/" + DIST_PACKAGES]).encode()
 
