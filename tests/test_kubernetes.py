@@ -250,8 +250,12 @@ def test_daemonset_image_installs_on_a_fake_node(image, tmp_path):
 
 @pytest.mark.containers
 def test_installer_writes_node_paths(image, tmp_path):
-    """One install, then the files: node paths only, the wrapper at the fixed path."""
+    """One install, then the files: node paths only, the wrapper at the fixed path, and the NVIDIA
+    toolkit's config.toml on the node registered too (its runtimes start with the wrapper)."""
     node = _fake_node(tmp_path)
+    tk = node / "etc/nvidia-container-runtime/config.toml"
+    tk.parent.mkdir(parents=True)
+    tk.write_text('# the toolkit\'s config\n[nvidia-container-runtime]\nmode = "cdi"\nruntimes = ["runc", "crun"]\n')
     pm = start_podman(tmp_path / "pm", image["tar"])
     try:
         podman_run = " ".join(shlex.quote(str(a)) for a in pm.argv("run", "--rm", *RUN_FLAGS))
@@ -272,5 +276,9 @@ def test_installer_writes_node_paths(image, tmp_path):
     assert f"/opt/compat-hook/{copy.name}/lib" in wrapper and str(tmp_path) not in wrapper
     assert "ch_python=/usr/bin/python3" in wrapper
     assert (node / "etc/compat-hook/config.yaml").read_text() == (copy / "share/config.yaml").read_text()
+    toolkit = tomllib.loads(tk.read_text())["nvidia-container-runtime"]
+    assert toolkit["runtimes"] == ["/opt/compat-hook/bin/compat-hook-runtime", "runc", "crun"], p.stdout
+    assert "registered under the NVIDIA toolkit's /etc/nvidia-container-runtime/config.toml" in p.stdout
+    assert tk.read_text().startswith("# the toolkit's config\n")  # its formatting kept
     launcher = (node / "opt/compat-hook/bin/compat-hook").read_text()
     assert f"/opt/compat-hook/{copy.name}/bin/compat-hook" in launcher

@@ -25,7 +25,18 @@
 #      containerd restart: the next container start runs the new copy.
 #      $HOST_PREFIX/bin/compat-hook runs the current copy for the node's admin
 #      (`/opt/compat-hook/bin/compat-hook explain --bundle ...`);
-#   4. restarts containerd only when RESTART_CONTAINERD=true and the
+#   4. where the node has the NVIDIA Container Toolkit's config.toml (the GPU
+#      Operator's /usr/local/nvidia/toolkit/.config/nvidia-container-runtime/
+#      config.toml, or /etc/nvidia-container-runtime/config.toml), runs
+#      `compat-hook install nvidia-toolkit` on it, so containers started
+#      through the NVIDIA runtime go through the same wrapper. The operator's
+#      toolkit container rewrites that file from scratch whenever it starts
+#      (nvidia-ctk-installer deletes /usr/local/nvidia/toolkit first), so
+#      `run` checks it every $TOOLKIT_RECHECK seconds and registers again
+#      when it changed. The durable setting is the operator's own: ClusterPolicy
+#      spec.toolkit.env NVIDIA_CONTAINER_RUNTIME_RUNTIMES=
+#      "$HOST_PREFIX/bin/compat-hook-runtime,runc,crun" (docs/engines.md);
+#   5. restarts containerd only when RESTART_CONTAINERD=true and the
 #      registration changed (default off: restart it yourself with
 #      `systemctl restart containerd` in a maintenance window). The restart runs
 #      $RESTART_COMMAND, by default `nsenter --target 1 --mount --uts --ipc --net
@@ -39,6 +50,7 @@
 #   RUNTIME_NAME [cuda-compat]  INSTALL_ARGS [] (e.g. "--set-as-default")
 #   CONFIG_SOURCE []  RESTART_CONTAINERD [false]  RESTART_COMMAND [see above]
 #   UNINSTALL_ON_STOP [true]  READY_FILE [/tmp/compat-hook-ready]
+#   TOOLKIT_CONFIGS [the two paths in 4.]  TOOLKIT_RECHECK [30]
 # Only POSIX sh and busybox applets are used.
 set -eu
 
@@ -54,6 +66,9 @@ RESTART_CONTAINERD=${RESTART_CONTAINERD:-false}
 RESTART_COMMAND=${RESTART_COMMAND:-nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd}
 UNINSTALL_ON_STOP=${UNINSTALL_ON_STOP:-true}
 READY_FILE=${READY_FILE:-/tmp/compat-hook-ready}
+TOOLKIT_CONFIGS=${TOOLKIT_CONFIGS:-/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml /etc/nvidia-container-runtime/config.toml}
+TOOLKIT_RECHECK=${TOOLKIT_RECHECK:-30}
+TOOLKIT_STATE=${TOOLKIT_STATE:-/tmp/compat-hook-toolkit}
 
 log() { echo "compat-hook-k8s: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -172,6 +187,7 @@ do_install() {
         --runtime-name "$RUNTIME_NAME" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" \
         $INSTALL_ARGS >&2 || die "compat-hook install containerd failed"
     launcher "$dest"
+    sync_toolkit "$dest"
     after=$(containerd_sum)
     if [ "$before" != "$after" ]; then
         restart_containerd || true
@@ -181,6 +197,26 @@ do_install() {
     prune "$dest"
     echo "$dest" > "$READY_FILE"
     log "ready: runtime '$RUNTIME_NAME' -> compat-hook $dest"
+}
+
+# Register (again) under every NVIDIA toolkit config on the node whose content
+# changed since we last did; quiet when nothing changed.
+sync_toolkit() {
+    dest=$1
+    mkdir -p "$TOOLKIT_STATE"
+    for cfg in $TOOLKIT_CONFIGS; do
+        [ -f "$HOST_ROOT$cfg" ] || continue
+        key=$(echo "$cfg" | tr '/' '_')
+        sum=$(md5sum < "$HOST_ROOT$cfg")
+        [ "$sum" = "$(cat "$TOOLKIT_STATE/$key" 2>/dev/null)" ] && continue
+        if compat_hook "$dest" install nvidia-toolkit --config "$cfg" \
+                --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" >&2; then
+            md5sum < "$HOST_ROOT$cfg" > "$TOOLKIT_STATE/$key"
+            log "registered under the NVIDIA toolkit's $cfg"
+        else
+            log "warning: compat-hook install nvidia-toolkit --config $cfg failed"
+        fi
+    done
 }
 
 do_uninstall() {
@@ -193,6 +229,12 @@ do_uninstall() {
     [ -d "$HOST_ROOT$dest/lib" ] || dest=$(copy_payload)
     before=$(containerd_sum)
 
+    for cfg in $TOOLKIT_CONFIGS; do
+        [ -f "$HOST_ROOT$cfg" ] || continue
+        compat_hook "$dest" uninstall nvidia-toolkit --config "$cfg" >&2 ||
+            log "warning: compat-hook uninstall nvidia-toolkit --config $cfg failed"
+    done
+    rm -rf "$TOOLKIT_STATE"
     compat_hook "$dest" uninstall containerd --config "$CONTAINERD_CONFIG" \
         --runtime-name "$RUNTIME_NAME" >&2 || die "compat-hook uninstall containerd failed"
     after=$(containerd_sum)
@@ -208,7 +250,10 @@ case ${1:-run} in
     run)
         do_install
         trap 'exit 0' TERM INT
-        while :; do sleep 3600 & wait $! || true; done ;;
+        while :; do
+            sleep "$TOOLKIT_RECHECK" & wait $! || true
+            sync_toolkit "$(cat "$READY_FILE")"
+        done ;;
     install) do_install ;;
     uninstall) do_uninstall ;;
     help|-h|--help) sed -n '2,30p' "$0" ;;
