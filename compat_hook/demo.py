@@ -83,6 +83,32 @@ def _table(work: str, rootfs: str) -> None:
     print("\n(each line is `compat-hook explain --rootfs IMAGE --host-root HOST`; it changes nothing)")
 
 
+def _plan(work: str, rootfs: str) -> None:
+    """``compat-hook plan`` for the example images across a driver upgrade."""
+    import json
+
+    from . import config as _config_mod
+    from .plan import plan, render_text
+
+    images = []
+    for name, root, env in (("cuda-12.9-with-compat", rootfs, ["CUDA_VERSION=12.9.0"]),
+                            ("cuda-12.9-no-compat", os.path.join(work, "plain"), ["CUDA_VERSION=12.9.0"]),
+                            ("cuda-12.2-no-compat", os.path.join(work, "plain"), ["CUDA_VERSION=12.2.2"])):
+        os.makedirs(root, exist_ok=True)
+        bundle = os.path.join(work, "images", name)
+        _write(os.path.join(bundle, "config.json"),
+               json.dumps({"ociVersion": "1.0.2", "root": {"path": root}, "process": {"env": env}}))
+        images.append(bundle)
+    host = make_host(os.path.join(work, "plan-host"), "550.54.15", "NVIDIA H100 80GB HBM3")
+    cfg = _config_mod.load(_config(work, host, "plan"))
+    print("\nBefore a rolling upgrade from R550 to R580, `compat-hook plan IMAGE... --driver 580.65.06`")
+    print("predicts each image's outcome on both drivers (the same assessment the hook runs):\n")
+    report = plan(cfg, images, driver="580.65.06")
+    for i in report["images"]:
+        i["image"] = os.path.basename(i["image"])
+    print(render_text(report), end="")
+
+
 def _can_run_containers() -> str | None:
     if os.geteuid() != 0:
         return "not root"
@@ -169,6 +195,7 @@ def run_demo(containers: bool = True, keep: bool = False) -> int:
         rootfs = os.path.join(work, "image")
         make_image(rootfs)
         _table(work, rootfs)
+        _plan(work, rootfs)
         ok = True
         if containers:
             why = _can_run_containers()

@@ -32,3 +32,12 @@ def test_demo_real_containers():
     assert "ld cache: /usr/local/cuda-12.9/compat/libcuda.so.1" in p.stdout
     assert "drop-in: none" in p.stdout
     assert "Proved:" in p.stdout
+
+
+def test_demo_plans_an_upgrade():
+    p = _demo("--no-containers")
+    assert p.returncode == 0, p.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in p.stdout.splitlines() if line.startswith("cuda-")}
+    assert rows["cuda-12.9-with-compat"][:5] == ["12.9", "compat", "12.9", "host", "13.0"]
+    assert rows["cuda-12.9-no-compat"][:4] == ["12.9", "host-minor", "12.4", "(222)"]
+    assert "3 image(s): 0 broken after the upgrade, 2 change outcome" in p.stdout
