@@ -182,3 +182,39 @@ def test_hook_with_hostile_dropins_fails_open_and_writes_only_its_own_file(tmp_p
                        b"etc", b"usr/local/cuda-12.4/compat", b"usr/local/cuda-12.4/compat/libcuda.so.1",
                        b"usr/lib/x86_64-linux-gnu"}, changed
     assert os.path.exists(bundle / "rootfs/etc/ld.so.conf.d/00-fifo.conf")
+
+
+# -- the log line an operator reads during an incident -----------------------------------------------
+
+@pytest.mark.parametrize("annotations, want", [
+    ({"io.kubernetes.cri.sandbox-name": "train-0", "io.kubernetes.cri.sandbox-namespace": "ml",
+      "io.kubernetes.cri.container-name": "trainer", "io.kubernetes.cri.image-name": "nvcr.io/x/app:1"},
+     {"pod": "train-0", "namespace": "ml", "container_name": "trainer", "image": "nvcr.io/x/app:1"}),
+    ({"io.kubernetes.pod.name": "p", "io.kubernetes.pod.namespace": "n", "io.kubernetes.container.name": "c",
+      "io.kubernetes.cri-o.ImageName": "quay.io/y:2"},
+     {"pod": "p", "namespace": "n", "container_name": "c", "image": "quay.io/y:2"}),
+    ({}, {}),
+], ids=["containerd-cri", "cri-o", "none"])
+def test_log_line_names_the_pod_and_says_what_was_tried(tmp_path, annotations, want):
+    bundle = tmp_path / "b"
+    build_tree(bundle / "rootfs", IMAGE)
+    (bundle / "config.json").write_text(json.dumps({
+        "ociVersion": "1.0.2", "root": {"path": "rootfs"}, "annotations": annotations,
+        "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}}))
+    nohost = tmp_path / "host"
+    nohost.mkdir()
+    log = tmp_path / "log"
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps({"host_root": str(nohost), "nvml": "off", "log_file": str(log)}))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": 1, "bundle": str(bundle)})
+    p = subprocess.run([PYTHON, "-m", "compat_hook", "hook", "--stage", "createContainer", "--config", str(conf),
+                        "--state-dir", str(tmp_path / "state")], input=state, capture_output=True, text=True,
+                       timeout=60, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(log.read_text().splitlines()[-1])
+    assert {k: rec[k] for k in want} == want and not set(want) ^ ({"pod", "namespace", "container_name",
+                                                                   "image"} & set(rec))
+    # a skip still names the compat driver it kept away; an unknown driver says where it looked
+    assert (rec["reason"], rec["effect"], rec["compat_version"]) == ("host_driver_unknown", "leave", "550.163.01")
+    assert rec["host_driver_tried"][:2] == ["/proc/driver/nvidia/version", "/sys/module/nvidia/version"]
+    assert rec["left_alone"].startswith("host_driver_unknown: ")
