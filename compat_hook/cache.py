@@ -65,18 +65,12 @@ def _write(state_dir: str, name: str, obj: dict) -> bool:
     d = _dir(state_dir)
     try:
         os.makedirs(d, mode=0o700, exist_ok=True)
-        tmp = os.path.join(d, f".{name}.{os.urandom(6).hex()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, jsonfast.dumps(obj).encode())
-        finally:
-            os.close(fd)
-        os.rename(tmp, os.path.join(d, name))
+        from .atomic import replace
+
+        # A random temp name: concurrent hooks write the same entry at once.
+        replace(os.path.join(d, name), jsonfast.dumps(obj).encode(), 0o600,
+                tmp=os.path.join(d, f".{name}.{os.urandom(6).hex()}.tmp"))
     except (OSError, ValueError, TypeError):
-        try:
-            os.unlink(tmp)  # type: ignore[possibly-undefined]
-        except (OSError, NameError):
-            pass
         return False
     _prune(d)
     return True

@@ -271,26 +271,7 @@ def write_spec(bundle: str, spec: dict) -> str:
         mode, owner = st.st_mode & 0o7777, (st.st_uid, st.st_gid)
     except FileNotFoundError:
         mode, owner = 0o600, None
-    tmp = os.path.join(bundle, f".config.json.compat-hook.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, mode)
-            if owner is not None and owner != (os.getuid(), os.getgid()):
-                try:
-                    os.fchown(fd, *owner)
-                except PermissionError:
-                    pass
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from .atomic import replace
+
+    replace(path, data, mode, owner=owner)
     return path

@@ -137,30 +137,9 @@ def write_atomic(path: str, text: str, mode: int | None = None, backup: bool = T
     os.makedirs(d, mode=0o755, exist_ok=True)
     bak = _copy_aside(path) if (backup and st is not None and not same) else None
     want = mode if mode is not None else (st.st_mode & 0o7777 if st is not None else 0o644)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.compat-hook-{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, want)
-            if st is not None:
-                try:
-                    os.fchown(fd, st.st_uid, st.st_gid)
-                except PermissionError:
-                    pass
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(d)
+    from ..atomic import replace
+
+    replace(path, data, want, owner=(st.st_uid, st.st_gid) if st is not None else None, fsync=True)
     return bak
 
 
