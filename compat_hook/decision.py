@@ -1,7 +1,7 @@
 """The compat decision: facts + config in, a Decision out. No I/O.
 
 The rules match NVIDIA Container Toolkit v1.20 where they overlap
-(../shared/docs/nvidia-toolkit.md §3) and are stricter where it is silent:
+(its cmd/nvidia-cdi-hook/cudacompat) and are stricter where it is silent:
 
 1. the container opted out, or requests no GPU -> skip;
 2. no candidate, or several -> skip;

@@ -30,7 +30,7 @@ drop-in the image bakes (NGC ``00-cuda-compat.conf``, vLLM's) or the NVIDIA
 toolkit's ``enable-cuda-compat`` writes (``00-compat-<uuid>.conf``, at this
 start or a stale one from an earlier start), and it keeps winning when the
 toolkit's ``update-ldcache`` rebuilds the cache after us
-(../shared/docs/nvidia-toolkit.md section 13).
+(measured with the toolkit's own v1.20 binaries: tests/test_toolkit_containers.py).
 
 >>> plan_for(True, "/usr/lib/x86_64-linux-gnu", None, purpose="host")
 [('write_dropin', '/usr/lib/x86_64-linux-gnu'), ('ldconfig', None)]

@@ -1,6 +1,6 @@
 """Reading the OCI state (hook stdin) and the bundle's config.json.
 
-runc and crun differ (../shared/docs/oci-runtimes.md §2): crun adds a
+runc and crun differ (runtime-spec hooks, as measured here): crun adds a
 ``root`` field, ``pid`` is 1 (runc) or 0 (crun) at createContainer, and the
 cwd is the rootfs (runc createContainer) or the bundle. None of that is used:
 the rootfs is always ``bundle`` + config.json ``root.path`` (joined when

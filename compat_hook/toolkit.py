@@ -3,7 +3,7 @@
 Pure functions over facts already gathered; used by ``explain`` (both sides
 of a start) and ``plan`` (what the toolkit alone gives after a driver
 upgrade). The rules are ``nvidia-cdi-hook enable-cuda-compat``'s
-(../shared/docs/nvidia-toolkit.md sections 2-3):
+(NVIDIA/nvidia-container-toolkit, cmd/nvidia-cdi-hook/cudacompat):
 
 * it looks only in ``/usr/local/cuda/compat`` for one regular
   ``libcuda.so.*.*`` (resolved in the root);

@@ -102,7 +102,7 @@ def decode_cuda_driver_version(value: int) -> tuple:
 
 #: Kernel driver branch (major) -> the highest CUDA it runs without forward
 #: compatibility. A branch's value is the toolkit whose minimum driver falls in
-#: it (../shared/docs/cuda-compat.md section 2).
+#: it (NVIDIA's CUDA toolkit release notes, "CUDA Toolkit and Corresponding Driver Versions").
 BRANCH_MAX_CUDA = {
     418: (10, 1, 0),
     440: (10, 2, 0),

@@ -19,8 +19,8 @@ What ``install`` writes (``--config`` is the main file, default
 
 Config version 2 (containerd 1.6/1.7, CRI plugin ``io.containerd.grpc.v1.cri``)
 and 3 (2.x, ``io.containerd.cri.v1.runtime``). containerd 1.6/1.7 *replace* a
-whole ``plugins.<id>`` table from a drop-in (../shared/docs/oci-runtimes.md
-§4), so for version 2 the drop-in carries the complete CRI section: from
+whole ``plugins.<id>`` table from a drop-in (containerd's config merge,
+verified by tests/test_install_containerd.py), so for version 2 the drop-in carries the complete CRI section: from
 ``containerd --config MAIN config dump`` when containerd is installed (run
 on a copy of the main file whose imports leave our own drop-in out, so a
 re-install picks up changes to the main CRI section), else from the files
