@@ -167,7 +167,8 @@ def test_hook_with_hostile_dropins_fails_open_and_writes_only_its_own_file(tmp_p
                                            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  555.58.02  x\n"})
     log = tmp_path / "log"
     conf = tmp_path / "c.yaml"
-    conf.write_text(json.dumps({"host_root": str(hroot), "nvml": "off", "log_file": str(log)}))
+    conf.write_text(json.dumps({"host_root": str(hroot), "nvml": "off", "log_file": str(log),
+                                "ldconfig_timeout": 2}))  # ldconfig blocks on the FIFO: bounded
     state = json.dumps({"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": 1, "bundle": str(bundle)})
     before = snapshot_tree(bundle / "rootfs")
     p = subprocess.run([PYTHON, "-m", "compat_hook", "hook", "--stage", "createContainer", "--config", str(conf),
@@ -176,6 +177,11 @@ def test_hook_with_hostile_dropins_fails_open_and_writes_only_its_own_file(tmp_p
     assert p.returncode == 0, p.stderr
     rec = json.loads(log.read_text().splitlines()[-1])
     assert rec["effect"] == "host" and rec["actions"][0] == f"wrote {ldcache.DROPIN_PATH}", rec
+    # ldconfig itself blocks reading the image's FIFO: killed at the timeout, our drop-in taken
+    # out again, and the container starts without a change (fail-open)
+    assert (rec["decision"], rec["reason"]) == ("error", "ldconfig_failed"), rec
+    assert f"removed {ldcache.DROPIN_PATH} again (ldconfig failed)" in rec["actions"]
+    assert not os.path.lexists(bundle / "rootfs" / ldcache.DROPIN_PATH.lstrip("/"))
     after = snapshot_tree(bundle / "rootfs")
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
     assert changed <= {b"etc/ld.so.conf.d/00-00-compat-hook.conf", b"etc/ld.so.cache", b"etc/ld.so.conf.d",
