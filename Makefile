@@ -16,7 +16,7 @@ DEMO_DEPS = $(RUN_DEPS) runc busybox-static binutils
 # What the tests use: real runtimes and engines, real ELF tools, a C compiler for the probe.
 TEST_DEPS = $(DEMO_DEPS) python3-pytest python3-hypothesis crun containerd docker.io umoci skopeo podman \
 	hyperfine jq gcc libc6-dev util-linux dpkg-dev lintian debian-archive-keyring \
-	python3-grpcio python3-grpc-tools python3-venv python3-pip ca-certificates
+	python3-grpcio python3-grpc-tools python3-venv python3-pip ca-certificates zstd python3-zstandard
 
 .PHONY: deps-demo deps-test demo test test-only test-fast bench deb clean
 

@@ -1,0 +1,213 @@
+"""``compat-hook report`` on decision logs the real hook wrote, and on damaged, rotated and big ones.
+
+The log of :func:`hook_log`: the registered hook (``python3 -I -S``, as runc
+runs it) started for pods on a host whose driver goes from 535 to 590 (a
+driver upgrade between starts), plus a failing start; what ``report`` says is
+checked against those runs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from compat_hook import logjson
+from compat_hook.report import MAX_KEYS, MAX_PERIODS, parse_since, report
+from tests.support import hostile as H
+
+PY = "/usr/bin/python3"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+H590 = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  590.44.01  Wed Jul  2 13:16:27 UTC 2025\n"
+
+
+def cli(*args, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "compat_hook", *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def _start(env, tmp_path, name: str, pod: str, image: str, *, bundle_ok: bool = True) -> dict:
+    bundle = tmp_path / f"b-{name}"
+    if bundle_ok:
+        H.base_rootfs(bundle / "rootfs")
+    spec = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+            "process": {"args": ["/bin/true"], "env": ["NVIDIA_VISIBLE_DEVICES=all"], "cwd": "/"},
+            "annotations": {"io.kubernetes.cri.sandbox-name": pod, "io.kubernetes.cri.sandbox-namespace": "ml",
+                            "io.kubernetes.cri.container-name": "main", "io.kubernetes.cri.image-name": image}}
+    H.write_bundle(bundle, spec=spec)  # without bundle_ok, no rootfs: the start fails
+    r = H.run_hook(env.entry, H.state_json(bundle, id=name))
+    assert r.rc == 0, r
+    return json.loads(env.log.read_text().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def hook_log(tmp_path_factory):
+    """Real hook runs: 3 starts on driver 535, the upgrade to 590, 2 starts and a failing one."""
+    tmp = tmp_path_factory.mktemp("report")
+    env = H.make_hook_env(tmp)
+    recs = [_start(env, tmp, f"a{i}", f"train-{i}", "nvcr.io/nvidia/pytorch:24.05") for i in range(3)]
+    (env.host_root / "proc/driver/nvidia/version").write_text(H590)
+    recs += [_start(env, tmp, f"b{i}", f"train-{i}", "nvcr.io/nvidia/pytorch:24.05") for i in range(2)]
+    recs.append(_start(env, tmp, "bad", "broken-0", "example/bad:1", bundle_ok=False))
+    return env.log, recs
+
+
+def test_periods_follow_the_driver_upgrade(hook_log):
+    log, recs = hook_log
+    assert [r["host_driver_version"] for r in recs[:5]] == [H.HOST_DRIVER] * 3 + ["590.44.01"] * 2
+    rep = report([str(log)])
+    assert rep["records"] == 6 and rep["bad_lines"] == 0
+    before, after = rep["periods"]
+    assert (before["driver"], after["driver"]) == (H.HOST_DRIVER, "590.44.01")
+    assert before["from"] == recs[0]["time"] and before["to"] == recs[2]["time"]
+    assert after["from"] == recs[3]["time"] and after["to"] == recs[5]["time"]
+    assert before["decisions"] == [{"decision": recs[0]["decision"], "reason": recs[0]["reason"], "count": 3,
+                                    "events": {"hook": 3}}]
+    assert {(d["decision"], d["reason"]): d["count"] for d in after["decisions"]} == {
+        (recs[3]["decision"], recs[3]["reason"]): 2, ("error", recs[5]["reason"]): 1}
+    # The decision changed with the driver: compat before, the host's after.
+    assert recs[0]["decision"] == "enable" and recs[3]["decision"] == "skip"
+    assert before["images"] == [{"image": "nvcr.io/nvidia/pytorch:24.05", "count": 3,
+                                 "decisions": {f"enable/{recs[0]['reason']}": 3}}]
+    assert [p["pod"] for p in before["pods"]] == ["ml/train-0", "ml/train-1", "ml/train-2"]
+    f = after["failures"]
+    assert f["count"] == 1 and f["last"][0]["container_id"] == "bad" and f["last"][0]["error"] == recs[5]["error"]
+    assert rep["summary"] == {"periods": 2, "drivers": [H.HOST_DRIVER, "590.44.01"], "failures": 1,
+                              "warnings": sum(len(r.get("warnings") or []) for r in recs)}
+
+
+def test_cli_text_json_exit_status(hook_log):
+    log, recs = hook_log
+    p = cli("report", "--log", log)
+    assert p.returncode == 0, p.stderr
+    assert f"host driver {H.HOST_DRIVER}: {recs[0]['time']} .. {recs[2]['time']}, 3 record(s) (hook 3)" in p.stdout
+    assert "host driver 590.44.01:" in p.stdout and "failures: 1" in p.stdout
+    assert f"2 driver period(s) ({H.HOST_DRIVER} -> 590.44.01), 1 failure(s)" in p.stdout
+    j = cli("report", "--log", log, "--json")
+    assert json.loads(j.stdout) == json.loads(json.dumps(report([str(log)])))
+    assert cli("report", "--log", log, "--fail-on", "failures").returncode == 3
+    # Since the upgrade: one period, and still the failure.
+    since = cli("report", "--log", log, "--since", recs[3]["time"], "--json")
+    rep = json.loads(since.stdout)
+    assert [p["driver"] for p in rep["periods"]] == ["590.44.01"] and rep["skipped_before_since"] == 3
+    # The last hour holds every start, the failing one too; a time to come, none.
+    assert cli("report", "--log", log, "--since", "1h", "--fail-on", "failures").returncode == 3
+    none = cli("report", "--log", log, "--since", "2999-01-01", "--fail-on", "failures", "--json")
+    assert none.returncode == 0 and json.loads(none.stdout)["records"] == 0
+
+
+def test_config_log_file_is_the_default(hook_log, tmp_path):
+    log, _ = hook_log
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"log_file: {json.dumps(str(log))}\n")
+    p = cli("report", "--config", cfg, "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["records"] == 6
+    cfg.write_text("log_file: null\n")
+    p = cli("report", "--config", cfg)
+    assert p.returncode == 2
+    assert p.stderr.strip() == "compat-hook: no log: the config's log_file is null; give --log FILE"
+
+
+def test_bad_usage_and_unreadable_input(tmp_path):
+    for args, msg in ((["--log", tmp_path / "nope"], "cannot read"),
+                      (["--log", tmp_path, "--no-rotated"], "cannot read"),
+                      (["--log", tmp_path / "nope", "--since", "yesterday"], "--since 'yesterday'"),
+                      (["--fail-on", "warnings"], "invalid choice")):
+        p = cli("report", *args)
+        assert p.returncode == 2 and msg in p.stderr and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
+        assert "Traceback" not in p.stderr
+
+
+def _rec(t: str, drv: str, decision="enable", reason="compat_major_newer", **kw) -> dict:
+    return dict(time=t, event="hook", decision=decision, reason=reason, host_driver_version=drv, **kw)
+
+
+def test_damaged_and_rotated_logs(tmp_path):
+    base = tmp_path / "compat-hook.log"
+    # Oldest first: .2.gz (truncated mid-way, rotation interrupted), .1, then the live file.
+    g = gzip.compress(b"".join((json.dumps(_rec(f"2026-01-01T00:00:0{i}.000Z", "535.104.05")) + "\n").encode()
+                               for i in range(5)))
+    (tmp_path / "compat-hook.log.2.gz").write_bytes(g[: len(g) - 12])
+    (tmp_path / "compat-hook.log.1").write_bytes(
+        (json.dumps(_rec("2026-01-02T00:00:00.000Z", "535.104.05")) + "\n").encode()
+        + b"{not json\n" + b"[1, 2]\n" + b'{"time": "\xff\xfe not UTF-8"}\n' + b"x" * (2 << 20) + b"\n"
+        + (json.dumps(_rec("2026-01-02T00:00:01.000Z", "535.104.05", "error", "os_error", error="boom"))
+           + "\n").encode())
+    # The live file, written by the hook's own log writer.
+    logjson.write_line(str(base), {"event": "hook", "decision": "enable", "reason": "compat_major_newer",
+                                   "host_driver_version": "580.65.06", "warnings": ["w1", "w1"]})
+    with open(base, "a") as f:
+        f.write(json.dumps({"time": "2026-01-03T00:00:01.000Z", "event": "runtime", "decision": "skip",
+                            "reason": "not_gpu"}) + "\n")   # no driver: stays in the current period
+        f.write('{"time": "2026-01-03T00:00:02.000Z", "event": "hook", "decisi')   # torn last line
+    rep = report([str(base)])
+    assert rep["files"] == [str(tmp_path / "compat-hook.log.2.gz"), str(tmp_path / "compat-hook.log.1"), str(base)]
+    # 5 gzip records at most (the damaged tail costs the last ones), 2 in .1, 2 live.
+    n_gz = rep["records"] - 4
+    assert 0 <= n_gz <= 5
+    # .1: not JSON, not an object, not UTF-8, over 1 MiB; the torn live line; the .gz tail.
+    assert rep["bad_lines"] == 6 and len(rep["notes"]) == 1 and "compat-hook.log.2.gz" in rep["notes"][0]
+    assert [p["driver"] for p in rep["periods"]] == ["535.104.05", "580.65.06"]
+    assert rep["periods"][0]["failures"]["count"] == 1
+    assert rep["periods"][1]["events"] == {"hook": 1, "runtime": 1}
+    assert rep["periods"][1]["warnings"] == [{"warning": "w1", "count": 2}]
+    only = report([str(base)], rotated=False)
+    assert only["files"] == [str(base)] and only["records"] == 2
+
+
+def test_first_records_without_a_driver_join_the_first_period(tmp_path):
+    log = tmp_path / "log"
+    log.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"time": "2026-01-01T00:00:00.000Z", "event": "hook", "decision": "skip", "reason": "not_gpu"},
+        _rec("2026-01-01T00:00:01.000Z", "535.104.05"),
+        _rec("2026-01-01T00:00:02.000Z", "550.54.15"),
+        _rec("2026-01-01T00:00:03.000Z", "535.104.05"))))
+    rep = report([str(log)])
+    assert [(p["driver"], p["records"]) for p in rep["periods"]] == [
+        ("535.104.05", 2), ("550.54.15", 1), ("535.104.05", 1)]
+
+
+def test_flapping_drivers_are_bounded(tmp_path):
+    log = tmp_path / "log"
+    log.write_text("".join(json.dumps(_rec(f"2026-01-01T00:00:{i % 60:02d}.000Z",
+                                           "535.104.05" if i % 2 else "550.54.15")) + "\n" for i in range(1000)))
+    rep = report([str(log)])
+    assert len(rep["periods"]) == MAX_PERIODS and rep["periods"][-1]["driver"] == "(several)"
+    assert sum(p["records"] for p in rep["periods"]) == 1000 and len(rep["notes"]) == 1
+
+
+def test_since_parsing():
+    assert parse_since("2026-12-02T15:00:00Z") == "2026-12-02T15:00:00.000Z"
+    assert parse_since("2026-12-02") == "2026-12-02T00:00:00.000Z"
+    assert parse_since("30m", now=3600.0) == "1970-01-01T00:30:00.000Z"
+    assert parse_since("1.5h", now=7200.0) == "1970-01-01T00:30:00.000Z"
+
+
+def test_big_log_in_constant_memory(tmp_path):
+    """300k lines (~100 MB) with ever new pods and images: the tables stay capped, memory flat."""
+    small, big = tmp_path / "small.log", tmp_path / "big.log"
+    t0 = time.monotonic()
+    line = {"time": "", "event": "hook", "decision": "enable", "reason": "compat_major_newer",
+            "host_driver_version": "535.104.05", "container_id": "", "pod": "", "namespace": "ml",
+            "image": "", "candidate": "libcuda.so.550.54.15", "actions": ["wrote drop-in", "ldconfig -r"] * 8}
+    with open(big, "w") as f:
+        for i in range(300_000):
+            line.update(time=f"2026-01-01T{i // 3600 % 24:02d}:{i // 60 % 60:02d}:{i % 60:02d}.000Z",
+                        container_id=f"c{i}", pod=f"job-{i}", image=f"reg/img:{i}")
+            f.write(json.dumps(line) + "\n")
+    small.write_text(json.dumps(line) + "\n")
+    assert big.stat().st_size > 90 << 20 and time.monotonic() - t0 < 60
+    code = ("import sys; from compat_hook.report import report; r = report([sys.argv[1]]); "
+            "print(r['records'], len(r['periods'][0]['pods']), "
+            "[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])")
+    out = {}
+    for p in (small, big):
+        res = subprocess.run([PY, "-c", code, str(p)], capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert res.returncode == 0, res.stderr
+        out[p.name] = [int(x) for x in res.stdout.split()]
+    assert out["big.log"][:2] == [300_000, MAX_KEYS + 1]          # capped, plus "(others)"
+    assert out["big.log"][2] - out["small.log"][2] < 8 * 1024, out  # KiB
