@@ -79,25 +79,21 @@ def interpreter() -> str:
 def python_paths() -> list:
     """Directories holding compat_hook, yaml and elftools (deduplicated, in that order).
 
-    Found with ``importlib.util.find_spec``, which locates a package without
-    running it (importing PyYAML costs ~30 ms; the wrapper calls this when it
-    adds the hook to a spec).
+    Found by looking for the package's ``__init__.py`` on ``sys.path``, in
+    order, as the import system would for a regular package, without
+    running it (importing PyYAML costs ~30 ms) and without
+    ``importlib.util`` (~4.4 ms of imports: ``-X importtime``, the wrapper's
+    create path, which calls this when it adds the hook to a spec).
     """
-    import importlib.util
-
     here = os.path.dirname(os.path.abspath(__file__))
     dirs = [os.path.dirname(here)]
     for mod in ("yaml", "elftools"):
-        try:
-            spec = importlib.util.find_spec(mod)
-        except (ImportError, ValueError):
-            spec = None
-        origin = getattr(spec, "origin", None)
-        if not origin or not os.path.isabs(origin):
-            continue
-        d = os.path.dirname(os.path.dirname(origin))
-        if d not in dirs:
-            dirs.append(d)
+        for d in sys.path:
+            d = os.path.abspath(d or ".")
+            if os.path.isfile(os.path.join(d, mod, "__init__.py")):
+                if d not in dirs:
+                    dirs.append(d)
+                break
     return dirs
 
 
