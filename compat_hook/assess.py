@@ -38,7 +38,7 @@ class Assessment:
     """What :func:`assess` found and planned. Plain data; :meth:`to_dict` for JSON."""
 
     __slots__ = ("request", "host", "image", "decision", "image_decision", "store", "effect",
-                 "hook_target", "hook_purpose", "hook", "hook_mount", "existing_dropin",
+                 "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "existing_dropin",
                  "wrapper", "spec_edits", "warnings", "notes", "dropins", "ld_compat_entries",
                  "toolkit", "actors")
 
@@ -54,6 +54,7 @@ class Assessment:
         self.hook_purpose = "compat"
         self.hook: list = []        # ldcache actions: [(action, arg)]
         self.hook_mount = None      # (host dir, container target) the hook bind-mounts
+        self.hook_masks: list = []  # container dirs the hook hides under an empty read-only tmpfs
         self.existing_dropin = None
         self.wrapper: dict = {}     # keyword arguments of specedit.plan
         self.spec_edits: list = []  # what specedit.plan reports it would change
@@ -120,6 +121,8 @@ class Assessment:
                 hook.append(f"remove {DROPIN_PATH}")
             elif action == "ldconfig":
                 hook.append("refresh the container's ld cache (ldconfig -r)")
+        for d in reversed(self.hook_masks):
+            hook.insert(0, f"mask {d} with an empty read-only tmpfs (createContainer)")
         if self.hook_mount is not None:
             hook.insert(0, f"bind-mount {self.hook_mount[0]} at {self.hook_mount[1]} (ro, createContainer)")
         return {"hook": hook, "wrapper": list(self.spec_edits)}
@@ -219,12 +222,30 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
     _plan_hook(a, config, root, mount_ns)
     if "wrapper" in a.actors:
         _plan_wrapper(a, config, spec, known, hook_entry)
-    if a.effect == "host" and a.ld_compat_entries and "wrapper" not in a.actors:
+    if a.effect == "host" and a.ld_compat_entries and "wrapper" not in a.actors and mount_ns and root is not None:
+        # A hook cannot take the entry off the environment, but in the container's mount
+        # namespace it can make the dir empty: the loader then finds no libcuda there and
+        # falls back to the ld cache, where the host driver's dir comes first.
+        for e in a.ld_compat_entries:
+            try:
+                d = root.realpath(e)
+            except OSError:
+                continue
+            # Only a dir that still is a compat dir once resolved: an image linking the
+            # compat dir to /etc must not get its /etc hidden (and our drop-in with it).
+            from .ldpath import is_compat_entry
+
+            if root.is_dir(d) and is_compat_entry(d) and d not in a.hook_masks:
+                a.hook_masks.append(d)
+            elif d not in a.hook_masks:
+                a.notes.append(f"LD_LIBRARY_PATH entry {e} resolves to {d}, not a compat dir: not masked")
+    elif a.effect == "host" and a.ld_compat_entries and "wrapper" not in a.actors:
         a.warnings.append(
             f"the image's LD_LIBRARY_PATH names {', '.join(a.ld_compat_entries)}, a compat dir that must not "
-            "be used on this host (error 803/804), and a hook cannot change the environment: register "
-            "compat-hook's runtime wrapper (compat-hook install containerd|docker|crio), which takes it "
-            "off, or remove it from the image")
+            "be used on this host (error 803/804), and a hook outside the container's mount namespace "
+            "(prestart, createRuntime) can neither change the environment nor hide the dir: register the "
+            "hook at createContainer, or compat-hook's runtime wrapper (compat-hook install "
+            "containerd|docker|crio), which takes it off, or remove it from the image")
     if toolkit:
         _toolkit_view(a)
     return a

@@ -176,6 +176,7 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
         if dry:
             record["actions"] = ([f"dry-run: would bind-mount {a.hook_mount[0]} at {a.hook_mount[1]}"]
                                  if a.hook_mount else [])
+            record["actions"] += [f"dry-run: would mask {d}" for d in a.hook_masks]
             record["actions"] += [f"dry-run: would {act}" + (f" {arg}" if arg else "") for act, arg in a.hook]
             return
         done: list = []
@@ -184,6 +185,11 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
             from .mounts import bind_readonly
 
             done += bind_readonly(root, *a.hook_mount)
+        if a.hook_masks:
+            from .mounts import mask_dir
+
+            for d in a.hook_masks:
+                done += mask_dir(root, d)
         if a.hook:
             from . import ldcache
 

@@ -1,4 +1,5 @@
-"""The hook's one mount: a host-store package, read-only, into the container (createContainer).
+"""The hook's mounts, in the container's mount namespace only (createContainer): a host-store
+package bind-mounted read-only, and an empty read-only tmpfs over a compat dir that must not be used.
 
 Only in the container's mount namespace: a mount made from the host's
 namespace (prestart) would leak onto the host and be invisible in the
@@ -11,19 +12,22 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["in_container_mount_ns", "bind_readonly"]
+__all__ = ["in_container_mount_ns", "bind_readonly", "mask_dir"]
 
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 32, 4096
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
 
 
-def _mount(source: str | None, target: str, flags: int) -> None:
+def _mount(source: str | None, target: str, flags: int, fstype: str | None = None,
+           data: str | None = None) -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                            ctypes.c_void_p]
     src = os.fsencode(source) if source is not None else None
-    if libc.mount(src, os.fsencode(target), None, flags, None) != 0:
+    fs = os.fsencode(fstype) if fstype is not None else None
+    opts = ctypes.c_char_p(os.fsencode(data)) if data is not None else None
+    if libc.mount(src, os.fsencode(target), fs, flags, opts) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e), target)
 
@@ -67,3 +71,25 @@ def bind_readonly(root, source: str, target: str) -> list:
     finally:
         os.close(fd)
     return [f"bind-mounted {source} at {resolved} (ro)"]
+
+
+def mask_dir(root, path: str) -> list:
+    """Hide the dir ``path`` in ``root`` under an empty read-only tmpfs; returns what was done.
+
+    Like the runtime's masked paths: nothing under it (a compat libcuda, its
+    symlinks) can be found there, by ``LD_LIBRARY_PATH`` or ldconfig, for the
+    life of the container. The image's files are not touched. The target is
+    resolved and opened inside the confined root and mounted through its
+    descriptor, so no image symlink can redirect it.
+    """
+    fd, resolved = root.open_path(path)
+    try:
+        import stat as _stat
+
+        if not _stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(f"{resolved}: not a directory")
+        _mount("compat-hook-mask", f"/proc/self/fd/{fd}", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+               "tmpfs", "size=4k,nr_inodes=1,mode=0555")
+    finally:
+        os.close(fd)
+    return [f"masked {resolved} (empty read-only tmpfs)"]

@@ -41,11 +41,12 @@ def host(version: str, geforce: bool = False) -> HostFacts:
                      driver_text=version)
 
 
-def run_assess(rootfs, h, env=("NVIDIA_VISIBLE_DEVICES=all",), actors=("hook",)):
+def run_assess(rootfs, h, env=("NVIDIA_VISIBLE_DEVICES=all",), actors=("hook",), mount_ns=True):
     cfg = config_for(None)
     spec = {"process": {"env": list(env)}, "root": {"path": str(rootfs)}}
     with Root(str(rootfs)) as root:
         return assess(cfg, Request.from_spec(spec), root, spec=spec, host=h, actors=actors, toolkit=True,
+                      mount_ns=mount_ns,
                       hook_entry=lambda: {"path": "/usr/bin/python3", "args": ["python3", "compat_hook", "hook"]})
 
 
@@ -97,10 +98,16 @@ def test_leave_alone_cases_say_so(tmp_path):
     assert (a.decision.reason, a.effect, a.hook) == ("opt_out", "leave", [])
 
 
-def test_image_ld_library_path_hook_only_warns_wrapper_strips(tmp_path):
+def test_image_ld_library_path_hook_masks_or_warns_wrapper_strips(tmp_path):
     rootfs = build_tree(tmp_path / "r", dict(IMAGE, **{f"{SYS.lstrip('/')}/libcuda.so.555.58.02": b"host"}))
     env = ("NVIDIA_VISIBLE_DEVICES=all", "LD_LIBRARY_PATH=/usr/local/cuda/compat:/opt/lib")
-    hook_only = run_assess(rootfs, host("555.58.02"), env=env)
+    # at createContainer (the container's mount namespace) the hook hides the dir
+    masked = run_assess(rootfs, host("555.58.02"), env=env)
+    assert masked.hook_masks == ["/usr/local/cuda-12.4/compat"] and masked.warnings == []
+    assert masked.effects()["hook"][0] == "mask /usr/local/cuda-12.4/compat with an empty read-only tmpfs (createContainer)"
+    # at prestart it can do neither: a warning that names the fix
+    hook_only = run_assess(rootfs, host("555.58.02"), env=env, mount_ns=False)
+    assert hook_only.hook_masks == []
     [w] = hook_only.warnings
     assert "LD_LIBRARY_PATH names /usr/local/cuda/compat" in w and "compat-hook install containerd" in w
     assert hook_only.log_fields()["warnings"] == [w]
@@ -224,3 +231,15 @@ def test_log_line_names_the_pod_and_says_what_was_tried(tmp_path, annotations, w
     assert (rec["reason"], rec["effect"], rec["compat_version"]) == ("host_driver_unknown", "leave", "550.163.01")
     assert rec["host_driver_tried"][:2] == ["/proc/driver/nvidia/version", "/sys/module/nvidia/version"]
     assert rec["left_alone"].startswith("host_driver_unknown: ")
+
+
+def test_a_compat_dir_linked_elsewhere_is_never_masked(tmp_path):
+    """Hostile: /usr/local/cuda/compat -> /etc with LD_LIBRARY_PATH naming it: /etc is not hidden."""
+    entries = {k: v for k, v in IMAGE.items() if not k.startswith("usr/local/cuda")}
+    entries.update({"usr/local/cuda/compat": Symlink("/etc"), "etc/libcuda.so.550.163.01": elf(NOTE_550),
+                    f"{SYS.lstrip('/')}/libcuda.so.555.58.02": b"host"})
+    rootfs = build_tree(tmp_path / "r", entries)
+    a = run_assess(rootfs, host("555.58.02"), env=("NVIDIA_VISIBLE_DEVICES=all",
+                                                    "LD_LIBRARY_PATH=/usr/local/cuda/compat"))
+    assert a.effect == "host" and a.hook_masks == []
+    assert any("resolves to /etc, not a compat dir: not masked" in n for n in a.notes)

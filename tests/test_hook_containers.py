@@ -299,9 +299,33 @@ def test_distroless_without_ld_so_conf(tmp_path, runtime, libs):
     assert "created /etc/ld.so.conf" in only_record(env, res)["actions"]
 
 
+@RUNTIMES
+def test_image_ld_library_path_to_a_stale_compat_dir_is_masked_at_create_container(tmp_path, runtime, libs):
+    """Hook-only registration: the image's ENV points LD_LIBRARY_PATH at the compat dir on a newer
+    host. At createContainer the hook hides the dir (an empty read-only tmpfs in the container's
+    mount namespace), so the host driver loads; at prestart it cannot, and the log says what to do."""
+    env_ld = [*rt.DEFAULT_ENV, "LD_LIBRARY_PATH=/usr/local/cuda/compat"]
+    env = Env(tmp_path / "cc", runtime, libs, HOST_555)
+    control = env.run(ours=False, env=env_ld)
+    assert_probe(control, 12040, COMPAT_LIB)  # without compat-hook: the stale path wins (803 on hardware)
+    res = env.run("createContainer", env=env_ld)
+    assert_probe(res, 12050, host_lib(HOST_555))
+    rec = only_record(env, res)
+    assert rec["actions"][0] == f"masked {COMPAT_DIR} (empty read-only tmpfs)", rec
+    assert "warnings" not in rec
+    assert sorted(os.listdir(env.rootfs / COMPAT_DIR.lstrip("/")))  # the image's files are untouched
+
+    env = Env(tmp_path / "ps", runtime, libs, HOST_555)
+    res = env.run("prestart", env=env_ld)
+    assert_probe(res, 12040, COMPAT_LIB)
+    [w] = only_record(env, res)["warnings"]
+    assert "LD_LIBRARY_PATH names /usr/local/cuda/compat" in w and "createContainer" in w
+
+
 # Keep last: pytest runs a module's tests in file order.
 def test_nothing_left_behind(tmp_path_factory):
     assert _started, "no container ran"
     assert rt.mounts_under(tmp_path_factory.getbasetemp()) == []
     assert rt.mounts_under(debs.cache_dir()) == []
     assert [d for d in rt.STATE_DIRS if d.exists()] == []
+
