@@ -315,7 +315,17 @@ def _cmd_config(args) -> int:
                 raise _config.ConfigError(f"{args.check}: {msg}") from None
             raise
         sys.stdout.write(jsonfast.dumps(cfg.to_dict(), indent=2) + "\n")
-        return EXIT_OK
+        # What install would say: settings that cannot take effect on a registration path.
+        from .install.checks import problems
+
+        status = EXIT_OK
+        for path, label in (("hook", "registered as a hook alone (hooks.d, base-spec)"),
+                            ("wrapper", "registered through the runtime wrapper")):
+            for level, message in problems(cfg, path):
+                sys.stderr.write(f"compat-hook: {args.check}: {level} when {label}: {message}\n")
+                if level == "error":
+                    status = EXIT_FAILED
+        return status
     sys.stdout.write(_config.render_default_yaml())
     return EXIT_OK
 

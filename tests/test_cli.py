@@ -1,6 +1,7 @@
 """The command line: bad usage is one line on stderr and exit 2, never a traceback."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -164,3 +165,22 @@ def test_doc_links_stay_inside_the_repo():
         if "../shared/" in doc.read_text():
             bad.append(f"{doc.relative_to(repo)}: names ../shared/, which a clone does not have")
     assert not bad, bad
+
+
+def test_config_check_says_what_cannot_take_effect(tmp_path):
+    """The same checks as install: a setting that cannot take effect on a registration path."""
+    p = tmp_path / "c.yaml"
+    p.write_text("mode: ldconfig\nwrapper_add_hook: false\n")
+    out = _run("config", "--check", str(p))
+    assert out.returncode == 0, out.stderr
+    [w] = out.stderr.splitlines()
+    assert w.startswith(f"compat-hook: {p}: warning when registered through the runtime wrapper: wrapper_add_hook")
+    p.write_text("mode: env\nruntime: no-such-runtime\n")
+    out = _run("config", "--check", str(p))
+    assert out.returncode == 1
+    lines = out.stderr.splitlines()
+    assert any("warning when registered as a hook alone" in ln and "mode: env" in ln for ln in lines)
+    assert any("error when registered through the runtime wrapper" in ln and "no-such-runtime" in ln for ln in lines)
+    # the shipped configuration has nothing to say
+    shipped = _run("config", "--check", str(pathlib.Path(__file__).resolve().parent.parent / "config/compat-hook.yaml"))
+    assert shipped.returncode == 0 and shipped.stderr == ""
