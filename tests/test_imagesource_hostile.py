@@ -199,6 +199,7 @@ def _bomb(total: int) -> bytes:
     return b"".join(out)
 
 
+@pytest.mark.slow
 def test_gzip_bomb_and_deadline(env):
     e = env
     bomb = _bomb(256 << 20)
@@ -390,6 +391,7 @@ def test_hostile_archives(env):
             pytest.fail(f"{src}: read without an error")
 
 
+@pytest.mark.slow
 def test_many_hostile_images_in_one_run_stay_small(tmp_path):
     """One process reads bombs, wide images (near the bound on kept entries, evicting each other from
     the layer cache) and good images: peak RSS stays under 64 MiB."""

@@ -187,6 +187,7 @@ def test_install_takes_an_options_object(tmp_path, capsys):
 # --------------------------------------------------------------------------- pip
 
 
+@pytest.mark.slow
 def test_the_wheel_brings_tomlkit_and_a_venv_registers_the_os_interpreter(tmp_path):
     """``pip install compat-hook``: tomlkit is a requirement; the hook runs the OS python on the venv's files."""
     import zipfile
