@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["replace"]
+__all__ = ["replace", "fsync_dir"]
 
 
 def replace(path: str, data: bytes, mode: int, *, owner: tuple | None = None, fsync: bool = False,
@@ -56,13 +56,18 @@ def replace(path: str, data: bytes, mode: int, *, owner: tuple | None = None, fs
             pass
         raise
     if fsync:
-        try:
-            dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            os.fsync(dfd)
-        except OSError:
-            pass
-        finally:
-            os.close(dfd)
+        fsync_dir(d)
+
+
+def fsync_dir(d: str) -> None:
+    """Flush directory ``d`` (a rename or unlink in it), best effort."""
+    try:
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)

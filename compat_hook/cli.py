@@ -234,16 +234,12 @@ def _cmd_explain(args) -> int:
 
 def _cmd_plan(args) -> int:
     import functools
-    import os
 
     from . import jsonfast
-    from .errors import UsageError
     from .plan import exit_status, plan, render_text
     from .planimages import expand, open_source
 
-    if args.host_root is not None and not os.path.isdir(args.host_root):
-        raise UsageError(f"--host-root {args.host_root}: no such directory")
-    cfg = _load_config(args.config, host_root=args.host_root, store_dir=args.store)
+    cfg = _load_config(args.config, host_root=_dir_arg("--host-root", args.host_root), store_dir=args.store)
     where = {"address": args.address, "namespace": args.namespace}
     report = plan(cfg, args.sources, driver=args.driver, manifest=args.manifest,
                   from_driver=args.from_driver, gpus=args.gpu,

@@ -101,16 +101,9 @@ def _target(path: str) -> str:
 
 
 def _fsync_dir(d: str) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    from ..atomic import fsync_dir
+
+    fsync_dir(d)
 
 
 def _copy_aside(path: str) -> str:
