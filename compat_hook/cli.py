@@ -164,6 +164,10 @@ def _parser():
                             "installed, else /usr/local/libexec/compat-hook/compat-hook-runtime)")
         i.add_argument("--state-dir", metavar="DIR",
                        help="state dir (cache) for the registered hook entry / wrapper (default /var/lib/compat-hook)")
+        i.add_argument("--toolkit-config", metavar="PATH|none",
+                       help="containerd, Docker: also register under this NVIDIA toolkit config.toml "
+                            "(default: /etc/nvidia-container-runtime/config.toml and the GPU Operator's, "
+                            "where they exist; none: do not)")
         i.add_argument("--config-source", choices=("auto", "file", "command"), default="auto",
                        help="containerd: read the current config with `containerd config dump` "
                             "(command), from the files (file), or command when containerd is installed (auto)")

@@ -364,3 +364,34 @@ def test_real_toolkit_runs_compat_hook_after_install_and_not_after_uninstall(tmp
                          "libcuda": "/usr/local/cuda-12.4/compat/libcuda.so.550.163.01"}
     assert [r for r in hookenv.read_log(log) if r.get("container_id") == res.container_id] == []
     assert rt.mounts_under(tmp_path) == []
+
+
+# --------------------------------------------------------------------------- from an engine install
+
+@pytest.mark.parametrize("engine", ["docker", "containerd"])
+def test_an_engine_install_registers_under_the_toolkit_it_finds_and_uninstall_undoes_both(tmp_path, toolkit,
+                                                                                          engine):
+    """``install docker|containerd`` also puts the same wrapper first in the toolkit's runtimes (the
+    ``nvidia`` runtime then reaches compat-hook too); ``uninstall`` takes both out again."""
+    s = Setup(tmp_path, default_config(toolkit))
+    engine_cfg = tmp_path / ("daemon.json" if engine == "docker" else "containerd/config.toml")
+    extra = ["--config-source", "file"] if engine == "containerd" else []
+    base = [engine, "--config", str(engine_cfg), "--hook-config", str(s.hook_config),
+            "--wrapper-path", str(s.wrapper), "--state-dir", str(s.state), *extra]
+    common = [*base, "--toolkit-config", str(s.config)]
+    p = cli("install", *common)
+    assert p.returncode == 0, p.stderr
+    assert f"the NVIDIA Container Toolkit's {s.config} is on this node: registering there too" in p.stdout
+    runtimes = toolkit_view(toolkit, s.config)["nvidia-container-runtime"]["runtimes"]
+    assert runtimes[0] == str(s.wrapper) and os.access(s.wrapper, os.X_OK)
+    registered = s.config.read_text()
+    again = cli("install", *common)
+    assert again.returncode == 0 and s.config.read_text() == registered
+    p = cli("uninstall", *common)
+    assert p.returncode == 0, p.stderr
+    assert s.config.read_text() == s.original
+    assert not s.wrapper.exists()
+    # --toolkit-config none: the toolkit's file is not touched
+    p = cli("install", *base, "--toolkit-config", "none")
+    assert p.returncode == 0, p.stderr
+    assert s.config.read_text() == s.original and "registering there too" not in p.stdout

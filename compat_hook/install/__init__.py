@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-__all__ = ["Options", "run_install", "ENGINES"]
+__all__ = ["Options", "run_install", "toolkit_configs", "ENGINES"]
 
 ENGINES = ("containerd", "podman", "crio", "docker", "nvidia-toolkit")
 
@@ -44,6 +44,9 @@ class Options:
     state_dir: str | None = None
     #: containerd: how the current config is read (``auto``, ``file``, ``command``).
     config_source: str = "auto"
+    #: containerd, Docker: the NVIDIA toolkit's config.toml to register under as well (``None``:
+    #: the ones found on the node; ``"none"``: do not).
+    toolkit_config: str | None = None
 
     @classmethod
     def from_namespace(cls, ns) -> "Options":
@@ -66,10 +69,52 @@ def run_install(opts, uninstall: bool = False) -> int:
 
         raise UsageError(f"unknown engine {opts.engine!r} (one of {', '.join(ENGINES)})")
     mod = importlib.import_module(f"compat_hook.install.{opts.engine.replace('-', '_')}")
+    if uninstall and opts.engine in _WITH_TOOLKIT:
+        # First out of the toolkit's chain, then the wrapper it would name goes.
+        _with_toolkit(opts, uninstall=True)
     status = (mod.uninstall if uninstall else mod.install)(opts)
+    if not uninstall and status == 0 and opts.engine in _WITH_TOOLKIT:
+        _with_toolkit(opts, uninstall=False)
     if uninstall and status == 0 and not opts.dry_run and opts.state_dir:
         _prune_state_dir(opts.state_dir)
     return status
+
+
+#: Engines whose containers may run through the NVIDIA toolkit's runtime (the ``nvidia``
+#: runtime/RuntimeClass): their install registers under the toolkit too.
+_WITH_TOOLKIT = ("containerd", "docker")
+
+
+def toolkit_configs(opts) -> list:
+    """The NVIDIA toolkit config.toml files an engine install registers under as well.
+
+    ``--toolkit-config PATH`` names one, ``none`` none; by default those on the node:
+    ``/etc/nvidia-container-runtime/config.toml`` and the GPU Operator's
+    (:data:`~compat_hook.install.nvidia_toolkit.OPERATOR_CONFIG`).
+    """
+    import os
+
+    if opts.toolkit_config == "none":
+        return []
+    if opts.toolkit_config:
+        return [os.path.abspath(opts.toolkit_config)]
+    from .nvidia_toolkit import DEFAULT_CONFIG, OPERATOR_CONFIG
+
+    return [p for p in (DEFAULT_CONFIG, OPERATOR_CONFIG) if os.path.isfile(p)]
+
+
+def _with_toolkit(opts, uninstall: bool) -> None:
+    """Register under (or out of) the NVIDIA toolkit found beside the engine, with the same wrapper."""
+    import sys
+
+    from . import nvidia_toolkit
+
+    for path in toolkit_configs(opts):
+        sys.stdout.write(f"the NVIDIA Container Toolkit's {path} is on this node: "
+                         f"{'un' if uninstall else ''}registering there too (--toolkit-config none: not)\n")
+        sub = dataclasses.replace(opts, engine="nvidia-toolkit", config=path, set_as_default=False,
+                                  via="wrapper", toolkit_config=None)
+        (nvidia_toolkit.uninstall if uninstall else nvidia_toolkit.install)(sub)
 
 
 def _prune_state_dir(state_dir: str) -> None:
