@@ -200,6 +200,8 @@ $PM -e RESTART_CONTAINERD=true -e 'RESTART_COMMAND=echo restarted > /host/restar
     -e INSTALL_ARGS=--set-as-default {image} compat-hook-k8s install 2>&1 || echo "exit=$?"
 step no-python
 $PM -e HOST_PYTHON=/usr/bin/python9 {image} compat-hook-k8s install 2>&1 && echo "exit=0" || echo "exit=$?"
+step plan
+$PM -e TARGET_DRIVER=580.65.06 -e 'PLAN_ARGS=--from-driver 535.183.01' {image} compat-hook-k8s plan-once 2>&1 || echo "exit=$?"
 step uninstall
 $PM -e RESTART_CONTAINERD=true -e 'RESTART_COMMAND=echo restarted > /host/restarted-2' \
     {image} compat-hook-k8s uninstall 2>&1 || echo "exit=$?"
@@ -237,6 +239,14 @@ def test_daemonset_image_installs_on_a_fake_node(image, tmp_path):
     assert "restarting containerd" in out["restart"]
     assert "exit=1" in out["no-python"] and "python3 >= 3.9" in out["no-python"], out["no-python"]
 
+    # the preflight's pod (upgrade/plan-daemonset.yaml) on the node: one JSON object; this fake node
+    # has no containerd socket, so its one row says why and the rest stands
+    assert "exit=" not in out["plan"], out["plan"]
+    body = out["plan"][out["plan"].index("{"):out["plan"].rindex("}") + 1]
+    plan = json.loads(body)
+    assert plan["driver"] == {"now": "535.183.01", "after": "580.65.06", "target_from": "--driver"}
+    assert plan["images"][0]["image"] == "containerd:" and "no socket at /run/containerd" in plan["images"][0]["error"]
+    assert "plan done" in out["plan"]
     assert "exit=" not in out["uninstall"], out["uninstall"]
     assert (node / "restarted").read_text() == "restarted\n"
     assert (node / "restarted-2").read_text() == "restarted\n"

@@ -4,6 +4,8 @@
 #   compat-hook-k8s run        install, then wait (the container's command)
 #   compat-hook-k8s install    install once and exit
 #   compat-hook-k8s uninstall  remove the containerd registration (the preStop hook)
+#   compat-hook-k8s plan       `compat-hook plan containerd: --driver $TARGET_DRIVER --json` on the
+#                              node (upgrade/plan-daemonset.yaml), then wait; plan-once: then exit
 #   compat-hook-k8s help
 #
 # The node's root filesystem is mounted at $HOST_ROOT (hostPath "/"). compat-hook
@@ -246,6 +248,20 @@ do_uninstall() {
     fi
 }
 
+# The driver-upgrade preflight on this node (docs/upgrade.md): every image in the node's
+# containerd against $TARGET_DRIVER, one JSON object on stdout (the pod's log).
+do_plan() {
+    [ -n "${TARGET_DRIVER:-}" ] || die "TARGET_DRIVER is not set (the target driver version, e.g. 580.65.06)"
+    dest="$HOST_PREFIX/$(stamp)"
+    [ -d "$HOST_ROOT$dest/lib" ] || die "compat-hook is not on this node: apply daemonset.yaml first"
+    # shellcheck disable=SC2086 # PLAN_ARGS is a list of words on purpose
+    if compat_hook "$dest" plan containerd: --driver "$TARGET_DRIVER" --json ${PLAN_ARGS:-}; then
+        log "plan done"
+    else
+        log "plan exited $? (one line above says why)"
+    fi
+}
+
 case ${1:-run} in
     run)
         do_install
@@ -255,7 +271,12 @@ case ${1:-run} in
             sync_toolkit "$(cat "$READY_FILE")"
         done ;;
     install) do_install ;;
+    plan)
+        do_plan
+        trap 'exit 0' TERM INT
+        while :; do sleep 3600 & wait $! || true; done ;;
+    plan-once) do_plan ;;
     uninstall) do_uninstall ;;
     help|-h|--help) sed -n '2,30p' "$0" ;;
-    *) die "unknown command '$1' (run, install, uninstall, help)" ;;
+    *) die "unknown command '$1' (run, install, uninstall, plan, plan-once, help)" ;;
 esac
