@@ -39,7 +39,7 @@ class Assessment:
 
     __slots__ = ("request", "host", "image", "decision", "image_decision", "store", "effect",
                  "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "existing_dropin",
-                 "wrapper", "spec_edits", "warnings", "notes", "dropins", "ld_compat_entries",
+                 "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins", "ld_compat_entries",
                  "toolkit", "actors")
 
     def __init__(self) -> None:
@@ -58,6 +58,7 @@ class Assessment:
         self.existing_dropin = None
         self.wrapper: dict = {}     # keyword arguments of specedit.plan
         self.spec_edits: list = []  # what specedit.plan reports it would change
+        self.new_spec = None        # the spec with those edits (the original is never modified)
         self.warnings: list = []
         self.notes: list = []
         self.dropins: list = []     # compat drop-ins the image (or the toolkit) put in ld.so.conf.d
@@ -305,7 +306,7 @@ def _plan_wrapper(a: Assessment, config, spec, known, hook_entry) -> None:
         kw["hooks"] = [("createContainer", hook_entry())]
     a.wrapper = kw
     if isinstance(spec, dict):
-        _, a.spec_edits = specedit.plan(spec, **kw)
+        a.new_spec, a.spec_edits = specedit.plan(spec, **kw)
 
 
 def _toolkit_view(a: Assessment) -> None:

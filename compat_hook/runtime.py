@@ -378,8 +378,7 @@ def _edit(config, record: dict) -> None:
         record["actions"] = [f"dry-run: would {x}" for x in a.spec_edits]
         return
     if a.spec_edits:
-        new, done = specedit.plan(spec, **a.wrapper)
-        specedit.write_spec(bundle, new)
-        record["actions"] = done
+        specedit.write_spec(bundle, a.new_spec)
+        record["actions"] = list(a.spec_edits)
     else:
         record["actions"] = []
