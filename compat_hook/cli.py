@@ -219,8 +219,17 @@ def _version_arg(flag: str, value):
     return value
 
 
+def _print(report: dict, as_json: bool, render) -> None:
+    """One JSON object (``--json``) or the command's text rendering, on stdout."""
+    if as_json:
+        from . import jsonfast
+
+        sys.stdout.write(jsonfast.dumps(report, indent=2) + "\n")
+    else:
+        sys.stdout.write(render(report))
+
+
 def _cmd_explain(args) -> int:
-    from . import jsonfast
     from .explain import explain, render_text
 
     # A missing --host-root would read no host at all and explain the
@@ -229,17 +238,13 @@ def _cmd_explain(args) -> int:
     report = explain(cfg, rootfs=args.rootfs, bundle=args.bundle,
                      host_driver_version=_version_arg("--host-driver-version", args.host_driver_version),
                      host_cuda_version=_version_arg("--host-cuda-version", args.host_cuda_version))
-    if args.json:
-        sys.stdout.write(jsonfast.dumps(report, indent=2) + "\n")
-    else:
-        sys.stdout.write(render_text(report))
+    _print(report, args.json, render_text)
     return EXIT_OK
 
 
 def _cmd_plan(args) -> int:
     import functools
 
-    from . import jsonfast
     from .plan import exit_status, plan, render_text
     from .planimages import expand, open_source
 
@@ -248,15 +253,11 @@ def _cmd_plan(args) -> int:
     report = plan(cfg, args.sources, driver=args.driver, manifest=args.manifest,
                   from_driver=args.from_driver, gpus=args.gpu,
                   opener=functools.partial(open_source, **where), expander=functools.partial(expand, **where))
-    if args.json:
-        sys.stdout.write(jsonfast.dumps(report, indent=2) + "\n")
-    else:
-        sys.stdout.write(render_text(report))
+    _print(report, args.json, render_text)
     return exit_status(report, args.fail_on)
 
 
 def _cmd_report(args) -> int:
-    from . import jsonfast
     from .errors import UsageError
     from .report import exit_status, parse_since, render_text, report
 
@@ -268,10 +269,7 @@ def _cmd_report(args) -> int:
             raise UsageError("no log: the config's log_file is null; give --log FILE")
         logs = [cfg.log_file]
     rep = report(logs, since=since, rotated=not args.no_rotated)
-    if args.json:
-        sys.stdout.write(jsonfast.dumps(rep, indent=2) + "\n")
-    else:
-        sys.stdout.write(render_text(rep))
+    _print(rep, args.json, render_text)
     return exit_status(rep, args.fail_on)
 
 
