@@ -285,15 +285,15 @@ class Request:
             return self._gpu_names
         names: list = []
         cdi: list = []
-        sources = [*self._annotation_sources, self._member("annotations", CDI_PREFIX)]
-        for source in sources:
-            if not isinstance(source, dict):
-                continue
-            for k, v in source.items():
-                if isinstance(k, str) and isinstance(v, str) and k.startswith(CDI_PREFIX):
-                    for item in v.split(","):
-                        if "nvidia.com/" in item:
-                            cdi.append((*parse_gpu_name(item), f"CDI annotation {k}"))
+        merged: dict = {}  # the runtime's state repeats the spec's annotations: one key, one value
+        for source in (*self._annotation_sources, self._member("annotations", CDI_PREFIX)):
+            if isinstance(source, dict):
+                merged.update({k: v for k, v in source.items()
+                               if isinstance(k, str) and isinstance(v, str) and k.startswith(CDI_PREFIX)})
+        for k, v in merged.items():
+            for item in v.split(","):
+                if "nvidia.com/" in item:
+                    cdi.append((*parse_gpu_name(item), f"CDI annotation {k}"))
         if cdi:
             names.extend(cdi)
         else:
