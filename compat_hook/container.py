@@ -371,5 +371,7 @@ class Request:
                 "dry_run": self.dry_run,
                 "required_cuda": f"{need[0]}.{need[1]}" if need else None,
                 "required_cuda_source": src,
+                "gpus_named": ([f"{v} ({source})" for _, v, source in self.gpu_names() or ()]
+                               if self.gpu_requested else []),
                 "CUDA_VERSION": self.env.get("CUDA_VERSION"),
                 "NVIDIA_REQUIRE_CUDA": self.env.get("NVIDIA_REQUIRE_CUDA")}
