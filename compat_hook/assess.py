@@ -43,9 +43,9 @@ class Assessment:
     """What :func:`assess` found and planned. Plain data; :meth:`to_dict` for JSON."""
 
     __slots__ = ("request", "host", "image", "decision", "image_decision", "store", "effect",
-                 "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "hook_refresh", "existing_dropin",
-                 "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins", "ld_compat_entries",
-                 "toolkit", "actors")
+                 "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "hook_refresh",
+                 "existing_dropin", "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins",
+                 "ld_compat_entries", "toolkit", "actors")
 
     def __init__(self) -> None:
         self.request = None
@@ -335,6 +335,12 @@ def _plan_hook(a: Assessment, config, root, mount_ns: bool) -> None:
             if mount_ns and root is not None:
                 if _plan_masks(a, root, dirs, "drop-in entry"):
                     a.hook_refresh = True
+                else:
+                    a.warnings.append(
+                        f"{files} names {', '.join(dirs)}, which must not be used on this host (error "
+                        f"803/804), but resolves to no compat dir compat-hook may hide, and the host "
+                        f"driver's library is not in the container as libcuda.so.{drv or '<version>'}: "
+                        "mount the host library under its versioned name, or remove the drop-in from the image")
             elif "wrapper" not in a.actors:
                 a.warnings.append(
                     f"{files} names {', '.join(dirs)}, a compat dir that must not be used on this host "

@@ -315,3 +315,5 @@ def test_a_baked_dropin_naming_a_dir_linked_elsewhere_is_never_masked(tmp_path):
     a = assess_spec(rootfs, host("555.58.02"))
     assert a.effect == "host" and a.hook_masks == [] and a.hook == []
     assert any("drop-in entry /usr/local/cuda/compat resolves to /etc, not a compat dir" in n for n in a.notes)
+    [w] = a.warnings  # nothing it may do: it says so rather than a silent "host"
+    assert "resolves to no compat dir compat-hook may hide" in w and "libcuda.so.555.58.02" in w
