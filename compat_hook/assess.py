@@ -13,7 +13,12 @@ Actors and their effects:
   is wrong here: the decision's ``effect`` is ``"host"``), or none (removed
   if an earlier start left one); then the ld cache refresh. A host-store
   package is bind-mounted by the hook only at createContainer
-  (:mod:`compat_hook.mounts`).
+  (:mod:`compat_hook.mounts`). Where compat is wrong but the host driver's
+  library cannot be named (it is in the container only as ``libcuda.so.1``,
+  not ``libcuda.so.<version>``, and no spec mount says where), the compat
+  dirs the image's ld.so.conf.d drop-ins name are hidden instead (an empty
+  read-only tmpfs, createContainer only) and the cache rebuilt; outside the
+  container's mount namespace the log says so and how to fix it.
 * **wrapper** (edits of ``config.json``, :mod:`compat_hook.specedit`):
   ``LD_LIBRARY_PATH`` (env mode: the compat dir first; effect ``host``:
   compat dirs taken off), the host-store mount, and compat-hook's
@@ -38,9 +43,9 @@ class Assessment:
     """What :func:`assess` found and planned. Plain data; :meth:`to_dict` for JSON."""
 
     __slots__ = ("request", "host", "image", "decision", "image_decision", "store", "effect",
-                 "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "existing_dropin",
-                 "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins", "ld_compat_entries",
-                 "toolkit", "actors")
+                 "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "hook_refresh",
+                 "existing_dropin", "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins",
+                 "ld_compat_entries", "toolkit", "actors")
 
     def __init__(self) -> None:
         self.request = None
@@ -55,6 +60,7 @@ class Assessment:
         self.hook: list = []        # ldcache actions: [(action, arg)]
         self.hook_mount = None      # (host dir, container target) the hook bind-mounts
         self.hook_masks: list = []  # container dirs the hook hides under an empty read-only tmpfs
+        self.hook_refresh = False   # the ld cache must be rebuilt after the masks (it points into them)
         self.existing_dropin = None
         self.wrapper: dict = {}     # keyword arguments of specedit.plan
         self.spec_edits: list = []  # what specedit.plan reports it would change
@@ -70,7 +76,8 @@ class Assessment:
         """The hook's ld cache actions given the drop-in found now (under the lock)."""
         from .ldcache import plan_for
 
-        return plan_for(self.hook_target is not None, self.hook_target, existing, self.hook_purpose)
+        return plan_for(self.hook_target is not None, self.hook_target, existing, self.hook_purpose,
+                        self.hook_refresh)
 
     def log_fields(self) -> dict:
         """The decision's fields of the one JSON log line."""
@@ -94,6 +101,9 @@ class Assessment:
                             "version": self.store.compat_version}
         if self.hook_purpose == "host" and self.hook_target:
             out["host_lib_dir"] = self.hook_target
+        checked = d.details.get("gpus_checked") if isinstance(d.details, dict) else None
+        if checked:
+            out["gpus_checked"] = checked
         if self.dropins:
             out["compat_dropins"] = [f"{x['file']} ({x['by']})" for x in self.dropins]
         if self.ld_compat_entries:
@@ -227,19 +237,7 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
         # A hook cannot take the entry off the environment, but in the container's mount
         # namespace it can make the dir empty: the loader then finds no libcuda there and
         # falls back to the ld cache, where the host driver's dir comes first.
-        for e in a.ld_compat_entries:
-            try:
-                d = root.realpath(e)
-            except OSError:
-                continue
-            # Only a dir that still is a compat dir once resolved: an image linking the
-            # compat dir to /etc must not get its /etc hidden (and our drop-in with it).
-            from .ldpath import is_compat_entry
-
-            if root.is_dir(d) and is_compat_entry(d) and d not in a.hook_masks:
-                a.hook_masks.append(d)
-            elif d not in a.hook_masks:
-                a.notes.append(f"LD_LIBRARY_PATH entry {e} resolves to {d}, not a compat dir: not masked")
+        _plan_masks(a, root, a.ld_compat_entries, "LD_LIBRARY_PATH entry")
     elif a.effect == "host" and a.ld_compat_entries and "wrapper" not in a.actors:
         a.warnings.append(
             f"the image's LD_LIBRARY_PATH names {', '.join(a.ld_compat_entries)}, a compat dir that must not "
@@ -250,6 +248,53 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
     if toolkit:
         _toolkit_view(a)
     return a
+
+
+def _plan_masks(a: Assessment, root, entries, what: str) -> list:
+    """Add the compat dirs ``entries`` name (resolved in the rootfs) to the hook's masks."""
+    from .ldpath import is_compat_entry
+
+    added = []
+    for e in entries:
+        try:
+            d = root.realpath(e)
+        except OSError:
+            continue
+        # Only a dir that still is a compat dir once resolved: an image linking the
+        # compat dir to /etc must not get its /etc hidden (and our drop-in with it).
+        if root.is_dir(d) and is_compat_entry(d):
+            if d not in a.hook_masks:
+                a.hook_masks.append(d)
+                added.append(d)
+        elif d not in a.hook_masks:
+            a.notes.append(f"{what} {e} resolves to {d}, not a compat dir: not masked")
+    return added
+
+
+def _mounted_host_lib_dir(root, request, driver_text):
+    """``(dir, path)``: where the spec bind-mounts the host driver's libcuda, or ``(None, None)``.
+
+    A hand-written runtime config, a CDI spec or a device plugin may mount it
+    as ``libcuda.so.1`` alone: the spec's mount names it where the rootfs
+    only shows a placeholder (prestart) or a bind-mounted file of any name.
+    Only a dir outside every compat dir counts, resolved in the rootfs.
+    """
+    if request is None:
+        return None, None
+    from .ldpath import is_compat_entry
+
+    names = ("libcuda.so.1",) + ((f"libcuda.so.{driver_text}",) if driver_text else ())
+    for dest in request.libcuda_mounts():
+        parent, _, name = dest.rpartition("/")
+        if name not in names:
+            continue
+        try:
+            resolved = root.realpath(parent or "/")
+        except OSError:
+            continue
+        if not is_compat_entry(resolved) and "/compat" not in resolved and root.is_dir(resolved):
+            return resolved, dest
+    return None, None
 
 
 def _mount_at(spec, target):
@@ -276,9 +321,37 @@ def _plan_hook(a: Assessment, config, root, mount_ns: bool) -> None:
         from .imagefacts import host_lib_dir
 
         a.hook_purpose = "host"
-        a.hook_target = host_lib_dir(root, a.host.driver_text if a.host is not None else None)
-        if a.hook_target is None:
-            a.notes.append(f"no libcuda.so.{a.host.driver_text if a.host else '?'} of the host driver in "
+        drv = a.host.driver_text if a.host is not None else None
+        a.hook_target = host_lib_dir(root, drv)
+        if a.hook_target is None and root is not None:
+            a.hook_target, dest = _mounted_host_lib_dir(root, a.request, drv)
+            if dest is not None:
+                a.notes.append(f"the spec bind-mounts the host driver's library at {dest}: its dir goes first")
+        if a.hook_target is None and a.dropins and "hook" in a.actors:
+            # The ld cache cannot be made to prefer a library we cannot name, and the
+            # image's drop-in keeps the compat dir first: the dir itself must go.
+            dirs = [d for x in a.dropins for d in x["dirs"]]
+            files = ", ".join(f"/etc/ld.so.conf.d/{x['file']}" for x in a.dropins)
+            if mount_ns and root is not None:
+                if _plan_masks(a, root, dirs, "drop-in entry"):
+                    a.hook_refresh = True
+                else:
+                    a.warnings.append(
+                        f"{files} names {', '.join(dirs)}, which must not be used on this host (error "
+                        f"803/804), but resolves to no compat dir compat-hook may hide, and the host "
+                        f"driver's library is not in the container as libcuda.so.{drv or '<version>'}: "
+                        "mount the host library under its versioned name, or remove the drop-in from the image")
+            elif "wrapper" not in a.actors:
+                a.warnings.append(
+                    f"{files} names {', '.join(dirs)}, a compat dir that must not be used on this host "
+                    f"(error 803/804), and the host driver's library is not in the container as "
+                    f"libcuda.so.{drv or '<version>'} (nor bind-mounted by the spec), so the ld cache "
+                    "cannot be made to prefer it; a hook outside the container's mount namespace "
+                    "(prestart, createRuntime) cannot hide the dir either: register the hook at "
+                    "createContainer, or use compat-hook's runtime wrapper (compat-hook install "
+                    "containerd|docker|crio), or mount the host library as libcuda.so.<version>")
+        elif a.hook_target is None:
+            a.notes.append(f"no libcuda.so.{drv or '?'} of the host driver in "
                            "the container's library dirs: nothing to put first (it is mounted at "
                            "createContainer by the NVIDIA runtime)")
     if root is not None:

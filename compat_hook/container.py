@@ -18,11 +18,24 @@ not count), or when a CDI device annotation names an ``nvidia.com`` device.
 (True, 'NVIDIA_VISIBLE_DEVICES=all', '12.4.1')
 >>> Request.from_spec({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}).gpu_requested
 False
+
+*Which* GPUs it gets (:meth:`Request.gpu_names`, for the brand and
+architecture checks): the CDI devices its ``cdi.k8s.io/*`` annotations name
+(``nvidia.com/gpu=0``, ``nvidia.com/gpu=GPU-<uuid>``), else those of
+``NVIDIA_VISIBLE_DEVICES`` (indexes, ``GPU-`` UUIDs, MIG UUIDs and
+``<gpu>:<mig>`` indexes, CDI names such as ``nvidia.com/gpu=0``), as NVIDIA's
+runtime prefers the annotations; with both, the ``/dev/nvidiaN`` device
+nodes of the spec, which the runtime creates whatever else is asked.
+
+>>> r = Request.from_spec({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0,GPU-5a1c"]},
+...                        "linux": {"devices": [{"path": "/dev/nvidia1"}]}})
+>>> r.gpu_names()
+[('index', '0', 'NVIDIA_VISIBLE_DEVICES'), ('uuid', 'GPU-5a1c', 'NVIDIA_VISIBLE_DEVICES'), ('minor', '1', 'device /dev/nvidia1')]
 """
 
 from __future__ import annotations
 
-__all__ = ["Request", "ANNOTATION_DISABLE", "ANNOTATION_DRY_RUN", "ANNOTATION_REQUIRE_CUDA",
+__all__ = ["Request", "parse_gpu_name", "ANNOTATION_DISABLE", "ANNOTATION_DRY_RUN", "ANNOTATION_REQUIRE_CUDA",
            "ENV_DISABLE", "truthy"]
 
 ANNOTATION_DISABLE = "compat-hook/disable"
@@ -96,6 +109,42 @@ def _nvidia_device(path: str) -> bool:
     return bool(tail) and tail.isdigit()
 
 
+def parse_gpu_name(name: str) -> tuple:
+    """``(kind, value)`` of one device name as NVIDIA's runtime takes it.
+
+    ``kind``: ``all``, ``index``, ``uuid`` (``GPU-...``), ``mig`` (a MIG
+    device's ``MIG-<uuid>``) or ``unknown``. A MIG device named by its GPU
+    (``0:1``, ``MIG-GPU-<uuid>/1/0``) is that GPU. A CDI name
+    (``nvidia.com/gpu=0``) is its device name, if the vendor is NVIDIA's.
+
+    >>> [parse_gpu_name(n) for n in ("all", "1", "0:2", "GPU-5a1c", "MIG-GPU-5a1c/1/0", "MIG-77ab")]
+    [('all', 'all'), ('index', '1'), ('index', '0'), ('uuid', 'GPU-5a1c'), ('uuid', 'GPU-5a1c'), ('mig', 'MIG-77ab')]
+    >>> parse_gpu_name("nvidia.com/gpu=GPU-5a1c"), parse_gpu_name("example.com/dev=0")
+    (('uuid', 'GPU-5a1c'), ('unknown', 'example.com/dev=0'))
+    """
+    n = name.strip()
+    kind_part, eq, dev = n.rpartition("=")
+    if eq:
+        if "nvidia.com/" not in kind_part:
+            return "unknown", n
+        n = dev.strip()
+    low = n.lower()
+    if low == "all":
+        return "all", "all"
+    if n.isdigit():
+        return "index", n
+    head, colon, tail = n.partition(":")
+    if colon and head.isdigit() and tail.isdigit():
+        return "index", head
+    if low.startswith("mig-gpu-"):
+        return "uuid", n[len("MIG-"):].split("/", 1)[0]
+    if low.startswith("gpu-"):
+        return "uuid", n
+    if low.startswith("mig-"):
+        return "mig", n
+    return "unknown", n
+
+
 class Request:
     """What the container asks for, from its config.json.
 
@@ -104,11 +153,11 @@ class Request:
     """
 
     __slots__ = ("env", "annotations", "gpu_requested", "gpu_reason", "disabled", "disabled_reason",
-                 "dry_run", "labels")
+                 "dry_run", "labels", "_spec", "_annotation_sources", "_gpu_names")
 
     def __init__(self, env: dict, annotations: dict, gpu_requested: bool, gpu_reason: str,
                  disabled: bool = False, disabled_reason: str | None = None, dry_run: bool = False,
-                 labels: dict | None = None):
+                 labels: dict | None = None, spec=None, annotation_sources=()):
         self.env = env
         self.annotations = annotations
         self.gpu_requested = gpu_requested
@@ -118,6 +167,11 @@ class Request:
         self.dry_run = dry_run
         #: ``pod``, ``namespace``, ``container_name``, ``image`` where the annotations name them.
         self.labels = labels or {}
+        # Read again only by gpu_names / libcuda_mounts, which the decision asks
+        # only once a compat driver could be enabled (a large spec stays unparsed).
+        self._spec = spec
+        self._annotation_sources = tuple(annotation_sources)
+        self._gpu_names = False
 
     @classmethod
     def from_spec(cls, spec, extra_annotations: dict | None = None,
@@ -203,7 +257,79 @@ class Request:
                     if k8s.get(n):
                         labels[field] = k8s[n]
                         break
-        return cls(env, annotations, gpu, why, disabled, dreason, dry, labels)
+        return cls(env, annotations, gpu, why, disabled, dreason, dry, labels, spec,
+                   (extra_annotations, state_annotations))
+
+    def _member(self, key: str, needle: str):
+        """A member of the spec, parsed only if its text may hold ``needle``."""
+        from .jsonfast import LazyObject
+
+        spec = self._spec
+        if isinstance(spec, LazyObject):
+            if not spec.may_contain(key, needle):
+                return None
+        elif not isinstance(spec, dict):
+            return None
+        try:
+            return spec.get(key)
+        except ValueError:  # a member past the hook's early stop that is not JSON
+            return None
+
+    def gpu_names(self):
+        """The GPUs the container is given, as ``[(kind, value, source)]``, or ``None`` (none named).
+
+        ``kind`` as :func:`parse_gpu_name`, plus ``minor`` for a
+        ``/dev/nvidiaN`` device node. See the module docstring for the order.
+        """
+        if self._gpu_names is not False:
+            return self._gpu_names
+        names: list = []
+        cdi: list = []
+        merged: dict = {}  # the runtime's state repeats the spec's annotations: one key, one value
+        for source in (*self._annotation_sources, self._member("annotations", CDI_PREFIX)):
+            if isinstance(source, dict):
+                merged.update({k: v for k, v in source.items()
+                               if isinstance(k, str) and isinstance(v, str) and k.startswith(CDI_PREFIX)})
+        for k, v in merged.items():
+            for item in v.split(","):
+                if "nvidia.com/" in item:
+                    cdi.append((*parse_gpu_name(item), f"CDI annotation {k}"))
+        if cdi:
+            names.extend(cdi)
+        else:
+            nvd = self.env.get("NVIDIA_VISIBLE_DEVICES")
+            if nvd is not None and nvd.strip().lower() not in ("", "void", "none"):
+                for item in nvd.split(","):
+                    if item.strip():
+                        names.append((*parse_gpu_name(item), "NVIDIA_VISIBLE_DEVICES"))
+        linux = self._member("linux", "/dev/nvidia")
+        devices = linux.get("devices") if isinstance(linux, dict) else None
+        for d in devices if isinstance(devices, list) else ():
+            p = d.get("path") if isinstance(d, dict) else None
+            if isinstance(p, str) and p.startswith("/dev/nvidia") and p[len("/dev/nvidia"):].isdigit():
+                names.append(("minor", str(int(p[len("/dev/nvidia"):])), f"device {p}"))
+        self._gpu_names = names or None
+        return self._gpu_names
+
+    def libcuda_mounts(self) -> list:
+        """Container paths the spec bind-mounts a ``libcuda.so.*`` file at (a hand-written runtime
+        config, a CDI spec, a device plugin): where the host driver's library is, whatever its name.
+
+        >>> Request.from_spec({"mounts": [{"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        ...     "source": "/usr/lib/x86_64-linux-gnu/libcuda.so.555.58.02", "type": "bind"}]}).libcuda_mounts()
+        ['/usr/lib/x86_64-linux-gnu/libcuda.so.1']
+        """
+        mounts = self._member("mounts", "libcuda.so.")
+        out = []
+        for m in mounts if isinstance(mounts, list) else ():
+            if not isinstance(m, dict):
+                continue
+            dest, opts = m.get("destination"), m.get("options")
+            bind = m.get("type") == "bind" or (isinstance(opts, list) and ("bind" in opts or "rbind" in opts))
+            if (bind and isinstance(dest, str) and dest.startswith("/")
+                    and dest.rsplit("/", 1)[-1].startswith("libcuda.so.")):
+                out.append(dest)
+        return out
 
     @classmethod
     def assume_gpu(cls) -> "Request":
@@ -245,5 +371,7 @@ class Request:
                 "dry_run": self.dry_run,
                 "required_cuda": f"{need[0]}.{need[1]}" if need else None,
                 "required_cuda_source": src,
+                "gpus_named": ([f"{v} ({source})" for _, v, source in self.gpu_names() or ()]
+                               if self.gpu_requested else []),
                 "CUDA_VERSION": self.env.get("CUDA_VERSION"),
                 "NVIDIA_REQUIRE_CUDA": self.env.get("NVIDIA_REQUIRE_CUDA")}

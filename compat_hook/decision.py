@@ -17,7 +17,19 @@ The rules match NVIDIA Container Toolkit v1.20 where they overlap
 8. no note: the compat major must exceed the host major;
 9. note ``device`` list and known GPU brands: a GPU whose brand is outside
    the list -> skip (error 804 on GeForce / TITAN), per ``device_check``;
+   no device list (no note: every compat package before the note existed,
+   Debian's 550 ``libcuda1``): NVIDIA's CUDA Compatibility guide supports
+   forward compatibility only on data-center GPUs and select NGC Server
+   Ready RTX boards, note or not, so a GeForce or TITAN GPU -> skip
+   (``device_consumer``, unless ``device_check: off``); the brands every
+   NVIDIA note lists (:data:`DEFAULT_DEVICE_BRANDS`) pass; any other brand
+   (unknown, NVS, GRID) is judged per ``device_check`` as with a list;
 10. 590+ compat on a GPU below compute capability 7.5 (when known) -> skip.
+
+Rules 9 and 10 look at the GPUs the container gets
+(:meth:`~compat_hook.container.Request.gpu_names` mapped by
+:func:`select_gpus`), all of the host's only when
+the request names none in particular; ``details["gpus_checked"]`` says which.
 
 >>> from compat_hook.config import from_mapping
 >>> from compat_hook.hostfacts import HostFacts
@@ -38,7 +50,16 @@ from __future__ import annotations
 
 from .versions import branch_max_cuda, format_version, try_parse_version
 
-__all__ = ["Decision", "decide", "decide_request", "decide_store", "REASONS", "LEAVE_REASONS"]
+__all__ = ["Decision", "decide", "decide_request", "decide_store", "REASONS", "LEAVE_REASONS",
+           "DEFAULT_DEVICE_BRANDS", "CONSUMER_BRANDS", "select_gpus"]
+
+#: nvmlBrandType_t of GeForce and TITAN boards (GEFORCE, TITAN, GEFORCE_RTX,
+#: TITAN_RTX): no forward compatibility there, with or without a note (804).
+CONSUMER_BRANDS = frozenset((5, 6, 15, 16))
+#: The brands a compat driver without a device list is allowed on: the list
+#: every NVIDIA note carries (R575, R590: QUADRO, TESLA, the vGPU brands,
+#: QUADRO_RTX, NVIDIA_RTX, NVIDIA), i.e. data-center and professional RTX.
+DEFAULT_DEVICE_BRANDS = (1, 2, 7, 8, 9, 10, 11, 12, 13, 14)
 
 #: Every reason code, with the one-line explanation ``explain`` prints.
 REASONS = {
@@ -67,8 +88,11 @@ REASONS = {
     "host_branch_unsupported": "the note's driver list does not include the host branch (would be error 803)",
     "note_without_driver_list": "the note lists no supported host branches",
     "compat_major_not_newer": "no note: the compat driver's branch is not newer than the host's",
-    "device_unsupported": "a GPU's brand is outside the note's device list (would be error 804)",
+    "device_unsupported": ("a GPU's brand is outside the note's device list, or the default list when there "
+                           "is none (would be error 804)"),
     "device_unknown": "a GPU's brand is unknown and device_check is enforce",
+    "device_consumer": ("no device list (no note): a GeForce or TITAN GPU, where NVIDIA supports no forward "
+                        "compatibility (would be error 804)"),
     "gpu_arch_unsupported": "R590+ compat drivers do not support GPUs below compute capability 7.5",
     "no_store_package": "no host-store package fits this host and image",
     "store_not_needed": "the host driver already provides the CUDA version the image needs",
@@ -150,35 +174,110 @@ def _skip(reason: str, **details) -> Decision:
     return Decision("skip", reason, details=details)
 
 
-def _device_check(host, note, mode: str):
-    """``(reason or None, warnings)`` for the note's device list against the GPUs."""
+def _device_check(gpus, note, mode: str):
+    """``(reason or None, warnings, allowed)`` for the brands of ``gpus``.
+
+    ``allowed``: the note's device list, or :data:`DEFAULT_DEVICE_BRANDS`
+    where it gives none (then GeForce / TITAN are refused outright).
+    """
     devices = note.device if note is not None else None
-    if mode == "off" or not devices or not host.gpus:
-        return None, []
-    allowed = set(devices)
+    if mode == "off" or not gpus:
+        return None, [], None
+    allowed = list(devices) if devices else list(DEFAULT_DEVICE_BRANDS)
+    if not devices:
+        consumer = [f"{g.model or g.bus_id} (brand {g.brand}, {g.brand_source})" for g in gpus
+                    if g.brand in CONSUMER_BRANDS]
+        if consumer:
+            return "device_consumer", [], allowed
+    allowed_set = set(allowed)
     bad, unknown = [], []
-    for g in host.gpus:
+    for g in gpus:
         if g.brand is None or g.brand == 0:
             unknown.append(g.model or g.bus_id)
-        elif g.brand not in allowed:
+        elif g.brand not in allowed_set:
             bad.append(f"{g.model or g.bus_id} (brand {g.brand}, {g.brand_source})")
+    which = "the note's device list" if devices else "the default device list (no note lists one)"
     if bad:
-        msg = "GPU brand outside the note's device list: " + ", ".join(bad)
-        return ("device_unsupported", []) if mode == "enforce" else (None, [msg])
+        msg = f"GPU brand outside {which}: " + ", ".join(bad)
+        return ("device_unsupported", [], allowed) if mode == "enforce" else (None, [msg], allowed)
     if unknown:
         msg = "GPU brand unknown: " + ", ".join(unknown)
-        return ("device_unknown", []) if mode == "enforce" else (None, [msg])
-    return None, []
+        return ("device_unknown", [], allowed) if mode == "enforce" else (None, [msg], allowed)
+    return None, [], allowed
 
 
-def _arch_check(host, compat_version):
+def _arch_check(gpus, compat_version):
     if compat_version is None or compat_version[0] < 590:
         return None
-    for g in host.gpus:
+    for g in gpus:
         cc = g.compute_capability
         if cc is not None and tuple(cc) < (7, 5):
             return f"{g.model or g.bus_id} has compute capability {cc[0]}.{cc[1]}"
     return None
+
+
+def _uuid_key(text: str) -> str:
+    return text.strip().lower()
+
+
+def select_gpus(gpus: list, names) -> tuple:
+    """``(selected, why)``: the GPUs of ``gpus`` a container request names.
+
+    ``names``: ``None`` (the request names no GPU in particular) or a list of
+    ``(kind, value, source)`` from :meth:`compat_hook.container.Request.gpu_names`,
+    kind one of ``all``, ``index``, ``uuid``, ``mig``, ``minor``, ``unknown``.
+    Every GPU is returned when the request says ``all``, names none, or names
+    one that cannot be mapped to a GPU here (a MIG UUID without NVML, a typo):
+    deciding on too many GPUs can only skip compat, too few could enable it
+    on a GPU that fails with error 804.
+
+    >>> from compat_hook.hostfacts import Gpu
+    >>> h100 = Gpu("0000:17:00.0", "NVIDIA H100", 14, "t", index=0, uuid="GPU-aa", minor=0)
+    >>> rtx = Gpu("0000:65:00.0", "NVIDIA GeForce RTX 4090", 5, "t", index=1, uuid="GPU-bb", minor=1)
+    >>> sel, why = select_gpus([h100, rtx], [("uuid", "GPU-AA", "NVIDIA_VISIBLE_DEVICES")])
+    >>> [g.index for g in sel], why
+    ([0], 'named by NVIDIA_VISIBLE_DEVICES: GPU-AA')
+    >>> sel, why = select_gpus([h100, rtx], [("minor", "1", "device /dev/nvidia1")])
+    >>> [g.index for g in sel]
+    [1]
+    >>> sel, why = select_gpus([h100, rtx], [("mig", "MIG-1f2e", "NVIDIA_VISIBLE_DEVICES")])
+    >>> len(sel), why
+    (2, 'all GPUs: MIG-1f2e (NVIDIA_VISIBLE_DEVICES) names no GPU known here')
+    """
+    gpus = list(gpus)
+    if not names:
+        return gpus, "all GPUs: the request names none in particular"
+    for kind, value, source in names:
+        if kind == "all":
+            return gpus, f"all GPUs: {source} names all"
+    chosen: list = []
+    for kind, value, source in names:
+        hit = None
+        for g in gpus:
+            if ((kind == "index" and g.index is not None and str(g.index) == value)
+                    or (kind == "minor" and g.minor is not None and str(g.minor) == value)
+                    or (kind == "uuid" and g.uuid and _uuid_key(g.uuid) == _uuid_key(value))
+                    or (kind == "mig" and any(_uuid_key(m) == _uuid_key(value) for m in g.mig))):
+                hit = g
+                break
+        if hit is None:
+            return gpus, f"all GPUs: {value} ({source}) names no GPU known here"
+        if hit not in chosen:
+            chosen.append(hit)
+    chosen.sort(key=lambda g: (g.index is None, g.index if g.index is not None else 0, g.bus_id))
+    sources: dict = {}
+    for _, value, source in names:
+        sources.setdefault(source, []).append(value)
+    return chosen, "named by " + "; ".join(f"{s}: {', '.join(v)}" for s, v in sources.items())
+
+
+def _container_gpus(host, request):
+    """``(gpus, why)``: the host's GPUs the container gets (all when it names none)."""
+    if not host.gpus:
+        return [], "no GPUs known on this host"
+    if request is None:
+        return list(host.gpus), "all GPUs: no container request (a bare rootfs)"
+    return select_gpus(host.gpus, request.gpu_names())
 
 
 def decide_request(request, config) -> Decision | None:
@@ -260,12 +359,15 @@ def decide(host, image, request, config) -> Decision:
                 return _skip("compat_major_not_newer", **details)
             enable_reason = "compat_major_newer"
 
-    bad, more = _device_check(host, note, config.device_check)
+    gpus, why = _container_gpus(host, request)
+    if host.gpus:
+        details["gpus_checked"] = {"gpus": [g.label() for g in gpus], "why": why}
+    bad, more, allowed = _device_check(gpus, note, config.device_check)
     warnings.extend(more)
     if bad is not None:
-        return _skip(bad, gpus=[g.to_dict() for g in host.gpus],
-                     allowed=list(note.device) if note and note.device else None, **details)
-    arch = _arch_check(host, compat)
+        return _skip(bad, gpus=[g.to_dict() for g in gpus], allowed=allowed,
+                     device_list="note" if note is not None and note.device else "default", **details)
+    arch = _arch_check(gpus, compat)
     if arch is not None:
         return _skip("gpu_arch_unsupported", gpu=arch, **details)
     return Decision("enable", enable_reason, image.compat_dir, image.compat_version_text,
@@ -295,7 +397,7 @@ def decide_store(host, request, packages: list, config, image_needs=None) -> Dec
                      host_cuda=f"{native[0]}.{native[1]}")
     best, tried = None, []
     for pkg in packages:
-        d = decide(host, pkg, None, config)
+        d = decide(host, pkg, request, config)
         provides = None
         if pkg.elf is not None and pkg.elf.note is not None and pkg.elf.note.cuda_version:
             provides = try_parse_version(pkg.elf.note.cuda_version)

@@ -71,6 +71,7 @@ def explain(config, *, rootfs: str | None = None, bundle: str | None = None,
         "host": host.to_dict(),
         "image": image.to_dict(),
         "request": request.to_dict(),
+        "gpus_checked": decision.details.get("gpus_checked"),
         "store": wrapper.store.to_dict() if wrapper.store is not None else None,
         "effects": {"hook": hook.effects()["hook"], "wrapper": wrapper.effects()["wrapper"]},
         "hook_actions": [list(x) for x in hook.hook],
@@ -115,8 +116,10 @@ def render_text(report: dict) -> str:
     if h["cuda_version"]:
         out.append(f"  CUDA: {h['cuda_version']}  (from {h['cuda_source']})")
     for g in h["gpus"]:
-        out.append(f"  GPU {g['bus_id']}: {g['model'] or '?'}  brand {g['brand_name']} "
-                   f"(from {g['brand_source']})")
+        ids = ", ".join(x for x in (f"minor {g['minor']}" if g.get("minor") is not None else None,
+                                    g.get("uuid")) if x)
+        out.append(f"  GPU {g['index'] if g.get('index') is not None else '?'} {g['bus_id']}: {g['model'] or '?'}  "
+                   f"brand {g['brand_name']} (from {g['brand_source']})" + (f"  [{ids}]" if ids else ""))
     if h["tegra"]:
         out.append("  Tegra: yes (no kernel driver version, /dev/nvgpu)")
     out.append(f"  arch: {h['arch']}")
@@ -155,6 +158,9 @@ def render_text(report: dict) -> str:
         out.append(f"  opted out: {req['disabled_reason']}")
     if req["required_cuda"]:
         out.append(f"  needs CUDA {req['required_cuda']} (from {req['required_cuda_source']})")
+    checked = report["details"].get("gpus_checked") if isinstance(report["details"], dict) else None
+    if checked:
+        out.append(f"  GPUs checked: {', '.join(checked['gpus']) or 'none'} ({checked['why']})")
     if report.get("store"):
         s = report["store"]
         out.append(f"host store: {s['decision']} ({s['reason']})")

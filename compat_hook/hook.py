@@ -199,7 +199,7 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
                 ns_pid = None if opts["stage"] in ("createContainer", "startContainer") else \
                     ldcache.namespace_pid(state)
                 actions, did, note = ldcache.apply_locked(root, a.hook_target, a.hook_purpose, config,
-                                                          state_dir, ns_pid)
+                                                          state_dir, ns_pid, a.hook_refresh)
             except Exception as e:
                 done += getattr(e, "done", [])
                 raise

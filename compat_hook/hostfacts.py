@@ -9,6 +9,14 @@ log can say why. Sources, best first:
   ``libcuda.so.X.Y[.Z]`` in the driver library dirs; NVML only confirms;
 * GPUs: NVML brand when nvidia-ml-py is installed, else the model name in
   ``/proc/driver/nvidia/gpus/*/information`` (a name heuristic, marked so);
+  each GPU's index, UUID and device minor come from NVML or from that file
+  (``GPU UUID:``, ``Device Minor:``). Without NVML a GPU's index is its
+  place in PCI bus id order, the order NVML, ``nvidia-smi`` and the NVIDIA
+  toolkit enumerate GPUs in (``CUDA_DEVICE_ORDER`` does not apply: it only
+  orders the devices CUDA numbers inside the container);
+* the GPUs a container gets: :func:`compat_hook.decision.select_gpus` maps
+  the names of its request (indexes, UUIDs, MIG UUIDs, ``/dev/nvidiaN``
+  minors) to them;
 * Tegra: no kernel driver version and ``/dev/nvgpu``; its CUDA version comes
   from NVML or the configuration.
 
@@ -27,7 +35,8 @@ import os
 
 from .versions import format_version, try_parse_version
 
-__all__ = ["HostFacts", "Gpu", "gather", "parse_proc_version", "brand_from_model", "BRAND_NAMES"]
+__all__ = ["HostFacts", "Gpu", "gather", "parse_proc_version", "parse_gpu_information", "brand_from_model",
+           "BRAND_NAMES"]
 
 #: nvmlBrandType_t values (nvml.h); the note's ``device`` list uses them.
 BRAND_NAMES = {
@@ -86,24 +95,46 @@ def brand_from_model(model: str) -> int:
 
 
 class Gpu:
-    """One GPU: model name, brand (nvmlBrandType_t or None) and their sources."""
+    """One GPU: model name, brand (nvmlBrandType_t or None) and their sources.
 
-    __slots__ = ("bus_id", "model", "brand", "brand_source", "compute_capability")
+    ``index`` (NVML's, else PCI bus id order), ``uuid`` (``GPU-...``),
+    ``minor`` (the N of ``/dev/nvidiaN``) and ``mig`` (its MIG devices'
+    UUIDs, NVML only) name it the way a container request does.
+    """
+
+    __slots__ = ("bus_id", "model", "brand", "brand_source", "compute_capability", "index", "uuid",
+                 "minor", "mig")
 
     def __init__(self, bus_id: str, model: str, brand: int | None, brand_source: str,
-                 compute_capability: tuple | None = None) -> None:
+                 compute_capability: tuple | None = None, *, index: int | None = None,
+                 uuid: str | None = None, minor: int | None = None, mig=()) -> None:
         self.bus_id = bus_id
         self.model = model
         self.brand = brand
         self.brand_source = brand_source
         self.compute_capability = compute_capability
+        self.index = index
+        self.uuid = uuid
+        self.minor = minor
+        self.mig = list(mig)
+
+    def label(self) -> str:
+        """How logs name it: ``0 0000:17:00.0 NVIDIA H100 80GB HBM3``.
+
+        >>> Gpu("0000:17:00.0", "NVIDIA H100 80GB HBM3", 14, "nvml", index=0).label()
+        '0 0000:17:00.0 NVIDIA H100 80GB HBM3'
+        """
+        head = f"{self.index} " if self.index is not None else ""
+        return f"{head}{self.bus_id} {self.model or '?'}"
 
     def to_dict(self) -> dict:
-        return {"bus_id": self.bus_id, "model": self.model, "brand": self.brand,
+        return {"bus_id": self.bus_id, "index": self.index, "uuid": self.uuid, "minor": self.minor,
+                "model": self.model, "brand": self.brand,
                 "brand_name": BRAND_NAMES.get(self.brand) if self.brand is not None else None,
                 "brand_source": self.brand_source,
                 "compute_capability": (f"{self.compute_capability[0]}.{self.compute_capability[1]}"
-                                       if self.compute_capability else None)}
+                                       if self.compute_capability else None),
+                "mig_devices": list(self.mig)}
 
 
 class HostFacts:
@@ -203,25 +234,60 @@ def _driver_from_libs(root: str, dirs: list, notes: list):
     return v, f"libcuda:{found[v][0]}"
 
 
+def parse_gpu_information(text: str) -> dict:
+    r"""``Model``, ``GPU UUID`` and ``Device Minor`` of a ``/proc/driver/nvidia/gpus/<bdf>/information``.
+
+    >>> parse_gpu_information("Model: \t\t NVIDIA H100 80GB HBM3\nGPU UUID: \t GPU-5a1c\nDevice Minor: \t 3\n")
+    {'model': 'NVIDIA H100 80GB HBM3', 'uuid': 'GPU-5a1c', 'minor': 3}
+    """
+    out: dict = {"model": "", "uuid": None, "minor": None}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key, value = key.strip(), value.strip()
+        if key == "Model":
+            out["model"] = value
+        elif key == "GPU UUID" and value.startswith("GPU-"):
+            out["uuid"] = value
+        elif key == "Device Minor" and value.isdigit():
+            out["minor"] = int(value)
+    return out
+
+
 def _gpus_from_proc(root: str) -> list:
     base = _under(root, "/proc/driver/nvidia/gpus")
     try:
-        buses = sorted(os.listdir(base))
+        # The PCI bus id names sort in bus order (fixed-width lower-case hex):
+        # the order NVML enumerates GPUs in, so a GPU's place is its index.
+        buses = sorted(os.listdir(base), key=str.lower)
     except OSError:
         return []
     gpus = []
-    for bus in buses:
+    for index, bus in enumerate(buses):
         text = _read_text(os.path.join(base, bus, "information"))
         if text is None:
             continue
-        model = ""
-        for line in text.splitlines():
-            key, sep, value = line.partition(":")
-            if sep and key.strip() == "Model":
-                model = value.strip()
-                break
-        gpus.append(Gpu(bus, model, brand_from_model(model), "proc-model-name"))
+        info = parse_gpu_information(text)
+        gpus.append(Gpu(bus, info["model"], brand_from_model(info["model"]), "proc-model-name",
+                        index=index, uuid=info["uuid"], minor=info["minor"]))
     return gpus
+
+
+def _nvml_migs(pynvml, handle) -> list:
+    """The UUIDs of a GPU's MIG devices (none when MIG is off or NVML cannot say)."""
+    out = []
+    try:
+        count = pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+    except Exception:
+        return out
+    for j in range(count):
+        try:
+            u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j))
+        except Exception:
+            continue
+        out.append(u.decode() if isinstance(u, bytes) else str(u))
+    return out
 
 
 def _nvml(notes: list):
@@ -269,7 +335,18 @@ def _nvml(notes: list):
                 bus = bus.decode() if isinstance(bus, bytes) else str(bus)
             except Exception:
                 bus = str(i)
-            gpus.append(Gpu(bus, name, brand, "nvml", cc))
+            uuid = minor = None
+            try:
+                uuid = pynvml.nvmlDeviceGetUUID(h)
+                uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            except Exception:
+                pass
+            try:
+                minor = int(pynvml.nvmlDeviceGetMinorNumber(h))
+            except Exception:
+                pass
+            gpus.append(Gpu(bus, name, brand, "nvml", cc, index=i, uuid=uuid, minor=minor,
+                            mig=_nvml_migs(pynvml, h)))
         return drv, cuda, gpus
     except Exception as e:
         notes.append(f"nvml: query failed: {e}")

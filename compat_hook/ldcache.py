@@ -100,14 +100,19 @@ def current_dropin(root) -> str | None:
         return ""
 
 
-def plan_for(enable: bool, compat_dir: str | None, existing: str | None, purpose: str = "compat") -> list:
+def plan_for(enable: bool, compat_dir: str | None, existing: str | None, purpose: str = "compat",
+             refresh: bool = False) -> list:
     """The ordered actions for a decision, given the drop-in found (pure).
 
     ``enable``: our drop-in must name ``compat_dir`` (with ``purpose``
     ``"host"``: the host driver's dir); else it must not exist. Writing
     always refreshes the cache: another hook (the NVIDIA toolkit's) may have
     rebuilt it since the last start, and it is the only way to be sure our
-    entry is first.
+    entry is first. ``refresh``: the cache must be rebuilt anyway (the hook
+    masked a compat dir the image's cache still points into).
+
+    >>> plan_for(False, None, None, "host", refresh=True)
+    [('ldconfig', None)]
     """
     if enable:
         if existing == dropin_text(compat_dir, purpose):
@@ -115,7 +120,7 @@ def plan_for(enable: bool, compat_dir: str | None, existing: str | None, purpose
         return [("write_dropin", compat_dir), ("ldconfig", None)]
     if existing is not None:
         return [("remove_dropin", None), ("ldconfig", None)]
-    return []
+    return [("ldconfig", None)] if refresh else []
 
 
 def _includes_dropins(text: str) -> bool:
@@ -208,16 +213,17 @@ def _apply(root, actions, config, ns_pid, purpose, done) -> None:
             raise ValueError(action)
 
 
-def apply_locked(root, target: str | None, purpose: str, config, state_dir: str, ns_pid=None) -> tuple:
+def apply_locked(root, target: str | None, purpose: str, config, state_dir: str, ns_pid=None,
+                 refresh: bool = False) -> tuple:
     """Plan again under the rootfs lock and carry out: ``(actions, done, lock_note)``.
 
     ``target``: the dir our drop-in must name (``None``: no drop-in). The
     plan is made again once the lock is held, since a concurrent start may
-    have changed the drop-in meanwhile.
+    have changed the drop-in meanwhile. ``refresh``: as for :func:`plan_for`.
     """
     fd, note = lock_rootfs(state_dir, root, config.ldconfig_timeout)
     try:
-        actions = plan_for(target is not None, target, current_dropin(root), purpose)
+        actions = plan_for(target is not None, target, current_dropin(root), purpose, refresh)
         return actions, apply(root, actions, config, ns_pid, purpose), note
     finally:
         if fd is not None:

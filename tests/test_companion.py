@@ -243,3 +243,77 @@ def test_a_compat_dir_linked_elsewhere_is_never_masked(tmp_path):
                                                     "LD_LIBRARY_PATH=/usr/local/cuda/compat"))
     assert a.effect == "host" and a.hook_masks == []
     assert any("resolves to /etc, not a compat dir: not masked" in n for n in a.notes)
+
+
+# -- a baked compat drop-in beside a host library mounted as libcuda.so.1 only ----------------------
+
+BAKED = dict(IMAGE, **{"etc/ld.so.conf.d/00-cuda-compat.conf": "/usr/local/cuda/compat\n",
+                       f"{SYS.lstrip('/')}/libcuda.so.1": b"host, mounted unversioned"})
+
+
+def assess_spec(rootfs, h, spec_extra=None, actors=("hook",), mount_ns=True):
+    spec = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}, "root": {"path": str(rootfs)}, **(spec_extra or {})}
+    with Root(str(rootfs)) as root:
+        return assess(config_for(None), Request.from_spec(spec), root, spec=spec, host=h, actors=actors,
+                      toolkit=True, mount_ns=mount_ns,
+                      hook_entry=lambda: {"path": "/usr/bin/python3", "args": ["python3", "compat_hook", "hook"]})
+
+
+def test_unversioned_host_lib_beside_a_baked_dropin_masks_the_compat_dir_at_create_container(tmp_path):
+    rootfs = build_tree(tmp_path / "r", BAKED)
+    a = assess_spec(rootfs, host("555.58.02"))
+    assert (a.decision.reason, a.effect, a.hook_target) == ("compat_not_newer", "host", None)
+    assert a.hook_masks == ["/usr/local/cuda-12.4/compat"] and a.hook_refresh is True
+    # the image's ld cache points into the masked dir: it is rebuilt after the mask
+    assert a.hook == [("ldconfig", None)] and a.warnings == []
+    assert a.effects()["hook"] == [
+        "mask /usr/local/cuda-12.4/compat with an empty read-only tmpfs (createContainer)",
+        "refresh the container's ld cache (ldconfig -r)"]
+
+
+def test_unversioned_host_lib_beside_a_baked_dropin_warns_at_prestart(tmp_path):
+    rootfs = build_tree(tmp_path / "r", BAKED)
+    a = assess_spec(rootfs, host("555.58.02"), mount_ns=False)
+    assert (a.effect, a.hook_masks, a.hook) == ("host", [], [])
+    [w] = a.warnings
+    assert w.startswith("/etc/ld.so.conf.d/00-cuda-compat.conf names /usr/local/cuda/compat, a compat dir")
+    assert "libcuda.so.555.58.02" in w and "register the hook at createContainer" in w
+    assert a.log_fields()["warnings"] == [w]
+
+
+def test_unversioned_host_lib_named_by_a_spec_mount_takes_the_dropin_route(tmp_path):
+    """A hand-written runtime config mounts the host library as libcuda.so.1: the spec says where it
+    is, so our drop-in names that dir (at prestart too: ldconfig runs in the container's namespace)."""
+    rootfs = build_tree(tmp_path / "r", BAKED)
+    mounts = {"mounts": [{"destination": f"{SYS}/libcuda.so.1", "type": "bind", "options": ["ro", "rbind"],
+                          "source": "/usr/lib/x86_64-linux-gnu/libcuda.so.555.58.02"}]}
+    for mount_ns in (True, False):
+        a = assess_spec(rootfs, host("555.58.02"), mounts, mount_ns=mount_ns)
+        assert a.hook == [("write_dropin", SYS), ("ldconfig", None)] and a.hook_purpose == "host"
+        assert a.hook_masks == [] and a.warnings == []
+        assert f"the spec bind-mounts the host driver's library at {SYS}/libcuda.so.1: its dir goes first" in a.notes
+    # a mount into a compat dir is never the host library's dir
+    into_compat = {"mounts": [{"destination": "/usr/local/cuda/compat/libcuda.so.1", "type": "bind",
+                               "source": "/x/libcuda.so.1"}]}
+    a = assess_spec(rootfs, host("555.58.02"), into_compat)
+    assert a.hook_target is None and a.hook_masks == ["/usr/local/cuda-12.4/compat"]
+
+
+def test_wrapper_adds_the_create_container_hook_that_masks(tmp_path):
+    rootfs = build_tree(tmp_path / "r", BAKED)
+    w = assess_spec(rootfs, host("555.58.02"), actors=("wrapper",))
+    assert w.effect == "host" and w.wrapper["hooks"][0][0] == "createContainer"
+    assert "added createContainer hook /usr/bin/python3" in w.spec_edits
+    assert w.warnings == [] and w.hook_masks == []  # the hook it adds does the masking
+
+
+def test_a_baked_dropin_naming_a_dir_linked_elsewhere_is_never_masked(tmp_path):
+    entries = {k: v for k, v in BAKED.items() if not k.startswith("usr/local/cuda")}
+    entries.update({"etc/libcuda.so.550.163.01": elf(NOTE_550), "usr/local/cuda/compat": Symlink("/etc"),
+                    "etc/ld.so.conf.d/00-cuda-compat.conf": "/usr/local/cuda/compat\n"})
+    rootfs = build_tree(tmp_path / "r", entries)
+    a = assess_spec(rootfs, host("555.58.02"))
+    assert a.effect == "host" and a.hook_masks == [] and a.hook == []
+    assert any("drop-in entry /usr/local/cuda/compat resolves to /etc, not a compat dir" in n for n in a.notes)
+    [w] = a.warnings  # nothing it may do: it says so rather than a silent "host"
+    assert "resolves to no compat dir compat-hook may hide" in w and "libcuda.so.555.58.02" in w

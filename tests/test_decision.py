@@ -31,6 +31,7 @@ OTHER_ARCH = "aarch64" if HOST_ARCH == "x86_64" else "x86_64"
 NOTE_NO_DRIVER = '{"format":1,"CUDA version":"12.9"}'
 NOTE_EMPTY_DRIVER = '{"format":1,"CUDA version":"12.9","driver":[],"device":[1,2]}'
 NOTE_NO_CUDA = '{"format":1,"driver":[535,550,570]}'
+NOTE_NO_DEVICE = '{"format":1,"CUDA version":"12.9","driver":[535,550,570]}'
 CFG = from_mapping({"nvml": "off"})
 
 
@@ -69,8 +70,27 @@ def gpu(brand, model="GPU", cc=None) -> Gpu:
     return Gpu("0000:17:00.0", model, brand, "nvml", cc)
 
 
-def req(*env, **annotations) -> Request:
-    return Request.from_spec({"process": {"env": list(env)}, "annotations": annotations})
+def req(*env, devices=(), **annotations) -> Request:
+    spec = {"process": {"env": list(env)}, "annotations": annotations}
+    if devices:
+        spec["linux"] = {"devices": [{"path": p, "type": "c", "major": 195, "minor": int(p[11:])}
+                                     for p in devices]}
+    return Request.from_spec(spec)
+
+
+H100_UUID = "GPU-5a1c0d3e-0000-4a4a-8b8b-000000000001"
+RTX_UUID = "GPU-9e8d7c6b-0000-4b4b-8c8c-000000000002"
+
+
+def two_gpus(first=(14, "NVIDIA H100 80GB HBM3", None), second=(5, "NVIDIA GeForce RTX 4090", None),
+             mig=()) -> list:
+    """An H100 at index 0 (minor 0) and a GeForce RTX 4090 at index 1 (minor 1), by default."""
+    return [Gpu("0000:17:00.0", first[1], first[0], "nvml", first[2], index=0, uuid=H100_UUID, minor=0, mig=mig),
+            Gpu("0000:65:00.0", second[1], second[0], "nvml", second[2], index=1, uuid=RTX_UUID, minor=1)]
+
+
+def mixed(driver="550.54.15"):
+    return host(driver, gpus=two_gpus())
 
 
 GPU_REQ = req("NVIDIA_VISIBLE_DEVICES=all")
@@ -165,7 +185,51 @@ CASES = [
     ("brand_unknown_warn", lambda: (host("550.54.15", gpus=[gpu(0)]), image(), GPU_REQ, CFG.replace(device_check="warn")), "enable", "compat_newer_supported"),
     ("no_gpus_known", lambda: (host("550.54.15", gpus=[]), image(), GPU_REQ, CFG), "enable", "compat_newer_supported"),
     ("tesla", lambda: (host("550.54.15", gpus=[gpu(2, "NVIDIA H100 80GB HBM3"), gpu(14)]), image(), GPU_REQ, CFG), "enable", "compat_newer_supported"),
-    ("no_device_list_ignores_brand", lambda: (host("535.261.03", gpus=[gpu(5)]), image("550.163.01", None), GPU_REQ, CFG), "enable", "compat_major_newer"),
+    # 9b. no device list (no note, or a note without one): NVIDIA's compatibility guide -- data
+    # center and select NGC Server Ready RTX only; GeForce/TITAN never, the rest per device_check
+    ("no_note_geforce", lambda: (host("535.261.03", gpus=[gpu(5, "NVIDIA GeForce GTX 1650")]), image("550.163.01", None), GPU_REQ, CFG), "skip", "device_consumer"),
+    ("no_note_geforce_rtx", lambda: (host("535.261.03", gpus=[gpu(15)]), image("550.163.01", None), GPU_REQ, CFG), "skip", "device_consumer"),
+    ("no_note_titan", lambda: (host("535.261.03", gpus=[gpu(6, "NVIDIA TITAN V")]), image("550.163.01", None), GPU_REQ, CFG), "skip", "device_consumer"),
+    ("no_note_titan_rtx", lambda: (host("535.261.03", gpus=[gpu(16)]), image("550.163.01", None), GPU_REQ, CFG), "skip", "device_consumer"),
+    ("no_note_geforce_warn_still_skips", lambda: (host("535.261.03", gpus=[gpu(5)]), image("550.163.01", None), GPU_REQ, CFG.replace(device_check="warn")), "skip", "device_consumer"),
+    ("no_note_geforce_off", lambda: (host("535.261.03", gpus=[gpu(5)]), image("550.163.01", None), GPU_REQ, CFG.replace(device_check="off")), "enable", "compat_major_newer"),
+    ("no_note_geforce_among_teslas", lambda: (host("535.261.03", gpus=[gpu(2), gpu(5)]), image("550.163.01", None), GPU_REQ, CFG), "skip", "device_consumer"),
+    ("no_note_tesla", lambda: (host("535.261.03", gpus=[gpu(2, "Tesla T4")]), image("550.163.01", None), GPU_REQ, CFG), "enable", "compat_major_newer"),
+    ("no_note_nvidia_h100", lambda: (host("535.261.03", gpus=[gpu(14, "NVIDIA H100 80GB HBM3")]), image("550.163.01", None), GPU_REQ, CFG), "enable", "compat_major_newer"),
+    ("no_note_rtx_pro", lambda: (host("535.261.03", gpus=[gpu(13, "NVIDIA RTX A6000"), gpu(12)]), image("550.163.01", None), GPU_REQ, CFG), "enable", "compat_major_newer"),
+    ("no_note_vgpu", lambda: (host("535.261.03", gpus=[gpu(10)]), image("550.163.01", None), GPU_REQ, CFG), "enable", "compat_major_newer"),
+    ("no_note_brand_unknown", lambda: (host("535.261.03", gpus=[gpu(0, "Graphics Device")]), image("550.163.01", None), GPU_REQ, CFG), "skip", "device_unknown"),
+    ("no_note_brand_unknown_warn", lambda: (host("535.261.03", gpus=[gpu(0)]), image("550.163.01", None), GPU_REQ, CFG.replace(device_check="warn")), "enable", "compat_major_newer"),
+    ("no_note_grid", lambda: (host("535.261.03", gpus=[gpu(4)]), image("550.163.01", None), GPU_REQ, CFG), "skip", "device_unsupported"),
+    ("no_note_grid_warn", lambda: (host("535.261.03", gpus=[gpu(4)]), image("550.163.01", None), GPU_REQ, CFG.replace(device_check="warn")), "enable", "compat_major_newer"),
+    ("no_note_no_gpus_known", lambda: (host("535.261.03"), image("550.163.01", None), GPU_REQ, CFG), "enable", "compat_major_newer"),
+    ("note_without_device_list_geforce", lambda: (host("550.54.15", gpus=[gpu(5)]), image(note=NOTE_NO_DEVICE), GPU_REQ, CFG), "skip", "device_consumer"),
+    ("note_without_device_list_tesla", lambda: (host("550.54.15", gpus=[gpu(2)]), image(note=NOTE_NO_DEVICE), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    # 9c. the GPUs the container gets: an H100 at index 0, a GeForce RTX 4090 at index 1
+    ("mixed_index_0", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=0"), CFG), "enable", "compat_newer_supported"),
+    ("mixed_index_1", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=1"), CFG), "skip", "device_unsupported"),
+    ("mixed_all", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=all"), CFG), "skip", "device_unsupported"),
+    ("mixed_both", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=1,0"), CFG), "skip", "device_unsupported"),
+    ("mixed_uuid", lambda: (mixed(), image(), req(f"NVIDIA_VISIBLE_DEVICES={H100_UUID}"), CFG), "enable", "compat_newer_supported"),
+    ("mixed_uuid_upper", lambda: (mixed(), image(), req(f"NVIDIA_VISIBLE_DEVICES={H100_UUID.upper().replace('GPU-', 'GPU-')}"), CFG), "enable", "compat_newer_supported"),
+    ("mixed_rtx_uuid", lambda: (mixed(), image(), req(f"NVIDIA_VISIBLE_DEVICES={RTX_UUID}"), CFG), "skip", "device_unsupported"),
+    ("mixed_mig_by_gpu_uuid", lambda: (mixed(), image(), req(f"NVIDIA_VISIBLE_DEVICES=MIG-{H100_UUID}/1/0"), CFG), "enable", "compat_newer_supported"),
+    ("mixed_mig_by_index", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=0:1"), CFG), "enable", "compat_newer_supported"),
+    ("mixed_mig_uuid_known", lambda: (host("550.54.15", gpus=two_gpus(mig=["MIG-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"])), image(), req("NVIDIA_VISIBLE_DEVICES=MIG-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"), CFG), "enable", "compat_newer_supported"),
+    ("mixed_mig_uuid_unknown_is_all", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=MIG-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"), CFG), "skip", "device_unsupported"),
+    ("mixed_unknown_index_is_all", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=0,7"), CFG), "skip", "device_unsupported"),
+    ("mixed_cdi_name_in_env", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=0"), CFG), "enable", "compat_newer_supported"),
+    ("mixed_cdi_annotation", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=all", **{"cdi.k8s.io/nvidia-device-plugin_gpu": "nvidia.com/gpu=0"}), CFG), "enable", "compat_newer_supported"),
+    ("mixed_cdi_annotation_uuid", lambda: (mixed(), image(), req(**{"cdi.k8s.io/gpu": f"k8s.device-plugin.nvidia.com/gpu={H100_UUID}"}), CFG), "enable", "compat_newer_supported"),
+    ("mixed_cdi_annotation_all", lambda: (mixed(), image(), req(**{"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}), CFG), "skip", "device_unsupported"),
+    ("mixed_cdi_annotation_rtx", lambda: (mixed(), image(), req(**{"cdi.k8s.io/gpu": "nvidia.com/gpu=0,nvidia.com/gpu=1"}), CFG), "skip", "device_unsupported"),
+    ("mixed_device_node_0", lambda: (mixed(), image(), req(devices=["/dev/nvidia0"]), CFG), "enable", "compat_newer_supported"),
+    ("mixed_device_node_1", lambda: (mixed(), image(), req(devices=["/dev/nvidia1"]), CFG), "skip", "device_unsupported"),
+    ("mixed_env_0_device_node_1", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=0", devices=["/dev/nvidia1"]), CFG), "skip", "device_unsupported"),
+    ("mixed_env_0_device_node_0", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=0", devices=["/dev/nvidia0"]), CFG), "enable", "compat_newer_supported"),
+    ("mixed_no_request_is_all", lambda: (mixed(), image(), None, CFG), "skip", "device_unsupported"),
+    ("mixed_no_note_index_0", lambda: (mixed("535.261.03"), image("550.163.01", None), req("NVIDIA_VISIBLE_DEVICES=0"), CFG), "enable", "compat_major_newer"),
+    ("mixed_no_note_index_1", lambda: (mixed("535.261.03"), image("550.163.01", None), req("NVIDIA_VISIBLE_DEVICES=1"), CFG), "skip", "device_consumer"),
     # 10. 590+ compat below compute capability 7.5
     ("cc_60_590", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla P100", (6, 0))]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
     ("cc_70_590", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla V100", (7, 0))]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
@@ -174,6 +238,10 @@ CASES = [
     ("cc_60_575", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla P100", (6, 0))]), image(), GPU_REQ, CFG), "enable", "compat_newer_supported"),
     ("cc_unknown_590", lambda: (host("550.54.15", gpus=[gpu(2)]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "enable", "compat_newer_supported"),
     ("cc_60_590_no_note", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla P100", (6, 0))]), image("590.44.01", None), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
+    # ... on the GPUs the container gets: a P100 at index 0, an H100 at index 1
+    ("cc_mixed_container_gets_h100", lambda: (host("550.54.15", gpus=two_gpus((2, "Tesla P100", (6, 0)), (14, "NVIDIA H100", (9, 0)))), image("590.44.01", NOTE_590), req("NVIDIA_VISIBLE_DEVICES=1"), CFG), "enable", "compat_newer_supported"),
+    ("cc_mixed_container_gets_p100", lambda: (host("550.54.15", gpus=two_gpus((2, "Tesla P100", (6, 0)), (14, "NVIDIA H100", (9, 0)))), image("590.44.01", NOTE_590), req("NVIDIA_VISIBLE_DEVICES=0"), CFG), "skip", "gpu_arch_unsupported"),
+    ("cc_mixed_all", lambda: (host("550.54.15", gpus=two_gpus((2, "Tesla P100", (6, 0)), (14, "NVIDIA H100", (9, 0)))), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
     # request None = explain --rootfs: a GPU container without opt-out
     ("request_none", lambda: (host("550.54.15"), image(), None, CFG), "enable", "compat_newer_supported"),
 ]
@@ -208,6 +276,36 @@ def test_device_unsupported_details_list_the_gpus_and_allowed_brands():
     d = decide(host("550.54.15", gpus=[gpu(5, "NVIDIA GeForce RTX 4090")]), image(), GPU_REQ, CFG)
     assert d.details["allowed"] == [1, 2, 7, 8, 9, 10, 11, 12, 13, 14]
     assert d.details["gpus"][0]["model"] == "NVIDIA GeForce RTX 4090"
+
+
+def test_selected_gpus_are_in_the_details():
+    d = decide(mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=0"), CFG)
+    assert d.details["gpus_checked"] == {"gpus": ["0 0000:17:00.0 NVIDIA H100 80GB HBM3"],
+                                         "why": "named by NVIDIA_VISIBLE_DEVICES: 0"}
+    d = decide(mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=all"), CFG)
+    assert d.details["gpus_checked"]["why"] == "all GPUs: NVIDIA_VISIBLE_DEVICES names all"
+    assert [g["index"] for g in d.details["gpus"]] == [0, 1]
+    d = decide(mixed(), image(), req(devices=["/dev/nvidia1"]), CFG)
+    assert d.details["gpus_checked"] == {"gpus": ["1 0000:65:00.0 NVIDIA GeForce RTX 4090"],
+                                         "why": "named by device /dev/nvidia1: 1"}
+    assert [g["model"] for g in d.details["gpus"]] == ["NVIDIA GeForce RTX 4090"]
+
+
+def test_no_note_policy_details_name_the_default_list():
+    d = decide(host("535.261.03", gpus=[gpu(4, "NVIDIA GRID K520")]), image("550.163.01", None), GPU_REQ, CFG)
+    assert d.details["allowed"] == list(decision_mod.DEFAULT_DEVICE_BRANDS) and d.details["device_list"] == "default"
+    d = decide(host("535.261.03", gpus=[gpu(4, "NVIDIA GRID K520")]), image("550.163.01", None), GPU_REQ,
+               CFG.replace(device_check="warn"))
+    assert d.enable and d.warnings == ["GPU brand outside the default device list (no note lists one): "
+                                       "NVIDIA GRID K520 (brand 4, nvml)"]
+
+
+def test_default_device_list_is_what_nvidia_notes_carry():
+    from compat_hook.elfnote import inspect_elf as _i
+
+    for note in (NOTE_575, NOTE_590):
+        assert list(_i(io.BytesIO(make_elf(note_json=note))).note.device) == list(decision_mod.DEFAULT_DEVICE_BRANDS)
+    assert not decision_mod.CONSUMER_BRANDS & set(decision_mod.DEFAULT_DEVICE_BRANDS)
 
 
 def test_consumer_brands_are_outside_every_known_device_list():

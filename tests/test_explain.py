@@ -269,3 +269,39 @@ def test_explain_writes_nothing(make_rootfs, fake_host, tmp_path):
     assert not (tmp_path / "log").exists()
     assert not (tmp_path / "store").exists()
     assert not any(os.path.basename(p) == b"cache" for p in after)
+
+
+def _two_gpu_host(base):
+    from tests.conftest import build_tree
+
+    info = ("Model: \t\t {m}\nIRQ: \t\t 154\nGPU UUID: \t {u}\nBus Type: \t PCIe\nBus Location: \t {b}\n"
+            "Device Minor: \t {n}\nGPU Excluded:\t No\n")
+    gpus = {"0000:17:00.0": ("NVIDIA H100 80GB HBM3", "GPU-5a1c0d3e-0000-4a4a-8b8b-000000000001", 0),
+            "0000:65:00.0": ("NVIDIA GeForce RTX 4090", "GPU-9e8d7c6b-0000-4b4b-8c8c-000000000002", 1)}
+    return build_tree(base, {f"proc/driver/nvidia/gpus/{b}/information": info.format(m=m, u=u, b=b, n=n)
+                             for b, (m, u, n) in gpus.items()})
+
+
+@pytest.mark.parametrize("env, reason, checked", [
+    ("NVIDIA_VISIBLE_DEVICES=0", "compat_newer_supported",
+     "GPUs checked: 0 0000:17:00.0 NVIDIA H100 80GB HBM3 (named by NVIDIA_VISIBLE_DEVICES: 0)"),
+    ("NVIDIA_VISIBLE_DEVICES=all", "device_unsupported",
+     "GPUs checked: 0 0000:17:00.0 NVIDIA H100 80GB HBM3, 1 0000:65:00.0 NVIDIA GeForce RTX 4090 "
+     "(all GPUs: NVIDIA_VISIBLE_DEVICES names all)"),
+])
+def test_cli_bundle_shows_the_gpus_it_decided_on(make_rootfs, tmp_path, env, reason, checked):
+    bundle = _bundle(tmp_path, ROOT_575, ["PATH=/usr/bin", env], make_rootfs)
+    host = _two_gpu_host(tmp_path / "host")
+    args = ("--bundle", str(bundle), "--host-root", str(host), "--host-driver-version", "550.54.15",
+            "--config", write_config(tmp_path))
+    out = cli(*args, "--json")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["reason"] == reason
+    assert r["gpus_checked"]["why"] == checked[checked.index("(") + 1:-1]
+    assert [(g["index"], g["minor"], g["uuid"][:12]) for g in r["host"]["gpus"]] == [
+        (0, 0, "GPU-5a1c0d3e"), (1, 1, "GPU-9e8d7c6b")]
+    text = cli(*args).stdout
+    assert f"  {checked}\n" in text, text
+    assert ("  GPU 1 0000:65:00.0: NVIDIA GeForce RTX 4090  brand GEFORCE (from proc-model-name)  "
+            "[minor 1, GPU-9e8d7c6b-0000-4b4b-8c8c-000000000002]") in text

@@ -51,9 +51,16 @@ class Env:
     """One fake host (version file + stand-in lib), one hook config, one log, one rootfs."""
 
     def __init__(self, tmp: pathlib.Path, runtime: str, libs: dict, host: str = HOST_535, *,
-                 compat_lib: pathlib.Path | None = None, ld_so_conf: bool = True, **config):
+                 compat_lib: pathlib.Path | None = None, ld_so_conf: bool = True, extra_files=None,
+                 gpus: dict | None = None, **config):
         self.tmp, self.runtime, self.libs, self.host = tmp, runtime, libs, host
         self.host_root = hookenv.fake_host(tmp / "host", host)
+        for bus, (model, uuid, minor) in (gpus or {}).items():  # what the kernel driver tells of each GPU
+            info = self.host_root / "proc/driver/nvidia/gpus" / bus / "information"
+            info.parent.mkdir(parents=True)
+            info.write_text(f"Model: \t\t {model}\nIRQ: \t\t 154\nGPU UUID: \t {uuid}\n"
+                            f"Video BIOS: \t 96.00.89.00.01\nBus Type: \t PCIe\nBus Location: \t {bus}\n"
+                            f"Device Minor: \t {minor}\nGPU Excluded:\t No\n")
         self.log = tmp / "compat-hook.log"
         self.state = tmp / "state"
         self.config = hookenv.write_config(tmp / "config.yaml", host_root=self.host_root,
@@ -61,7 +68,7 @@ class Env:
         self.bundle = tmp / "bundle"
         self.rootfs = rootfs.build_rootfs(
             self.bundle / "rootfs", compat_lib=libs[COMPAT_550] if compat_lib is None else compat_lib,
-            ld_so_conf=ld_so_conf)
+            ld_so_conf=ld_so_conf, extra_files=extra_files)
 
     def set_host(self, version: str) -> None:
         """The host driver was upgraded: new /proc version, the stand-in mounts the new lib."""
@@ -69,17 +76,33 @@ class Env:
         hookenv.set_host_version(self.host_root, version)
 
     def run(self, stage: str = "createContainer", *, ours: bool = True, env=None,
-            annotations=None, args=None) -> rt.Result:
-        hooks = {"prestart": [rt.nvidia_standin_hook(self.libs[self.host], self.tmp / "work", "prestart")]}
+            annotations=None, args=None, standin: str | None = "versioned", mounts=None,
+            devices=()) -> rt.Result:
+        """``standin``: how the host library gets in: ``versioned`` (the toolkit stand-in, as
+        libcuda.so.<version>), ``so1`` (a hook mounts it as libcuda.so.1 only) or None;
+        ``mounts``: spec mounts; ``devices``: ``/dev/nvidiaN`` device nodes in the spec."""
+        hooks: dict = {"prestart": []}
+        if standin == "versioned":
+            hooks["prestart"].append(rt.nvidia_standin_hook(self.libs[self.host], self.tmp / "work", "prestart"))
+        elif standin == "so1":
+            hooks["prestart"].append(rt._write_ns_hook(
+                self.tmp / "work", "so1-standin", "mounts the host libcuda as libcuda.so.1 only", "prestart",
+                bind=[(self.libs[self.host], f"{SYS_DIR}/libcuda.so.1")], run=[], timeout=10))
         if ours:
             hooks.setdefault(stage, []).append(
                 registration.hook_entry(stage=stage, config=str(self.config), state_dir=str(self.state)))
         kw = {}
         if args is not None:
             kw["args"] = args
+        if devices:
+            def edit(spec):
+                spec["linux"].setdefault("devices", []).extend(
+                    {"path": p, "type": "c", "major": 195, "minor": int(p[len("/dev/nvidia"):]),
+                     "fileMode": 0o666, "uid": 0, "gid": 0} for p in devices)
+            kw["edit"] = edit
         bundle = rt.make_bundle(self.bundle, self.rootfs, hooks=hooks,
                                 env=list(rt.DEFAULT_ENV if env is None else env),
-                                annotations=annotations, **kw)
+                                annotations=annotations, mounts_extra=mounts, **kw)
         res = rt.run_container(bundle, self.runtime)
         _started.append(res.container_id)
         return res
@@ -320,6 +343,111 @@ def test_image_ld_library_path_to_a_stale_compat_dir_is_masked_at_create_contain
     assert_probe(res, 12040, COMPAT_LIB)
     [w] = only_record(env, res)["warnings"]
     assert "LD_LIBRARY_PATH names /usr/local/cuda/compat" in w and "createContainer" in w
+
+
+# --------------------------------------------------------------------------- wrong library, wrong GPUs
+
+
+BAKED_DROPIN = {"etc/ld.so.conf.d/00-cuda-compat.conf": "/usr/local/cuda/compat\n"}  # as NGC, vLLM, VIAME
+HOST_SO1 = f"{SYS_DIR}/libcuda.so.1"
+
+
+@RUNTIMES
+@pytest.mark.parametrize("stage", ["createContainer", "prestart"])
+def test_baked_dropin_and_host_lib_spec_mounted_as_so1_loads_the_host_lib(tmp_path, runtime, libs, stage):
+    """A hand-written runtime config bind-mounts the host driver's library as libcuda.so.1 alone,
+    and the image bakes a drop-in naming its compat dir; the host driver is newer than the compat
+    one. The spec's mount says where the host library is: our drop-in names that dir first."""
+    env = Env(tmp_path, runtime, libs, HOST_555, extra_files=BAKED_DROPIN)
+    mounts = [{"destination": HOST_SO1, "type": "bind", "source": str(libs[HOST_555]),
+               "options": ["rbind", "ro", "nosuid", "nodev"]}]
+    control = env.run(ours=False, standin=None, mounts=mounts)
+    assert_probe(control, 12040, COMPAT_LIB)  # without compat-hook: the compat driver (803 on a GPU)
+    res = env.run(stage, standin=None, mounts=mounts)
+    assert_probe(res, 12050, HOST_SO1)
+    assert env.dropin().read_text() == ldcache.dropin_text(SYS_DIR, "host")
+    rec = only_record(env, res)
+    assert (rec["decision"], rec["reason"], rec["effect"]) == ("skip", "compat_not_newer", "host")
+    assert rec["host_lib_dir"] == SYS_DIR and "warnings" not in rec, rec
+    assert rec["actions"][0] == f"wrote {ldcache.DROPIN_PATH}"
+
+
+@RUNTIMES
+def test_baked_dropin_and_host_lib_mounted_as_so1_masks_the_compat_dir(tmp_path, runtime, libs):
+    """The same, but the host library is mounted by a hook (no spec mount names it): at
+    createContainer the compat dir is hidden and the ld cache rebuilt; at prestart, where nothing
+    can be done, the log line warns and names the fix."""
+    env = Env(tmp_path / "cc", runtime, libs, HOST_555, extra_files=BAKED_DROPIN)
+    control = env.run(ours=False, standin="so1")
+    assert_probe(control, 12040, COMPAT_LIB)
+    res = env.run("createContainer", standin="so1")
+    assert_probe(res, 12050, HOST_SO1)
+    rec = only_record(env, res)
+    assert (rec["reason"], rec["effect"]) == ("compat_not_newer", "host")
+    assert rec["actions"][0] == f"masked {COMPAT_DIR} (empty read-only tmpfs)", rec
+    assert rec["actions"][1].startswith("ldconfig -r (") and "warnings" not in rec
+    assert not os.path.lexists(env.dropin())
+    assert (env.rootfs / COMPAT_LIB.lstrip("/")).is_file()  # the image's files are untouched
+    report = explain(env)
+    assert f"mask {COMPAT_DIR} with an empty read-only tmpfs (createContainer)" in report["effects"]["hook"]
+
+    env = Env(tmp_path / "ps", runtime, libs, HOST_555, extra_files=BAKED_DROPIN)
+    res = env.run("prestart", standin="so1")
+    assert_probe(res, 12040, COMPAT_LIB)  # a hook in the host's mount namespace cannot help ...
+    [w] = only_record(env, res)["warnings"]  # ... and says so
+    assert w.startswith("/etc/ld.so.conf.d/00-cuda-compat.conf names /usr/local/cuda/compat"), w
+    assert "register the hook at createContainer" in w and f"libcuda.so.{HOST_555}" in w
+
+
+@RUNTIMES
+def test_geforce_with_a_compat_lib_without_note_keeps_the_host_lib(tmp_path, runtime, libs):
+    """Debian's 550 libcuda carries no .note.cuda.fwd_compatibility; the GPU is a GeForce: NVIDIA
+    supports forward compatibility only on data-center and select RTX GPUs (804 here)."""
+    env = Env(tmp_path, runtime, libs, HOST_535,
+              gpus={"0000:01:00.0": ("NVIDIA GeForce GTX 1650", "GPU-11111111-2222-3333-4444-555555555555", 0)})
+    report = explain(env)
+    assert report["image"]["elf"]["note"] is None
+    assert report["host"]["gpus"][0]["brand_name"] == "GEFORCE"
+    assert (report["reason"], report["effect"]) == ("device_consumer", "host")
+    res = env.run()
+    assert_probe(res, 12020, host_lib(HOST_535))
+    rec = only_record(env, res)
+    assert (rec["decision"], rec["reason"], rec["effect"]) == ("skip", "device_consumer", "host")
+    assert rec["gpus_checked"]["gpus"] == ["0 0000:01:00.0 NVIDIA GeForce GTX 1650"]
+    assert env.dropin().read_text() == ldcache.dropin_text(SYS_DIR, "host")
+
+
+H100 = ("NVIDIA H100 80GB HBM3", "GPU-5a1c0d3e-0000-4a4a-8b8b-000000000001", 0)
+RTX4090 = ("NVIDIA GeForce RTX 4090", "GPU-9e8d7c6b-0000-4b4b-8c8c-000000000002", 1)
+NO_NVD = ["PATH=/usr/local/bin:/usr/bin:/bin"]
+
+
+@RUNTIMES
+@pytest.mark.parametrize("request_kw, cuda, reason, why", [
+    ({"env": [*NO_NVD, "NVIDIA_VISIBLE_DEVICES=0"]}, 12040, "compat_newer_supported",
+     "named by NVIDIA_VISIBLE_DEVICES: 0"),
+    ({"env": [*NO_NVD, f"NVIDIA_VISIBLE_DEVICES={H100[1]}"]}, 12040, "compat_newer_supported",
+     f"named by NVIDIA_VISIBLE_DEVICES: {H100[1]}"),
+    ({"env": NO_NVD, "devices": ["/dev/nvidia0"]}, 12040, "compat_newer_supported",
+     "named by device /dev/nvidia0: 0"),
+    ({"annotations": {"cdi.k8s.io/nvidia-device-plugin_gpu": "nvidia.com/gpu=0"}}, 12040, "compat_newer_supported",
+     "named by CDI annotation cdi.k8s.io/nvidia-device-plugin_gpu: 0"),
+    ({"env": [*NO_NVD, "NVIDIA_VISIBLE_DEVICES=1"]}, 12020, "device_unsupported",
+     "named by NVIDIA_VISIBLE_DEVICES: 1"),
+    ({}, 12020, "device_unsupported", "all GPUs: NVIDIA_VISIBLE_DEVICES names all"),
+], ids=["index-0", "uuid", "dev-nvidia0", "cdi-annotation", "index-1-geforce", "all"])
+def test_two_gpu_host_decides_on_the_containers_gpus(tmp_path, runtime, libs, request_kw, cuda, reason, why):
+    """An H100 at index 0 and a GeForce RTX 4090 at index 1; the compat library's note lists the
+    data-center brands. A container given the H100 alone gets compat; one given the 4090, or all,
+    keeps the host driver."""
+    lib_file = noted_lib(tmp_path / "noted", libs[COMPAT_550], [535, 550, 555])
+    env = Env(tmp_path, runtime, libs, HOST_535, compat_lib=lib_file,
+              gpus={"0000:17:00.0": H100, "0000:65:00.0": RTX4090})
+    res = env.run(**request_kw)
+    assert_probe(res, cuda, COMPAT_LIB if cuda == 12040 else host_lib(HOST_535))
+    rec = only_record(env, res)
+    assert rec["reason"] == reason, rec
+    assert rec["gpus_checked"]["why"] == why, rec
 
 
 # Keep last: pytest runs a module's tests in file order.

@@ -195,6 +195,61 @@ def test_gpu_information_without_model_is_unknown(fake_host):
     assert [(g.model, g.brand) for g in f.gpus] == [("", 0)]
 
 
+def _information(host, bus, text):
+    d = os.path.join(host, "proc/driver/nvidia/gpus", bus)
+    os.makedirs(d)
+    with open(os.path.join(d, "information"), "w") as fh:
+        fh.write(text)
+
+
+# A real R535 file (tabs and spaces as the driver writes them), the minor and UUID differing per GPU.
+REAL_INFORMATION = ("Model: \t\t NVIDIA {model}\nIRQ:     \t\t 154\nGPU UUID: \t {uuid}\n"
+                    "Video BIOS: \t 96.00.89.00.01\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
+                    "DMA Mask: \t 0x7fffffffffff\nBus Location: \t {bus}\nDevice Minor: \t {minor}\n"
+                    "GPU Excluded:\t No\n")
+
+
+def test_gpu_index_uuid_and_minor_from_proc(fake_host):
+    """Index = place in PCI bus id order (not creation order, not the minor); UUID and minor as the
+    driver says; the minor need not follow the index (the driver numbers nodes as it probes)."""
+    h = fake_host()
+    rows = [("0000:b3:00.0", "GeForce RTX 4090", "GPU-cccccccc-0000-0000-0000-000000000003", 0),
+            ("0000:17:00.0", "H100 80GB HBM3", "GPU-aaaaaaaa-0000-0000-0000-000000000001", 2),
+            ("0000:3B:00.0", "L40S", "GPU-bbbbbbbb-0000-0000-0000-000000000002", 1)]
+    for bus, model, uuid, minor in rows:
+        _information(h, bus, REAL_INFORMATION.format(model=model, uuid=uuid, bus=bus, minor=minor))
+    f = hostfacts.gather(config_for(h))
+    assert [(g.index, g.bus_id, g.minor, g.uuid[:12], g.brand) for g in f.gpus] == [
+        (0, "0000:17:00.0", 2, "GPU-aaaaaaaa", 14),
+        (1, "0000:3B:00.0", 1, "GPU-bbbbbbbb", 14),
+        (2, "0000:b3:00.0", 0, "GPU-cccccccc", 5)]
+    d = f.to_dict()["gpus"][0]
+    assert (d["index"], d["minor"], d["uuid"], d["mig_devices"]) == (0, 2, "GPU-aaaaaaaa-0000-0000-0000-000000000001", [])
+
+
+@pytest.mark.parametrize("text, uuid, minor", [
+    ("Model: NVIDIA H100\nGPU UUID: GPU-5a1c\nDevice Minor: 3\n", "GPU-5a1c", 3),
+    ("Model: NVIDIA H100\n", None, None),                                   # old drivers, trimmed files
+    ("Model: NVIDIA H100\nGPU UUID: ????????\nDevice Minor: x\n", None, None),  # a masked UUID, junk
+    ("Device Minor: 12\nGPU UUID: \t GPU-ab:cd\n", "GPU-ab:cd", 12),
+    ("\0\xff garbage without colons", None, None),
+])
+def test_gpu_information_fields_are_parsed_or_absent(fake_host, text, uuid, minor):
+    h = fake_host()
+    _information(h, "0000:01:00.0", text)
+    [g] = hostfacts.gather(config_for(h)).gpus
+    assert (g.uuid, g.minor, g.index) == (uuid, minor, 0)
+
+
+def test_unreadable_gpu_entry_keeps_the_others_indexes(fake_host):
+    """A bus dir without an information file still holds its place in the enumeration order."""
+    h = fake_host()
+    os.makedirs(os.path.join(h, "proc/driver/nvidia/gpus/0000:17:00.0"))
+    _information(h, "0000:65:00.0", REAL_INFORMATION.format(model="H100", uuid="GPU-1", bus="0000:65:00.0", minor=1))
+    [g] = hostfacts.gather(config_for(h)).gpus
+    assert (g.index, g.bus_id, g.minor) == (1, "0000:65:00.0", 1)
+
+
 # -- Tegra ----------------------------------------------------------------------------
 
 def test_tegra_via_dev_nvgpu(fake_host):

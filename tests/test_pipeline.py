@@ -45,7 +45,8 @@ HOSTS = {"older": "550.54.15", "newer": "580.65.06", "unknown": None}
 def _case_ids():
     for image, host, mode, extra in itertools.product(
             IMAGES, HOSTS, ("ldconfig", "env", "both"),
-            ("plain", "baked-dropin", "image-ld-path", "opt-out", "no-gpu", "our-stale-dropin", "store")):
+            ("plain", "baked-dropin", "baked-dropin-so1", "image-ld-path", "opt-out", "no-gpu",
+             "our-stale-dropin", "store")):
         if mode != "ldconfig" and extra in ("opt-out", "no-gpu"):
             continue  # the request decides alone; one mode is enough
         if extra == "store" and image != "no-compat":
@@ -57,16 +58,18 @@ def _case_ids():
         yield pytest.param(image, host, mode, extra, id=f"{image}-{host}-{mode}-{extra}", marks=marks)
 
 
-_FAST = {("ldconfig", "plain"), ("env", "image-ld-path"), ("env", "store")}
+_FAST = {("ldconfig", "plain"), ("env", "image-ld-path"), ("env", "store"), ("ldconfig", "baked-dropin-so1")}
 
 
 def _bundle(base: pathlib.Path, image: str, host: str | None, extra: str) -> pathlib.Path:
     entries = dict(IMAGES[image])
     entries["etc/ld.so.conf.d/x86_64-linux-gnu.conf"] = "/usr/local/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n"
     entries["etc/ld.so.conf"] = "include /etc/ld.so.conf.d/*.conf\n"
-    if host is not None:  # where the NVIDIA runtime mounts the host driver's library
+    if host is not None and extra == "baked-dropin-so1":  # mounted as libcuda.so.1 alone
+        entries[f"{SYS}/libcuda.so.1"] = b"\x7fELF host libcuda"
+    elif host is not None:  # where the NVIDIA runtime mounts the host driver's library
         entries[f"{SYS}/libcuda.so.{HOSTS[host]}"] = b"\x7fELF host libcuda"
-    if extra == "baked-dropin":
+    if extra in ("baked-dropin", "baked-dropin-so1"):
         entries["etc/ld.so.conf.d/00-cuda-compat.conf"] = "/usr/local/cuda/compat\n"
     if extra == "our-stale-dropin":
         entries[ldcache.DROPIN_PATH.lstrip("/")] = ldcache.dropin_text("/usr/local/cuda-11.8/compat")
@@ -180,6 +183,9 @@ def test_explain_plans_what_the_wrapper_and_the_hook_do(tmp_path, image, host, m
         assert dropin.read_text() == ldcache.dropin_text(written[0], purpose)
     elif ["remove_dropin", None] in plan["hook_actions"]:
         assert not os.path.lexists(dropin)
+    elif plan["hook_actions"] == [["ldconfig", None]]:  # masked a compat dir: only the cache is rebuilt
+        after = snapshot_tree(hb / "rootfs")
+        assert {k for k in set(snap) | set(after) if snap.get(k) != after.get(k)} <= {b"etc", b"etc/ld.so.cache"}
     else:
         assert snapshot_tree(hb / "rootfs") == snap  # nothing planned, nothing changed
 
@@ -188,6 +194,12 @@ def test_explain_plans_what_the_wrapper_and_the_hook_do(tmp_path, image, host, m
         assert any(e.startswith("added createContainer hook") for e in plan["effects"]["wrapper"])
         if extra == "image-ld-path":
             assert "LD_LIBRARY_PATH=/usr/local/nvidia/lib64" in plan["effects"]["wrapper"]
+    if extra == "baked-dropin-so1" and plan["effect"] == "host" and image == "compat575":
+        # the host library cannot be named: the compat dir is hidden at createContainer instead
+        assert plan["effects"]["hook"][0] == ("mask /usr/local/cuda-12.9/compat with an empty read-only tmpfs "
+                                              "(createContainer)")
+        assert hrec["actions"][0] == "masked /usr/local/cuda-12.9/compat (empty read-only tmpfs)", hrec
+        assert plan["hook_actions"] == [["ldconfig", None]] and not plan["warnings"]
     if extra == "store" and host == "older":
         assert plan["reason"] == "store_package"
         assert f"mount {tmp_path}/store/575.57.08 at /usr/local/cuda/compat (rbind,ro,nosuid,nodev)" \
