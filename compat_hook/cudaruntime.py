@@ -231,12 +231,11 @@ def needs(found: list, env_need=None, env_source: str | None = None) -> dict:
 
     best = max(allv, key=lambda s: (mm(s["version"]), len(s["version"]), s["source"] != "env"))
     distinct = []
-    for s in allv:
+    # major.minor first; a major alone (libcudart.so.12) agrees with any minor of that major
+    for s in [s for s in allv if len(s["version"]) > 1] + [s for s in allv if len(s["version"]) == 1]:
         v = s["version"]
-        # a major alone agrees with any minor of that major
         key = (v[0],) if len(v) == 1 else mm(v)
-        if not any(k == key or (len(k) == 1 and k[0] == key[0]) or (len(key) == 1 and key[0] == k[0])
-                   for k, _ in distinct):
+        if not any(k == key or (len(key) == 1 and key[0] == k[0]) for k, _ in distinct):
             distinct.append((key, s))
     label = lambda s: f"{s['source']} {s['path']}"  # noqa: E731
     warning = None
