@@ -94,8 +94,8 @@ def _parser():
     pl.add_argument("--from-driver", metavar="VERSION", help="the current driver (default: the host's)")
     pl.add_argument("--host-root", metavar="DIR", help="read host facts under DIR (default /)")
     pl.add_argument("--gpu", action="append", metavar="NAME", default=[],
-                    help="a GPU: its NVML name or GFD's nvidia.com/gpu.product label (repeatable; "
-                         "default: the host's)")
+                    help="a GPU: its NVML name, GFD's nvidia.com/gpu.product label or a model name "
+                         "(H100, L40S, RTX 4090) (repeatable; default: the host's)")
     pl.add_argument("--store", metavar="DIR", help="the host compat store to consider (default: the config's)")
     pl.add_argument("--address", metavar="SOCKET",
                     help="containerd's socket for containerd: sources (default: $CONTAINERD_ADDRESS, else the "
@@ -104,7 +104,8 @@ def _parser():
     pl.add_argument("--config", metavar="FILE")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--fail-on", choices=("broken", "change"),
-                    help="exit 3 when an image is broken after the upgrade (broken) or any outcome changes")
+                    help="exit 3 when an image is broken after the upgrade (broken) or any outcome changes; "
+                         "exit 4 when a source cannot be read or no image was read")
     pl.add_argument("--allow-unreadable", action="store_true",
                     help="do not exit 4 when a source cannot be read or no image was read")
 

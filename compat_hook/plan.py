@@ -16,6 +16,14 @@ result into what the container gets:
 image's compat drop-ins and ``LD_LIBRARY_PATH`` included) gives on the
 target driver, so the operator sees what compat-hook changes.
 
+What an image needs (``needs_cuda``, ``needs_source``, ``needs_sources``) is
+the highest CUDA version its runtime files or its env name
+(:mod:`compat_hook.cudaruntime`); disagreeing sources add a ``warnings``
+entry. A source that cannot be read is a row with ``error`` and
+``error_code`` and no outcome; :func:`gate` makes such a run exit
+:data:`EXIT_UNREADABLE` (4) unless ``allow_unreadable``. ``--gpu`` names
+resolve through :mod:`compat_hook.gpunames`.
+
 >>> from compat_hook.hostfacts import HostFacts
 >>> host_outcome(HostFacts(driver_version=(535, 261, 3)), (12, 4, 0))
 {'outcome': 'host-minor', 'cuda': '12.2', 'error': 222}
