@@ -335,18 +335,17 @@ def render_text(report: dict) -> str:
     from .errors import one_line
 
     d = report["driver"]
-    rows = [("IMAGE", "NEEDS", f"NOW {d['now']}", f"AFTER {d['after']}", "TOOLKIT ALONE AFTER")]
+    rows = [("IMAGE", "NEEDS", f"NOW {d['now']}", f"AFTER {d['after']}", "TOOLKIT ALONE AFTER", "NEEDS FROM")]
     for i in report["images"]:
         if i.get("error"):
-            rows.append((one_line(i["image"]), "-", "unreadable", "-", "-"))
+            rows.append((one_line(i["image"]), "-", "unreadable", "-", "-", "-"))
             continue
-        needs = i["needs_cuda"] or "-"
-        if i.get("needs_source"):  # where it was read: libcudart, wheel, torch, conda, env
-            needs += f" ({i['needs_source'].split()[0]})"
-        rows.append((one_line(i["image"]), needs, _cell(i["now"]), _cell(i["after"]),
-                     _cell(i["toolkit_only_after"])))
-    widths = [max(len(r[k]) for r in rows) for k in range(4)]
-    out = [("  ".join(r[k].ljust(widths[k]) for k in range(4)) + "  " + r[4]).rstrip() for r in rows]
+        # where the need was read: libcudart, wheel, torch, conda, env (the path is in the JSON)
+        source = i["needs_source"].split()[0] if i.get("needs_source") else "-"
+        rows.append((one_line(i["image"]), i["needs_cuda"] or "-", _cell(i["now"]), _cell(i["after"]),
+                     _cell(i["toolkit_only_after"]), source))
+    widths = [max(len(r[k]) for r in rows) for k in range(5)]
+    out = [("  ".join(r[k].ljust(widths[k]) for k in range(5)) + "  " + r[5]).rstrip() for r in rows]
     c = report.get("containerd")
     if c and c.get("address"):
         out.append(f"containerd: socket {c['address']} ({c['found_by']}), namespace {c['namespace']}")

@@ -185,8 +185,10 @@ def test_every_runbook_command_runs_as_written(tmp_path):
     assert lines[0].split()[:6] == ["IMAGE", "NEEDS", "NOW", NOW, "AFTER", TARGET], out[0]
     rows = {ln.split()[0]: ln for ln in lines[1:3]}
     assert set(rows) == {"containerd:localhost/app:v1", "containerd:localhost/trainer:v1"}, out[0]
-    assert rows["containerd:localhost/app:v1"].split()[1:5] == ["12.9", "(env)", "compat", "12.9"]
-    assert rows["containerd:localhost/trainer:v1"].split()[1:5] == ["12.8", "(wheel)", "host-minor", "12.2"]
+    assert rows["containerd:localhost/app:v1"].split()[1:4] == ["12.9", "compat", "12.9"]
+    assert rows["containerd:localhost/app:v1"].split()[-1] == "env"
+    assert rows["containerd:localhost/trainer:v1"].split()[1:4] == ["12.8", "host-minor", "12.2"]
+    assert rows["containerd:localhost/trainer:v1"].split()[-1] == "wheel"
     assert lines[3] == "containerd: socket /run/containerd/containerd.sock (containerd default), namespace k8s.io"
     assert lines[-1].startswith("2 image(s): 0 broken after the upgrade")
     # 2. the gate: JSON, no image broken after the upgrade (exit 0 above)
@@ -200,12 +202,13 @@ def test_every_runbook_command_runs_as_written(tmp_path):
                                                            "cuda": "12.2", "error": 222}
     # 3. images not on the node yet, from their archives, for a node given on the command line
     arch = out[2].splitlines()
-    assert arch[1].split()[:4] == ["oci-archive:app.tar", "12.9", "(env)", "compat"], out[2]
+    assert arch[1].split()[:3] == ["oci-archive:app.tar", "12.9", "compat"], out[2]
     assert arch[2].split()[0] == "docker-archive:trainer.tar", out[2]
     # a Docker node's, a Podman node's and a registry's images, read the same way
-    assert out[3].splitlines()[1].split()[:3] == ["docker-archive:node-images.tar", "12.8", "(wheel)"], out[3]
-    assert out[4].splitlines()[1].split()[:4] == ["oci-archive:app-oci.tar", "12.9", "(env)", "compat"], out[4]
-    assert out[5].splitlines()[1].split()[:3] == ["oci:images:pytorch", "12.8", "(wheel)"], out[5]
+    assert out[3].splitlines()[1].split()[:3] == ["docker-archive:node-images.tar", "12.8", "host-minor"], out[3]
+    assert out[3].splitlines()[1].split()[-1] == "wheel"
+    assert out[4].splitlines()[1].split()[:3] == ["oci-archive:app-oci.tar", "12.9", "compat"], out[4]
+    assert out[5].splitlines()[1].split()[:3] == ["oci:images:pytorch", "12.8", "host-minor"], out[5]
     # 4. after: two periods (535 then 580), the starts by decision, the pod and image named
     assert "535.183.01" in out[7] and "580.65.06" in out[7], out[7]
     rep = json.loads((w / "report.json").read_text())
