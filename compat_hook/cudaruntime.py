@@ -22,8 +22,8 @@ driver must provide for everything in it to run.
 
 Every read goes through the root object (:class:`~compat_hook.rootfs.Root`
 for a dir, the image view for an image) and is bounded: a fixed list of dirs,
-at most :data:`MAX_DIRS` Python or conda dirs, :data:`MAX_LISTING` entries a
-directory, :data:`MAX_READ` bytes a file.
+at most :data:`MAX_DIRS` Python or conda dirs (8 ``python3*`` dirs a prefix),
+:data:`MAX_LISTING` entries a directory, :data:`MAX_READ` bytes a file.
 
 >>> _lib_version("libcudart.so.13.0.48"), _lib_version("libcudart.so.12"), _lib_version("libcudart.so")
 ((13, 0, 48), (12,), None)
@@ -142,11 +142,11 @@ def _site_dirs(root) -> list:
     prefixes += [f"/opt/conda/envs/{n}/lib" for n, k in _listdir(root, "/opt/conda/envs") if k == "dir"][:MAX_DIRS]
     out = []
     for p in prefixes:
-        for n, k in _listdir(root, p):
-            if n.startswith("python3") and k in ("dir", "symlink"):
-                for sub in ("site-packages", "dist-packages"):
-                    if root.is_dir(f"{p}/{n}/{sub}"):
-                        out.append(f"{p}/{n}/{sub}")
+        pythons = [n for n, k in _listdir(root, p) if n.startswith("python3") and k in ("dir", "symlink")]
+        for n in sorted(pythons)[:8]:  # python3, python3.12 ...: a few per prefix, whatever the image holds
+            for sub in ("site-packages", "dist-packages"):
+                if root.is_dir(f"{p}/{n}/{sub}"):
+                    out.append(f"{p}/{n}/{sub}")
         if len(out) >= MAX_DIRS:
             break
     return out[:MAX_DIRS]
