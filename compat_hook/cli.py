@@ -94,15 +94,20 @@ def _parser():
     pl.add_argument("--from-driver", metavar="VERSION", help="the current driver (default: the host's)")
     pl.add_argument("--host-root", metavar="DIR", help="read host facts under DIR (default /)")
     pl.add_argument("--gpu", action="append", metavar="NAME", default=[],
-                    help="a GPU: its NVML name or GFD's nvidia.com/gpu.product label (repeatable; "
-                         "default: the host's)")
+                    help="a GPU: its NVML name, GFD's nvidia.com/gpu.product label or a model name "
+                         "(H100, L40S, RTX 4090) (repeatable; default: the host's)")
     pl.add_argument("--store", metavar="DIR", help="the host compat store to consider (default: the config's)")
-    pl.add_argument("--address", metavar="SOCKET", help="containerd's socket for containerd: sources")
+    pl.add_argument("--address", metavar="SOCKET",
+                    help="containerd's socket for containerd: sources (default: $CONTAINERD_ADDRESS, else the "
+                         "first of /run/containerd, k3s/RKE2's and microk8s's sockets that exists)")
     pl.add_argument("--namespace", metavar="NS", default="k8s.io", help="containerd namespace (default k8s.io)")
     pl.add_argument("--config", metavar="FILE")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--fail-on", choices=("broken", "change"),
-                    help="exit 3 when an image is broken after the upgrade (broken) or any outcome changes")
+                    help="exit 3 when an image is broken after the upgrade (broken) or any outcome changes; "
+                         "exit 4 when a source cannot be read or no image was read")
+    pl.add_argument("--allow-unreadable", action="store_true",
+                    help="do not exit 4 when a source cannot be read or no image was read")
 
     rp = sub.add_parser("report", help="what the hook and the wrapper decided, per host driver version (from the log)")
     rp.add_argument("--log", action="append", metavar="FILE", default=[],
@@ -243,18 +248,17 @@ def _cmd_explain(args) -> int:
 
 
 def _cmd_plan(args) -> int:
-    import functools
-
-    from .plan import exit_status, plan, render_text
-    from .planimages import expand, open_source
+    from .plan import gate, plan, render_text
 
     cfg = _load_config(args.config, host_root=_dir_arg("--host-root", args.host_root), store_dir=args.store)
-    where = {"address": args.address, "namespace": args.namespace}
     report = plan(cfg, args.sources, driver=args.driver, manifest=args.manifest,
-                  from_driver=args.from_driver, gpus=args.gpu,
-                  opener=functools.partial(open_source, **where), expander=functools.partial(expand, **where))
+                  from_driver=args.from_driver, gpus=args.gpu, address=args.address, namespace=args.namespace,
+                  allow_unreadable=args.allow_unreadable)
     _print(report, args.json, render_text)
-    return exit_status(report, args.fail_on)
+    status, why = gate(report, args.fail_on, args.allow_unreadable)
+    if why:
+        _die(why, status)
+    return status
 
 
 def _cmd_report(args) -> int:

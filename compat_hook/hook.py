@@ -93,8 +93,29 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
         status = EXIT_OK
     except Exception as e:  # last line of defence: never a traceback, never a broken container
         status = _failed(record, config, *describe(e))
+        if config is None:  # the config failed: stdin is unread, name the container from it
+            _identify(record, stdin_fd)
     _finish(record, config, t0)
     return status, record
+
+
+def _identify(record: dict, stdin_fd: int) -> None:
+    """Name the container of a failed run (``container_id``, ``bundle``, the CRI's pod/image annotations)
+    from the OCI state, so ``report`` can say which start failed. Best effort: never raises."""
+    try:
+        from . import oci
+        from .container import LABEL_ANNOTATIONS
+
+        state = oci.read_state(stdin_fd)
+        record["container_id"] = state.get("id") if isinstance(state.get("id"), str) else None
+        record["bundle"] = state["bundle"]
+        ann = state.get("annotations") if isinstance(state.get("annotations"), dict) else {}
+        for field, keys in LABEL_ANNOTATIONS.items():
+            value = next((ann[k] for k in keys if isinstance(ann.get(k), str) and ann[k]), None)
+            if value is not None:
+                record[field] = value
+    except Exception:  # noqa: BLE001 - the failure is already recorded; this only adds names
+        pass
 
 
 def _config_for_log(argv: list, env):

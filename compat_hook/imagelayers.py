@@ -13,13 +13,17 @@ paths the way the container will:
 * every directory and symlink (cheap, and any of them can redirect a path);
 * regular files and others named ``libcuda*`` / ``libnvidia-*``, every entry
   under a directory named ``compat*``, and files named ``*.conf``;
+* what tells the image's CUDA runtime (:mod:`compat_hook.cudaruntime`):
+  ``libcudart.so.*`` and conda's ``conda-meta/cuda-cudart-*.json`` (names
+  only), a ``nvidia_cuda_runtime*.dist-info/METADATA`` and ``torch/version.py``
+  (text, in the per-layer text budget);
 * the parent dirs of entries not kept (a tar need not list them, and a
   symlink may lead through them);
 * content: ``libcuda.so.<version>`` files under a ``compat*`` directory are
   spooled to the reader's private temp dir (a sparse member's holes, and
   64 KiB runs of zeros, stay holes: a 4 GB sparse file costs its data only);
-  ``/etc/ld.so.conf`` and ``/etc/ld.so.conf.d/*`` keep their first 64 KiB in
-  memory; any other kept file is fetched on demand by reading its layer again
+  ``/etc/ld.so.conf``, ``/etc/ld.so.conf.d/*`` and the runtime texts above keep
+  their first 64 KiB in memory; any other kept file is fetched on demand by reading its layer again
   (rare: a compat dir outside the usual places; see also
   :mod:`compat_hook.images` for files reached through a symlink).
 
@@ -113,6 +117,33 @@ def keep(path: str, kind: str) -> str | None:
         if path == "etc/ld.so.conf" or path.startswith("etc/ld.so.conf.d/"):
             return "text"
     if compat or name.startswith(_LIB_PREFIXES) or name.endswith(".conf"):
+        return "meta"
+    return _runtime(path, name)
+
+
+def _runtime(path: str, name: str) -> str | None:
+    """What :mod:`compat_hook.cudaruntime` reads to tell the image's CUDA runtime (``plan``).
+
+    Names alone for ``libcudart.so.*`` and conda's ``cuda-cudart-*.json``; the
+    (small, bounded) text of a CUDA runtime wheel's ``METADATA`` and of
+    ``torch/version.py``.
+
+    >>> _runtime("usr/local/cuda-13.0/lib64/libcudart.so.13.0.48", "libcudart.so.13.0.48")
+    'meta'
+    >>> _runtime("usr/lib/python3/site-packages/nvidia_cuda_runtime_cu12-12.4.127.dist-info/METADATA", "METADATA")
+    'text'
+    >>> _runtime("usr/lib/python3/site-packages/torch/version.py", "version.py"), _runtime("a/METADATA", "METADATA")
+    ('text', None)
+    """
+    if name.startswith("libcudart.so."):
+        return "meta"
+    parent = path[:path.rfind("/")] if "/" in path else ""
+    pname = parent[parent.rfind("/") + 1:]
+    if name == "METADATA" and pname.startswith("nvidia_cuda_runtime") and pname.endswith(".dist-info"):
+        return "text"
+    if name == "version.py" and pname == "torch":
+        return "text"
+    if pname == "conda-meta" and name.startswith(("cuda-cudart-", "cudatoolkit-")) and name.endswith(".json"):
         return "meta"
     return None
 

@@ -21,7 +21,9 @@ A multi-platform index gives the ``linux/<this machine>`` image. Layers are
 read as streams (:mod:`compat_hook.imagelayers`), applied in order to an
 in-memory tree (:mod:`compat_hook.imageview`) that keeps only what the compat
 checks read: every directory and symlink, and of the other entries those named
-``libcuda*``/``libnvidia-*``, under a ``compat*`` dir, or ``*.conf`` (so
+``libcuda*``/``libnvidia-*``, under a ``compat*`` dir, or ``*.conf``, and what
+tells the image's CUDA runtime (``libcudart.so.*``, a runtime wheel's
+``METADATA``, ``torch/version.py``, conda's ``cuda-cudart-*.json``) (so
 ``listdir`` elsewhere is partial); a file reached through a symlink from a
 kept name is looked up again in the layers. Blobs are checked against their
 digests while they stream. A layer shared by several images of one store is

@@ -26,7 +26,7 @@ import os
 import stat as _stat
 
 __all__ = ["Blob", "OciDir", "OciArchive", "DockerArchive", "Containerd", "Resolved", "resolve",
-           "host_platform", "check_digest", "read_json"]
+           "host_platform", "check_digest", "read_json", "find_socket", "CONTAINERD_SOCKETS"]
 
 _HEX = frozenset("0123456789abcdef")
 _ALGS = {"sha256": 64, "sha384": 96, "sha512": 128}
@@ -396,8 +396,52 @@ class _Proc:
         self.err.close()
 
 
+#: Where containerd's socket is on the node, tried in this order when neither
+#: ``--address`` nor ``CONTAINERD_ADDRESS`` names it: containerd's own default
+#: (kubeadm, the GPU Operator's nodes, Docker's containerd under CRI), then the
+#: distributions that run their own containerd: k3s and RKE2 (both under
+#: /run/k3s, RKE2's docs: "The Containerd socket is located at
+#: /run/k3s/containerd/containerd.sock") and microk8s (the snap's common dir).
+CONTAINERD_SOCKETS = (
+    ("/run/containerd/containerd.sock", "containerd default"),
+    ("/run/k3s/containerd/containerd.sock", "k3s/RKE2"),
+    ("/var/snap/microk8s/common/run/containerd.sock", "microk8s"),
+)
+
+
+def find_socket(address: str | None = None, host_root: str = "/") -> tuple:
+    """``(address, found_by)``: containerd's socket, from ``address``, ``$CONTAINERD_ADDRESS`` or
+    the first of :data:`CONTAINERD_SOCKETS` (under ``host_root``) that is a socket.
+
+    >>> find_socket("/x/c.sock")
+    ('/x/c.sock', '--address')
+    >>> find_socket(None, "/nonexistent")[0]
+    Traceback (most recent call last):
+        ...
+    compat_hook.images.ImageError: containerd: no socket at /nonexistent/run/containerd/containerd.sock (containerd default), /nonexistent/run/k3s/containerd/containerd.sock (k3s/RKE2), /nonexistent/var/snap/microk8s/common/run/containerd.sock (microk8s): give --address
+    """
+    if address:
+        return address, "--address"
+    env = os.environ.get("CONTAINERD_ADDRESS")
+    if env:
+        return env, "CONTAINERD_ADDRESS"
+    tried = []
+    for path, who in CONTAINERD_SOCKETS:
+        p = os.path.join(host_root, path.lstrip("/")) if host_root not in ("", "/") else path
+        try:
+            if _stat.S_ISSOCK(os.stat(p).st_mode):
+                return p, who
+        except OSError:
+            pass
+        tried.append(f"{p} ({who})")
+    raise _error(f"containerd: no socket at {', '.join(tried)}: give --address")
+
+
 class Containerd(_Store):
-    """A live containerd's content store, read with ``ctr`` (``-a ADDRESS -n NAMESPACE``)."""
+    """A live containerd's content store, read with ``ctr`` (``-a ADDRESS -n NAMESPACE``).
+
+    ``address`` None: :func:`find_socket` finds it (``found_by`` says how).
+    """
 
     def __init__(self, address: str | None, namespace: str, limits) -> None:
         import shutil
@@ -405,22 +449,19 @@ class Containerd(_Store):
         self.ctr = shutil.which("ctr")
         if self.ctr is None:
             raise _error("containerd: no ctr binary on PATH")
-        self.address = address
-        sock = (address or os.environ.get("CONTAINERD_ADDRESS") or "/run/containerd/containerd.sock")
-        sock = sock[len("unix://"):] if sock.startswith("unix://") else sock
+        address, self.found_by = find_socket(address)
+        sock = address[len("unix://"):] if address.startswith("unix://") else address
         if sock.startswith("/") and not os.path.exists(sock):
             # ctr would spend its 10 s dial timeout finding that out.
             raise _error(f"containerd: no socket at {sock} (give its address)")
+        self.address = address
         self.namespace = namespace or "k8s.io"
         self.limits = limits
         self.name = f"containerd:{self.namespace}"
         self._images = None
 
     def _argv(self, *args) -> list:
-        argv = [self.ctr]
-        if self.address:
-            argv += ["-a", self.address]
-        return argv + ["-n", self.namespace, *args]
+        return [self.ctr, "-a", self.address, "-n", self.namespace, *args]
 
     def images(self) -> list:
         """``[(ref, digest)]`` of every image in the namespace, as ``ctr images ls`` lists them."""

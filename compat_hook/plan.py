@@ -16,6 +16,14 @@ result into what the container gets:
 image's compat drop-ins and ``LD_LIBRARY_PATH`` included) gives on the
 target driver, so the operator sees what compat-hook changes.
 
+What an image needs (``needs_cuda``, ``needs_source``, ``needs_sources``) is
+the highest CUDA version its runtime files or its env name
+(:mod:`compat_hook.cudaruntime`); disagreeing sources add a ``warnings``
+entry. A source that cannot be read is a row with ``error`` and
+``error_code`` and no outcome; :func:`gate` makes such a run exit
+:data:`EXIT_UNREADABLE` (4) unless ``allow_unreadable``. ``--gpu`` names
+resolve through :mod:`compat_hook.gpunames`.
+
 >>> from compat_hook.hostfacts import HostFacts
 >>> host_outcome(HostFacts(driver_version=(535, 261, 3)), (12, 4, 0))
 {'outcome': 'host-minor', 'cuda': '12.2', 'error': 222}
@@ -29,7 +37,8 @@ import os
 
 from .errors import UsageError
 
-__all__ = ["plan", "host_outcome", "parse_target", "render_text", "gpus_from_names"]
+__all__ = ["plan", "host_outcome", "parse_target", "render_text", "gpus_from_names", "gate", "exit_status",
+           "EXIT_GATE", "EXIT_UNREADABLE"]
 
 #: CUDA errors a wrong compat choice ends in, by compat-hook's skip reason.
 _WRONG_COMPAT_ERROR = {"device_unsupported": 804, "device_unknown": 804}
@@ -95,12 +104,25 @@ def _request(env: list):
     return Request.from_spec({"process": {"env": env}})
 
 
-def assess_image(config, root, env: list, host) -> dict:
-    """``{"needs_cuda", "result", "toolkit_only"}`` for one image on one host."""
+def image_needs(root, env: list) -> dict:
+    """The CUDA version the image needs, from its files and its env (:func:`compat_hook.cudaruntime.needs`)."""
+    from . import cudaruntime
+
+    env_need, env_source = _request(env).required_cuda()
+    return cudaruntime.needs(cudaruntime.sources(root), env_need, env_source)
+
+
+def assess_image(config, root, env: list, host, image_needs: dict | None = None) -> dict:
+    """``{"needs_cuda", "result", "toolkit_only"}`` for one image on one host.
+
+    What the image needs is the highest CUDA version its runtime files or its
+    env name (``image_needs``, :func:`image_needs`); the hook's decision
+    itself sees only the env, as it does at container start.
+    """
     from .assess import assess
 
     request = _request(env)
-    needs, _ = request.required_cuda()
+    needs = image_needs["version"] if image_needs is not None else request.required_cuda()[0]
     spec = {"process": {"env": list(env)}, "root": {"path": "rootfs"}}
     a = assess(config, request, root, spec=spec, host=host, actors=("hook", "wrapper"), toolkit=True)
     loads = a.toolkit["with_wrapper"]["result"] if a.toolkit else "host"
@@ -112,17 +134,21 @@ def assess_image(config, root, env: list, host) -> dict:
 
 
 def gpus_from_names(names: list) -> list:
-    """:class:`~compat_hook.hostfacts.Gpu` objects from NVML names or GFD ``gpu.product`` labels.
+    """:class:`~compat_hook.hostfacts.Gpu` objects from ``--gpu`` names (:mod:`compat_hook.gpunames`).
 
-    >>> [g.brand for g in gpus_from_names(["NVIDIA-H100-80GB-HBM3", "NVIDIA GeForce RTX 4090"])]
-    [14, 5]
+    NVML names, GFD ``nvidia.com/gpu.product`` labels and short model names;
+    an unknown name is a :class:`~compat_hook.gpunames.UnknownGpuName` (exit 2).
+
+    >>> [(g.brand, g.compute_capability) for g in gpus_from_names(["NVIDIA-H100-80GB-HBM3", "RTX 4090", "V100"])]
+    [(14, (9, 0)), (5, (8, 9)), (2, (7, 0))]
     """
-    from .hostfacts import Gpu, brand_from_model
+    from .gpunames import resolve
+    from .hostfacts import Gpu
 
     out = []
     for i, n in enumerate(names):
-        model = n.replace("-", " ") if " " not in n else n
-        out.append(Gpu(f"gpu{i}", model, brand_from_model(model), "--gpu"))
+        g = resolve(n)
+        out.append(Gpu(f"gpu{i}", g.model, g.brand, f"--gpu {g.form} name", g.compute_capability))
     return out
 
 
@@ -185,8 +211,16 @@ def parse_target(manifest: str) -> tuple:
 
 
 def plan(config, sources: list, *, driver: str | None = None, manifest: str | None = None,
-         from_driver: str | None = None, gpus: list | None = None, opener=None, expander=None) -> dict:
-    """The plan report (see the module docstring and :func:`render_text`)."""
+         from_driver: str | None = None, gpus: list | None = None, opener=None, expander=None,
+         address: str | None = None, namespace: str = "k8s.io", allow_unreadable: bool = False) -> dict:
+    """The plan report (see the module docstring and :func:`render_text`).
+
+    ``containerd:`` sources use containerd's socket at ``address``, else the
+    first one :func:`compat_hook.imagestores.find_socket` finds under the
+    config's ``host_root``; the report's ``containerd`` says which.
+    """
+    import functools
+
     from . import hostfacts
 
     if (driver is None) == (manifest is None):
@@ -206,44 +240,77 @@ def plan(config, sources: list, *, driver: str | None = None, manifest: str | No
     else:
         raise UsageError(f"the host driver is unknown under {config.host_root}: give --from-driver VERSION")
     now, after = _host_with(base, now_text), _host_with(base, driver)
+    ctrd = _containerd(sources, address, namespace, config) if opener is None else None
+    where = {"address": ctrd.get("address") if ctrd else address, "namespace": namespace}
     if opener is None:
-        from .planimages import open_source as opener
+        from .planimages import open_source
+
+        opener = functools.partial(open_source, **where)
     if expander is None:
-        from .planimages import expand as expander
+        from .planimages import expand
+
+        expander = functools.partial(expand, **where)
     images = []
     todo = []
     for src in sources:
         try:
+            if ctrd and ctrd.get("error") and src.startswith("containerd:"):
+                from .images import ImageError
+
+                raise ImageError(ctrd["error"])
             todo.extend(expander(src))
         except Exception as e:  # a store that cannot be listed: one row says why
-            from .errors import describe
-
-            code, msg = describe(e)
-            images.append({"image": src, "needs_cuda": None, "error": msg, "error_code": code, "now": None,
-                           "after": None, "toolkit_only_after": None})
+            images.append(_unreadable(src, e))
     for src in todo:
         entry = {"image": src}
         try:
             with opener(src, config) as img:
-                r_now = assess_image(config, img.root, img.env, now)
-                r_after = assess_image(config, img.root, img.env, after)
-            entry.update(needs_cuda=r_now["needs_cuda"], now=r_now["result"], after=r_after["result"],
+                need = image_needs(img.root, img.env)
+                r_now = assess_image(config, img.root, img.env, now, need)
+                r_after = assess_image(config, img.root, img.env, after, need)
+            entry.update(needs_cuda=r_now["needs_cuda"], needs_source=need["source"],
+                         needs_sources=need["sources"], now=r_now["result"], after=r_after["result"],
                          toolkit_only_after=r_after["toolkit_only"])
+            if need["warning"]:
+                entry["warnings"] = [need["warning"]]
         except Exception as e:  # one image's failure never stops the others
-            from .errors import describe
-
-            code, msg = describe(e)
-            entry.update(needs_cuda=None, error=msg, error_code=code, now=None, after=None,
-                         toolkit_only_after=None)
+            entry = _unreadable(src, e)
         images.append(entry)
-    return {"driver": {"now": now_text, "after": driver, "target_from": target_from},
-            "gpus": [g.to_dict() for g in base.gpus], "images": images, "summary": _summary(images)}
+    out = {"driver": {"now": now_text, "after": driver, "target_from": target_from},
+           "gpus": [g.to_dict() for g in base.gpus], "images": images, "summary": _summary(images),
+           "allow_unreadable": bool(allow_unreadable)}
+    if ctrd:
+        out["containerd"] = ctrd
+    return out
+
+
+def _unreadable(src: str, e: BaseException) -> dict:
+    """The row of a source that could not be read: ``error`` (one line) and ``error_code``, no outcome."""
+    from .errors import describe
+
+    code, msg = describe(e)
+    return {"image": src, "needs_cuda": None, "error": msg, "error_code": code, "now": None, "after": None,
+            "toolkit_only_after": None}
+
+
+def _containerd(sources: list, address, namespace: str, config) -> dict | None:
+    """``{"address", "found_by", "namespace"}`` (or ``"error"``) when a source is ``containerd:``."""
+    if not any(isinstance(s, str) and s.startswith("containerd:") for s in sources):
+        return None
+    from .images import ImageError
+    from .imagestores import find_socket
+
+    try:
+        addr, how = find_socket(address, getattr(config, "host_root", "/") or "/")
+    except ImageError as e:
+        return {"address": None, "found_by": None, "namespace": namespace, "error": str(e)}
+    return {"address": addr, "found_by": how, "namespace": namespace}
 
 
 def _summary(images: list) -> dict:
     ok = [i for i in images if i.get("now") is not None]
     return {
-        "images": len(images), "unreadable": len(images) - len(ok),
+        "images": len(images), "read": len(ok), "unreadable": len(images) - len(ok),
         "broken_after": sum(1 for i in ok if i["after"]["outcome"] == "broken"),
         "changed": sum(1 for i in ok if i["now"]["outcome"] != i["after"]["outcome"]),
         "broken_after_toolkit_only": sum(1 for i in ok if i["toolkit_only_after"]["outcome"] == "broken"),
@@ -264,16 +331,29 @@ def _cell(r) -> str:
 
 
 def render_text(report: dict) -> str:
+    """The table (one row per image), the sources that could not be read, and a summary line."""
+    from .errors import one_line
+
     d = report["driver"]
-    rows = [("IMAGE", "NEEDS", f"NOW {d['now']}", f"AFTER {d['after']}", "TOOLKIT ALONE AFTER")]
+    rows = [("IMAGE", "NEEDS", f"NOW {d['now']}", f"AFTER {d['after']}", "TOOLKIT ALONE AFTER", "NEEDS FROM")]
     for i in report["images"]:
         if i.get("error"):
-            rows.append((i["image"], "-", "unreadable", "-", i["error"]))
+            rows.append((one_line(i["image"]), "-", "unreadable", "-", "-", "-"))
             continue
-        rows.append((i["image"], i["needs_cuda"] or "-", _cell(i["now"]), _cell(i["after"]),
-                     _cell(i["toolkit_only_after"])))
-    widths = [max(len(r[k]) for r in rows) for k in range(4)]
-    out = ["  ".join(r[k].ljust(widths[k]) for k in range(4)) + "  " + r[4] for r in rows]
+        # where the need was read: libcudart, wheel, torch, conda, env (the path is in the JSON)
+        source = i["needs_source"].split()[0] if i.get("needs_source") else "-"
+        rows.append((one_line(i["image"]), i["needs_cuda"] or "-", _cell(i["now"]), _cell(i["after"]),
+                     _cell(i["toolkit_only_after"]), source))
+    widths = [max(len(r[k]) for r in rows) for k in range(5)]
+    out = [("  ".join(r[k].ljust(widths[k]) for k in range(5)) + "  " + r[5]).rstrip() for r in rows]
+    c = report.get("containerd")
+    if c and c.get("address"):
+        out.append(f"containerd: socket {c['address']} ({c['found_by']}), namespace {c['namespace']}")
+    for i in report["images"]:
+        if i.get("error"):
+            out.append(f"unreadable: {one_line(i['image'])}: {i['error']}")
+        for w in i.get("warnings") or ():
+            out.append(f"warning: {one_line(i['image'])}: {one_line(w)}")
     s = report["summary"]
     out.append(f"{s['images']} image(s): {s['broken_after']} broken after the upgrade, {s['changed']} change "
                f"outcome, {s['unreadable']} unreadable; the toolkit alone would leave "
@@ -281,14 +361,39 @@ def render_text(report: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def exit_status(report: dict, fail_on: str | None) -> int:
-    """0, or 3 when ``fail_on`` (``broken`` / ``change``) is met."""
+#: ``--fail-on`` met: an image is broken after the upgrade, or an outcome changes.
+EXIT_GATE = 3
+#: A source could not be read, or no image was read at all: the gate did not check
+#: what it was asked to (``--allow-unreadable`` accepts that).
+EXIT_UNREADABLE = 4
+
+
+def gate(report: dict, fail_on: str | None, allow_unreadable: bool = False) -> tuple:
+    """``(exit status, one-line reason or None)``: 4 when a source was unreadable or nothing was read
+    (unless ``allow_unreadable``), else 3 when ``fail_on`` (``broken`` / ``change``) is met, else 0.
+
+    >>> gate({"summary": {"images": 1, "read": 0, "unreadable": 1, "broken_after": 0, "changed": 0}}, "broken")
+    (4, '1 of 1 source(s) unreadable, nothing read: the gate checked nothing (--allow-unreadable to accept)')
+    >>> gate({"summary": {"images": 1, "read": 0, "unreadable": 1, "broken_after": 0, "changed": 0}}, None, True)
+    (0, None)
+    """
     s = report["summary"]
+    if (s["unreadable"] or not s["read"]) and not allow_unreadable:
+        what = (f"{s['unreadable']} of {s['images']} source(s) unreadable" if s["unreadable"]
+                else "no image in the sources")
+        if not s["read"]:
+            what += ", nothing read: the gate checked nothing"
+        return EXIT_UNREADABLE, f"{what} (--allow-unreadable to accept)"
     if fail_on == "broken" and s["broken_after"]:
-        return 3
+        return EXIT_GATE, None
     if fail_on == "change" and s["changed"]:
-        return 3
-    return 0
+        return EXIT_GATE, None
+    return 0, None
+
+
+def exit_status(report: dict, fail_on: str | None, allow_unreadable: bool = False) -> int:
+    """0, 3 when ``fail_on`` is met, 4 when a source was unreadable (:func:`gate`)."""
+    return gate(report, fail_on, allow_unreadable)[0]
 
 
 class _DirImage:

@@ -3,10 +3,20 @@
 Reads the JSON-lines decision log (one line per run, :mod:`compat_hook.logjson`)
 as a stream - a 1 GB log costs time, not memory - and splits it into
 *periods*: consecutive runs of records with the same host driver version, so
-the time before and after a driver upgrade shows as two periods. Per period:
+the time before and after a driver upgrade shows as two periods. Records that
+name no driver (a start that failed before reading it, one that needed none)
+are one period of their own, listed last (``driver`` null): they neither count
+in nor split the driver periods around them. Per period:
 the starts by decision and reason (hook and wrapper records counted apart),
 by image and by pod where the log names them (``image``, ``namespace``,
 ``pod``), the failures (``decision: error``) and the warnings.
+
+Times are compared as logjson writes them (UTC, ``...T..:..:...mmmZ``); a
+record whose ``time`` is not one is counted (``bad_time``) and, under
+``since``, left out (``excluded_no_time``, and a note): it cannot be shown to
+be recent. A failure record names the container (``container_id``,
+``bundle``) where the hook got that far; Docker and ``ctr`` put no image in
+the OCI spec, so their records name none (``no_image`` counts them).
 
 Damaged input is skipped and counted, never fatal: a line that is not a JSON
 object, not UTF-8, or longer than :data:`MAX_LINE`, and the unreadable tail
@@ -32,7 +42,8 @@ import os
 
 from .errors import UsageError
 
-__all__ = ["report", "render_text", "exit_status", "parse_since", "log_files", "MAX_LINE", "MAX_KEYS"]
+__all__ = ["report", "render_text", "exit_status", "parse_since", "valid_time", "log_files", "MAX_LINE",
+           "MAX_KEYS"]
 
 #: A longer line is not one compat-hook wrote (its records are < 64 KiB).
 MAX_LINE = 1 << 20
@@ -75,6 +86,24 @@ def parse_since(text: str, now: float | None = None) -> str:
         dt = dt.replace(tzinfo=timezone.utc)
     dt = dt.astimezone(timezone.utc)
     return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{dt.microsecond // 1000:03d}Z"
+
+
+def valid_time(t) -> bool:
+    """Whether ``t`` is a time as logjson writes it (``2026-12-02T15:00:00.000Z``, UTC, ms).
+
+    Only such strings compare in time order (``--since`` compares them as text).
+
+    >>> valid_time("2026-12-02T15:00:00.000Z"), valid_time("zz"), valid_time("2026-12-02 15:00:00"), valid_time(5)
+    (True, False, False, False)
+    """
+    if not isinstance(t, str) or len(t) != 24 or t[23] != "Z":
+        return False
+    for i, c in enumerate(t[:23]):
+        want = {4: "-", 7: "-", 10: "T", 13: ":", 16: ":", 19: "."}.get(i)
+        if (c != want) if want else not ("0" <= c <= "9"):
+            return False
+    return "01" <= t[5:7] <= "12" and "01" <= t[8:10] <= "31" and t[11:13] <= "23" and t[14:16] <= "59" \
+        and t[17:19] <= "60"
 
 
 def log_files(paths: list, rotated: bool = True) -> list:
@@ -151,7 +180,7 @@ def _bump(table: dict, key, n: int = 1, cap: int = MAX_KEYS):
 
 class _Period:
     __slots__ = ("driver", "first", "last", "records", "events", "decisions", "images", "pods",
-                 "failures", "failure_reasons", "last_failures", "warnings")
+                 "failures", "failure_reasons", "last_failures", "warnings", "no_image")
 
     def __init__(self, driver) -> None:
         self.driver = driver
@@ -165,6 +194,7 @@ class _Period:
         self.failure_reasons: dict = {}
         self.last_failures: list = []
         self.warnings: dict = {}
+        self.no_image: dict = {}       # event -> records that name no image
 
     def add(self, r: dict) -> None:
         t = r.get("time") if isinstance(r.get("time"), str) else None
@@ -184,6 +214,8 @@ class _Period:
         if isinstance(image, str) and image:
             key = image if image in self.images or len(self.images) < MAX_KEYS else _OTHERS
             _bump(self.images.setdefault(key, {}), what, cap=32)
+        else:
+            _bump(self.no_image, event, cap=16)
         pod = r.get("pod")
         if isinstance(pod, str) and pod:
             ns = r.get("namespace")
@@ -193,8 +225,8 @@ class _Period:
         if decision == "error":
             self.failures += 1
             _bump(self.failure_reasons, reason)
-            self.last_failures.append({k: r.get(k) for k in ("time", "event", "container_id", "namespace", "pod",
-                                                              "container_name", "image", "reason", "error")
+            self.last_failures.append({k: r.get(k) for k in ("time", "event", "container_id", "bundle", "namespace",
+                                                              "pod", "container_name", "image", "reason", "error")
                                        if r.get(k) is not None})
             if len(self.last_failures) > MAX_FAILURES:
                 del self.last_failures[0]
@@ -221,6 +253,9 @@ class _Period:
             "failures": {"count": self.failures, "by_reason": dict(ranked(self.failure_reasons)),
                          "last": list(self.last_failures)},
             "warnings": [{"warning": w, "count": n} for w, n in ranked(self.warnings)],
+            # Records that name no image: Docker and ctr put none in the OCI spec (only the CRI
+            # plugins' annotations do), so their starts are counted here, by event.
+            "no_image": dict(ranked(self.no_image)),
         }
 
 
@@ -239,17 +274,18 @@ def report(paths: list, *, since: str | None = None, rotated: bool = True) -> di
                 open(p, "rb").close()
             except OSError as e:
                 raise UsageError(f"cannot read {p}: {e.strerror or e}") from None
-    stats = {"bad_lines": 0, "notes": []}
+    stats = {"bad_lines": 0, "notes": [], "bad_time": 0, "no_time_excluded": 0}
     periods: list = []
-    cur = None
+    cur = nodrv = None
     total = before = 0
     loads = json.loads
     for p in files:
         for line in _lines(p, stats):
             if since is not None and line.startswith(b'{"time":"'):
                 # logjson writes the time first: most old lines are dropped
-                # before they are parsed.
-                if line[9:33].decode("ascii", "replace") < since:
+                # before they are parsed (a time that is not one is decided below).
+                t = line[9:33].decode("ascii", "replace")
+                if valid_time(t) and t < since:
                     before += 1
                     continue
             if not line.strip():
@@ -263,29 +299,46 @@ def report(paths: list, *, since: str | None = None, rotated: bool = True) -> di
                 stats["bad_lines"] += 1
                 continue
             t = r.get("time")
-            if since is not None and not (isinstance(t, str) and t >= since):
+            valid = valid_time(t)
+            if since is not None and not valid:
+                # No time to compare: it cannot be shown to be recent, so --since leaves it out (counted).
+                stats["bad_time"] += 1
+                stats["no_time_excluded"] += 1
+                continue
+            if since is not None and t < since:
                 before += 1
                 continue
             total += 1
+            if not valid:
+                stats["bad_time"] += 1
             drv = r.get("host_driver_version")
             drv = drv if isinstance(drv, str) and drv else None
+            if drv is None:
+                # No driver in the record (a failure before it was read, a start that
+                # needed none: not_gpu, opted out): counted apart, in a period of its own,
+                # never credited to a driver it may not have run on; nor does it split one.
+                if nodrv is None:
+                    nodrv = _Period(None)
+                nodrv.add(r)
+                continue
             if cur is None:
                 cur = _Period(drv)
                 periods.append(cur)
-            elif drv is not None and drv != cur.driver and cur.driver != _SEVERAL:
-                if cur.driver is None:
-                    cur.driver = drv  # records before the first that names a driver
-                elif len(periods) >= MAX_PERIODS:
+            elif drv != cur.driver and cur.driver != _SEVERAL:
+                if len(periods) >= MAX_PERIODS:
                     cur.driver = _SEVERAL
                     stats["notes"].append(f"more than {MAX_PERIODS} driver periods: the rest are summed in the last")
                 else:
                     cur = _Period(drv)
                     periods.append(cur)
             cur.add(r)
-    out = [p.to_dict() for p in periods]
+    out = [p.to_dict() for p in periods + ([nodrv] if nodrv is not None else [])]
+    if stats["no_time_excluded"]:
+        stats["notes"].append(f"{stats['no_time_excluded']} record(s) without a valid time left out by --since")
     return {
         "files": files, "since": since, "records": total, "skipped_before_since": before,
-        "bad_lines": stats["bad_lines"], "notes": stats["notes"], "periods": out,
+        "bad_lines": stats["bad_lines"], "bad_time": stats["bad_time"],
+        "excluded_no_time": stats["no_time_excluded"], "notes": stats["notes"], "periods": out,
         "summary": {"periods": len(out), "drivers": [p["driver"] for p in out],
                     "failures": sum(p["failures"]["count"] for p in out),
                     "warnings": sum(w["count"] for p in out for w in p["warnings"])},
@@ -310,27 +363,32 @@ def render_text(rep: dict) -> str:
 
     out = [f"{rep['records']} record(s) from {', '.join(rep['files'])}"
            + (f" since {rep['since']}" if rep["since"] else "")
-           + (f"; {rep['bad_lines']} bad line(s) skipped" if rep["bad_lines"] else "")]
+           + (f"; {rep['bad_lines']} bad line(s) skipped" if rep["bad_lines"] else "")
+           + (f"; {rep['bad_time']} record(s) without a valid time" if rep.get("bad_time") else "")]
     out += [f"note: {n}" for n in rep["notes"]]
     for p in rep["periods"]:
         events = ", ".join(f"{k} {v}" for k, v in p["events"].items())
         out.append("")
-        out.append(f"host driver {p['driver'] or 'unknown'}: {p['from'] or '?'} .. {p['to'] or '?'}, "
-                   f"{p['records']} record(s) ({events})")
+        head = f"host driver {p['driver']}" if p["driver"] else "no host driver in the record"
+        out.append(f"{head}: {p['from'] or '?'} .. {p['to'] or '?'}, {p['records']} record(s) ({events})")
         rows = [("DECISION", "REASON", "COUNT", "BY")]
         rows += [(d["decision"], d["reason"], d["count"], ", ".join(f"{k} {v}" for k, v in d["events"].items()))
                  for d in p["decisions"]]
         out += _table(rows)
         for title, key, items in (("image", "image", p["images"]), ("pod", "pod", p["pods"])):
-            if items:
+            if items or (title == "image" and p.get("no_image")):
                 out.append(f"  by {title}:")
                 out += _table([(one_line(i[key]), i["count"],
                                 ", ".join(f"{k} {v}" for k, v in i["decisions"].items())) for i in items], "    ")
+                if title == "image" and p.get("no_image"):
+                    out.append(f"    (no image named: {sum(p['no_image'].values())} record(s), "
+                               + ", ".join(f"{k} {v}" for k, v in p["no_image"].items())
+                               + "; Docker and ctr put no image in the OCI spec)")
         f = p["failures"]
         if f["count"]:
             out.append(f"  failures: {f['count']} (" + ", ".join(f"{k} {v}" for k, v in f["by_reason"].items()) + ")")
             for x in f["last"]:
-                who = x.get("container_id") or "?"
+                who = x.get("container_id") or (f"bundle {x['bundle']}" if x.get("bundle") else "?")
                 if x.get("pod"):
                     who += f" ({x.get('namespace') or ''}/{x['pod']})"
                 out.append(f"    {x.get('time', '?')} {x.get('event', '?')} {one_line(who)}: {x.get('reason')}: "
@@ -341,6 +399,8 @@ def render_text(rep: dict) -> str:
                 out.append(f"    {w['count']}x {one_line(w['warning'])[:200]}")
     s = rep["summary"]
     out.append("")
-    out.append(f"{s['periods']} driver period(s) ({' -> '.join(d or 'unknown' for d in s['drivers']) or 'none'}), "
+    drivers = [d for d in s["drivers"] if d]
+    out.append(f"{len(drivers)} driver period(s) ({' -> '.join(drivers) or 'none'})"
+               + (", and records without a driver" if len(drivers) < len(s["drivers"]) else "") + ", "
                f"{s['failures']} failure(s), {s['warnings']} warning(s)")
     return "\n".join(out) + "\n"

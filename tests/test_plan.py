@@ -63,7 +63,7 @@ def test_outcomes_now_and_after(world):
     # the toolkit alone: its v1.20 rule refuses the older compat driver too (no image drop-in here)
     assert b["toolkit_only_after"]["outcome"] == "host"
     assert p["now"]["outcome"] == "host" and p["after"]["outcome"] == "host"
-    assert r["summary"] == {"images": 2, "unreadable": 0, "broken_after": 0, "changed": 1,
+    assert r["summary"] == {"images": 2, "read": 2, "unreadable": 0, "broken_after": 0, "changed": 1,
                             "broken_after_toolkit_only": 0, "fixed_by_compat_hook": 0}
 
 
@@ -170,8 +170,178 @@ def test_unknown_host_driver_needs_from_driver(world, tmp_path):
 
 def test_text_table_and_unreadable_source(world):
     out = plan(str(world["img"]), str(world["tmp"] / "missing"), "--driver", "580.65.06", "--config", world["conf"])
-    assert out.returncode == 0, out.stderr
+    # one source unreadable: exit 4, one line on stderr; the table still shows what was read
+    assert out.returncode == 4, out.stderr
+    assert out.stderr == "compat-hook: 1 of 2 source(s) unreadable (--allow-unreadable to accept)\n"
     lines = out.stdout.splitlines()
     assert lines[0].split()[:4] == ["IMAGE", "NEEDS", "NOW", "550.54.15"]
-    assert "unreadable" in lines[2] and "missing" in lines[2]
+    # the row says unreadable; the error is on a line of its own, not in the TOOLKIT ALONE column
+    assert lines[2].split()[1:] == ["-", "unreadable", "-", "-", "-"] and "missing" in lines[2]
+    assert lines[3] == f"unreadable: {world['tmp'] / 'missing'}: {world['tmp'] / 'missing'}: not a directory, " \
+                       "nor oci:..., oci-archive:..., docker-archive:..., containerd:..."
     assert lines[-1].startswith("2 image(s): 0 broken after the upgrade, 1 change outcome, 1 unreadable")
+    ok = plan(str(world["img"]), str(world["tmp"] / "missing"), "--driver", "580.65.06", "--config", world["conf"],
+              "--allow-unreadable")
+    assert ok.returncode == 0 and ok.stderr == "" and ok.stdout == out.stdout
+
+
+# --------------------------------------------------------------------------- the gate on nothing read
+
+
+@pytest.mark.parametrize("fail_on", ["broken", "change", None])
+def test_nothing_read_is_exit_4_not_a_green_gate(world, fail_on):
+    args = ["/nonexistent", "--driver", "580.65.06", "--config", world["conf"], "--json"]
+    args += ["--fail-on", fail_on] if fail_on else []
+    out = plan(*args)
+    assert out.returncode == 4, (out.returncode, out.stderr)
+    assert out.stderr.splitlines() == ["compat-hook: 1 of 1 source(s) unreadable, nothing read: the gate "
+                                       "checked nothing (--allow-unreadable to accept)"]
+    r = json.loads(out.stdout)
+    [row] = r["images"]
+    assert row["error"] == "/nonexistent: not a directory, nor oci:..., oci-archive:..., docker-archive:..., " \
+                           "containerd:..." and row["error_code"] == "usage"
+    assert row["toolkit_only_after"] is None and r["summary"]["read"] == 0
+    allowed = plan(*args, "--allow-unreadable")
+    assert allowed.returncode == 0 and allowed.stderr == "" and json.loads(allowed.stdout)["allow_unreadable"]
+
+
+def test_containerd_without_a_socket_anywhere_is_exit_4_naming_every_place(world):
+    out = plan("containerd:", "--driver", "580.65.06", "--config", world["conf"], "--json", "--fail-on", "broken")
+    assert out.returncode == 4, out.stderr
+    r = json.loads(out.stdout)
+    host = world["tmp"] / "host"
+    assert r["containerd"] == {"address": None, "found_by": None, "namespace": "k8s.io", "error": r["containerd"]["error"]}
+    assert r["images"][0]["error"] == (
+        f"containerd: no socket at {host}/run/containerd/containerd.sock (containerd default), "
+        f"{host}/run/k3s/containerd/containerd.sock (k3s/RKE2), "
+        f"{host}/var/snap/microk8s/common/run/containerd.sock (microk8s): give --address")
+
+
+# --------------------------------------------------------------------------- --gpu names
+
+
+@pytest.mark.parametrize("name, model, brand, cc", [
+    ("H100", "NVIDIA H100", "NVIDIA", "9.0"),
+    ("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", "NVIDIA", "9.0"),
+    ("NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "NVIDIA H100 80GB HBM3", "NVIDIA", "9.0"),
+    ("L40S", "NVIDIA L40S", "NVIDIA", "8.9"),
+    ("V100", "Tesla V100", "TESLA", "7.0"),
+    ("T4", "Tesla T4", "TESLA", "7.5"),
+    ("B200", "NVIDIA B200", "NVIDIA", "10.0"),
+    ("RTX 4090", "NVIDIA GeForce RTX 4090", "GEFORCE", "8.9"),
+    ("NVIDIA-GeForce-RTX-4090", "NVIDIA GeForce RTX 4090", "GEFORCE", "8.9"),
+    ("RTX A6000", "NVIDIA RTX A6000", "NVIDIA_RTX", "8.6"),
+    ("RTX 6000 Ada", "NVIDIA RTX 6000 Ada Generation", "NVIDIA_RTX", "8.9"),
+    ("NVIDIA TITAN RTX", "NVIDIA TITAN RTX", "TITAN", "7.5"),
+])
+def test_gpu_names_operators_type(world, name, model, brand, cc):
+    r = _json(plan(str(world["plain"]), "--driver", "580.65.06", "--gpu", name, "--config", world["conf"], "--json"))
+    [g] = r["gpus"]
+    assert (g["model"], g["brand_name"], g["compute_capability"]) == (model, brand, cc)
+
+
+def test_gpu_h100_short_name_is_a_data_center_gpu_not_unknown(world):
+    """``--gpu H100`` predicted what ``--gpu NVIDIA-H100-80GB-HBM3`` does (it was brand UNKNOWN: 804)."""
+    args = [str(world["bundle"]), "--driver", "535.183.01", "--config", world["conf"], "--json"]
+    short = _json(plan(*args, "--gpu", "H100"))
+    label = _json(plan(*args, "--gpu", "NVIDIA-H100-80GB-HBM3"))
+    assert short["images"] == label["images"]
+    assert short["images"][0]["after"]["outcome"] == "compat", short["images"][0]
+
+
+def test_gpu_arch_check_uses_the_named_gpus_compute_capability(world):
+    """A V100 (7.0) gets no R590+ compat driver: ``gpu_arch_unsupported``; an H100 gets it."""
+    from tests.elfgen import NOTE_590
+
+    build_tree(world["tmp"] / "img590", {"usr/local/cuda-13.1/compat/libcuda.so.590.44.01": elf(NOTE_590),
+                                         "usr/local/cuda": Symlink("cuda-13.1")})
+    args = [str(world["tmp"] / "img590"), "--driver", "580.65.06", "--config", world["conf"], "--json"]
+    assert _json(plan(*args, "--gpu", "V100"))["images"][0]["after"]["reason"] == "gpu_arch_unsupported"
+    assert _json(plan(*args, "--gpu", "H100"))["images"][0]["after"]["reason"] != "gpu_arch_unsupported"
+
+
+@pytest.mark.parametrize("name", ["H1OO", "banana", "NVIDIA Graphics Device"])
+def test_unknown_gpu_name_is_exit_2_listing_the_forms(world, name):
+    out = plan(str(world["plain"]), "--driver", "580.65.06", "--gpu", name, "--config", world["conf"])
+    assert out.returncode == 2 and out.stdout == ""
+    [line] = out.stderr.splitlines()
+    assert line.startswith(f"compat-hook: --gpu {name!r}: not a GPU name compat-hook knows; give an NVML name")
+    for form in ("NVIDIA-H100-80GB-HBM3", "MIG-1g.5gb", "H100", "L40S", "RTX 4090", "GeForce ..."):
+        assert form in line
+
+
+# --------------------------------------------------------------------------- the runtime the image carries
+
+LIBCUDART_13 = {"usr/local/cuda-13.0/targets/x86_64-linux/lib/libcudart.so.13.0.48": elf(soname="libcudart.so.13"),
+                "usr/local/cuda-13.0/targets/x86_64-linux/lib/libcudart.so.13": Symlink("libcudart.so.13.0.48"),
+                "usr/local/cuda-13.0/lib64": Symlink("targets/x86_64-linux/lib"),
+                "usr/local/cuda": Symlink("cuda-13.0")}
+SITE = "usr/local/lib/python3.11/site-packages"
+WHEEL_12 = {f"{SITE}/nvidia/cuda_runtime/lib/libcudart.so.12": elf(soname="libcudart.so.12"),
+            f"{SITE}/nvidia_cuda_runtime_cu12-12.4.127.dist-info/METADATA":
+                "Metadata-Version: 2.1\nName: nvidia-cuda-runtime-cu12\nVersion: 12.4.127\n\nCUDA Runtime\n"}
+TORCH_128 = {f"{SITE}/torch/version.py": "from typing import Optional\n__version__ = '2.7.0+cu128'\n"
+                                         "cuda: Optional[str] = '12.8'\ngit_version = 'abc'\n"}
+CONDA_129 = {"opt/conda/conda-meta/cuda-cudart-12.9.79-h5888daf_0.json": '{"name": "cuda-cudart"}',
+             "opt/conda/conda-meta/cuda-cudart-dev-13.1.0-0.json": '{"name": "not the runtime"}',
+             "opt/conda/lib/libcudart.so.12": Symlink("libcudart.so.12.9.79"),
+             "opt/conda/lib/libcudart.so.12.9.79": elf(soname="libcudart.so.12")}
+
+
+@pytest.mark.parametrize("files, needs, source, path", [
+    (LIBCUDART_13, "13.0", "libcudart", "/usr/local/cuda/lib64/libcudart.so.13.0.48"),
+    (WHEEL_12, "12.4", "wheel", f"/{SITE}/nvidia_cuda_runtime_cu12-12.4.127.dist-info/METADATA"),
+    (TORCH_128, "12.8", "torch", f"/{SITE}/torch/version.py"),
+    (CONDA_129, "12.9", "libcudart", "/opt/conda/lib/libcudart.so.12.9.79"),
+], ids=["libcudart", "wheel", "torch", "conda"])
+def test_image_without_cuda_version_needs_the_runtime_it_carries(world, files, needs, source, path):
+    img = build_tree(world["tmp"] / "rt", dict(files, **{"etc/os-release": "ID=debian\n"}))
+    out = plan(str(img), "--driver", "535.261.03", "--config", world["conf"], "--json", "--fail-on", "broken")
+    r = _json(out)
+    [row] = r["images"]
+    assert (row["needs_cuda"], row["needs_source"]) == (needs, f"{source} {path}"), row
+    # R535 gives CUDA 12.2: a 13.0 runtime is error 35; a 12.x runtime runs under minor-version compat
+    want = {"outcome": "broken", "reason": "no_candidate", "cuda": "12.2", "error": 35} if needs == "13.0" else \
+        {"outcome": "host-minor", "reason": "no_candidate", "cuda": "12.2", "error": 222}
+    assert row["after"] == want
+    assert out.returncode == (3 if needs == "13.0" else 0)
+    assert "warnings" not in row
+
+
+def test_conda_meta_alone_is_a_source(world):
+    img = build_tree(world["tmp"] / "conda", {k: v for k, v in CONDA_129.items() if "conda-meta" in k})
+    [row] = _json(plan(str(img), "--driver", "535.261.03", "--config", world["conf"], "--json"))["images"]
+    assert row["needs_source"] == "conda /opt/conda/conda-meta/cuda-cudart-12.9.79-h5888daf_0.json"
+    assert row["needs_sources"] == [{"source": "conda", "path": "/opt/conda/conda-meta/cuda-cudart-12.9.79-h5888daf_0.json",
+                                     "version": "12.9.79"}]
+
+
+def test_sources_that_disagree_take_the_highest_and_warn(world):
+    bundle = world["tmp"] / "mixed-bundle"
+    build_tree(bundle / "rootfs", dict(LIBCUDART_13, **WHEEL_12, **TORCH_128))
+    (bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+                                                    "process": {"env": ["CUDA_VERSION=12.4.1"]}}))
+    out = plan(str(bundle), "--driver", "535.261.03", "--config", world["conf"], "--json")
+    [row] = _json(out)["images"]
+    assert row["needs_cuda"] == "13.0" and row["needs_source"].startswith("libcudart ")
+    assert [s["source"] for s in row["needs_sources"]] == ["libcudart", "libcudart", "wheel", "torch", "env"]
+    [w] = row["warnings"]
+    assert w.startswith("the image names several CUDA versions: 13.0 (libcudart ") and \
+        w.endswith("12.4 (wheel /usr/local/lib/python3.11/site-packages/nvidia_cuda_runtime_cu12-12.4.127.dist-info/"
+                   "METADATA), 12.8 (torch /usr/local/lib/python3.11/site-packages/torch/version.py); planned for "
+                   "the highest, 13.0"), w
+    assert row["after"]["outcome"] == "broken"
+    text = plan(str(bundle), "--driver", "535.261.03", "--config", world["conf"]).stdout.splitlines()
+    assert text[0].split()[-2:] == ["NEEDS", "FROM"]
+    assert text[1].split()[1] == "13.0" and text[1].split()[-1] == "libcudart"
+    assert text[2].startswith(f"warning: {bundle}: the image names several CUDA versions: 13.0")
+
+
+def test_cuda_version_env_alone_still_counts(world):
+    """The env is a source too: the 13.0 image with CUDA_VERSION=13.0.0 and no files is predicted the same."""
+    bundle = world["tmp"] / "env-only"
+    build_tree(bundle / "rootfs", {"etc/os-release": "x"})
+    (bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+                                                    "process": {"env": ["CUDA_VERSION=13.0.0"]}}))
+    [row] = _json(plan(str(bundle), "--driver", "535.261.03", "--config", world["conf"], "--json"))["images"]
+    assert row["needs_source"] == "env CUDA_VERSION" and row["after"]["error"] == 35

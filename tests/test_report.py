@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shlex
 import subprocess
 import time
 
@@ -61,22 +62,26 @@ def test_periods_follow_the_driver_upgrade(hook_log):
     assert [r["host_driver_version"] for r in recs[:5]] == [H.HOST_DRIVER] * 3 + ["590.44.01"] * 2
     rep = report([str(log)])
     assert rep["records"] == 6 and rep["bad_lines"] == 0
-    before, after = rep["periods"]
-    assert (before["driver"], after["driver"]) == (H.HOST_DRIVER, "590.44.01")
+    # the failing start never read the driver: its own period, not the 590 one it came after
+    assert "host_driver_version" not in recs[5]
+    before, after, nodrv = rep["periods"]
+    assert (before["driver"], after["driver"], nodrv["driver"]) == (H.HOST_DRIVER, "590.44.01", None)
     assert before["from"] == recs[0]["time"] and before["to"] == recs[2]["time"]
-    assert after["from"] == recs[3]["time"] and after["to"] == recs[5]["time"]
+    assert after["from"] == recs[3]["time"] and after["to"] == recs[4]["time"]
+    assert nodrv["from"] == nodrv["to"] == recs[5]["time"] and nodrv["records"] == 1
     assert before["decisions"] == [{"decision": recs[0]["decision"], "reason": recs[0]["reason"], "count": 3,
                                     "events": {"hook": 3}}]
     assert {(d["decision"], d["reason"]): d["count"] for d in after["decisions"]} == {
-        (recs[3]["decision"], recs[3]["reason"]): 2, ("error", recs[5]["reason"]): 1}
+        (recs[3]["decision"], recs[3]["reason"]): 2}
+    assert after["failures"]["count"] == 0
     # The decision changed with the driver: compat before, the host's after.
     assert recs[0]["decision"] == "enable" and recs[3]["decision"] == "skip"
     assert before["images"] == [{"image": "nvcr.io/nvidia/pytorch:24.05", "count": 3,
                                  "decisions": {f"enable/{recs[0]['reason']}": 3}}]
     assert [p["pod"] for p in before["pods"]] == ["ml/train-0", "ml/train-1", "ml/train-2"]
-    f = after["failures"]
+    f = nodrv["failures"]
     assert f["count"] == 1 and f["last"][0]["container_id"] == "bad" and f["last"][0]["error"] == recs[5]["error"]
-    assert rep["summary"] == {"periods": 2, "drivers": [H.HOST_DRIVER, "590.44.01"], "failures": 1,
+    assert rep["summary"] == {"periods": 3, "drivers": [H.HOST_DRIVER, "590.44.01", None], "failures": 1,
                               "warnings": sum(len(r.get("warnings") or []) for r in recs)}
 
 
@@ -86,14 +91,16 @@ def test_cli_text_json_exit_status(hook_log):
     assert p.returncode == 0, p.stderr
     assert f"host driver {H.HOST_DRIVER}: {recs[0]['time']} .. {recs[2]['time']}, 3 record(s) (hook 3)" in p.stdout
     assert "host driver 590.44.01:" in p.stdout and "failures: 1" in p.stdout
-    assert f"2 driver period(s) ({H.HOST_DRIVER} -> 590.44.01), 1 failure(s)" in p.stdout
+    assert f"2 driver period(s) ({H.HOST_DRIVER} -> 590.44.01), and records without a driver, 1 failure(s)" \
+        in p.stdout
+    assert f"no host driver in the record: {recs[5]['time']} .. {recs[5]['time']}, 1 record(s) (hook 1)" in p.stdout
     j = cli("report", "--log", log, "--json")
     assert json.loads(j.stdout) == json.loads(json.dumps(report([str(log)])))
     assert cli("report", "--log", log, "--fail-on", "failures").returncode == 3
     # Since the upgrade: one period, and still the failure.
     since = cli("report", "--log", log, "--since", recs[3]["time"], "--json")
     rep = json.loads(since.stdout)
-    assert [p["driver"] for p in rep["periods"]] == ["590.44.01"] and rep["skipped_before_since"] == 3
+    assert [p["driver"] for p in rep["periods"]] == ["590.44.01", None] and rep["skipped_before_since"] == 3
     # The last hour holds every start, the failing one too; a time to come, none.
     assert cli("report", "--log", log, "--since", "1h", "--fail-on", "failures").returncode == 3
     none = cli("report", "--log", log, "--since", "2999-01-01", "--fail-on", "failures", "--json")
@@ -142,7 +149,7 @@ def test_damaged_and_rotated_logs(tmp_path):
                                    "host_driver_version": "580.65.06", "warnings": ["w1", "w1"]})
     with open(base, "a") as f:
         f.write(json.dumps({"time": "2026-01-03T00:00:01.000Z", "event": "runtime", "decision": "skip",
-                            "reason": "not_gpu"}) + "\n")   # no driver: stays in the current period
+                            "reason": "not_gpu"}) + "\n")   # no driver: the period without one
         f.write('{"time": "2026-01-03T00:00:02.000Z", "event": "hook", "decisi')   # torn last line
     rep = report([str(base)])
     assert rep["files"] == [str(tmp_path / "compat-hook.log.2.gz"), str(tmp_path / "compat-hook.log.1"), str(base)]
@@ -151,24 +158,99 @@ def test_damaged_and_rotated_logs(tmp_path):
     assert 0 <= n_gz <= 5
     # .1: not JSON, not an object, not UTF-8, over 1 MiB; the torn live line; the .gz tail.
     assert rep["bad_lines"] == 6 and len(rep["notes"]) == 1 and "compat-hook.log.2.gz" in rep["notes"][0]
-    assert [p["driver"] for p in rep["periods"]] == ["535.104.05", "580.65.06"]
+    assert [p["driver"] for p in rep["periods"]] == ["535.104.05", "580.65.06", None]
     assert rep["periods"][0]["failures"]["count"] == 1
-    assert rep["periods"][1]["events"] == {"hook": 1, "runtime": 1}
+    assert rep["periods"][1]["events"] == {"hook": 1} and rep["periods"][2]["events"] == {"runtime": 1}
     assert rep["periods"][1]["warnings"] == [{"warning": "w1", "count": 2}]
     only = report([str(base)], rotated=False)
     assert only["files"] == [str(base)] and only["records"] == 2
 
 
-def test_first_records_without_a_driver_join_the_first_period(tmp_path):
+def test_records_without_a_driver_are_a_period_of_their_own(tmp_path):
+    """Before the first driver, and between two records of one driver: neither counted in a driver
+    period nor splitting one."""
     log = tmp_path / "log"
     log.write_text("".join(json.dumps(r) + "\n" for r in (
         {"time": "2026-01-01T00:00:00.000Z", "event": "hook", "decision": "skip", "reason": "not_gpu"},
         _rec("2026-01-01T00:00:01.000Z", "535.104.05"),
-        _rec("2026-01-01T00:00:02.000Z", "550.54.15"),
-        _rec("2026-01-01T00:00:03.000Z", "535.104.05"))))
+        {"time": "2026-01-01T00:00:02.000Z", "event": "hook", "decision": "error", "reason": "bad_config"},
+        _rec("2026-01-01T00:00:03.000Z", "535.104.05"),
+        _rec("2026-01-01T00:00:04.000Z", "550.54.15"),
+        _rec("2026-01-01T00:00:05.000Z", "535.104.05"))))
     rep = report([str(log)])
-    assert [(p["driver"], p["records"]) for p in rep["periods"]] == [
-        ("535.104.05", 2), ("550.54.15", 1), ("535.104.05", 1)]
+    assert [(p["driver"], p["records"], p["failures"]["count"]) for p in rep["periods"]] == [
+        ("535.104.05", 2, 0), ("550.54.15", 1, 0), ("535.104.05", 1, 0), (None, 2, 1)]
+    assert rep["periods"][-1]["from"] == "2026-01-01T00:00:00.000Z"
+    assert rep["periods"][-1]["to"] == "2026-01-01T00:00:02.000Z"
+
+
+BAD_TIMES = ["garbage", "zzzz-99-99T99:99:99.999Z", "2026-13-01T00:00:00.000Z", "", 1767225600, None,
+             "2026-01-01 00:00:00", "9999-12-31T23:59:59.999Z "]
+
+
+def test_a_record_without_a_valid_time_does_not_pass_since(tmp_path):
+    log = tmp_path / "log"
+    with open(log, "w") as f:
+        f.write(json.dumps(_rec("2026-01-01T00:00:00.000Z", "535.104.05")) + "\n")            # old
+        for t in BAD_TIMES:                                                                  # no valid time
+            f.write(json.dumps(dict(_rec("x", "535.104.05"), time=t)) + "\n")
+        f.write(json.dumps({k: v for k, v in _rec("x", "535.104.05").items() if k != "time"}) + "\n")
+        f.write(json.dumps(_rec("2026-06-01T00:00:00.000Z", "535.104.05")) + "\n")            # recent
+    rep = report([str(log)], since="2026-03-01T00:00:00.000Z")
+    assert rep["records"] == 1 and rep["skipped_before_since"] == 1
+    assert rep["bad_time"] == rep["excluded_no_time"] == len(BAD_TIMES) + 1
+    assert f"{len(BAD_TIMES) + 1} record(s) without a valid time left out by --since" in rep["notes"]
+    # without --since they count (their time is unknown), and are still counted as such
+    every = report([str(log)])
+    assert every["records"] == len(BAD_TIMES) + 3 and every["bad_time"] == len(BAD_TIMES) + 1
+    assert every["excluded_no_time"] == 0
+    p = cli("report", "--log", log, "--since", "2026-03-01")
+    assert p.returncode == 0
+    assert p.stdout.splitlines()[0].endswith(f"; {len(BAD_TIMES) + 1} record(s) without a valid time")
+    assert f"note: {len(BAD_TIMES) + 1} record(s) without a valid time left out by --since" in p.stdout
+
+
+def test_bad_config_failure_names_the_container(tmp_path):
+    """The hook whose config does not load still names the container it failed for (from the state).
+
+    With no config there is no log_file: the record goes to the default /var/log/compat-hook.log,
+    so the hook runs in a private mount namespace with a tmpfs there."""
+    env = H.make_hook_env(tmp_path)
+    env.config.write_text("mode: sideways\n")
+    bundle = tmp_path / "b"
+    H.base_rootfs(bundle / "rootfs")
+    H.write_bundle(bundle)
+    state = H.state_json(bundle, id="ctr-7", annotations={"io.kubernetes.cri.sandbox-name": "train-7",
+                                                          "io.kubernetes.cri.sandbox-namespace": "ml",
+                                                          "io.kubernetes.cri.image-name": "example/app:1"})
+    argv = [env.entry["path"]] + env.entry["args"][1:]
+    script = ("mount -t tmpfs none /var/log && " + " ".join(map(shlex.quote, argv))
+              + " && cat /var/log/compat-hook.log")
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], input=state,
+                       capture_output=True, timeout=60, env=H.entry_env(env.entry))
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(p.stdout.decode().splitlines()[-1])
+    assert (rec["decision"], rec["reason"]) == ("error", "bad_config") and "mode" in rec["error"]
+    assert (rec["container_id"], rec["bundle"]) == ("ctr-7", str(bundle))
+    assert (rec["pod"], rec["namespace"], rec["image"]) == ("train-7", "ml", "example/app:1")
+    log = tmp_path / "copy.log"
+    log.write_text(p.stdout.decode())
+    rep = report([str(log)])
+    [failure] = rep["periods"][0]["failures"]["last"]
+    assert failure["container_id"] == "ctr-7" and failure["bundle"] == str(bundle)
+    assert f"ctr-7 (ml/train-7): bad_config: " in cli("report", "--log", log).stdout
+
+
+def test_records_without_an_image_are_counted_and_explained(tmp_path):
+    log = tmp_path / "log"
+    log.write_text("".join(json.dumps(r) + "\n" for r in (
+        _rec("2026-01-01T00:00:00.000Z", "535.104.05", image="nvcr.io/nvidia/pytorch:24.05"),
+        dict(_rec("2026-01-01T00:00:01.000Z", "535.104.05"), event="runtime"),   # a Docker start
+        _rec("2026-01-01T00:00:02.000Z", "535.104.05"))))
+    [p] = report([str(log)])["periods"]
+    assert p["no_image"] == {"hook": 1, "runtime": 1}
+    assert "    (no image named: 2 record(s), hook 1, runtime 1; Docker and ctr put no image in the OCI spec)" \
+        in cli("report", "--log", log).stdout.splitlines()
 
 
 def test_flapping_drivers_are_bounded(tmp_path):

@@ -45,13 +45,28 @@ def runbook_commands() -> list:
     return out
 
 
+#: What each runbook command exits with: 0, except the rollback plan's gate (an image that needs 13.0).
+EXITS = ["0"] * 9 + ["3"]
+
+
 def test_the_runbook_has_the_commands_this_test_runs():
     cmds = runbook_commands()
-    assert [c.split()[1] for c in cmds] == ["plan", "plan", "plan", "report", "report"], cmds
+    assert [c.split()[1] for c in cmds] == ["plan"] * 7 + ["report", "report", "plan"], cmds
     assert f"--manifest clusterpolicy.yaml" in cmds[0] and "--fail-on broken" in cmds[1]
+    assert cmds[3].startswith("compat-hook plan docker-archive:node-images.tar")      # a Docker node
+    assert cmds[4].startswith("compat-hook plan oci-archive:app-oci.tar")             # a Podman node
+    assert cmds[5].startswith("compat-hook plan oci:images:pytorch")                  # a registry image
+    assert "--driver 535.183.01 --from-driver 580.65.06" in cmds[9]                   # the rollback
 
 
-def _image(work: pathlib.Path, name: str, files: dict, env: list) -> pathlib.Path:
+def documented_outputs() -> dict:
+    """``{command: output}`` for each sh block of one command followed by a ``text`` block."""
+    text = RUNBOOK.read_text()
+    return {cmd.strip(): out for cmd, out in
+            re.findall(r"```sh\n(compat-hook [^\n]*)\n```\n\n```text\n(.*?)```", text, re.S)}
+
+
+def _image(work: pathlib.Path, name: str, files: dict, env: list, cuda: str = "cuda-12.9") -> pathlib.Path:
     """An OCI layout ``work/name:v1`` built with umoci, two layers (the cross-layer cuda symlink)."""
     lay = work / name
     umoci("init", "--layout", lay)
@@ -60,7 +75,7 @@ def _image(work: pathlib.Path, name: str, files: dict, env: list) -> pathlib.Pat
     umoci("unpack", "--rootless", "--image", f"{lay}:v1", b)
     build_tree(b / "rootfs", files)
     umoci("repack", "--image", f"{lay}:v1", b)
-    build_tree(b / "rootfs", {"usr/local/cuda": Symlink("cuda-12.9"), "etc/os-release": "ID=test\n"})
+    build_tree(b / "rootfs", {"usr/local/cuda": Symlink(cuda), "etc/os-release": "ID=test\n"})
     umoci("repack", "--image", f"{lay}:v1", b)
     umoci("config", "--image", f"{lay}:v1", *[a for e in env for a in ("--config.env", e)])
     return lay
@@ -113,11 +128,26 @@ def test_every_runbook_command_runs_as_written(tmp_path):
     compat = {"usr/local/cuda-12.9/compat/libcuda.so.575.57.08": elf(NOTE_575),
               "usr/local/cuda-12.9/compat/libcuda.so.1": Symlink("libcuda.so.575.57.08")}
     app = _image(w, "app", compat, ["CUDA_VERSION=12.9.0", "NVIDIA_VISIBLE_DEVICES=all"])
-    trainer = _image(w, "trainer", {"usr/local/cuda-12.9/lib64/libcudart.so.12": b"x"},
-                     ["CUDA_VERSION=12.9.0"])
+    # FROM python + PyTorch from pip: the CUDA runtime wheel, no CUDA_VERSION
+    site = "usr/local/lib/python3.12/site-packages"
+    trainer = _image(w, "trainer", {
+        f"{site}/nvidia/cuda_runtime/lib/libcudart.so.12": elf(soname="libcudart.so.12"),
+        f"{site}/nvidia_cuda_runtime_cu12-12.8.90.dist-info/METADATA":
+            "Metadata-Version: 2.1\nName: nvidia-cuda-runtime-cu12\nVersion: 12.8.90\n\n",
+        f"{site}/torch/version.py": "__version__ = '2.7.1+cu128'\ncuda: Optional[str] = '12.8'\n"},
+        ["PATH=/usr/local/bin:/usr/bin:/bin"])
+    # a CUDA 13.0 toolkit's runtime, nothing declared
+    cuda13 = _image(w, "cuda13", {"usr/local/cuda-13.0/lib64/libcudart.so.13.0.48": elf(soname="libcudart.so.13"),
+                                  "usr/local/cuda-13.0/lib64/libcudart.so.13": Symlink("libcudart.so.13.0.48")},
+                    ["PATH=/usr/bin:/bin"], cuda="cuda-13.0")
     skopeo("copy", f"oci:{app}:v1", f"oci-archive:{w / 'app.tar'}:v1")
     skopeo("copy", f"oci:{trainer}:v1", f"docker-archive:{w / 'trainer.tar'}:localhost/trainer:v1")
     skopeo("copy", f"oci:{trainer}:v1", f"oci-archive:{w / 'trainer-oci.tar'}:v1")
+    # what docker save, podman save --format oci-archive and skopeo copy docker://... oci: would give
+    skopeo("copy", f"oci:{trainer}:v1", f"docker-archive:{w / 'node-images.tar'}:localhost/trainer:v1")
+    skopeo("copy", f"oci:{app}:v1", f"oci-archive:{w / 'app-oci.tar'}:localhost/app:v1")
+    skopeo("copy", f"oci:{trainer}:v1", f"oci:{w / 'images'}:pytorch")
+    skopeo("copy", f"oci:{cuda13}:v1", f"oci:{w / 'images'}:cuda13")
     (w / "clusterpolicy.yaml").write_text(
         "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata:\n  name: cluster-policy\n"
         f"spec:\n  driver:\n    version: \"{TARGET}\"\n")
@@ -142,15 +172,24 @@ def test_every_runbook_command_runs_as_written(tmp_path):
                        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C"})
     assert "=== end" in p.stdout, p.stdout + p.stderr + (w / "containerd.log").read_text()[-3000:]
     exits = re.findall(r"^exit=(\d+)$", p.stdout, re.M)
-    assert exits == ["0"] * len(cmds), (p.stdout, [(w / f"err-{i + 1}").read_text() for i in range(len(cmds))])
+    assert exits == EXITS, (p.stdout, [(w / f"err-{i + 1}").read_text() for i in range(len(cmds))])
     out = [(w / f"out-{i + 1}").read_text() for i in range(len(cmds))]
+    # the outputs the runbook shows are what the commands print
+    shown = documented_outputs()
+    assert len(shown) == 2, list(shown)
+    for cmd, want in shown.items():
+        assert out[cmds.index(cmd)] == want, (cmd, out[cmds.index(cmd)])
 
     # 1. the table for every image in the node's containerd, on the manifest's driver
     lines = out[0].splitlines()
     assert lines[0].split()[:6] == ["IMAGE", "NEEDS", "NOW", NOW, "AFTER", TARGET], out[0]
-    rows = {ln.split()[0]: ln for ln in lines[1:-1]}
+    rows = {ln.split()[0]: ln for ln in lines[1:3]}
     assert set(rows) == {"containerd:localhost/app:v1", "containerd:localhost/trainer:v1"}, out[0]
     assert rows["containerd:localhost/app:v1"].split()[1:4] == ["12.9", "compat", "12.9"]
+    assert rows["containerd:localhost/app:v1"].split()[-1] == "env"
+    assert rows["containerd:localhost/trainer:v1"].split()[1:4] == ["12.8", "host-minor", "12.2"]
+    assert rows["containerd:localhost/trainer:v1"].split()[-1] == "wheel"
+    assert lines[3] == "containerd: socket /run/containerd/containerd.sock (containerd default), namespace k8s.io"
     assert lines[-1].startswith("2 image(s): 0 broken after the upgrade")
     # 2. the gate: JSON, no image broken after the upgrade (exit 0 above)
     gate = json.loads((w / "plan.json").read_text())
@@ -165,8 +204,13 @@ def test_every_runbook_command_runs_as_written(tmp_path):
     arch = out[2].splitlines()
     assert arch[1].split()[:3] == ["oci-archive:app.tar", "12.9", "compat"], out[2]
     assert arch[2].split()[0] == "docker-archive:trainer.tar", out[2]
+    # a Docker node's, a Podman node's and a registry's images, read the same way
+    assert out[3].splitlines()[1].split()[:3] == ["docker-archive:node-images.tar", "12.8", "host-minor"], out[3]
+    assert out[3].splitlines()[1].split()[-1] == "wheel"
+    assert out[4].splitlines()[1].split()[:3] == ["oci-archive:app-oci.tar", "12.9", "compat"], out[4]
+    assert out[5].splitlines()[1].split()[:3] == ["oci:images:pytorch", "12.8", "host-minor"], out[5]
     # 4. after: two periods (535 then 580), the starts by decision, the pod and image named
-    assert "535.183.01" in out[3] and "580.65.06" in out[3], out[3]
+    assert "535.183.01" in out[7] and "580.65.06" in out[7], out[7]
     rep = json.loads((w / "report.json").read_text())
     periods = rep["periods"]
     assert [p["driver"] for p in periods] == [NOW, TARGET], rep
