@@ -144,34 +144,85 @@ def _parser():
         x.add_argument("--json", action="store_true")
 
     for verb in ("install", "uninstall"):
-        i = sub.add_parser(verb, help=f"{verb} the registration for an engine")
-        i.add_argument("engine", choices=("containerd", "podman", "crio", "docker", "nvidia-toolkit"),
-                       help="the engine whose configuration gets the registration")
-        i.add_argument("--config", metavar="PATH", help="the engine's config file")
-        i.add_argument("--hook-config", metavar="FILE", help="compat-hook's own config for the registered entry")
-        i.add_argument("--runtime-name", default="cuda-compat",
-                       help="containerd/CRI-O runtime handler (the RuntimeClass handler), Docker runtime name")
-        i.add_argument("--set-as-default", action="store_true",
-                       help="also make it the engine's default runtime (containerd, CRI-O, Docker)")
-        i.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
-        i.add_argument("--via", choices=("wrapper", "base-spec"), default="wrapper",
-                       help="containerd: the runtime wrapper as BinaryName (default), or the hook in a "
-                            "base_runtime_spec (app containers only)")
-        i.add_argument("--hooks-dir", metavar="DIR",
-                       help="Podman/CRI-O: where the hooks.d file goes (default /usr/share/containers/oci/hooks.d)")
-        i.add_argument("--wrapper-path", metavar="PATH",
-                       help="where the runtime wrapper is written (default: the Debian package's when it is "
-                            "installed, else /usr/local/libexec/compat-hook/compat-hook-runtime)")
-        i.add_argument("--state-dir", metavar="DIR",
-                       help="state dir (cache) for the registered hook entry / wrapper (default /var/lib/compat-hook)")
-        i.add_argument("--toolkit-config", metavar="PATH|none",
-                       help="containerd, Docker: also register under this NVIDIA toolkit config.toml "
-                            "(default: /etc/nvidia-container-runtime/config.toml and the GPU Operator's, "
-                            "where they exist; none: do not)")
-        i.add_argument("--config-source", choices=("auto", "file", "command"), default="auto",
-                       help="containerd: read the current config with `containerd config dump` "
-                            "(command), from the files (file), or command when containerd is installed (auto)")
+        _install_options(sub.add_parser(verb, **_INSTALL_TEXT[verb]), verb)
     return p
+
+
+#: The two verbs share their options but not their text.
+_INSTALL_TEXT = {
+    "install": dict(
+        help="register compat-hook with an engine",
+        description="Register compat-hook with a container engine: the runtime wrapper (containerd, "
+                    "Docker, CRI-O runtime handler), the hooks.d file (Podman, CRI-O) or the NVIDIA "
+                    "toolkit's runtime chain. Every file it changes is backed up first; --dry-run "
+                    "prints the diff. Restart the engine afterwards (not Podman)."),
+    "uninstall": dict(
+        help="undo install for an engine",
+        description="Undo `compat-hook install` for a container engine: put back what install changed "
+                    "in the engine's configuration and remove what it created (the wrapper, drop-in or "
+                    "hooks.d file, backups of files it created, its empty dirs). Give the same options "
+                    "as at install (--engine-config, --runtime-name, --hooks-dir, --wrapper-path). "
+                    "Restart the engine afterwards (not Podman)."),
+}
+
+
+def _install_options(i, verb: str) -> None:
+    """The options of ``install`` and ``uninstall`` (``verb``), which take the same ones."""
+    done = "gets" if verb == "install" else "loses"
+    i.add_argument("engine", choices=("containerd", "podman", "crio", "docker", "nvidia-toolkit"),
+                   help=f"the engine whose configuration {done} the registration")
+    # --config is compat-hook's own config in every other command; here it used to be the
+    # engine's file. It stays, for one release, as a deprecated alias of --engine-config.
+    # dest "config" is the engine's file in install.Options.
+    eng = i.add_mutually_exclusive_group()
+    eng.add_argument("--engine-config", dest="config", metavar="PATH",
+                     help="the engine's config file (containerd config.toml, Docker daemon.json, the "
+                          "CRI-O drop-in, Podman's hooks.d file, the NVIDIA toolkit's config.toml; "
+                          "default: the engine's own)")
+    eng.add_argument("--config", dest="config", metavar="PATH", action=_deprecated_alias_action(),
+                     help="deprecated alias of --engine-config (this release only); "
+                          "compat-hook's own config is --hook-config")
+    i.add_argument("--hook-config", metavar="FILE",
+                   help="compat-hook's own config for the registered entry (default "
+                        "/etc/compat-hook/config.yaml; what --config means in the other commands)")
+    i.add_argument("--runtime-name", default="cuda-compat",
+                   help="containerd/CRI-O runtime handler (the RuntimeClass handler), Docker runtime name")
+    i.add_argument("--set-as-default", action="store_true",
+                   help="also make it the engine's default runtime (containerd, CRI-O, Docker)" if verb == "install"
+                   else "install's option, accepted here: uninstall takes back a default runtime that "
+                        "names this runtime whether or not it is given")
+    i.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
+    i.add_argument("--via", choices=("wrapper", "base-spec"), default="wrapper",
+                   help="containerd: the runtime wrapper as BinaryName (default), or the hook in a "
+                        "base_runtime_spec (app containers only)")
+    i.add_argument("--hooks-dir", metavar="DIR",
+                   help="Podman/CRI-O: where the hooks.d file goes (default /usr/share/containers/oci/hooks.d)")
+    i.add_argument("--wrapper-path", metavar="PATH",
+                   help="where the runtime wrapper is written (default: the Debian package's when it is "
+                        "installed, else /usr/local/libexec/compat-hook/compat-hook-runtime)")
+    i.add_argument("--state-dir", metavar="DIR",
+                   help="state dir (cache) for the registered hook entry / wrapper (default /var/lib/compat-hook)")
+    i.add_argument("--toolkit-config", metavar="PATH|none",
+                   help="containerd, Docker: also register under this NVIDIA toolkit config.toml "
+                        "(default: /etc/nvidia-container-runtime/config.toml and the GPU Operator's, "
+                        "where they exist; none: do not)")
+    i.add_argument("--config-source", choices=("auto", "file", "command"), default="auto",
+                   help="containerd: read the current config with `containerd config dump` "
+                        "(command), from the files (file), or command when containerd is installed (auto)")
+
+
+def _deprecated_alias_action():
+    import argparse
+
+    class DeprecatedAlias(argparse._StoreAction):
+        """Store like the flag it stands for, with a one-line notice on stderr."""
+
+        def __call__(self, parser, namespace, values, option_string=None):
+            sys.stderr.write(f"compat-hook: {option_string} of {parser.prog.split()[-1]} is deprecated: "
+                             f"use --engine-config (compat-hook's own config is --hook-config)\n")
+            super().__call__(parser, namespace, values, option_string)
+
+    return DeprecatedAlias
 
 
 def _main(argv: list) -> int:

@@ -184,3 +184,128 @@ def test_config_check_says_what_cannot_take_effect(tmp_path):
     # the shipped configuration has nothing to say
     shipped = _run("config", "--check", str(pathlib.Path(__file__).resolve().parent.parent / "config/compat-hook.yaml"))
     assert shipped.returncode == 0 and shipped.stderr == ""
+
+
+# -- --help: exit 0, the help on stdout, nothing logged or written -------------------------
+
+HELP_COMMANDS = [[], ["explain"], ["plan"], ["report"], ["hook"], ["hook-entry"], ["demo"], ["config"],
+                 ["store"], ["store", "add"], ["store", "list"], ["store", "remove"],
+                 ["install"], ["uninstall"]]
+
+
+def _help_markers():
+    """Lines a wrongly logged ``hook --help`` would leave in the default log."""
+    try:
+        with open("/var/log/compat-hook.log", errors="replace") as f:
+            return sum("usage: compat-hook hook" in line for line in f)
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("cmd", HELP_COMMANDS, ids=lambda c: "-".join(c) or "top")
+def test_help_exits_0_and_writes_nothing(tmp_path, cmd, flag):
+    import os
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"log_file: {tmp_path}/log\nstore_dir: {tmp_path}/store\n")
+    env = dict(os.environ, COMPAT_HOOK_CONFIG=str(cfg), COMPAT_HOOK_STATE_DIR=str(tmp_path / "state"),
+               PYTHONPATH=str(pathlib.Path(__file__).resolve().parent.parent))
+    extra = ["--config", str(cfg), "--state-dir", str(tmp_path / "state")] if cmd == ["hook"] else []
+    before = _help_markers()
+    p = _run(*cmd, *extra, flag, env=env, cwd=tmp_path)
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    assert p.stderr == "" and "Traceback" not in p.stdout
+    assert p.stdout.startswith("usage: compat-hook" + "".join(" " + c for c in cmd)), p.stdout[:200]
+    assert "usage: usage" not in p.stdout
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["c.yaml"]  # no log, no state, no store
+    assert _help_markers() == before
+
+
+def test_uninstall_help_is_its_own():
+    ins, unins = _run("install", "--help").stdout, _run("uninstall", "--help").stdout
+    assert "usage: compat-hook uninstall" in unins
+    # install's description talks about registering; uninstall's about undoing it
+    assert ins.split("positional arguments")[0].split("\n\n", 1)[1] != \
+        unins.split("positional arguments")[0].split("\n\n", 1)[1], (ins[:400], unins[:400])
+    assert "undo" in unins.split("positional arguments")[0].lower()
+    for flag in ("--dry-run", "--engine-config", "--hook-config"):
+        assert flag in unins and flag in ins
+
+
+@pytest.mark.parametrize("form", ["shell wrapper", "console script"])
+def test_runtime_wrapper_help_is_the_real_runtimes_and_writes_nothing(tmp_path, form):
+    """``compat-hook-runtime --help`` is a non-editing call: the real runtime's help, exit 0, no log."""
+    import os
+    import shutil
+
+    from compat_hook.runtime import render_wrapper
+
+    if shutil.which("runc") is None:
+        pytest.fail("runc is a test dependency (make deps-test)")
+    repo = str(pathlib.Path(__file__).resolve().parent.parent)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"log_file: {tmp_path}/log\nruntime: runc\n")
+    env = dict(os.environ, COMPAT_HOOK_CONFIG=str(cfg), COMPAT_HOOK_STATE_DIR=str(tmp_path / "state"),
+               PYTHONPATH=repo)
+    if form == "shell wrapper":
+        w = tmp_path / "compat-hook-runtime"
+        w.write_text(render_wrapper(str(cfg), python=sys.executable, paths=[repo],
+                                    state_dir=str(tmp_path / "state")))
+        w.chmod(0o755)
+        argv = [str(w), "--help"]
+    else:
+        argv = [sys.executable, "-c", "import sys; from compat_hook.runtime import main; sys.exit(main())",
+                "--help"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "runc" in p.stdout and "Traceback" not in p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == sorted(["c.yaml"] + (["compat-hook-runtime"]
+                                                                              if form == "shell wrapper" else []))
+
+
+# -- --config is compat-hook's own config everywhere; the engine's file is --engine-config --
+
+def _docker_install(tmp_path, flag):
+    daemon = tmp_path / "daemon.json"
+    daemon.write_text('{"log-level": "warn"}\n')
+    p = _run("install", "docker", flag, str(daemon), "--wrapper-path", str(tmp_path / "w"),
+             "--toolkit-config", "none", "--state-dir", str(tmp_path / "state"))
+    return p, json.loads(daemon.read_text())
+
+
+def test_install_engine_config_names_the_engines_file(tmp_path):
+    p, daemon = _docker_install(tmp_path, "--engine-config")
+    assert p.returncode == 0, p.stderr
+    assert "deprecated" not in p.stderr
+    assert daemon["runtimes"]["cuda-compat"]["path"] == str(tmp_path / "w") and daemon["log-level"] == "warn"
+    u = _run("uninstall", "docker", "--engine-config", str(tmp_path / "daemon.json"),
+             "--wrapper-path", str(tmp_path / "w"), "--toolkit-config", "none", "--state-dir", str(tmp_path / "state"))
+    assert u.returncode == 0, u.stderr
+    assert json.loads((tmp_path / "daemon.json").read_text()) == {"log-level": "warn"}
+
+
+def test_install_config_is_a_deprecated_alias_with_a_one_line_notice(tmp_path):
+    p, daemon = _docker_install(tmp_path, "--config")
+    assert p.returncode == 0, p.stderr
+    assert daemon["runtimes"]["cuda-compat"]["path"] == str(tmp_path / "w")
+    notice = [ln for ln in p.stderr.splitlines() if "deprecated" in ln]
+    assert notice == ["compat-hook: --config of install is deprecated: use --engine-config "
+                      "(compat-hook's own config is --hook-config)"], p.stderr
+
+
+def test_install_engine_config_and_its_alias_together_is_bad_usage(tmp_path):
+    p = _run("install", "docker", "--engine-config", str(tmp_path / "a"), "--config", str(tmp_path / "b"),
+             "--dry-run")
+    assert p.returncode == 2 and "not allowed with" in p.stderr.splitlines()[-1], p.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("verb", ["install", "uninstall"])
+def test_install_options_map_to_the_engine_and_compat_hook_configs(verb):
+    from compat_hook.cli import _parser
+    from compat_hook.install import Options
+
+    ns = _parser().parse_args([verb, "containerd", "--engine-config", "/e.toml", "--hook-config", "/c.yaml"])
+    o = Options.from_namespace(ns)
+    assert (o.config, o.hook_config) == ("/e.toml", "/c.yaml")
