@@ -358,11 +358,12 @@ def _cmd_config(args) -> int:
         try:
             cfg = _config.load(args.check)
         except _config.ConfigError as e:
-            # load() names the file for read and YAML errors, only the key for a bad value.
-            msg = str(e)
-            if not msg.startswith(args.check + ": "):
-                raise _config.ConfigError(f"{args.check}: {msg}") from None
-            raise
+            # Every problem, one a line. load() names the file for read and YAML
+            # errors, only the key for a bad value.
+            for msg in _config.error_lines(e):
+                prefix = "" if msg.startswith(args.check + ": ") else args.check + ": "
+                sys.stderr.write(f"compat-hook: {prefix}{msg}\n")
+            return EXIT_USAGE
         sys.stdout.write(jsonfast.dumps(cfg.to_dict(), indent=2) + "\n")
         # What install would say: settings that cannot take effect on a registration path.
         from .install.checks import problems

@@ -114,6 +114,19 @@ def test_config_check_error_names_the_file(tmp_path, text, rest):
     assert line.count(str(f)) == 1, line  # named once, also where load() already names it
 
 
+def test_config_check_reports_every_error_one_line_each(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("mode: nope\nmodee: env\ncompat_dirs: [/ok, rel]\nhost_driver_version: banana\n")
+    p = _run("config", "--check", str(f))
+    assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.splitlines() == [
+        f"compat-hook: {f}: mode: must be one of ldconfig, env, both, got 'nope'",
+        f"compat-hook: {f}: modee: unknown key (did you mean mode?)",
+        f"compat-hook: {f}: compat_dirs[1]: must be an absolute path, got 'rel'",
+        f"compat-hook: {f}: host_driver_version: not a version (quote it: \"550.54.15\"), got 'banana'",
+    ]
+
+
 def test_config_check_missing_file_names_it(tmp_path):
     f = tmp_path / "nope.yaml"
     assert _one_line_exit_2(_run("config", "--check", str(f))) == f"compat-hook: {f}: no such file"
