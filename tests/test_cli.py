@@ -322,3 +322,39 @@ def test_install_options_map_to_the_engine_and_compat_hook_configs(verb):
     ns = _parser().parse_args([verb, "containerd", "--engine-config", "/e.toml", "--hook-config", "/c.yaml"])
     o = Options.from_namespace(ns)
     assert (o.config, o.hook_config) == ("/e.toml", "/c.yaml")
+
+
+# -- the host driver is shown as the driver spells it (535.183.01, never 535.183.1) ----------
+
+_LINE_01 = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024\n"
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+
+
+def test_driver_version_keeps_its_zero_padding_in_explain_plan_and_the_log(tmp_path):
+    from tests.support import hostile as h
+
+    env = h.make_hook_env(tmp_path / "env")
+    (env.host_root / "proc/driver/nvidia/version").write_text(_LINE_01)
+    bundle = tmp_path / "bundle"
+    rootfs = h.base_rootfs(bundle / "rootfs")
+    (bundle / "config.json").write_text(json.dumps({
+        "ociVersion": "1.0.2", "root": {"path": "rootfs"},
+        "process": {"args": ["/bin/true"], "env": ["NVIDIA_VISIBLE_DEVICES=all"], "cwd": "/"}}))
+    outputs = {}
+    for name, argv in {
+        "explain --json": ["explain", "--rootfs", str(rootfs), "--json"],
+        "explain": ["explain", "--rootfs", str(rootfs)],
+        "plan --json": ["plan", str(rootfs), "--driver", "580.65.06", "--json"],
+        "plan": ["plan", str(rootfs), "--driver", "580.65.06"],
+    }.items():
+        p = _run(*argv, "--host-root", str(env.host_root), "--config", str(env.config))
+        assert p.returncode == 0, (name, p.stderr)
+        outputs[name] = p.stdout
+    res = h.run_hook(env.entry, h.state_json(bundle), cwd=rootfs)
+    assert res.rc == 0, res
+    [rec] = env.log_records()
+    outputs["hook log"] = json.dumps(rec)
+    for name, text in outputs.items():
+        assert "535.183.01" in text, (name, text)
+        assert "535.183.1" not in text.replace("535.183.01", ""), (name, text)
+    assert json.loads(outputs["explain --json"])["details"]["host_driver"] == "535.183.01"
