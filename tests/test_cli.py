@@ -358,3 +358,12 @@ def test_driver_version_keeps_its_zero_padding_in_explain_plan_and_the_log(tmp_p
         assert "535.183.01" in text, (name, text)
         assert "535.183.1" not in text.replace("535.183.01", ""), (name, text)
     assert json.loads(outputs["explain --json"])["details"]["host_driver"] == "535.183.01"
+
+
+def test_explain_rootfs_says_the_gpu_is_assumed_without_doubled_parentheses(tmp_path):
+    p = _explain(tmp_path)
+    assert p.returncode == 0, p.stderr
+    p = _run("explain", "--rootfs", str(tmp_path / "rootfs"), "--host-root", str(tmp_path / "host"))
+    [line] = [ln for ln in p.stdout.splitlines() if "GPU requested" in ln]
+    assert line.strip() == "GPU requested: yes, assumed (--rootfs)", line
+    assert "((" not in p.stdout and "))" not in p.stdout
