@@ -367,3 +367,12 @@ def test_explain_rootfs_says_the_gpu_is_assumed_without_doubled_parentheses(tmp_
     [line] = [ln for ln in p.stdout.splitlines() if "GPU requested" in ln]
     assert line.strip() == "GPU requested: yes, assumed (--rootfs)", line
     assert "((" not in p.stdout and "))" not in p.stdout
+
+
+def test_man_page_names_the_engine_config_flag():
+    man = (pathlib.Path(__file__).resolve().parent.parent / "packaging/man/compat-hook.8").read_text()
+    synopsis = man.split(".SH DESCRIPTION")[0]
+    install = synopsis.split('.BR "compat-hook install"')[1].split(".br")[0]
+    assert "\\-\\-engine\\-config" in install and "\\-\\-config\n" not in install
+    options = man.split(".SH OPTIONS")[1]
+    assert ".BI \\-\\-engine\\-config" in options and "deprecated alias" in options
