@@ -57,6 +57,10 @@ def entry() -> None:
     sys.exit(status)
 
 
+#: --config means compat-hook's own configuration in every command (install/uninstall: --hook-config).
+_CONFIG_HELP = "compat-hook's configuration (default: $COMPAT_HOOK_CONFIG, else /etc/compat-hook/config.yaml)"
+
+
 def _parser():
     import argparse
 
@@ -80,7 +84,7 @@ def _parser():
     e.add_argument("--host-root", metavar="DIR", help="read host facts under DIR (default /)")
     e.add_argument("--host-driver-version", metavar="V", help="assume this host kernel driver version")
     e.add_argument("--host-cuda-version", metavar="V", help="assume this host CUDA version (Tegra path)")
-    e.add_argument("--config", metavar="FILE")
+    e.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
     e.add_argument("--json", action="store_true", help="print one JSON object")
 
     pl = sub.add_parser("plan", help="predict each image's outcome on a target driver before an upgrade")
@@ -99,7 +103,7 @@ def _parser():
     pl.add_argument("--store", metavar="DIR", help="the host compat store to consider (default: the config's)")
     pl.add_argument("--address", metavar="SOCKET", help="containerd's socket for containerd: sources")
     pl.add_argument("--namespace", metavar="NS", default="k8s.io", help="containerd namespace (default k8s.io)")
-    pl.add_argument("--config", metavar="FILE")
+    pl.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--fail-on", choices=("broken", "change"),
                     help="exit 3 when an image is broken after the upgrade (broken) or any outcome changes")
@@ -110,7 +114,7 @@ def _parser():
                          "its rotated siblings FILE.1, FILE.2.gz ... are read too")
     rp.add_argument("--no-rotated", action="store_true", help="read only the files named")
     rp.add_argument("--since", metavar="TIME", help="only records from TIME on: ISO 8601, or an age (30m, 2h, 3d)")
-    rp.add_argument("--config", metavar="FILE")
+    rp.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
     rp.add_argument("--json", action="store_true", help="print one JSON object")
     rp.add_argument("--fail-on", choices=("failures",), help="exit 3 when any record is a failure (decision error)")
 
@@ -119,7 +123,9 @@ def _parser():
     he = sub.add_parser("hook-entry", help="print the OCI hook entry (path, args, env, timeout) as JSON")
     he.add_argument("--stage", default="createContainer",
                     choices=("prestart", "createRuntime", "createContainer"))
-    he.add_argument("--config", metavar="FILE")
+    he.add_argument("--config", metavar="FILE",
+                    help="compat-hook's configuration the entry names (default: none named; the hook "
+                         "then reads /etc/compat-hook/config.yaml, never $COMPAT_HOOK_CONFIG)")
     he.add_argument("--state-dir", metavar="DIR")
     he.add_argument("--format", default="oci", choices=("oci", "cdi", "hooks.d"),
                     help="oci: a config.json hooks entry; cdi: a CDI containerEdits hook; hooks.d: a whole hooks.d file")
@@ -139,7 +145,7 @@ def _parser():
     sr = ssub.add_parser("remove", help="remove a stored package")
     sr.add_argument("version")
     for x in (sa, sr, ssub.choices["list"]):
-        x.add_argument("--config", metavar="FILE")
+        x.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
         x.add_argument("--store-dir", metavar="DIR")
         x.add_argument("--json", action="store_true")
 
@@ -154,8 +160,8 @@ _INSTALL_TEXT = {
         help="register compat-hook with an engine",
         description="Register compat-hook with a container engine: the runtime wrapper (containerd, "
                     "Docker, CRI-O runtime handler), the hooks.d file (Podman, CRI-O) or the NVIDIA "
-                    "toolkit's runtime chain. Every file it changes is backed up first; --dry-run "
-                    "prints the diff. Restart the engine afterwards (not Podman)."),
+                    "toolkit's runtime chain. A file that may hold other settings is backed up "
+                    "first; --dry-run prints the diff. Restart the engine afterwards (not Podman)."),
     "uninstall": dict(
         help="undo install for an engine",
         description="Undo `compat-hook install` for a container engine: put back what install changed "
