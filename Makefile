@@ -5,6 +5,7 @@
 #   make test-only - the whole suite without (re)installing packages
 #   make bench  - run the benchmarks (benchmarks/README.md)
 #   make deb    - build dist/compat-hook_<version>_all.deb
+#   make wheel  - build dist/compat_hook-<version>-py3-none-any.whl (pip install it, in a venv)
 
 PY ?= /usr/bin/python3
 APT ?= DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0
@@ -18,7 +19,11 @@ TEST_DEPS = $(DEMO_DEPS) python3-pytest python3-hypothesis crun containerd docke
 	hyperfine jq gcc libc6-dev util-linux dpkg-dev lintian debian-archive-keyring \
 	python3-grpcio python3-grpc-tools python3-venv python3-pip ca-certificates zstd python3-zstandard
 
-.PHONY: deps-demo deps-test demo test test-only test-fast bench deb clean
+# What `make wheel` needs: pip and the build backend, Debian's (no download, no build isolation).
+WHEEL_DEPS = python3-pip python3-setuptools python3-wheel
+WHEEL_OUT ?= dist
+
+.PHONY: deps-demo deps-test deps-wheel demo test test-only test-fast bench deb wheel clean
 
 deps-demo:
 	@$(PY) -c 'import yaml, elftools' 2>/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] || \
@@ -43,6 +48,16 @@ test-only:
 # No real containers or daemons (marker `containers`) and nothing slow (marker `slow`).
 test-fast:
 	$(PY) -m pytest -ra -p no:cacheprovider -m "not containers and not slow"
+
+deps-wheel:
+	@$(PY) -c 'import pip, setuptools, wheel' 2>/dev/null || \
+	  { $(APT) update && $(APT) install --no-install-recommends --no-upgrade $(WHEEL_DEPS); }
+
+# Offline: the build backend is the system's setuptools (pyproject.toml asks for >= 61).
+# setuptools builds in the tree; its build/ and egg-info are removed afterwards.
+wheel: deps-wheel
+	$(PY) -m pip wheel --no-deps --no-build-isolation --no-index -w $(WHEEL_OUT) .
+	rm -rf build compat_hook.egg-info
 
 bench:
 	$(PY) benchmarks/run.py

@@ -57,6 +57,10 @@ def entry() -> None:
     sys.exit(status)
 
 
+#: --config means compat-hook's own configuration in every command (install/uninstall: --hook-config).
+_CONFIG_HELP = "compat-hook's configuration (default: $COMPAT_HOOK_CONFIG, else /etc/compat-hook/config.yaml)"
+
+
 def _parser():
     import argparse
 
@@ -80,7 +84,7 @@ def _parser():
     e.add_argument("--host-root", metavar="DIR", help="read host facts under DIR (default /)")
     e.add_argument("--host-driver-version", metavar="V", help="assume this host kernel driver version")
     e.add_argument("--host-cuda-version", metavar="V", help="assume this host CUDA version (Tegra path)")
-    e.add_argument("--config", metavar="FILE")
+    e.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
     e.add_argument("--json", action="store_true", help="print one JSON object")
 
     pl = sub.add_parser("plan", help="predict each image's outcome on a target driver before an upgrade")
@@ -101,7 +105,7 @@ def _parser():
                     help="containerd's socket for containerd: sources (default: $CONTAINERD_ADDRESS, else the "
                          "first of /run/containerd, k3s/RKE2's and microk8s's sockets that exists)")
     pl.add_argument("--namespace", metavar="NS", default="k8s.io", help="containerd namespace (default k8s.io)")
-    pl.add_argument("--config", metavar="FILE")
+    pl.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--fail-on", choices=("broken", "change"),
                     help="exit 3 when an image is broken after the upgrade (broken) or any outcome changes; "
@@ -115,7 +119,7 @@ def _parser():
                          "its rotated siblings FILE.1, FILE.2.gz ... are read too")
     rp.add_argument("--no-rotated", action="store_true", help="read only the files named")
     rp.add_argument("--since", metavar="TIME", help="only records from TIME on: ISO 8601, or an age (30m, 2h, 3d)")
-    rp.add_argument("--config", metavar="FILE")
+    rp.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
     rp.add_argument("--json", action="store_true", help="print one JSON object")
     rp.add_argument("--fail-on", choices=("failures",), help="exit 3 when any record is a failure (decision error)")
 
@@ -124,7 +128,9 @@ def _parser():
     he = sub.add_parser("hook-entry", help="print the OCI hook entry (path, args, env, timeout) as JSON")
     he.add_argument("--stage", default="createContainer",
                     choices=("prestart", "createRuntime", "createContainer"))
-    he.add_argument("--config", metavar="FILE")
+    he.add_argument("--config", metavar="FILE",
+                    help="compat-hook's configuration the entry names (default: none named; the hook "
+                         "then reads /etc/compat-hook/config.yaml, never $COMPAT_HOOK_CONFIG)")
     he.add_argument("--state-dir", metavar="DIR")
     he.add_argument("--format", default="oci", choices=("oci", "cdi", "hooks.d"),
                     help="oci: a config.json hooks entry; cdi: a CDI containerEdits hook; hooks.d: a whole hooks.d file")
@@ -144,39 +150,90 @@ def _parser():
     sr = ssub.add_parser("remove", help="remove a stored package")
     sr.add_argument("version")
     for x in (sa, sr, ssub.choices["list"]):
-        x.add_argument("--config", metavar="FILE")
+        x.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
         x.add_argument("--store-dir", metavar="DIR")
         x.add_argument("--json", action="store_true")
 
     for verb in ("install", "uninstall"):
-        i = sub.add_parser(verb, help=f"{verb} the registration for an engine")
-        i.add_argument("engine", choices=("containerd", "podman", "crio", "docker", "nvidia-toolkit"),
-                       help="the engine whose configuration gets the registration")
-        i.add_argument("--config", metavar="PATH", help="the engine's config file")
-        i.add_argument("--hook-config", metavar="FILE", help="compat-hook's own config for the registered entry")
-        i.add_argument("--runtime-name", default="cuda-compat",
-                       help="containerd/CRI-O runtime handler (the RuntimeClass handler), Docker runtime name")
-        i.add_argument("--set-as-default", action="store_true",
-                       help="also make it the engine's default runtime (containerd, CRI-O, Docker)")
-        i.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
-        i.add_argument("--via", choices=("wrapper", "base-spec"), default="wrapper",
-                       help="containerd: the runtime wrapper as BinaryName (default), or the hook in a "
-                            "base_runtime_spec (app containers only)")
-        i.add_argument("--hooks-dir", metavar="DIR",
-                       help="Podman/CRI-O: where the hooks.d file goes (default /usr/share/containers/oci/hooks.d)")
-        i.add_argument("--wrapper-path", metavar="PATH",
-                       help="where the runtime wrapper is written (default: the Debian package's when it is "
-                            "installed, else /usr/local/libexec/compat-hook/compat-hook-runtime)")
-        i.add_argument("--state-dir", metavar="DIR",
-                       help="state dir (cache) for the registered hook entry / wrapper (default /var/lib/compat-hook)")
-        i.add_argument("--toolkit-config", metavar="PATH|none",
-                       help="containerd, Docker: also register under this NVIDIA toolkit config.toml "
-                            "(default: /etc/nvidia-container-runtime/config.toml and the GPU Operator's, "
-                            "where they exist; none: do not)")
-        i.add_argument("--config-source", choices=("auto", "file", "command"), default="auto",
-                       help="containerd: read the current config with `containerd config dump` "
-                            "(command), from the files (file), or command when containerd is installed (auto)")
+        _install_options(sub.add_parser(verb, **_INSTALL_TEXT[verb]), verb)
     return p
+
+
+#: The two verbs share their options but not their text.
+_INSTALL_TEXT = {
+    "install": dict(
+        help="register compat-hook with an engine",
+        description="Register compat-hook with a container engine: the runtime wrapper (containerd, "
+                    "Docker, CRI-O runtime handler), the hooks.d file (Podman, CRI-O) or the NVIDIA "
+                    "toolkit's runtime chain. A file that may hold other settings is backed up "
+                    "first; --dry-run prints the diff. Restart the engine afterwards (not Podman)."),
+    "uninstall": dict(
+        help="undo install for an engine",
+        description="Undo `compat-hook install` for a container engine: put back what install changed "
+                    "in the engine's configuration and remove what it created (the wrapper, drop-in or "
+                    "hooks.d file, backups of files it created, its empty dirs). Give the same options "
+                    "as at install (--engine-config, --runtime-name, --hooks-dir, --wrapper-path). "
+                    "Restart the engine afterwards (not Podman)."),
+}
+
+
+def _install_options(i, verb: str) -> None:
+    """The options of ``install`` and ``uninstall`` (``verb``), which take the same ones."""
+    done = "gets" if verb == "install" else "loses"
+    i.add_argument("engine", choices=("containerd", "podman", "crio", "docker", "nvidia-toolkit"),
+                   help=f"the engine whose configuration {done} the registration")
+    # --config is compat-hook's own config in every other command; here it used to be the
+    # engine's file. It stays, for one release, as a deprecated alias of --engine-config.
+    # dest "config" is the engine's file in install.Options.
+    eng = i.add_mutually_exclusive_group()
+    eng.add_argument("--engine-config", dest="config", metavar="PATH",
+                     help="the engine's config file (containerd config.toml, Docker daemon.json, the "
+                          "CRI-O drop-in, Podman's hooks.d file, the NVIDIA toolkit's config.toml; "
+                          "default: the engine's own)")
+    eng.add_argument("--config", dest="config", metavar="PATH", action=_deprecated_alias_action(),
+                     help="deprecated alias of --engine-config (this release only); "
+                          "compat-hook's own config is --hook-config")
+    i.add_argument("--hook-config", metavar="FILE",
+                   help="compat-hook's own config for the registered entry (default "
+                        "/etc/compat-hook/config.yaml; what --config means in the other commands)")
+    i.add_argument("--runtime-name", default="cuda-compat",
+                   help="containerd/CRI-O runtime handler (the RuntimeClass handler), Docker runtime name")
+    i.add_argument("--set-as-default", action="store_true",
+                   help="also make it the engine's default runtime (containerd, CRI-O, Docker)" if verb == "install"
+                   else "install's option, accepted here: uninstall takes back a default runtime that "
+                        "names this runtime whether or not it is given")
+    i.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
+    i.add_argument("--via", choices=("wrapper", "base-spec"), default="wrapper",
+                   help="containerd: the runtime wrapper as BinaryName (default), or the hook in a "
+                        "base_runtime_spec (app containers only)")
+    i.add_argument("--hooks-dir", metavar="DIR",
+                   help="Podman/CRI-O: where the hooks.d file goes (default /usr/share/containers/oci/hooks.d)")
+    i.add_argument("--wrapper-path", metavar="PATH",
+                   help="where the runtime wrapper is written (default: the Debian package's when it is "
+                        "installed, else /usr/local/libexec/compat-hook/compat-hook-runtime)")
+    i.add_argument("--state-dir", metavar="DIR",
+                   help="state dir (cache) for the registered hook entry / wrapper (default /var/lib/compat-hook)")
+    i.add_argument("--toolkit-config", metavar="PATH|none",
+                   help="containerd, Docker: also register under this NVIDIA toolkit config.toml "
+                        "(default: /etc/nvidia-container-runtime/config.toml and the GPU Operator's, "
+                        "where they exist; none: do not)")
+    i.add_argument("--config-source", choices=("auto", "file", "command"), default="auto",
+                   help="containerd: read the current config with `containerd config dump` "
+                        "(command), from the files (file), or command when containerd is installed (auto)")
+
+
+def _deprecated_alias_action():
+    import argparse
+
+    class DeprecatedAlias(argparse._StoreAction):
+        """Store like the flag it stands for, with a one-line notice on stderr."""
+
+        def __call__(self, parser, namespace, values, option_string=None):
+            sys.stderr.write(f"compat-hook: {option_string} of {parser.prog.split()[-1]} is deprecated: "
+                             f"use --engine-config (compat-hook's own config is --hook-config)\n")
+            super().__call__(parser, namespace, values, option_string)
+
+    return DeprecatedAlias
 
 
 def _main(argv: list) -> int:
@@ -311,11 +368,12 @@ def _cmd_config(args) -> int:
         try:
             cfg = _config.load(args.check)
         except _config.ConfigError as e:
-            # load() names the file for read and YAML errors, only the key for a bad value.
-            msg = str(e)
-            if not msg.startswith(args.check + ": "):
-                raise _config.ConfigError(f"{args.check}: {msg}") from None
-            raise
+            # Every problem, one a line. load() names the file for read and YAML
+            # errors, only the key for a bad value.
+            for msg in _config.error_lines(e):
+                prefix = "" if msg.startswith(args.check + ": ") else args.check + ": "
+                sys.stderr.write(f"compat-hook: {prefix}{msg}\n")
+            return EXIT_USAGE
         sys.stdout.write(jsonfast.dumps(cfg.to_dict(), indent=2) + "\n")
         # What install would say: settings that cannot take effect on a registration path.
         from .install.checks import problems

@@ -3,16 +3,16 @@
 The file is YAML (``/etc/compat-hook/config.yaml``; ``--config`` or the
 ``COMPAT_HOOK_CONFIG`` variable override it). A missing *default* file means
 defaults; a missing explicit file is an error. Unknown keys and bad values are
-rejected with the key's path:
+rejected, every one of them, each with its key's path:
 
 >>> from_mapping({"mode": "ldconfig", "compat_dirs": ["/usr/local/cuda/compat", "rel"]})
 Traceback (most recent call last):
     ...
-compat_hook.errors.ConfigError: compat_dirs[1]: must be an absolute path, got 'rel'
->>> from_mapping({"modee": "env"})
+compat_hook.config.ConfigErrors: compat_dirs[1]: must be an absolute path, got 'rel'
+>>> from_mapping({"modee": "env", "mode": "nope"})
 Traceback (most recent call last):
     ...
-compat_hook.errors.ConfigError: modee: unknown key (did you mean mode?)
+compat_hook.config.ConfigErrors: modee: unknown key (did you mean mode?); mode: must be one of ldconfig, env, both, got 'nope'
 >>> from_mapping({}).mode
 'ldconfig'
 
@@ -29,7 +29,7 @@ import os
 from . import __version__
 from .errors import ConfigError
 
-__all__ = ["Config", "ConfigError", "DEFAULT_PATH", "DEFAULT_STATE_DIR", "load", "from_mapping",
+__all__ = ["Config", "ConfigError", "ConfigErrors", "error_lines", "DEFAULT_PATH", "DEFAULT_STATE_DIR", "load", "from_mapping",
            "config_path"]
 
 DEFAULT_PATH = "/etc/compat-hook/config.yaml"
@@ -76,11 +76,17 @@ def _positive_number(v, where):
 def _path_list(v, where):
     if not isinstance(v, list) or not v:
         raise ConfigError(f"{where}: must be a non-empty list of absolute paths, got {v!r}")
-    out = []
+    out, errors = [], []
     for i, item in enumerate(v):
-        p = _abs_path(item, f"{where}[{i}]")
+        try:
+            p = _abs_path(item, f"{where}[{i}]")
+        except ConfigError as e:
+            errors.append(str(e))  # every bad item, not only the first
+            continue
         if p not in out:
             out.append(p)
+    if errors:
+        raise ConfigErrors(errors)
     return out
 
 
@@ -154,6 +160,27 @@ SCHEMA = {
 }
 
 
+class ConfigErrors(ConfigError):
+    """Every problem :func:`from_mapping` found, each a line starting with its key path.
+
+    ``str()`` joins them with ``"; "`` so the error stays one line (a log
+    line, a command's error); ``config --check`` prints :attr:`errors` one a line.
+
+    >>> e = ConfigErrors(["mode: bad", "modee: unknown key"])
+    >>> str(e), e.errors
+    ('mode: bad; modee: unknown key', ['mode: bad', 'modee: unknown key'])
+    """
+
+    def __init__(self, errors: list) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = list(errors)
+
+
+def error_lines(e: ConfigError) -> list:
+    """The lines of a configuration error: each problem of a :class:`ConfigErrors`, else the one."""
+    return list(e.errors) if isinstance(e, ConfigErrors) else [str(e)]
+
+
 class Config:
     """Validated settings; attribute per key of :data:`SCHEMA`."""
 
@@ -178,19 +205,26 @@ def from_mapping(data, source: str | None = None) -> Config:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"(top level): must be a mapping of keys, got {type(data).__name__}")
-    for k in data:
+        raise ConfigErrors([f"(top level): must be a mapping of keys, got {type(data).__name__}"])
+    values, errors = {}, []
+    for k, v in data.items():  # in the file's order, so the errors are too
         if k not in SCHEMA:
             import difflib
 
             close = difflib.get_close_matches(str(k), list(SCHEMA), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"{k}: unknown key{hint}")
-    values = {}
-    for k, (default, check, _) in SCHEMA.items():
-        if k in data:
-            values[k] = check(data[k], k)
-        else:
+            errors.append(f"{k}: unknown key{hint}")
+            continue
+        try:
+            values[k] = SCHEMA[k][1](v, k)
+        except ConfigErrors as e:
+            errors += e.errors
+        except ConfigError as e:
+            errors.append(str(e))
+    if errors:
+        raise ConfigErrors(errors)
+    for k, (default, _, _) in SCHEMA.items():
+        if k not in values:
             values[k] = (list(default) if isinstance(default, list)
                          else dict(default) if isinstance(default, dict) else default)
     return Config(values, source)

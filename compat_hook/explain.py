@@ -153,7 +153,7 @@ def render_text(report: dict) -> str:
     for n in img["notes"]:
         out.append(f"  note: {n}")
     out.append("container:")
-    out.append(f"  GPU requested: {'yes' if req['gpu_requested'] else 'no'} ({req['gpu_reason']})")
+    out.append(f"  GPU requested: {'yes' if req['gpu_requested'] else 'no'}, {req['gpu_reason']}")
     if req["disabled"]:
         out.append(f"  opted out: {req['disabled_reason']}")
     if req["required_cuda"]:

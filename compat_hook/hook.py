@@ -26,6 +26,35 @@ __all__ = ["main", "run"]
 STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 
 
+HELP = f"""\
+usage: compat-hook hook [--config FILE] [--stage STAGE] [--state-dir DIR] [--dry-run]
+                        [--host-root DIR] [--host-driver-version V]
+
+The OCI hook. A container engine runs it at container start with the container's
+state JSON on stdin; it decides whether the image's compat driver is used, makes
+it so, and appends one JSON line to the log. `compat-hook hook-entry` prints the
+entry to register; `compat-hook explain` shows a decision without a container.
+
+options:
+  --config FILE          compat-hook's configuration (default /etc/compat-hook/config.yaml;
+                         never taken from the environment)
+  --stage STAGE          the stage it is registered at: {', '.join(STAGES[:3])}
+  --state-dir DIR        the cache dir (default /var/lib/compat-hook)
+  --dry-run              log the decision and the edits it would make; change nothing
+  --host-root DIR        read host facts under DIR (default /; for testing)
+  --host-driver-version V
+                         assume this host kernel driver version (for testing)
+  -h, --help             show this help and exit (nothing is read or logged)
+
+exit status: 0 a decision was carried out, or any failure with on_error: continue
+(the container starts without compat); 1 a failure with on_error: fail; 2 bad usage.
+"""
+
+
+class HelpRequested(Exception):
+    """``-h``/``--help``: print :data:`HELP`; not a run, so nothing is logged."""
+
+
 def _parse(argv: list) -> dict:
     # Hand-rolled: argparse costs ~5 ms to import, a third of the budget.
     opts = {"config": None, "stage": None, "state_dir": None, "dry_run": False,
@@ -43,8 +72,7 @@ def _parse(argv: list) -> dict:
                     raise UsageError(f"{key} needs a value")
             opts[name] = val
         elif a in ("-h", "--help"):
-            raise UsageError("usage: compat-hook hook [--config FILE] [--stage STAGE] "
-                             "[--state-dir DIR] [--dry-run]  (OCI state JSON on stdin)")
+            raise HelpRequested()
         else:
             raise UsageError(f"unknown argument: {a}")
     if opts["stage"] is not None and opts["stage"] not in STAGES:
@@ -54,6 +82,8 @@ def _parse(argv: list) -> dict:
 
 def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
     """Do one hook run; returns ``(exit_status, log_record)``. Never raises.
+
+    ``log_record`` is None for ``--help``, which is no run and logs nothing.
 
     The process environment is never read: a runtime that ignores the entry's
     ``env`` hands the hook the image's ``ENV``, and ``COMPAT_HOOK_CONFIG`` /
@@ -68,6 +98,11 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
     config = None
     try:
         opts = _parse(argv)
+    except HelpRequested:
+        # Help is not a container start: no log line (a failure record here
+        # would make `report --fail-on failures` fail), no state, exit 0.
+        sys.stdout.write(HELP)
+        return EXIT_OK, None
     except UsageError as e:
         msg = one_line(str(e))
         record.update(decision="error", reason=e.code, error=msg)

@@ -3,6 +3,11 @@
 NVIDIA versions have one to three numeric parts and keep leading zeros
 (``575.57.08``); they compare as integer tuples, never as strings. Missing
 parts count as zero, as in NVIDIA's toolkit (Masterminds/semver "coerce").
+A parsed version remembers how it was spelled, so it is shown as the driver
+shows it (``535.183.01``, never ``535.183.1``):
+
+>>> format_version(parse_version("535.183.01"), 3)
+'535.183.01'
 
 >>> parse_version("575.57.08") == parse_version("575.57.8")
 True
@@ -29,6 +34,7 @@ from .errors import InvalidVersion
 
 __all__ = [
     "InvalidVersion",
+    "Version",
     "parse_version",
     "try_parse_version",
     "format_version",
@@ -40,11 +46,32 @@ __all__ = [
 _DIGITS = frozenset("0123456789")
 
 
+class Version(tuple):
+    """``(X, Y, Z)`` ints, as a plain tuple compares and hashes, plus :attr:`spelled`.
+
+    ``spelled`` holds the parts as written (``("535", "183", "01")``), which
+    :func:`format_version` shows: leading zeros are part of a driver's name.
+
+    >>> v = Version((535, 183, 1), ("535", "183", "01"))
+    >>> v == (535, 183, 1), v, v.spelled
+    (True, (535, 183, 1), ('535', '183', '01'))
+    """
+
+    def __new__(cls, nums: tuple, spelled: tuple = ()) -> "Version":
+        self = super().__new__(cls, nums)
+        self.spelled = tuple(spelled)
+        return self
+
+    def __getnewargs__(self) -> tuple:  # copy and pickle keep the spelling
+        return tuple(self), self.spelled
+
+
 def parse_version(text: str) -> tuple:
     """Parse ``X``, ``X.Y`` or ``X.Y.Z`` (ASCII digits, leading zeros allowed).
 
-    Returns a 3-tuple of ints, missing parts as 0. Surrounding whitespace is
-    ignored; anything else raises :class:`InvalidVersion`.
+    Returns a 3-tuple of ints (a :class:`Version`, which remembers the spelling),
+    missing parts as 0. Surrounding whitespace is ignored; anything else raises
+    :class:`InvalidVersion`.
     """
     if not isinstance(text, str):
         raise InvalidVersion(f"not a version string: {text!r}")
@@ -56,7 +83,7 @@ def parse_version(text: str) -> tuple:
     nums = [int(p) for p in parts]
     while len(nums) < 3:
         nums.append(0)
-    return (nums[0], nums[1], nums[2])
+    return Version((nums[0], nums[1], nums[2]), parts)
 
 
 def try_parse_version(text) -> tuple | None:
@@ -70,22 +97,29 @@ def try_parse_version(text) -> tuple | None:
 def format_version(version: tuple | None, parts: int = 0) -> str | None:
     """Render a version tuple; ``parts=0`` drops trailing zero parts past two.
 
+    Each part is shown as it was spelled when the tuple came from
+    :func:`parse_version` (leading zeros kept), else as the number.
+
     >>> format_version((550, 54, 15))
     '550.54.15'
     >>> format_version((12, 4, 0))
     '12.4'
     >>> format_version((12, 4, 0), parts=3)
     '12.4.0'
+    >>> format_version(parse_version("575.57.08")), format_version((575, 57, 8))
+    ('575.57.08', '575.57.8')
     """
     if version is None:
         return None
     nums = list(version)
+    spelled = getattr(version, "spelled", ())
+    texts = [spelled[i] if i < len(spelled) else str(n) for i, n in enumerate(nums)]
     if parts:
-        nums = nums[:parts]
+        texts = texts[:parts]
     else:
-        while len(nums) > 2 and nums[-1] == 0:
-            nums.pop()
-    return ".".join(str(n) for n in nums)
+        while len(texts) > 2 and nums[len(texts) - 1] == 0:
+            texts.pop()
+    return ".".join(texts)
 
 
 def decode_cuda_driver_version(value: int) -> tuple:

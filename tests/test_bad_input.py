@@ -215,3 +215,31 @@ def test_error_message_is_one_line_even_for_hostile_names(tmp_path, envs):
     res = h.run_hook(env.entry, ctx.state(), cwd=root)
     rec = _check(res, env, n, rc=1, reason="unsafe_path", stderr_line=True)
     assert "et" in rec["error"]
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_through_the_registered_entry_is_help_not_a_failure(flag, tmp_path):
+    """``hook --help`` prints the usage on stdout, exits 0, logs nothing and writes no state.
+
+    It used to be a usage error: exit 2, ``usage: usage:`` on stderr, and a failure record
+    in the log that made ``report --fail-on failures`` exit 3.
+    """
+    import subprocess
+    import sys
+
+    for mode in ("continue", "fail"):
+        env = h.make_hook_env(tmp_path / mode, on_error=mode)
+        n = len(env.log_lines())
+        state_before = sorted(p.relative_to(env.state_dir) for p in env.state_dir.rglob("*"))
+        res = h.run_hook(env.entry, b"", cwd=tmp_path, args=env.entry["args"] + [flag])
+        assert res.rc == 0 and res.stderr == b"", (mode, res)
+        out = res.stdout.decode()
+        assert out.startswith("usage: compat-hook hook ") and "usage: usage:" not in out, out
+        for word in ("--config", "--stage", "--state-dir", "--dry-run", "stdin", "exit"):
+            assert word in out, (word, out)
+        assert len(env.log_lines()) == n, env.log_records()[n:]
+        assert sorted(p.relative_to(env.state_dir) for p in env.state_dir.rglob("*")) == state_before
+        rep = subprocess.run([sys.executable, "-m", "compat_hook", "report", "--log", str(env.log),
+                              "--fail-on", "failures"], capture_output=True, text=True, timeout=60,
+                             cwd=h.REPO)
+        assert rep.returncode != 3, rep.stdout + rep.stderr

@@ -114,6 +114,19 @@ def test_config_check_error_names_the_file(tmp_path, text, rest):
     assert line.count(str(f)) == 1, line  # named once, also where load() already names it
 
 
+def test_config_check_reports_every_error_one_line_each(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("mode: nope\nmodee: env\ncompat_dirs: [/ok, rel]\nhost_driver_version: banana\n")
+    p = _run("config", "--check", str(f))
+    assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.splitlines() == [
+        f"compat-hook: {f}: mode: must be one of ldconfig, env, both, got 'nope'",
+        f"compat-hook: {f}: modee: unknown key (did you mean mode?)",
+        f"compat-hook: {f}: compat_dirs[1]: must be an absolute path, got 'rel'",
+        f"compat-hook: {f}: host_driver_version: not a version (quote it: \"550.54.15\"), got 'banana'",
+    ]
+
+
 def test_config_check_missing_file_names_it(tmp_path):
     f = tmp_path / "nope.yaml"
     assert _one_line_exit_2(_run("config", "--check", str(f))) == f"compat-hook: {f}: no such file"
@@ -184,3 +197,182 @@ def test_config_check_says_what_cannot_take_effect(tmp_path):
     # the shipped configuration has nothing to say
     shipped = _run("config", "--check", str(pathlib.Path(__file__).resolve().parent.parent / "config/compat-hook.yaml"))
     assert shipped.returncode == 0 and shipped.stderr == ""
+
+
+# -- --help: exit 0, the help on stdout, nothing logged or written -------------------------
+
+HELP_COMMANDS = [[], ["explain"], ["plan"], ["report"], ["hook"], ["hook-entry"], ["demo"], ["config"],
+                 ["store"], ["store", "add"], ["store", "list"], ["store", "remove"],
+                 ["install"], ["uninstall"]]
+
+
+def _help_markers():
+    """Lines a wrongly logged ``hook --help`` would leave in the default log."""
+    try:
+        with open("/var/log/compat-hook.log", errors="replace") as f:
+            return sum("usage: compat-hook hook" in line for line in f)
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("cmd", HELP_COMMANDS, ids=lambda c: "-".join(c) or "top")
+def test_help_exits_0_and_writes_nothing(tmp_path, cmd, flag):
+    import os
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"log_file: {tmp_path}/log\nstore_dir: {tmp_path}/store\n")
+    env = dict(os.environ, COMPAT_HOOK_CONFIG=str(cfg), COMPAT_HOOK_STATE_DIR=str(tmp_path / "state"),
+               PYTHONPATH=str(pathlib.Path(__file__).resolve().parent.parent))
+    extra = ["--config", str(cfg), "--state-dir", str(tmp_path / "state")] if cmd == ["hook"] else []
+    before = _help_markers()
+    p = _run(*cmd, *extra, flag, env=env, cwd=tmp_path)
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    assert p.stderr == "" and "Traceback" not in p.stdout
+    assert p.stdout.startswith("usage: compat-hook" + "".join(" " + c for c in cmd)), p.stdout[:200]
+    assert "usage: usage" not in p.stdout
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["c.yaml"]  # no log, no state, no store
+    assert _help_markers() == before
+
+
+def test_uninstall_help_is_its_own():
+    ins, unins = _run("install", "--help").stdout, _run("uninstall", "--help").stdout
+    assert "usage: compat-hook uninstall" in unins
+    # install's description talks about registering; uninstall's about undoing it
+    assert ins.split("positional arguments")[0].split("\n\n", 1)[1] != \
+        unins.split("positional arguments")[0].split("\n\n", 1)[1], (ins[:400], unins[:400])
+    assert "undo" in unins.split("positional arguments")[0].lower()
+    for flag in ("--dry-run", "--engine-config", "--hook-config"):
+        assert flag in unins and flag in ins
+
+
+@pytest.mark.parametrize("form", ["shell wrapper", "console script"])
+def test_runtime_wrapper_help_is_the_real_runtimes_and_writes_nothing(tmp_path, form):
+    """``compat-hook-runtime --help`` is a non-editing call: the real runtime's help, exit 0, no log."""
+    import os
+    import shutil
+
+    from compat_hook.runtime import render_wrapper
+
+    if shutil.which("runc") is None:
+        pytest.fail("runc is a test dependency (make deps-test)")
+    repo = str(pathlib.Path(__file__).resolve().parent.parent)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"log_file: {tmp_path}/log\nruntime: runc\n")
+    env = dict(os.environ, COMPAT_HOOK_CONFIG=str(cfg), COMPAT_HOOK_STATE_DIR=str(tmp_path / "state"),
+               PYTHONPATH=repo)
+    if form == "shell wrapper":
+        w = tmp_path / "compat-hook-runtime"
+        w.write_text(render_wrapper(str(cfg), python=sys.executable, paths=[repo],
+                                    state_dir=str(tmp_path / "state")))
+        w.chmod(0o755)
+        argv = [str(w), "--help"]
+    else:
+        argv = [sys.executable, "-c", "import sys; from compat_hook.runtime import main; sys.exit(main())",
+                "--help"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "runc" in p.stdout and "Traceback" not in p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == sorted(["c.yaml"] + (["compat-hook-runtime"]
+                                                                              if form == "shell wrapper" else []))
+
+
+# -- --config is compat-hook's own config everywhere; the engine's file is --engine-config --
+
+def _docker_install(tmp_path, flag):
+    daemon = tmp_path / "daemon.json"
+    daemon.write_text('{"log-level": "warn"}\n')
+    p = _run("install", "docker", flag, str(daemon), "--wrapper-path", str(tmp_path / "w"),
+             "--toolkit-config", "none", "--state-dir", str(tmp_path / "state"))
+    return p, json.loads(daemon.read_text())
+
+
+def test_install_engine_config_names_the_engines_file(tmp_path):
+    p, daemon = _docker_install(tmp_path, "--engine-config")
+    assert p.returncode == 0, p.stderr
+    assert "deprecated" not in p.stderr
+    assert daemon["runtimes"]["cuda-compat"]["path"] == str(tmp_path / "w") and daemon["log-level"] == "warn"
+    u = _run("uninstall", "docker", "--engine-config", str(tmp_path / "daemon.json"),
+             "--wrapper-path", str(tmp_path / "w"), "--toolkit-config", "none", "--state-dir", str(tmp_path / "state"))
+    assert u.returncode == 0, u.stderr
+    assert json.loads((tmp_path / "daemon.json").read_text()) == {"log-level": "warn"}
+
+
+def test_install_config_is_a_deprecated_alias_with_a_one_line_notice(tmp_path):
+    p, daemon = _docker_install(tmp_path, "--config")
+    assert p.returncode == 0, p.stderr
+    assert daemon["runtimes"]["cuda-compat"]["path"] == str(tmp_path / "w")
+    notice = [ln for ln in p.stderr.splitlines() if "deprecated" in ln]
+    assert notice == ["compat-hook: --config of install is deprecated: use --engine-config "
+                      "(compat-hook's own config is --hook-config)"], p.stderr
+
+
+def test_install_engine_config_and_its_alias_together_is_bad_usage(tmp_path):
+    p = _run("install", "docker", "--engine-config", str(tmp_path / "a"), "--config", str(tmp_path / "b"),
+             "--dry-run")
+    assert p.returncode == 2 and "not allowed with" in p.stderr.splitlines()[-1], p.stderr
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("verb", ["install", "uninstall"])
+def test_install_options_map_to_the_engine_and_compat_hook_configs(verb):
+    from compat_hook.cli import _parser
+    from compat_hook.install import Options
+
+    ns = _parser().parse_args([verb, "containerd", "--engine-config", "/e.toml", "--hook-config", "/c.yaml"])
+    o = Options.from_namespace(ns)
+    assert (o.config, o.hook_config) == ("/e.toml", "/c.yaml")
+
+
+# -- the host driver is shown as the driver spells it (535.183.01, never 535.183.1) ----------
+
+_LINE_01 = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024\n"
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+
+
+def test_driver_version_keeps_its_zero_padding_in_explain_plan_and_the_log(tmp_path):
+    from tests.support import hostile as h
+
+    env = h.make_hook_env(tmp_path / "env")
+    (env.host_root / "proc/driver/nvidia/version").write_text(_LINE_01)
+    bundle = tmp_path / "bundle"
+    rootfs = h.base_rootfs(bundle / "rootfs")
+    (bundle / "config.json").write_text(json.dumps({
+        "ociVersion": "1.0.2", "root": {"path": "rootfs"},
+        "process": {"args": ["/bin/true"], "env": ["NVIDIA_VISIBLE_DEVICES=all"], "cwd": "/"}}))
+    outputs = {}
+    for name, argv in {
+        "explain --json": ["explain", "--rootfs", str(rootfs), "--json"],
+        "explain": ["explain", "--rootfs", str(rootfs)],
+        "plan --json": ["plan", str(rootfs), "--driver", "580.65.06", "--json"],
+        "plan": ["plan", str(rootfs), "--driver", "580.65.06"],
+    }.items():
+        p = _run(*argv, "--host-root", str(env.host_root), "--config", str(env.config))
+        assert p.returncode == 0, (name, p.stderr)
+        outputs[name] = p.stdout
+    res = h.run_hook(env.entry, h.state_json(bundle), cwd=rootfs)
+    assert res.rc == 0, res
+    [rec] = env.log_records()
+    outputs["hook log"] = json.dumps(rec)
+    for name, text in outputs.items():
+        assert "535.183.01" in text, (name, text)
+        assert "535.183.1" not in text.replace("535.183.01", ""), (name, text)
+    assert json.loads(outputs["explain --json"])["details"]["host_driver"] == "535.183.01"
+
+
+def test_explain_rootfs_says_the_gpu_is_assumed_without_doubled_parentheses(tmp_path):
+    p = _explain(tmp_path)
+    assert p.returncode == 0, p.stderr
+    p = _run("explain", "--rootfs", str(tmp_path / "rootfs"), "--host-root", str(tmp_path / "host"))
+    [line] = [ln for ln in p.stdout.splitlines() if "GPU requested" in ln]
+    assert line.strip() == "GPU requested: yes, assumed (--rootfs)", line
+    assert "((" not in p.stdout and "))" not in p.stdout
+
+
+def test_man_page_names_the_engine_config_flag():
+    man = (pathlib.Path(__file__).resolve().parent.parent / "packaging/man/compat-hook.8").read_text()
+    synopsis = man.split(".SH DESCRIPTION")[0]
+    install = synopsis.split('.BR "compat-hook install"')[1].split(".br")[0]
+    assert "\\-\\-engine\\-config" in install and "\\-\\-config\n" not in install
+    options = man.split(".SH OPTIONS")[1]
+    assert ".BI \\-\\-engine\\-config" in options and "deprecated alias" in options

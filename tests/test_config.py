@@ -103,6 +103,30 @@ def test_unknown_key():
         from_mapping({"zzzz": 1})
 
 
+def test_every_error_is_reported_with_its_key_path():
+    """Not only the first: each unknown key and bad value (and each bad list item), in file order."""
+    data = {"mode": "nope", "modee": "env", "compat_dirs": ["/ok", "rel", 3],
+            "ldconfig_timeout": 0, "on_error": "continue", "zzzz": 1}
+    with pytest.raises(ConfigError) as e:
+        from_mapping(data)
+    assert e.value.errors == [
+        "mode: must be one of ldconfig, env, both, got 'nope'",
+        "modee: unknown key (did you mean mode?)",
+        "compat_dirs[1]: must be an absolute path, got 'rel'",
+        "compat_dirs[2]: must be an absolute path, got 3",
+        "ldconfig_timeout: must be a number of seconds in (0, 3600], got 0",
+        "zzzz: unknown key",
+    ]
+    # the exception's text stays one line (the hook's log line, `explain`'s error)
+    assert str(e.value) == "; ".join(e.value.errors) and "\n" not in str(e.value)
+
+
+def test_one_error_reads_as_before():
+    with pytest.raises(ConfigError) as e:
+        from_mapping({"mode": "nope"})
+    assert e.value.errors == [str(e.value)] == ["mode: must be one of ldconfig, env, both, got 'nope'"]
+
+
 @pytest.mark.parametrize("data", [[1, 2], "mode: env", 3])
 def test_top_level_must_be_a_mapping(data):
     with pytest.raises(ConfigError, match=r"^\(top level\)"):

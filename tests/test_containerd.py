@@ -151,7 +151,7 @@ class Containerd:
         self.main.write_text(MAIN.replace("@W@", str(w)))
         self.dump_before = dump(self.main)
         t = time.monotonic()
-        p = sh(PY, "-m", "compat_hook", "install", "containerd", "--config", self.main,
+        p = sh(PY, "-m", "compat_hook", "install", "containerd", "--engine-config", self.main,
                "--wrapper-path", self.wrapper, "--hook-config", self.hook_config, cwd=REPO)
         self.install_out = p.stdout
         self.dump_after = dump(self.main)
@@ -443,7 +443,7 @@ def test_base_spec_registration(ctrd, tmp_path):
     text = ctrd.main.read_text()
     ctrd.main.write_text(text.replace('        SystemdCgroup = false\n',
                                       f'        SystemdCgroup = false\n        BinaryName = "{dropper}"\n', 1))
-    out = sh(PY, "-m", "compat_hook", "install", "containerd", "--config", ctrd.main, "--via", "base-spec",
+    out = sh(PY, "-m", "compat_hook", "install", "containerd", "--engine-config", ctrd.main, "--via", "base-spec",
              "--wrapper-path", ctrd.wrapper, "--hook-config", ctrd.hook_config, "--state-dir", state, cwd=REPO).stdout
     assert f"removed {ctrd.wrapper}" in out  # the wrapper registration is replaced
     rt_cfg = dump(ctrd.main)["plugins"][CRI]["containerd"]["runtimes"][RUNTIME]

@@ -322,7 +322,7 @@ def test_consumer_brands_are_outside_every_known_device_list():
 def test_branch_unsupported_details_name_the_list():
     d = decide(host("545.23.08"), image(), GPU_REQ, CFG)
     assert d.details["supported"] == [535, 550, 560, 565, 570, 575]
-    assert d.details["host_driver"] == "545.23.8"
+    assert d.details["host_driver"] == "545.23.08"  # as the driver spells it
 
 
 def test_bad_note_warns():

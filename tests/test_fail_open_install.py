@@ -58,7 +58,7 @@ class Registration:
         self.entry = json.loads(_cli(python, site, "hook-entry", "--config", self.cfg,
                                      "--state-dir", base / "state").stdout)
         self.wrapper = base / "bin" / "compat-hook-runtime"
-        out = _cli(python, site, "install", "docker", "--config", base / "daemon.json", "--wrapper-path",
+        out = _cli(python, site, "install", "docker", "--engine-config", base / "daemon.json", "--wrapper-path",
                    self.wrapper, "--hook-config", self.cfg, "--state-dir", base / "state").stdout
         assert f"wrote {self.wrapper}" in out, out
 

@@ -69,7 +69,7 @@ def cli(*args) -> subprocess.CompletedProcess:
 
 def install(main, *extra, verb="install"):
     d = pathlib.Path(main).parent
-    return cli(verb, "containerd", "--config", main, "--wrapper-path", d / "libexec" / "compat-hook-runtime",
+    return cli(verb, "containerd", "--engine-config", main, "--wrapper-path", d / "libexec" / "compat-hook-runtime",
                "--hook-config", d / "compat-hook.yaml", *extra)
 
 

@@ -85,12 +85,12 @@ def test_podman_idempotent_dry_run_and_uninstall(tmp_path, capsys):
 
 def test_podman_config_names_the_file_and_hook_config_change_rewrites(tmp_path, capsys):
     f = tmp_path / "d" / "10-mine.json"
-    assert run(capsys, "install", "podman", "--config", f)[0] == 0
+    assert run(capsys, "install", "podman", "--engine-config", f)[0] == 0
     old = json.loads(f.read_text())
     assert "--config" not in old["hook"]["args"]
     cfg = tmp_path / "c.yaml"
     cfg.write_text("{}\n")
-    code, out, _ = run(capsys, "install", "podman", "--config", f, "--hook-config", cfg)
+    code, out, _ = run(capsys, "install", "podman", "--engine-config", f, "--hook-config", cfg)
     assert code == 0 and "wrote" in out
     assert json.loads(f.read_text())["hook"]["args"][-2:] == ["--config", str(cfg)]
 
@@ -121,7 +121,7 @@ def test_package_owned_file_is_left_to_dpkg(tmp_path, capsys):
     assert (h / "50-compat-hook.json").exists()
     # CRI-O: the packaged hook stays (a note says so), the runtime handler goes.
     dropin, w = tmp_path / "99-compat-hook.toml", tmp_path / "w"
-    crio_args = ["--hooks-dir", h, "--config", dropin, "--wrapper-path", w]
+    crio_args = ["--hooks-dir", h, "--engine-config", dropin, "--wrapper-path", w]
     assert run(capsys, "install", "crio", *crio_args)[0] == 0 and dropin.exists() and w.exists()
     code, out, _ = run(capsys, "uninstall", "crio", *crio_args)
     assert code == 0 and "note:" in out and "apt remove compat-hook" in out
@@ -176,7 +176,7 @@ DAEMON_4 = """{
 
 
 def _docker(capsys, tmp_path, verb, *extra):
-    return run(capsys, verb, "docker", "--config", tmp_path / "daemon.json",
+    return run(capsys, verb, "docker", "--engine-config", tmp_path / "daemon.json",
                "--wrapper-path", tmp_path / "w" / "compat-hook-runtime", *extra)
 
 
@@ -232,10 +232,10 @@ def test_docker_one_line_and_missing_files(tmp_path, capsys):
     assert json.loads(p.read_text())["debug"] is True
 
     q = tmp_path / "new" / "daemon.json"
-    code, _, _ = run(capsys, "install", "docker", "--config", q, "--wrapper-path", tmp_path / "w2")
+    code, _, _ = run(capsys, "install", "docker", "--engine-config", q, "--wrapper-path", tmp_path / "w2")
     assert code == 0 and json.loads(q.read_text()) == {"runtimes": {"cuda-compat": {"path": str(tmp_path / "w2")}}}
     assert q.read_text().startswith('{\n    "runtimes"')
-    code, out, _ = run(capsys, "uninstall", "docker", "--config", tmp_path / "absent.json")
+    code, out, _ = run(capsys, "uninstall", "docker", "--engine-config", tmp_path / "absent.json")
     assert code == 0 and "does not exist" in out
 
 
@@ -301,7 +301,7 @@ def test_rendered_wrapper_runs(tmp_path, capsys):
 
 
 def _crio(capsys, tmp_path, verb, *extra, dropin=None):
-    return run(capsys, verb, "crio", "--config", dropin or tmp_path / "crio.conf.d" / "99-compat-hook.toml",
+    return run(capsys, verb, "crio", "--engine-config", dropin or tmp_path / "crio.conf.d" / "99-compat-hook.toml",
                "--hooks-dir", tmp_path / "hooks.d", "--wrapper-path", tmp_path / "w" / "compat-hook-runtime",
                *extra)
 

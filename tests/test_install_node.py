@@ -59,7 +59,7 @@ def test_containerd_uninstall_leaves_nothing_of_ours(tmp_path):
     etc.mkdir()
     main = etc / "config.toml"  # no main file, no conf.d: install creates both
     wrapper = tmp_path / "libexec" / "compat-hook" / "compat-hook-runtime"
-    args = ["containerd", "--config", main, "--wrapper-path", wrapper, "--state-dir", tmp_path / "state",
+    args = ["containerd", "--engine-config", main, "--wrapper-path", wrapper, "--state-dir", tmp_path / "state",
             "--hook-config", tmp_path / "compat-hook.yaml"]
     before = tree(tmp_path)
     cli("install", *args)
@@ -77,7 +77,7 @@ def test_docker_uninstall_leaves_nothing_of_ours(tmp_path):
     daemon = tmp_path / "docker" / "daemon.json"
     daemon.parent.mkdir()
     wrapper = tmp_path / "libexec" / "compat-hook" / "compat-hook-runtime"
-    args = ["docker", "--config", daemon, "--wrapper-path", wrapper, "--state-dir", tmp_path / "state"]
+    args = ["docker", "--engine-config", daemon, "--wrapper-path", wrapper, "--state-dir", tmp_path / "state"]
     before = tree(tmp_path)
     cli("install", *args)
     assert json.loads(daemon.read_text()) == {"runtimes": {"cuda-compat": {"path": str(wrapper)}}}
@@ -91,7 +91,7 @@ def test_docker_uninstall_leaves_nothing_of_ours(tmp_path):
 def test_docker_uninstall_keeps_the_users_file_and_backup(tmp_path):
     daemon = tmp_path / "daemon.json"
     daemon.write_text('{\n  "log-level": "warn"\n}\n')
-    args = ["docker", "--config", daemon, "--wrapper-path", tmp_path / "compat-hook" / "compat-hook-runtime"]
+    args = ["docker", "--engine-config", daemon, "--wrapper-path", tmp_path / "compat-hook" / "compat-hook-runtime"]
     cli("install", *args)
     out = cli("uninstall", *args).stdout
     assert daemon.read_text() == '{\n  "log-level": "warn"\n}\n'
@@ -113,7 +113,7 @@ def test_crio_state_dir_and_uninstall(tmp_path):
     dropin = tmp_path / "crio.conf.d" / "99-compat-hook.toml"
     hooks = tmp_path / "hooks.d"
     wrapper = tmp_path / "libexec" / "compat-hook" / "compat-hook-runtime"
-    args = ["crio", "--config", dropin, "--hooks-dir", hooks, "--wrapper-path", wrapper,
+    args = ["crio", "--engine-config", dropin, "--hooks-dir", hooks, "--wrapper-path", wrapper,
             "--state-dir", tmp_path / "state"]
     cli("install", *args)
     assert f"ch_state={tmp_path / 'state'}" in wrapper.read_text()
@@ -142,7 +142,7 @@ def test_uninstall_removes_an_empty_state_dir_only(tmp_path):
 def test_a_missing_runtime_is_refused_and_env_mode_on_the_hook_alone_warned(tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("runtime: /nonexistent/nvidia-container-runtime\n")
-    p = cli("install", "docker", "--config", tmp_path / "daemon.json", "--hook-config", cfg,
+    p = cli("install", "docker", "--engine-config", tmp_path / "daemon.json", "--hook-config", cfg,
             "--wrapper-path", tmp_path / "w", check=False)
     assert p.returncode == 1 and p.stderr.count("\n") == 1 and "every container" in p.stderr, p.stderr
     assert not (tmp_path / "daemon.json").exists() and not (tmp_path / "w").exists()
@@ -150,7 +150,7 @@ def test_a_missing_runtime_is_refused_and_env_mode_on_the_hook_alone_warned(tmp_
     cfg.write_text("mode: env\n")
     out = cli("install", "podman", "--hooks-dir", tmp_path / "h", "--hook-config", cfg).stdout
     assert "warning: mode: env" in out and "wrapper" in out, out
-    out = cli("install", "docker", "--config", tmp_path / "daemon.json", "--hook-config", cfg,
+    out = cli("install", "docker", "--engine-config", tmp_path / "daemon.json", "--hook-config", cfg,
               "--wrapper-path", tmp_path / "w").stdout
     assert "warning" not in out, out  # the wrapper applies env mode
 
@@ -166,7 +166,7 @@ def test_on_error_fail_is_carried_into_the_registration(tmp_path):
     args = json.loads((tmp_path / "h" / "50-compat-hook.json").read_text())["hook"]["args"]
     assert args[5] == "--fail-closed" and args[6] == "hook", args
     w = tmp_path / "w"
-    cli("install", "docker", "--config", tmp_path / "daemon.json", "--hook-config", cfg, "--wrapper-path", w)
+    cli("install", "docker", "--engine-config", tmp_path / "daemon.json", "--hook-config", cfg, "--wrapper-path", w)
     assert "ch_fail=1\n" in w.read_text()
     entry = json.loads(cli("hook-entry", "--config", cfg).stdout)
     assert "--fail-closed" in entry["args"]

@@ -63,7 +63,7 @@ class Setup:
         self.state = tmp / "state"
 
     def args(self, *extra) -> list:
-        return ["nvidia-toolkit", "--config", str(self.config), "--hook-config", str(self.hook_config),
+        return ["nvidia-toolkit", "--engine-config", str(self.config), "--hook-config", str(self.hook_config),
                 "--wrapper-path", str(self.wrapper), "--state-dir", str(self.state), *extra]
 
     def install(self, *extra, env=None):
@@ -268,7 +268,7 @@ def test_the_gpu_operators_file_gets_the_lasting_way(tmp_path, toolkit):
 
 def test_the_toolkits_config_variable_is_honoured(tmp_path, toolkit):
     s = Setup(tmp_path, default_config(toolkit))
-    args = [a for a in s.args() if a not in ("--config", str(s.config))]
+    args = [a for a in s.args() if a not in ("--engine-config", str(s.config))]
     p = cli("install", *args, env={"NVIDIA_CTK_CONFIG_FILE_PATH": str(s.config)})
     assert p.returncode == 0, p.stderr
     assert f"note: using $NVIDIA_CTK_CONFIG_FILE_PATH = {s.config}" in p.stdout
@@ -316,7 +316,7 @@ def test_missing_config_and_usage_errors(tmp_path):
     s.config.write_text("")
     p = s.install("--set-as-default")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--set-as-default" in p.stderr
-    assert cli("install", "nvidia-toolkit", "--via", "base-spec", "--config", str(s.config)).returncode == 2
+    assert cli("install", "nvidia-toolkit", "--via", "base-spec", "--engine-config", str(s.config)).returncode == 2
 
 
 # --------------------------------------------------------------------------- a real container
@@ -376,7 +376,7 @@ def test_an_engine_install_registers_under_the_toolkit_it_finds_and_uninstall_un
     s = Setup(tmp_path, default_config(toolkit))
     engine_cfg = tmp_path / ("daemon.json" if engine == "docker" else "containerd/config.toml")
     extra = ["--config-source", "file"] if engine == "containerd" else []
-    base = [engine, "--config", str(engine_cfg), "--hook-config", str(s.hook_config),
+    base = [engine, "--engine-config", str(engine_cfg), "--hook-config", str(s.hook_config),
             "--wrapper-path", str(s.wrapper), "--state-dir", str(s.state), *extra]
     common = [*base, "--toolkit-config", str(s.config)]
     p = cli("install", *common)

@@ -172,7 +172,7 @@ def _containerd(tmp_path_factory, image, bin_dir: str):
     work = tmp_path_factory.mktemp("ctrd")
     node = Node(work)
     daemon = engines.Containerd(work / "daemon", bin_dir=bin_dir, pause_image=f"{IMAGE}:pause")
-    out = compat_hook("install", "containerd", "--config", daemon.main, "--hook-config", node.config,
+    out = compat_hook("install", "containerd", "--engine-config", daemon.main, "--hook-config", node.config,
                       "--state-dir", node.state, "--wrapper-path", node.wrapper)
     assert "restart containerd" in out, out
     daemon.start(OLD)
@@ -255,7 +255,7 @@ def docker(tmp_path_factory, image):
     work = tmp_path_factory.mktemp("docker")
     node = Node(work)
     daemon = engines.Dockerd(work / "daemon")
-    out = compat_hook("install", "docker", "--config", daemon.config, "--hook-config", node.config,
+    out = compat_hook("install", "docker", "--engine-config", daemon.config, "--hook-config", node.config,
                       "--state-dir", node.state, "--wrapper-path", node.wrapper)
     assert "restart the daemon" in out, out
     daemon.start(OLD)

@@ -142,3 +142,33 @@ def test_order_is_tuple_order(a, b):
 def test_leading_zeros_do_not_matter(t, zeros):
     text = ".".join("0" * zeros + str(n) if len(str(n)) + zeros <= 9 else str(n) for n in t)
     assert parse_version(text) == t
+
+
+# -- a driver version is shown as the driver spells it -------------------------------------
+
+@pytest.mark.parametrize("text, parts, shown", [
+    ("535.183.01", 3, "535.183.01"),
+    ("535.183.01", 0, "535.183.01"),
+    ("575.57.08", 2, "575.57"),
+    ("12.4", 3, "12.4.0"),
+    ("550.54.00", 0, "550.54"),
+    ("550.54.00", 3, "550.54.00"),
+    (" 535.183.01\n", 3, "535.183.01"),
+])
+def test_format_keeps_the_parsed_spelling(text, parts, shown):
+    v = parse_version(text)
+    assert format_version(v, parts) == shown
+    assert v == parse_version(text.replace(".0", "."))  # still compares as numbers
+    assert try_parse_version(text) == v and format_version(try_parse_version(text), parts) == shown
+
+
+def test_a_parsed_version_is_still_a_plain_tuple_to_its_users():
+    import copy
+    import json
+    import pickle
+
+    v = parse_version("535.183.01")
+    assert repr(v) == "(535, 183, 1)" and hash(v) == hash((535, 183, 1)) and v == (535, 183, 1)
+    assert v[0] == 535 and v > (535, 183, 0) and json.dumps(v) == "[535, 183, 1]"
+    for w in (copy.copy(v), copy.deepcopy(v), pickle.loads(pickle.dumps(v))):
+        assert w == v and format_version(w, 3) == "535.183.01"

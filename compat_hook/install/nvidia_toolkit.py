@@ -321,7 +321,7 @@ def _read_toolkit_config(path: str) -> tuple:
     text = read_text(path) if os.path.lexists(path) else None
     if text is None:
         raise InstallError(f"{path} does not exist: is the NVIDIA Container Toolkit installed? "
-                           f"(--config PATH, or ${CONFIG_ENV})")
+                           f"(--engine-config PATH, or ${CONFIG_ENV})")
     return text, _parse(text, path)
 
 

@@ -185,7 +185,7 @@ do_install() {
     put_config
     before=$(containerd_sum)
     # shellcheck disable=SC2086 # INSTALL_ARGS is a list of words on purpose
-    compat_hook "$dest" install containerd --config "$CONTAINERD_CONFIG" \
+    compat_hook "$dest" install containerd --engine-config "$CONTAINERD_CONFIG" \
         --runtime-name "$RUNTIME_NAME" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" \
         $INSTALL_ARGS >&2 || die "compat-hook install containerd failed"
     launcher "$dest"
@@ -211,12 +211,12 @@ sync_toolkit() {
         key=$(echo "$cfg" | tr '/' '_')
         sum=$(md5sum < "$HOST_ROOT$cfg")
         [ "$sum" = "$(cat "$TOOLKIT_STATE/$key" 2>/dev/null)" ] && continue
-        if compat_hook "$dest" install nvidia-toolkit --config "$cfg" \
+        if compat_hook "$dest" install nvidia-toolkit --engine-config "$cfg" \
                 --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" >&2; then
             md5sum < "$HOST_ROOT$cfg" > "$TOOLKIT_STATE/$key"
             log "registered under the NVIDIA toolkit's $cfg"
         else
-            log "warning: compat-hook install nvidia-toolkit --config $cfg failed"
+            log "warning: compat-hook install nvidia-toolkit --engine-config $cfg failed"
         fi
     done
 }
@@ -233,11 +233,11 @@ do_uninstall() {
 
     for cfg in $TOOLKIT_CONFIGS; do
         [ -f "$HOST_ROOT$cfg" ] || continue
-        compat_hook "$dest" uninstall nvidia-toolkit --config "$cfg" >&2 ||
-            log "warning: compat-hook uninstall nvidia-toolkit --config $cfg failed"
+        compat_hook "$dest" uninstall nvidia-toolkit --engine-config "$cfg" >&2 ||
+            log "warning: compat-hook uninstall nvidia-toolkit --engine-config $cfg failed"
     done
     rm -rf "$TOOLKIT_STATE"
-    compat_hook "$dest" uninstall containerd --config "$CONTAINERD_CONFIG" \
+    compat_hook "$dest" uninstall containerd --engine-config "$CONTAINERD_CONFIG" \
         --runtime-name "$RUNTIME_NAME" >&2 || die "compat-hook uninstall containerd failed"
     after=$(containerd_sum)
     rm -f "$READY_FILE"
