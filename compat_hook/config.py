@@ -144,7 +144,7 @@ SCHEMA = {
     "dry_run": (False, _bool, "log the decision and the edits it would make; change nothing"),
     "on_error": ("continue", _choice(_ON_ERROR), "continue: a failure lets the container start without compat; fail: it stops the container"),
     "log_file": ("/var/log/compat-hook.log", _opt_abs_path, "one JSON line per run is appended here (null: no log)"),
-    "device_check": ("enforce", _choice(_DEVICE_CHECK), "GPU brand check against the note's device list"),
+    "device_check": ("enforce", _choice(_DEVICE_CHECK), "GPU brand check of the container's GPUs: the note's device list, or NVIDIA's data-center list without one (GeForce/TITAN: never, short of off)"),
     "nvml": ("auto", _choice(_NVML), "auto: use NVML (nvidia-ml-py) when installed; off: never"),
     "store_dir": ("/var/lib/compat-hook/store", _abs_path, "host compat store (compat-hook store add)"),
     "store_inject": (True, _bool, "mount a host-store compat package into images that need one and carry none"),
