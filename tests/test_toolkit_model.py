@@ -211,3 +211,42 @@ def test_would_enable_matches_enable_cuda_compat(tmp_path, name, note, driver, c
     conf_d = rootfs / "etc/ld.so.conf.d"
     wrote = conf_d.is_dir() and any(n.startswith("00-compat-") for n in os.listdir(conf_d))
     assert wrote == predicted, (name, driver, cuda, why, p.stderr)
+
+
+# --------------------------------------------------------------------------- through explain
+
+
+def _explain(rootfs: pathlib.Path, tmp: pathlib.Path, *flags) -> dict:
+    host = tmp / "host"
+    (host / "proc/driver/nvidia").mkdir(parents=True, exist_ok=True)
+    conf = tmp / "config.json"
+    conf.write_text(json.dumps({"host_root": str(host), "nvml": "off", "log_file": None}))
+    p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "explain", "--rootfs", str(rootfs),
+                        "--config", str(conf), "--json", *flags], capture_output=True, text=True, timeout=60,
+                       cwd=str(pathlib.Path(__file__).resolve().parents[1]))
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["toolkit"]
+
+
+@pytest.mark.parametrize("image,host_dir,dropin,alone,by", [
+    ("debian-arm64", ARM_HOST, "cuda-compat.conf", "host", "aarch64-linux-gnu.conf names"),
+    ("ubi8", RHEL_HOST, "cuda-compat.conf", "compat", "cuda-compat.conf names /usr/local/cuda/compat"),
+    ("ubi8", RHEL_HOST, "zzz-cuda-compat.conf", "host", "update-ldcache names it in zz-nvcr-*.conf"),
+    ("ubi8", DEBIAN_HOST, "cuda-compat.conf", "host", "update-ldcache names /usr/lib/x86_64-linux-gnu in 00-nvcr"),
+])
+def test_explain_uses_the_image_layout(tmp_path, image, host_dir, dropin, alone, by):
+    """explain's "toolkit alone" view reads the image's drop-ins and where the host libcuda is mounted
+    (host 555: the toolkit does not enable; only the image's own drop-in can make compat win)."""
+    rootfs = image_tree(tmp_path, image, host_dir, dropin) / "rootfs"
+    (rootfs / host_dir.lstrip("/") / "libcuda.so.535.183.01").rename(
+        rootfs / host_dir.lstrip("/") / "libcuda.so.555.58.02")
+    view = _explain(rootfs, tmp_path, "--host-driver-version", "555.58.02")
+    assert view["alone"]["result"] == alone and by in view["alone"]["by"], view
+
+
+def test_explain_tegra_path_uses_the_host_cuda_version(tmp_path):
+    """No host driver version, a host CUDA version: the toolkit's CSV path, decided on the note's CUDA."""
+    rootfs = tmp_path / "rootfs"
+    lib(rootfs / COMPAT.lstrip("/") / "libcuda.so.1.1", elfgen.NOTE_ORIN)    # note: CUDA 13.2
+    assert _explain(rootfs, tmp_path, "--host-cuda-version", "13.1")["enables"] is True
+    assert _explain(rootfs, tmp_path, "--host-cuda-version", "13.2")["enables"] is False
