@@ -276,6 +276,8 @@ def test_opted_out_or_no_gpu_leaves_the_toolkit_alone(tmp_path, runtime, order, 
     rec = node.record(res)
     assert (rec["decision"], rec["reason"], rec["effect"]) == ("skip", reason, "leave"), rec
     assert rec["actions"] == [], rec
+    if reason == "opt_out":  # the line says what is left alone (no facts are read for a no-GPU start)
+        assert rec["left_alone"].startswith("opt_out: compat-hook leaves"), rec
     assert len(node.toolkit_dropins()) == 1
     assert not (node.rootfs / "etc/ld.so.conf.d/00-00-compat-hook.conf").exists()
 
