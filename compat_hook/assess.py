@@ -246,7 +246,7 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
             "hook at createContainer, or compat-hook's runtime wrapper (compat-hook install "
             "containerd|docker|crio), which takes it off, or remove it from the image")
     if toolkit:
-        _toolkit_view(a)
+        _toolkit_view(a, root)
     return a
 
 
@@ -382,14 +382,21 @@ def _plan_wrapper(a: Assessment, config, spec, known, hook_entry) -> None:
         a.new_spec, a.spec_edits = specedit.plan(spec, **kw)
 
 
-def _toolkit_view(a: Assessment) -> None:
+def _toolkit_view(a: Assessment, root) -> None:
     from . import toolkit
 
     drv = a.host.driver_version if a.host is not None else None
-    enables, why = toolkit.would_enable(a.image, drv) if a.image is not None else (False, "not assessed")
+    # No driver version: the toolkit's Tegra (CSV) path passes NVML's CUDA version instead.
+    cuda = a.host.cuda_version if a.host is not None and drv is None else None
+    enables, why = toolkit.would_enable(a.image, drv, cuda) if a.image is not None else (False, "not assessed")
     has_compat = a.image is not None and a.image.status in ("found", "ambiguous")
+    conf = toolkit.ld_conf(root) if root is not None else {"files": [], "debian_like": False, "arch": None}
+    from .imagefacts import host_lib_dir
+
+    host_dir = (host_lib_dir(root, a.host.driver_text if a.host is not None else None) if root is not None
+                else None) or toolkit.default_host_dir(conf)
     common = dict(has_compat=has_compat, toolkit_enables=enables, dropins=a.dropins,
-                  ld_library_path=a.ld_compat_entries)
+                  ld_library_path=a.ld_compat_entries, host_first=toolkit.host_dir_first(conf, host_dir))
     alone = toolkit.effective(hook_effect=None, wrapper_strips=False, **common)
     # effect "host" counts even where the host library is not in the rootfs
     # yet (explain on a bare rootfs): the NVIDIA runtime mounts it at start.

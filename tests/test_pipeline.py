@@ -9,7 +9,14 @@ root, then:
 * runs the wrapper's ``create`` on a copy of the bundle, with ``runtime: /bin/true`` so only
   the edit happens, and compares config.json before/after with explain's ``effects.wrapper``;
 * runs the hook (``compat-hook hook`` with the state on stdin, in a private mount namespace
-  like createContainer) on another copy and compares the rootfs with ``hook_actions``.
+  like createContainer) on another copy and compares the rootfs with ``hook_actions`` (the
+  drop-in, and whether ldconfig rewrote the ld cache), and the mounts it made, read from that
+  namespace's ``/proc/self/mountinfo`` before the shell holding it exits, with the bind mount
+  and the masks of explain's ``effects.hook``.
+
+The assertions on the log lines (``_wiring_check_*``) are wiring checks: they show the log
+carries what the same assessment planned, not that anything happened; the effect checks look at
+config.json, the rootfs and the mount table themselves.
 """
 
 from __future__ import annotations
@@ -131,6 +138,95 @@ def _spec_changes(before: dict, after: dict) -> list:
     return out
 
 
+def _hook_in_namespace(hb: pathlib.Path, conf: pathlib.Path, state_dir: pathlib.Path):
+    """Run the hook as at createContainer, in a private mount namespace standing in for the
+    container's, and read that namespace's mount table before and after it (before the shell that
+    holds the namespace exits). Returns ``(process, mountinfo before, mountinfo after)``."""
+    state = json.dumps({"ociVersion": "1.0.2", "id": "cid", "status": "creating", "pid": 1, "bundle": str(hb)})
+    before, after = hb.parent / "mountinfo.before", hb.parent / "mountinfo.after"
+    script = ('cat /proc/self/mountinfo > "$1"; shift; after="$1"; shift; "$@"; rc=$?; '
+              'cat /proc/self/mountinfo > "$after"; exit $rc')
+    h = _run(["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", script, "sh", str(before), str(after),
+              PYTHON, "-m", "compat_hook", "hook", "--stage", "createContainer", "--config", str(conf),
+              "--state-dir", str(state_dir)], input=state, env={"PATH": "/usr/bin:/bin"})
+    return h, _mountinfo(before), _mountinfo(after)
+
+
+def _mountinfo(path: pathlib.Path) -> list:
+    """``[(mount id, major:minor, root, mount point, options, fstype)]`` of a saved /proc/self/mountinfo."""
+    out = []
+    for line in path.read_text().splitlines():
+        left, right = line.split(" - ", 1)
+        f = left.split()
+        out.append((f[0], f[2], f[3], f[4], set(f[5].split(",")), right.split()[0]))
+    return out
+
+
+def _observed_hook_mounts(before: list, after: list, rootfs: pathlib.Path) -> list:
+    """The mounts the hook made under ``rootfs``, worded as explain's ``effects.hook`` words them."""
+    ids = {m[0] for m in before}
+    base = str(rootfs.resolve())
+    out = []
+    for mid, dev, root, point, opts, fstype in after:
+        if mid in ids or not (point + "/").startswith(base + "/"):
+            continue
+        inside = point[len(base):] or "/"
+        assert "ro" in opts, (point, opts)  # every mount the hook makes is read-only
+        if fstype == "tmpfs" and root == "/":
+            out.append(f"mask {inside} with an empty read-only tmpfs (createContainer)")
+            continue
+        # a bind mount: map its root back to a host path through a mount of the same device
+        src = [m[3].rstrip("/") + root[len(m[2].rstrip("/")):] for m in before
+               if m[1] == dev and (root + "/").startswith(m[2].rstrip("/") + "/")]
+        out.append(f"bind-mount {min(src, key=len) if src else '?' + root} at {inside} (ro, createContainer)")
+    return out
+
+
+def _planned_hook_mounts(plan: dict, rootfs: pathlib.Path) -> list:
+    """explain's ``effects.hook`` mount and mask lines, targets resolved in the rootfs (as the hook does)."""
+    from compat_hook.rootfs import Root
+
+    out = []
+    with Root(str(rootfs)) as root:
+        for line in plan["effects"]["hook"]:
+            if line.startswith("bind-mount "):
+                src, rest = line[len("bind-mount "):].split(" at ", 1)
+                target = rest.rsplit(" (", 1)[0]
+                try:
+                    target = root.realpath(target)
+                except OSError:
+                    pass  # not there yet: the hook creates it
+                out.append(f"bind-mount {src} at {target} (ro, createContainer)")
+            elif line.startswith("mask "):
+                out.append(line)
+    return out
+
+
+def _wiring_check_wrapper(plan: dict, wrec: dict) -> None:
+    """Wiring check, not an effect: the wrapper's log line carries what explain planned (the same
+    assessment reached both). The effect is checked on config.json itself."""
+    assert (wrec["decision"], wrec["reason"]) == (plan["decision"], plan["reason"])
+    assert wrec["actions"] == plan["effects"]["wrapper"]
+
+
+def _wiring_check_hook(plan: dict, hrec: dict) -> None:
+    """Wiring check, not an effect: the hook's log line carries explain's decision and planned ld cache
+    actions. The effects are checked on the rootfs and in the mount namespace."""
+    assert hrec.get("error") is None, hrec
+    assert (hrec["decision"], hrec["reason"], hrec["effect"]) == (plan["decision"], plan["reason"], plan["effect"])
+    assert hrec["planned"] == [a for a, _ in plan["hook_actions"]]
+
+
+def _effect_check_ld_cache(plan: dict, snap: dict, rootfs: pathlib.Path) -> None:
+    """``refresh the container's ld cache`` planned: ldconfig really rewrote /etc/ld.so.cache; else untouched."""
+    now = snapshot_tree(rootfs).get(b"etc/ld.so.cache")
+    was = snap.get(b"etc/ld.so.cache")
+    if "refresh the container's ld cache (ldconfig -r)" in plan["effects"]["hook"]:
+        assert now is not None and now != was, (was, now)
+    else:
+        assert now == was
+
+
 @pytest.mark.parametrize("image, host, mode, extra", list(_case_ids()))
 def test_explain_plans_what_the_wrapper_and_the_hook_do(tmp_path, image, host, mode, extra):
     src = _bundle(tmp_path / "src", image, host, extra)
@@ -159,23 +255,20 @@ def test_explain_plans_what_the_wrapper_and_the_hook_do(tmp_path, image, host, m
     after = json.loads((wb / "config.json").read_text())
     assert _spec_changes(before, after) == plan["effects"]["wrapper"], (before, after)
     [wrec] = [r for r in _records(log) if r["event"] == "runtime"]
-    assert (wrec["decision"], wrec["reason"]) == (plan["decision"], plan["reason"])
-    assert wrec["actions"] == plan["effects"]["wrapper"]
+    _wiring_check_wrapper(plan, wrec)
 
     # -- the hook, on its own copy, in a private mount namespace (as at createContainer) --
     hb = tmp_path / "hook-bundle"
     shutil.copytree(src, hb, symlinks=True)
     snap = snapshot_tree(hb / "rootfs")
-    state = json.dumps({"ociVersion": "1.0.2", "id": "cid", "status": "creating", "pid": 1,
-                        "bundle": str(hb)})
-    h = _run(["unshare", "-m", "--propagation", "private", PYTHON, "-m", "compat_hook", "hook",
-              "--stage", "createContainer", "--config", str(conf), "--state-dir", str(tmp_path / "state")],
-             input=state, env={"PATH": "/usr/bin:/bin"})
+    h, mounts_before, mounts_after = _hook_in_namespace(hb, conf, tmp_path / "state")
     assert h.returncode == 0, h.stderr
     [hrec] = [r for r in _records(log) if r["event"] == "hook"]
-    assert hrec.get("error") is None, hrec
-    assert (hrec["decision"], hrec["reason"], hrec["effect"]) == (plan["decision"], plan["reason"], plan["effect"])
-    assert hrec["planned"] == [a for a, _ in plan["hook_actions"]]
+    _wiring_check_hook(plan, hrec)
+    # effects.hook's mounts and masks, as the container's mount namespace shows them
+    assert _observed_hook_mounts(mounts_before, mounts_after, hb / "rootfs") == \
+        _planned_hook_mounts(plan, hb / "rootfs"), (plan["effects"]["hook"], hrec["actions"])
+    _effect_check_ld_cache(plan, snap, hb / "rootfs")
     dropin = hb / "rootfs" / ldcache.DROPIN_PATH.lstrip("/")
     written = [arg for act, arg in plan["hook_actions"] if act == "write_dropin"]
     if written:

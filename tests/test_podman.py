@@ -15,6 +15,11 @@ Podman runs with private storage under the test's tmp dir (``--root``,
 mounted), ``--network=none`` and the CI machine's rlimits (section 8:
 ``--ulimit nofile=4096:4096 --ulimit nproc=4096:4096``). The storage is reset
 and removed afterwards, and the test checks that no mount is left under it.
+
+:class:`DebianPodman` is the case a user gets: no engine flags, Debian's
+default runtime (crun) and ``containers.conf``, the hooks.d file in the
+default dir, the default paths shadowed in a private mount namespace (its
+docstring names what cannot be default here, and why).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT_550}"
 PODMAN = shutil.which("podman", path="/usr/bin:/bin") or "/usr/bin/podman"
 UMOCI = shutil.which("umoci", path="/usr/bin:/bin") or "/usr/bin/umoci"
 IMAGE = "localhost/compat-hook-test:latest"
+REPO = pathlib.Path(__file__).resolve().parents[1]
 RUN_FLAGS = ["--network=none", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "HOME": "/root"}
 
@@ -235,3 +241,123 @@ def test_podman_non_gpu_container_and_uninstall(podman, libs, tmp_path, capsys):
     res = podman.run("-e", "NVIDIA_VISIBLE_DEVICES=all", *_host_lib(libs[HOST_535]), IMAGE, hooks_dir=hooks)
     assert res.probe == {"cuDriverGetVersion": "12020", "libcuda": SYS_LIB}, str(res)
     assert len(log_lines(log)) == 1  # the hook did not run
+
+
+# --------------------------------------------------------------------------- Podman as Debian ships it
+
+
+class DebianPodman:
+    """``podman`` with no engine flags at all: Debian 12's defaults, in a private mount namespace.
+
+    What a user gets from ``apt install podman`` and the README's ``compat-hook install podman``:
+    the default runtime (crun), the default ``containers.conf`` (Debian's file at its own path,
+    no ``CONTAINERS_CONF``), the default hooks dir ``/usr/share/containers/oci/hooks.d``, the default
+    storage driver, cgroup manager, events backend and lock type. What cannot be default here, and why:
+
+    * the default *paths* are shadowed, in a mount namespace of the test's own (a holder process
+      made with ``unshare -m``; every command joins it with ``nsenter``), so that nothing of the
+      machine is touched and no other podman on it sees this one's state:
+      ``/usr/share/containers`` is a bind mount of a copy of Debian's (containers.conf and
+      seccomp.json byte for byte; ``compat-hook install podman`` writes ``oci/hooks.d`` into it),
+      ``/var/lib/containers`` (storage) a private dir, ``/run`` (runroot, ``/run/libpod``,
+      crun's state) and ``/dev/shm`` (the SHM lock segment) private tmpfs. A hooks.d file in the
+      machine's real dir would run this test's hook in every other podman container on it;
+    * a machine booted with systemd's "hybrid" cgroup layout (cgroup v1 plus a cgroup2 mount at
+      ``/sys/fs/cgroup/unified``, as CI machines can be): crun 1.8 refuses it ("cgroups in hybrid mode
+      not supported"), so there the namespace unmounts that cgroup2 mount; Debian 12 itself boots
+      with the unified cgroup v2 layout, where nothing is unmounted;
+    * the cgroup manager: containers.conf's default is systemd, which needs a running systemd;
+      this sandbox has none, and podman then picks cgroupfs on its own (asserted below);
+    * the events backend: the default journald needs journald; podman picks ``file`` itself;
+    * ``podman run`` flags: ``--network=none`` (the default network would create a bridge in
+      the machine's network namespace, which the mount namespace does not isolate) and the CI
+      machine's rlimits (``--ulimit``, as the rest of this module);
+    * the hook entry's ``--state-dir`` (compat-hook's ELF cache) is under the test's tmp dir,
+      not ``/var/lib/compat-hook``.
+    """
+
+    def __init__(self) -> None:
+        self.private = pathlib.Path(tempfile.mkdtemp(prefix="chpd-", dir="/tmp"))
+        self.share = self.private / "share"
+        shutil.copytree("/usr/share/containers", self.share, symlinks=True)
+        storage = self.private / "storage"
+        storage.mkdir()
+        script = (f"mount --bind {self.share} /usr/share/containers && "
+                  f"mount --bind {storage} /var/lib/containers && "
+                  "mount -t tmpfs -o mode=0755 run /run && mount -t tmpfs -o mode=1777 shm /dev/shm && "
+                  + (f"umount {rt.CGROUP2_HYBRID} && " if rt.cgroup_hybrid() else "")
+                  + "echo ready && exec sleep 3600")
+        self.holder = subprocess.Popen([rt.UNSHARE, "-m", "--propagation", "private", "/bin/sh", "-c", script],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)
+        ready = self.holder.stdout.readline().strip()
+        if ready != "ready":
+            self.holder.kill()
+            raise AssertionError(f"mount namespace holder: {ready!r} {self.holder.stderr.read()}")
+        self.ns = f"/proc/{self.holder.pid}/ns/mnt"
+
+    def sh(self, *argv, check=True, timeout=120) -> subprocess.CompletedProcess:
+        # joining a mount namespace resets the cwd to its root: name the checkout (python3 -m compat_hook)
+        return sh(["nsenter", f"--mount={self.ns}", f"--wd={REPO}", "--", *argv], check=check, timeout=timeout)
+
+    def podman(self, *args, check=True) -> subprocess.CompletedProcess:
+        return self.sh(PODMAN, *args, check=check)
+
+    def run(self, *args) -> rt.Result:
+        t0 = time.monotonic()
+        p = self.podman("run", "--rm", *RUN_FLAGS, *args, check=False)
+        return rt.Result(p.returncode, p.stdout, p.stderr, "podman", "", time.monotonic() - t0)
+
+    def close(self) -> None:
+        try:
+            self.podman("system", "reset", "-f", check=False)
+        finally:
+            self.holder.kill()
+            self.holder.wait(timeout=30)
+            self.holder.stdout.close()
+            self.holder.stderr.close()
+        leftover = rt.mounts_under(self.private)
+        shutil.rmtree(self.private, ignore_errors=True)
+        assert leftover == [], leftover
+
+
+def test_podman_as_debian_ships_it(libs, tmp_path):
+    """``compat-hook install podman`` (the README's way) then plain ``podman run``: crun runs the
+    container, the hook decides at createContainer, and the probe loads the compat driver on host
+    535 and the host's own driver after the host went to 555."""
+    from tests.support.hookenv import set_host_version
+
+    pm = DebianPodman()
+    try:
+        out = pm.podman("load", "-i", build_image_tar(tmp_path / "image", compat_lib=libs[COMPAT_550])).stdout
+        loaded = [ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Loaded image")]
+        assert loaded, out
+        pm.podman("tag", loaded[0], IMAGE)
+        info = json.loads(pm.podman("info", "--format", "json").stdout)
+        assert (info["host"]["ociRuntime"]["name"], info["host"]["cgroupManager"],
+                info["host"]["eventLogger"]) == ("crun", "cgroupfs", "file"), info["host"]
+        assert info["host"]["ociRuntime"]["path"] == "/usr/bin/crun"
+
+        host = fake_host(tmp_path / "host", HOST_535)
+        log = tmp_path / "hook.log"
+        cfg = hook_config(tmp_path / "cfg.yaml", host, log)
+        pm.sh("/usr/bin/python3", "-m", "compat_hook", "install", "podman", "--hook-config", cfg,
+              "--state-dir", tmp_path / "state")
+        installed = pm.share / "oci/hooks.d/50-compat-hook.json"
+        assert installed.is_file() and str(cfg) in installed.read_text()
+        assert not pathlib.Path("/usr/share/containers/oci/hooks.d/50-compat-hook.json").exists()
+
+        res = pm.run("-e", "NVIDIA_VISIBLE_DEVICES=all", *_host_lib(libs[HOST_535]), IMAGE)
+        assert res.rc == 0, str(res)
+        assert res.probe == {"cuDriverGetVersion": "12040", "libcuda": COMPAT_LIB}, str(res)
+        (rec,) = log_lines(log)
+        assert (rec["decision"], rec["effect"], rec["stage"]) == ("enable", "compat", "createContainer"), rec
+
+        set_host_version(host, HOST_555)
+        res = pm.run("-e", "NVIDIA_VISIBLE_DEVICES=all", *_host_lib(libs[HOST_555]), IMAGE)
+        assert res.rc == 0, str(res)
+        assert res.probe == {"cuDriverGetVersion": "12050", "libcuda": SYS_LIB}, str(res)
+        rec = log_lines(log)[-1]
+        assert (rec["decision"], rec["reason"]) == ("skip", "compat_not_newer"), rec
+    finally:
+        pm.close()

@@ -255,6 +255,33 @@ def test_host_driver_unknown_leaves_the_toolkit_alone(tmp_path, runtime, order, 
     assert len(node.toolkit_dropins()) == 1
 
 
+#: Where compat-hook would override the toolkit (GeForce: 804 on real hardware) if it decided.
+OPT_OUT_ENV = (*GPU_ENV, "COMPAT_HOOK_DISABLE=1")
+#: The toolkit's trio is in the spec but compat-hook sees no GPU request: a generated CDI spec sets
+#: NVIDIA_VISIBLE_DEVICES=void (and no NVIDIA device node is visible here).
+NO_GPU_ENV = ("PATH=/usr/local/bin:/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=void")
+
+
+@RUNTIMES
+@ORDERS
+@pytest.mark.parametrize("case,env,reason", [("opted out", OPT_OUT_ENV, "opt_out"),
+                                              ("no GPU", NO_GPU_ENV, "no_gpu_request")])
+def test_opted_out_or_no_gpu_leaves_the_toolkit_alone(tmp_path, runtime, order, case, env, reason, libs, toolkit):
+    """A GeForce host, where compat-hook's own decision would be the host library: the container opted
+    out, or requests no GPU compat-hook can see, so compat-hook leaves it and the toolkit's "use" stands
+    (the compat driver loads; on real GeForce hardware that is the toolkit's 804, not compat-hook's)."""
+    node = Node(tmp_path, libs, toolkit, host=HOST_535, gpu=GEFORCE)
+    res = node.run_trio(runtime, order, env=env)
+    assert_loaded(res, COMPAT_LIB, CUDA[COMPAT_550])
+    rec = node.record(res)
+    assert (rec["decision"], rec["reason"], rec["effect"]) == ("skip", reason, "leave"), rec
+    assert rec["actions"] == [], rec
+    if reason == "opt_out":  # the line says what is left alone (no facts are read for a no-GPU start)
+        assert rec["left_alone"].startswith("opt_out: compat-hook leaves"), rec
+    assert len(node.toolkit_dropins()) == 1
+    assert not (node.rootfs / "etc/ld.so.conf.d/00-00-compat-hook.conf").exists()
+
+
 @RUNTIMES
 def test_toolkit_update_ldcache_again_after_compat_hook(tmp_path, runtime, libs, toolkit):
     """create-symlinks, enable-cuda-compat, compat-hook, update-ldcache, then update-ldcache once more."""
@@ -423,6 +450,26 @@ def test_chain_image_ld_library_path_on_newer_host_loads_host_lib(tmp_path, way,
                            "LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/lib"))
     assert_loaded(res, host_lib(HOST_555), CUDA[HOST_555])
     assert "LD_LIBRARY_PATH=/usr/local/lib" in chain.final_spec()["process"]["env"]
+
+
+@RUNTIMES
+@CHAINS
+def test_chain_opted_out_leaves_the_toolkit_alone(tmp_path, way, runtime, libs, toolkit):
+    """Through nvidia-container-runtime (cdi) and the wrapper: an opted-out container on a GeForce host
+    keeps the toolkit's result, and the wrapper changes nothing of the spec."""
+    node = Node(tmp_path, libs, toolkit, host=HOST_535, gpu=GEFORCE)
+    chain = Chain(node, way, runtime)
+    res = chain.start(env=("PATH=/usr/local/bin:/usr/bin:/bin", f"NVIDIA_VISIBLE_DEVICES={CDI_KIND}=all",
+                           "COMPAT_HOOK_DISABLE=1"))
+    assert_loaded(res, COMPAT_LIB, CUDA[COMPAT_550])
+    spec = chain.final_spec()
+    hooks = spec.get("hooks", {}).get("createContainer", [])
+    assert [h["args"][1] for h in hooks if h["path"] == str(toolkit.cdi_hook)] == \
+        ["create-symlinks", "enable-cuda-compat", "update-ldcache"], hooks
+    assert not [h for h in hooks if any("compat_hook" in a for a in h["args"])], hooks  # no hook added
+    runtime_recs = node.records(res, "runtime")
+    assert len(runtime_recs) == 1 and runtime_recs[0]["reason"] == "opt_out", runtime_recs
+    assert len(node.toolkit_dropins()) == 1
 
 
 # Keep last: pytest runs a module's tests in file order.
