@@ -52,7 +52,7 @@ def test_podman_hooksd_document(tmp_path, capsys):
     assert doc["version"] == "1.0.0"
     assert doc["when"] == {"always": True}  # hooks.d cannot match env; the hook skips non-GPU containers
     assert doc["stages"] == ["createContainer"]
-    expect = hook_entry(stage="createContainer", config=str(cfg))
+    expect = hook_entry(stage="createContainer", config=str(cfg), log_file="/var/log/compat-hook.log")
     exe = hooksd.stable_interpreter(expect["path"])
     assert doc["hook"] == dict(expect, path=exe, args=[exe] + expect["args"][1:])
     assert doc["hook"]["env"] == ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"]
@@ -78,7 +78,7 @@ def test_podman_idempotent_dry_run_and_uninstall(tmp_path, capsys):
     assert code == 0 and "+++ /dev/null" in out and (h / "50-compat-hook.json").exists()
     code, out, _ = run(capsys, "uninstall", "podman", "--hooks-dir", h)
     assert code == 0 and "removed" in out
-    assert files_in(h) == []  # our own generated file: no backup clutter in hooks.d
+    assert not h.exists()  # our own generated file (no backup clutter), then the dir install created for it
     code, out, _ = run(capsys, "uninstall", "podman", "--hooks-dir", h)
     assert code == 0 and "already unregistered" in out
 
@@ -152,7 +152,8 @@ def test_stable_interpreter(tmp_path):
 def test_package_document_points_at_the_installed_locations():
     doc = hooksd.package_document()
     assert doc["hook"]["path"] == "/usr/bin/python3" == doc["hook"]["args"][0]
-    assert doc["hook"]["args"][4] == registration.boot_code(["/usr/lib/python3/dist-packages"])
+    assert doc["hook"]["args"][4] == registration.boot_code(["/usr/lib/python3/dist-packages"],
+                                                            log_file="/var/log/compat-hook.log")
     assert doc["hook"]["args"][5:] == ["hook", "--stage", "createContainer"]
 
 
@@ -245,9 +246,11 @@ def test_docker_set_as_default_and_uninstall_resets_only_ours(tmp_path, capsys):
     code, out, _ = _docker(capsys, tmp_path, "install", "--set-as-default")
     assert code == 0 and json.loads(p.read_text())["default-runtime"] == "cuda-compat"
     assert "default-runtime was 'nvidia'" in out and "runtime: nvidia-container-runtime" in out
+    assert "uninstall gives it back" in out
     assert _docker(capsys, tmp_path, "uninstall")[0] == 0
     data = json.loads(p.read_text())
-    assert "default-runtime" not in data and "cuda-compat" not in data["runtimes"]
+    assert data["default-runtime"] == "nvidia" and "cuda-compat" not in data["runtimes"]  # given back, exactly
+    assert p.read_text() == DAEMON_4 and not (tmp_path / "daemon.json.compat-hook-install").exists()
 
     # Someone else's default stays.
     p.write_text(DAEMON_4)
@@ -329,7 +332,7 @@ def test_crio_writes_hook_and_runtime_handler(tmp_path, capsys):
     code, out, _ = _crio(capsys, tmp_path, "uninstall")
     assert code == 0
     assert files_in(tmp_path / "crio.conf.d") == []  # no backup where CRI-O would load it
-    assert files_in(tmp_path / "hooks.d") == [] and not os.path.exists(wrapper)
+    assert not (tmp_path / "hooks.d").exists() and not os.path.exists(wrapper)  # install created hooks.d
 
 
 def test_crio_set_as_default_and_foreign_content(tmp_path, capsys):

@@ -147,6 +147,7 @@ def install(opts) -> int:
         hooksd.say(f"warning: mode: env takes effect only for pods of the runtime handler {opts.runtime_name!r} "
                    f"(runtimeClassName); the hooks.d hook cannot set LD_LIBRARY_PATH")
     hooks = hooksd.changes(opts, "crio")
+    created = hooksd._missing_dirs(os.path.dirname(hooks[0].path))
     path = wrapper_for(opts)[0]
     wrapper = hooksd.wrapper_change(opts)
     dropin = _dropin_change(opts, remove=False, wrapper=path)
@@ -156,6 +157,8 @@ def install(opts) -> int:
                after=f"crio: hook {hooks[0].path} (used by new containers at once) and runtime handler "
                      f"{opts.runtime_name!r} -> {path} in {dropin.path}; restart CRI-O to load "
                      f"the handler (systemctl restart crio)")
+    if created and not opts.dry_run:
+        hooksd._record_created(created[0], created)
     hooksd.note_dir(os.path.dirname(hooks[0].path), "crio")
     return 0
 
@@ -168,8 +171,13 @@ def uninstall(opts) -> int:
     if dropin is not None:
         groups.append(([dropin], False))
         wrapper = _runtime_path(dropin.old, dropin.path, opts.runtime_name)
-        groups.append((hooksd.wrapper_removal(wrapper, dropin.path), False))
+        from .wrapper import users
+
+        groups.append((hooksd.wrapper_removal(wrapper, dropin.path, engine="crio", users_of=lambda p: users(p)),
+                       False))
     hooksd.run(groups, opts, "crio", verb="unregistered",
                after="crio: unregistered; restart CRI-O to drop the runtime handler "
                      "(systemctl restart crio)")
+    if not opts.dry_run:
+        hooksd._remove_created(os.path.dirname(hooksd.target_path(opts)))
     return 0
