@@ -192,13 +192,28 @@ def boot_code(paths: list, *, target: str = "hook", log_file: str | None = None)
         "entry()")
 
 
-def _front(exe: str, fail_closed: bool) -> str:
-    """``sh -c`` text that execs ``$0`` (the interpreter) if it is still there."""
+def _front(exe: str, fail_closed: bool, log_file: str | None = None) -> str:
+    """``sh -c`` text that execs ``$0`` (the interpreter) if it is still there.
+
+    When it is not, one JSON line goes to ``log_file`` too (the container id read
+    from the state on stdin with sed; a path or id JSON cannot hold as is is left out).
+    """
+    import shlex
+
     verdict = ("exit 1" if fail_closed else "exit 0")
     outcome = ("the container is stopped (on_error: fail)" if fail_closed
                else "the container starts without compat-hook")
+    log = ""
+    if log_file and not any(c in log_file for c in '"\\\n'):
+        event = "fail_closed" if fail_closed else "fail_open"
+        log = ("i=$(head -c 65536 | sed -n 's/.*\"id\" *: *\"\\([A-Za-z0-9_.:-]*\\)\".*/\\1/p' | head -n 1); "
+               "case $0 in *[\\\\\\\"]*) ;; *) "
+               f"printf '{{\"time\":\"%s\",\"event\":\"{event}\",\"decision\":\"error\","
+               f"\"reason\":\"installation_missing\",\"component\":\"hook\",\"container_id\":\"%s\","
+               f"\"error\":\"%s is missing\"}}\\n' \"$(date -u +%Y-%m-%dT%H:%M:%S.000Z)\" \"$i\" \"$0\" "
+               f">> {shlex.quote(log_file)} 2>/dev/null ;; esac; ")
     return (f'[ -x "$0" ] && exec "$0" "$@"; '
-            f'echo "compat-hook: cannot start ($0 is missing): {outcome}" >&2; {verdict}')
+            f'echo "compat-hook: cannot start ($0 is missing): {outcome}" >&2; {log}{verdict}')
 
 
 def hook_entry(*, stage: str = "createContainer", config: str | None = None,
@@ -222,7 +237,7 @@ def hook_entry(*, stage: str = "createContainer", config: str | None = None,
     if state_dir:
         argv += ["--state-dir", os.path.abspath(state_dir)]
     if os.path.dirname(exe) not in _OS_BIN_DIRS:
-        argv = [SH, "-c", _front(exe, fail_closed)] + argv
+        argv = [SH, "-c", _front(exe, fail_closed, log_file)] + argv
     return {"path": argv[0], "args": argv, "env": list(HOOK_ENV), "timeout": int(timeout)}
 
 
