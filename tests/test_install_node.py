@@ -63,13 +63,13 @@ def test_containerd_uninstall_leaves_nothing_of_ours(tmp_path):
             "--hook-config", tmp_path / "compat-hook.yaml"]
     before = tree(tmp_path)
     cli("install", *args)
-    dropin = etc / "conf.d" / "99-zz-compat-hook.toml"
-    assert dropin.is_file() and wrapper.is_file() and main.is_file()
+    record = etc / "config.toml.compat-hook-install"  # containerd 1.x: the runtime is in config.toml itself
+    assert record.is_file() and wrapper.is_file() and main.is_file() and not (etc / "conf.d").exists()
     assert f"ch_state={tmp_path / 'state'}" in wrapper.read_text()
-    cli("install", *args, "--set-as-default")  # a changed setting: the previous drop-in is backed up
-    assert [p.name for p in dropin.parent.iterdir() if p.name.endswith(".bak")]
+    cli("install", *args, "--set-as-default")  # a changed setting: the previous config.toml is backed up
+    assert [p.name for p in etc.iterdir() if p.name.endswith(".bak")]
     out = cli("uninstall", *args).stdout
-    assert f"removed {dropin}" in out and f"removed {wrapper}" in out
+    assert f"removed {record}" in out and f"removed {wrapper}" in out and f"removed {main}" in out
     assert tree(tmp_path) == before, sorted(set(tree(tmp_path)) ^ set(before))
 
 
@@ -120,7 +120,8 @@ def test_crio_state_dir_and_uninstall(tmp_path):
     doc = json.loads((hooks / "50-compat-hook.json").read_text())
     assert doc["hook"]["args"][-2:] == ["--state-dir", str(tmp_path / "state")]
     cli("uninstall", *args)
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["crio.conf.d", "hooks.d"]  # dirs CRI-O reads stay
+    # The dir CRI-O reads stays; hooks.d, which the install created for its file, goes with it.
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["crio.conf.d"]
 
 
 def test_uninstall_removes_an_empty_state_dir_only(tmp_path):
@@ -243,7 +244,7 @@ compat-hook install docker
 step install-other-config
 compat-hook install docker --hook-config /etc/compat-hook/other.yaml 2>&1 && echo "exit=0" || echo "exit=$?"
 step registered
-grep -h 'BinaryName' /etc/containerd/conf.d/99-zz-compat-hook.toml
+grep -h 'BinaryName' /etc/containerd/config.toml
 cat /etc/docker/daemon.json
 ls /usr/local/libexec/compat-hook 2>&1 || true
 step remove
@@ -269,14 +270,14 @@ def test_debian_package_one_wrapper_and_nothing_left_after_removal(deb, tmp_path
     out = sections(p.stdout)
     assert p.returncode == 0 and "end" in out, p.stdout + p.stderr
     packaged = "/usr/libexec/compat-hook/compat-hook-runtime"
-    assert f"wrote /etc/containerd/conf.d/99-zz-compat-hook.toml" in out["install-containerd"]
+    assert "wrote /etc/containerd/config.toml.compat-hook-install" in out["install-containerd"]
     assert "compat-hook-runtime" not in out["install-containerd"].replace(packaged, ""), out["install-containerd"]
     assert "wrote /etc/docker/daemon.json" in out["install-docker"] and "wrote /usr" not in out["install-docker"]
     assert "exit=1" in out["install-other-config"] and "--wrapper-path" in out["install-other-config"]
     reg = out["registered"]
     assert f'BinaryName = "{packaged}"' in reg and f'"path": "{packaged}"' in reg, reg
     assert "No such file or directory" in reg  # no /usr/local/libexec/compat-hook: one wrapper per node
-    assert "removed /etc/containerd/conf.d/99-zz-compat-hook.toml" in out["remove"], out["remove"]
+    assert "removed /etc/containerd/config.toml.compat-hook-install" in out["remove"], out["remove"]
     assert "removed /etc/docker/daemon.json" in out["remove"], out["remove"]
     after = out["after"]
     assert "config.toml as before" in after, after

@@ -253,7 +253,7 @@ def test_daemonset_image_installs_on_a_fake_node(image, tmp_path):
     # After the uninstall (with a restart): containerd's config is what it was, the copies are gone.
     assert (node / "etc/containerd/config.toml").read_text() == main_cfg or \
         tomllib.loads((node / "etc/containerd/config.toml").read_text()) == tomllib.loads(main_cfg)
-    assert not (node / "etc/containerd/conf.d/99-zz-compat-hook.toml").exists()
+    assert not (node / "etc/containerd/config.toml.compat-hook-install").exists()
     assert not (node / "opt/compat-hook").exists(), list((node / "opt/compat-hook").rglob("*"))
     assert (node / "etc/compat-hook/config.yaml").is_file()  # the node's config stays
 
@@ -276,11 +276,12 @@ def test_installer_writes_node_paths(image, tmp_path):
     finally:
         pm.reset()
     assert p.returncode == 0, p.stdout + p.stderr
-    dropin = tomllib.loads((node / "etc/containerd/conf.d/99-zz-compat-hook.toml").read_text())
-    rt = dropin["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["cuda-compat"]
-    assert rt["options"]["BinaryName"] == "/opt/compat-hook/bin/compat-hook-runtime"
+    # containerd 1.x: the runtime is written into the node's config.toml (no drop-in to hide later edits).
     main = tomllib.loads((node / "etc/containerd/config.toml").read_text())
-    assert "/etc/containerd/conf.d/*.toml" in main["imports"]
+    rt = main["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["cuda-compat"]
+    assert rt["options"]["BinaryName"] == "/opt/compat-hook/bin/compat-hook-runtime"
+    assert not (node / "etc/containerd/conf.d").exists()
+    assert (node / "etc/containerd/config.toml.compat-hook-install").is_file()
     (copy,) = [d for d in (node / "opt/compat-hook").iterdir() if (d / "STAMP").is_file()]
     wrapper = (node / "opt/compat-hook/bin/compat-hook-runtime").read_text()
     assert f"/opt/compat-hook/{copy.name}/lib" in wrapper and str(tmp_path) not in wrapper

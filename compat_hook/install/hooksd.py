@@ -75,15 +75,17 @@ def stable_interpreter(exe: str) -> str:
     return _stable(exe)
 
 
-def document(opts) -> dict:
-    """The hooks.d document for the running installation (``--hook-config``, ``--state-dir`` apply)."""
-    from ..registration import hook_entry, hooksd_document
+def document(opts, *, log_file=None) -> dict:
+    """The hooks.d document for the running installation (``--hook-config``, ``--state-dir`` apply).
+
+    ``log_file``: where a failed start is logged (default: the configuration's ``log_file``, read now).
+    """
+    from ..registration import hook_entry, hooksd_document, registered_log_file
     from .wrapper import fail_closed
 
-    from ..registration import registered_log_file
-
     entry = hook_entry(stage=STAGE, config=opts.hook_config, state_dir=opts.state_dir,
-                       fail_closed=fail_closed(opts.hook_config), log_file=registered_log_file(opts.hook_config))
+                       fail_closed=fail_closed(opts.hook_config),
+                       log_file=log_file or registered_log_file(opts.hook_config))
     return hooksd_document(entry, stages=[STAGE])
 
 
@@ -170,6 +172,11 @@ def changes(opts, engine: str) -> list:
     old = change.old
     if old is None and os.path.lexists(path) and not os.path.isfile(path):
         raise InstallError(f"{path} exists and is not a regular file")
+    if old is not None and change.changed and packaged(path):
+        from .wrapper import PACKAGED_LOG
+
+        if old == render(document(opts, log_file=PACKAGED_LOG)):
+            change.new = old  # the package's file; it logs a failed start to the package's default log
     if old is not None and change.changed:
         if not is_ours(old):
             raise InstallError(f"{path} exists and is not compat-hook's; move it away or use --hooks-dir")

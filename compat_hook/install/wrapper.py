@@ -48,7 +48,8 @@ import os
 
 __all__ = ["render_wrapper", "DEFAULT_WRAPPER_PATH", "PACKAGED_WRAPPER_PATH", "WRAPPER_MARK", "is_wrapper",
            "wrapper_for", "wrapper_change", "wrapper_removal", "fail_closed", "PASSTHROUGH_MARK", "is_pass_through",
-           "render_pass_through", "installation_of", "this_installation", "users", "pass_through_cleanup"]
+           "render_pass_through", "installation_of", "this_installation", "users", "pass_through_cleanup",
+           "package_pass_through", "PACKAGE_STASH"]
 
 #: Where ``install`` writes the wrapper when neither --wrapper-path nor the Debian package say otherwise.
 DEFAULT_WRAPPER_PATH = "/usr/local/libexec/compat-hook/compat-hook-runtime"
@@ -399,3 +400,55 @@ def users(path: str, *, containerd_states=(), docker_roots=(), docker_runtime: s
             cid = next((argv[i + 1].decode() for i, a in enumerate(argv[:-1]) if a in (b"-c", b"--cid")), pid)
             found.append(f"conmon/{cid[:12]}")
     return found
+
+
+#: Where the package's prerm leaves the pass-through for its postrm (dpkg deletes the wrapper in between).
+PACKAGE_STASH = "/var/lib/compat-hook/compat-hook-runtime.pass-through"
+
+
+def package_pass_through(path: str = PACKAGED_WRAPPER_PATH, stash: str = PACKAGE_STASH, *,
+                         containerd_config: str = "/etc/containerd/config.toml",
+                         daemon_json: str = "/etc/docker/daemon.json") -> int:
+    """The package's ``prerm remove``: when containers created through its wrapper exist, stash a pass-through.
+
+    dpkg deletes ``path`` with the package; ``postrm remove`` then puts the
+    stashed pass-through there (plain shell: the package's Python is gone by
+    then). Looks where a default node keeps them: containerd's ``state`` (from
+    its config.toml, else ``/run/containerd``), Docker's exec-root and data-root
+    (from daemon.json) for every runtime naming ``path``. Returns 0.
+    """
+    import json
+    import sys
+
+    from .files import read_text, remove, write_atomic
+
+    try:
+        import tomllib
+
+        ctrd = tomllib.loads(read_text(containerd_config) or "")
+    except Exception:  # no containerd, no tomllib, a broken file: the default state dir
+        ctrd = {}
+    state = ctrd.get("state") if isinstance(ctrd.get("state"), str) else "/run/containerd"
+    try:
+        docker = json.loads(read_text(daemon_json) or "{}")
+    except ValueError:
+        docker = {}
+    docker = docker if isinstance(docker, dict) else {}
+    exec_root = docker.get("exec-root") if isinstance(docker.get("exec-root"), str) else "/run/docker"
+    data_root = docker.get("data-root") if isinstance(docker.get("data-root"), str) else "/var/lib/docker"
+    runtimes = docker.get("runtimes") if isinstance(docker.get("runtimes"), dict) else {}
+    names = [n for n, e in runtimes.items() if isinstance(e, dict) and e.get("path") == path]
+    left = users(path, containerd_states=[state, os.path.join(exec_root, "containerd", "daemon")])
+    for n in names:
+        left += [u for u in users(path, docker_roots=[data_root], docker_runtime=n) if u.startswith("docker/")]
+    if not left:
+        remove(stash, backup=False)
+        return 0
+    text = read_text(path) or ""
+    write_atomic(stash, render_pass_through(_real_runtime(text), "docker" if names else "containerd"),
+                 mode=0o755, backup=False)
+    sys.stdout.write(f"compat-hook: {len(left)} container(s) created through {path} still exist "
+                     f"({', '.join(left[:10])}): a pass-through to the real runtime stays at {path} after the "
+                     f"removal, so they can be stopped and removed; `apt purge compat-hook` removes it once "
+                     f"no container task names it\n")
+    return 0
