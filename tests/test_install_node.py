@@ -288,3 +288,84 @@ def test_debian_package_one_wrapper_and_nothing_left_after_removal(deb, tmp_path
 
 def _installed_on_host() -> bool:
     return subprocess.run(["dpkg-query", "-W", "compat-hook"], capture_output=True).returncode == 0
+
+
+# --------------------------------------------------------------------------- apt remove while a container runs
+
+REMOVE_LIVE = r"""
+set -eu
+T={tmp}
+for d in usr etc var; do
+    mkdir -p "$T/upper/$d" "$T/work/$d"
+    mount -t overlay overlay -o "lowerdir=/$d,upperdir=$T/upper/$d,workdir=$T/work/$d" "/$d"
+done
+step() {{ echo "=== $1"; }}
+W=$T/ctrd
+mkdir -p /etc/containerd "$W"
+cp {main} /etc/containerd/config.toml
+dpkg -i {deb} >"$T/dpkg-install.log" 2>&1 || {{ cat "$T/dpkg-install.log"; exit 1; }}
+step install
+compat-hook install containerd --toolkit-config none
+step start
+containerd --config /etc/containerd/config.toml >"$T/containerd.log" 2>&1 &
+echo $! > "$T/containerd.pid"
+i=0; until ctr -a "$W/containerd.sock" version >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 300 ] || exit 1; sleep 0.1; done
+ctr -a "$W/containerd.sock" images import --base-name docker.io/library/bb {image} >/dev/null
+ctr -a "$W/containerd.sock" run -d --runtime io.containerd.runc.v2 \
+    --runc-binary /usr/libexec/compat-hook/compat-hook-runtime --runc-root "$W/runc-ctr" \
+    docker.io/library/bb:root live sleep 600
+ctr -a "$W/containerd.sock" task ls
+step remove
+dpkg -r compat-hook 2>&1
+step after-remove
+head -n 2 /usr/libexec/compat-hook/compat-hook-runtime
+tail -n 1 /usr/libexec/compat-hook/compat-hook-runtime
+ls /usr/lib/python3/dist-packages/compat_hook 2>&1 || true
+step stop
+ctr -a "$W/containerd.sock" task kill -s KILL live && echo kill=0
+i=0; while ctr -a "$W/containerd.sock" task ls | grep -q RUNNING; do i=$((i+1)); [ $i -lt 100 ] || break; sleep 0.1; done
+ctr -a "$W/containerd.sock" task rm -f live && echo task-rm=0
+ctr -a "$W/containerd.sock" containers rm live && echo rm=0
+step purge
+dpkg --purge compat-hook >/dev/null 2>&1
+ls /usr/libexec/compat-hook 2>&1 || true
+kill "$(cat "$T/containerd.pid")"
+step end
+"""
+
+
+@pytest.mark.containers
+def test_apt_remove_with_a_running_container_leaves_a_pass_through(deb, tmp_path):  # noqa: F811
+    """``apt remove`` while a container created through the package's wrapper runs (containerd 1.6, ``ctr``):
+    the wrapper's path becomes a pass-through to runc, so ``ctr task kill`` and ``task rm`` work after the
+    package is gone; ``apt purge`` removes the pass-through once no task names it."""
+    from tests.support import engines, images, rootfs as rfs
+
+    lay = tmp_path / "img"
+    images.umoci("init", "--layout", lay)
+    images.umoci("new", "--image", f"{lay}:root")
+    images.umoci("unpack", "--image", f"{lay}:root", tmp_path / "u")
+    import shutil
+
+    shutil.rmtree(tmp_path / "u" / "rootfs")
+    rfs.build_rootfs(tmp_path / "u" / "rootfs")
+    images.umoci("repack", "--image", f"{lay}:root", tmp_path / "u")
+    tar = tmp_path / "img.tar"
+    subprocess.run(["tar", "-C", lay, "-cf", tar, "."], check=True)
+    work = tmp_path / "ovl"
+    main = tmp_path / "config.toml"
+    main.write_text(engines.MAIN_V2.replace("@W@", str(work / "ctrd")).replace("@PAUSE@", "docker.io/library/bb:root"))
+    script = tmp_path / "inside.sh"
+    script.write_text(REMOVE_LIVE.format(tmp=shlex.quote(str(work)), deb=shlex.quote(str(deb)),
+                                         main=shlex.quote(str(main)), image=shlex.quote(str(tar))))
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "/bin/sh", str(script)], capture_output=True,
+                       text=True, env=ENV, timeout=300, stdin=subprocess.DEVNULL)
+    out = sections(p.stdout)
+    assert p.returncode == 0 and "end" in out, p.stdout + p.stderr
+    assert "live" in out["start"] and "RUNNING" in out["start"], out["start"]
+    assert "still exist (default/live)" in out["remove"], out["remove"]
+    assert "# compat-hook-runtime pass-through:" in out["after-remove"], out["after-remove"]
+    assert 'exec /usr/sbin/runc "$@"' in out["after-remove"] or 'exec /usr/bin/runc "$@"' in out["after-remove"]
+    assert "No such file or directory" in out["after-remove"]  # the package's Python is gone
+    assert "kill=0" in out["stop"] and "task-rm=0" in out["stop"] and "rm=0" in out["stop"], p.stdout + p.stderr
+    assert "No such file or directory" in out["purge"], out["purge"]  # the pass-through went with the purge
