@@ -417,6 +417,34 @@ def test_toolkit_edits_after_install_stay_visible_on_1x(tmp_path, toolkit, ctk_m
 
 
 @pytest.mark.slow
+def test_set_as_default_over_the_nvidia_runtime_chains_to_it(tmp_path, toolkit):  # noqa: F811
+    """``default_runtime_name = "nvidia"``: --set-as-default makes the wrapper exec the NVIDIA runtime's binary
+    (``runtime:`` in compat-hook's config), and uninstall gives ``nvidia`` back and takes the line out."""
+    text = MAIN_V2.replace('default_runtime_name = "runc"', 'default_runtime_name = "nvidia"') + (
+        '    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        '      runtime_type = "io.containerd.runc.v2"\n'
+        '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        f'        BinaryName = "{toolkit.runtime}"\n')
+    main = main_v2(tmp_path, text)
+    original = main.read_text()
+    out = ok(install(main, "--set-as-default", "--toolkit-config", "none"))
+    assert "chains to the NVIDIA runtime" in out, out
+    assert dump(main)["plugins"][CRI]["containerd"]["default_runtime_name"] == "cuda-compat"
+    cfg = tmp_path / "compat-hook.yaml"
+    assert f"runtime: {toolkit.runtime}" in cfg.read_text()
+    p = subprocess.run([str(tmp_path / "libexec" / "compat-hook-runtime"), "--compat-hook-resolve"],
+                       capture_output=True, text=True, env=ENV)
+    assert p.stdout.strip() == f"runtime={toolkit.runtime}", p
+    ok(install(main, verb="uninstall"))
+    assert main.read_text() == original and not cfg.exists()
+    # Its binary missing: said plainly, the wrapper runs runc.
+    main.write_text(original.replace(str(toolkit.runtime), "/nonexistent/nvidia-container-runtime"))
+    out = ok(install(main, "--set-as-default", "--toolkit-config", "none"))
+    assert "is not on this node" in out and "plain runc" in out and not cfg.exists(), out
+    ok(install(main, verb="uninstall"))
+
+
+@pytest.mark.slow
 def test_toolkit_edits_after_install_stay_visible_on_2x(tmp_path, toolkit):  # noqa: F811
     """containerd 2.x (config version 3) merges drop-ins deeply: its drop-in holds only the runtime."""
     bin_dir = engines.containerd2()

@@ -252,6 +252,12 @@ def test_docker_set_as_default_and_uninstall_resets_only_ours(tmp_path, capsys):
     assert data["default-runtime"] == "nvidia" and "cuda-compat" not in data["runtimes"]  # given back, exactly
     assert p.read_text() == DAEMON_4 and not (tmp_path / "daemon.json.compat-hook-install").exists()
 
+    # Without --set-as-default on an nvidia-default node, the command says what --runtime cuda-compat runs.
+    p.write_text(DAEMON_4)
+    code, out, _ = _docker(capsys, tmp_path, "install")
+    assert code == 0 and "default-runtime is 'nvidia'" in out and "runtime: nvidia-container-runtime" in out, out
+    assert _docker(capsys, tmp_path, "uninstall")[0] == 0 and p.read_text() == DAEMON_4
+
     # Someone else's default stays.
     p.write_text(DAEMON_4)
     assert _docker(capsys, tmp_path, "install")[0] == 0
@@ -402,3 +408,27 @@ def test_cli_subprocess_exit_codes(tmp_path):
     assert "nothing changed" in p2.stdout
     doc = json.loads((tmp_path / "50-compat-hook.json").read_text())
     assert doc["hook"]["path"] == "/usr/bin/python3"  # the stable name, not python3.11
+
+
+# --------------------------------------------------------------------------- one wrapper, one installation
+
+
+def test_a_wrapper_of_another_installation_is_taken_over_loudly_and_never_removed(tmp_path, capsys):
+    from compat_hook.install.wrapper import installation_of, render_wrapper, this_installation
+
+    w = tmp_path / "w" / "compat-hook-runtime"
+    w.parent.mkdir()
+    theirs = render_wrapper(None, python="/usr/bin/python3", paths=["/opt/other-venv/lib"], log_file=None)
+    assert installation_of(theirs) == "/usr/bin/python3 /opt/other-venv/lib"
+    # uninstall from this installation: the other one's wrapper stays
+    w.write_text(theirs)
+    (tmp_path / "daemon.json").write_text(json.dumps({"runtimes": {"cuda-compat": {"path": str(w)}}}))
+    code, out, _ = _docker(capsys, tmp_path, "uninstall")
+    assert code == 0 and "runs another compat-hook installation (/usr/bin/python3 /opt/other-venv/lib)" in out, out
+    assert w.read_text() == theirs
+    # install from this installation: taken over, and it says so
+    code, out, _ = _docker(capsys, tmp_path, "install")
+    assert code == 0 and "taking it over" in out and "/opt/other-venv/lib" in out, out
+    assert installation_of(w.read_text()) == this_installation()
+    code, out, _ = _docker(capsys, tmp_path, "uninstall")
+    assert code == 0 and not w.exists(), out

@@ -549,6 +549,12 @@ def _nvidia_chain(cri: dict, name: str, opts, plan) -> None:
         return
     from . import toolkit_configs
 
+    found = binary if os.path.isabs(binary) else _which(binary)
+    if not (found and os.path.isfile(found) and os.access(found, os.X_OK)):
+        plan.notes.append(f"warning: default_runtime_name was {default!r}, whose binary {binary} is not on this "
+                          f"node: pods without runtimeClassName now run {name!r}, whose wrapper execs plain runc "
+                          f"(compat-hook's `runtime:`)")
+        return
     if toolkit_configs(opts):
         plan.notes.append(
             f"warning: default_runtime_name was {default!r} ({binary}); pods without runtimeClassName now run "
@@ -557,9 +563,10 @@ def _nvidia_chain(cri: dict, name: str, opts, plan) -> None:
             f"registration puts the wrapper first in its runtimes), so drop --set-as-default to keep {default!r} "
             f"the default")
         return
-    plan.chain = binary
-    plan.notes.append(f"note: default_runtime_name was {default!r}: compat-hook's config gets `runtime: {binary}`, "
-                      f"so the wrapper chains to the NVIDIA runtime (uninstall takes the line out again)")
+    plan.chain = found
+    plan.notes.append(f"note: default_runtime_name was {default!r}: compat-hook's config gets `runtime: {found}`, "
+                      f"so the wrapper chains to the NVIDIA runtime for every pod (uninstall takes the line out "
+                      f"and gives {default!r} back as the default)")
 
 
 def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, old_dropin, name, via,
