@@ -1,47 +1,53 @@
 """``compat-hook install|uninstall containerd``: a CRI runtime for compat-hook.
 
-What ``install`` writes (``--config`` is the main file, default
-``/etc/containerd/config.toml``):
+The runtime ``--runtime-name`` (default ``cuda-compat``) is a copy of the
+``runc`` runtime (its options included) whose ``options.BinaryName`` is the
+node's one runtime wrapper (``--via wrapper``, the default:
+:mod:`compat_hook.install.wrapper`) or which gets a ``base_runtime_spec``
+holding the hook (``--via base-spec``: ``<main dir>/compat-hook-base-spec.json``,
+containerd's own default spec plus the hook at createContainer; app
+containers only). ``--config`` is the main file (default
+``/etc/containerd/config.toml``).
 
-* ``<main dir>/conf.d/99-zz-compat-hook.toml``, the drop-in with the runtime
-  ``--runtime-name`` (default ``cuda-compat``): a copy of the ``runc``
-  runtime (its options included) whose ``options.BinaryName`` is the
-  wrapper (``--via wrapper``, the default) or which gets a
-  ``base_runtime_spec`` holding the hook (``--via base-spec``);
-* ``imports`` in the main file, unless an entry already covers the drop-in;
-* the node's one runtime wrapper (:mod:`compat_hook.install.wrapper`:
-  ``--wrapper-path``, else the Debian package's
-  ``/usr/libexec/compat-hook/compat-hook-runtime``, else
-  ``/usr/local/libexec/compat-hook/compat-hook-runtime``), mode 0755;
-* with ``--via base-spec``: ``<main dir>/compat-hook-base-spec.json``,
-  containerd's own default spec (``ctr oci spec``) plus the hook at
-  createContainer. containerd applies it to app containers only.
+**containerd 1.6/1.7 (config version 2, CRI plugin ``io.containerd.grpc.v1.cri``):
+the main file is edited in place.** containerd 1.x *replaces* a whole
+``plugins.<id>`` table from a drop-in (verified by tests/test_install_containerd.py),
+so a drop-in holding the runtime would have to hold the whole CRI section, and
+a copy taken at install time hides every later edit of config.toml (a
+``runtimes.nvidia`` that ``nvidia-ctk runtime configure`` adds,
+``restrict_oom_score_adj``). In place, later edits land beside ours, and a
+drop-in rendered from config.toml (NVIDIA's ``99-nvidia.toml``) carries ours
+along. The runtime's tables are added with tomlkit (comments and formatting
+kept, a backup taken); a main file without a CRI section gets containerd's
+(from ``containerd config dump``) so the defaults stay. The record,
+``<main>.compat-hook-install`` (JSON, 0600; no ``.toml`` suffix, so no
+``imports`` glob loads it), holds what was added, the default it replaced and
+the file as it was: ``uninstall`` writes that back byte for byte when the file
+is still what install wrote, else takes out only our tables (and copies of
+them in drop-ins rendered from the file). Only when an imported drop-in
+already carries the whole CRI section (hiding config.toml's) is the runtime
+written to ``<main dir>/conf.d/99-zz-compat-hook.toml`` instead, with the
+complete CRI section from ``containerd config dump`` of the files without it
+(its name sorts after NVIDIA's ``99-nvidia.toml``; ``imports`` is extended
+when no entry covers it); that drop-in records what install did in its
+``# compat-hook-install:`` line, and an install made by an earlier build that
+wrote it is migrated to the in-place edit.
 
-Config version 2 (containerd 1.6/1.7, CRI plugin ``io.containerd.grpc.v1.cri``)
-and 3 (2.x, ``io.containerd.cri.v1.runtime``). containerd 1.6/1.7 *replace* a
-whole ``plugins.<id>`` table from a drop-in (containerd's config merge,
-verified by tests/test_install_containerd.py), so for version 2 the drop-in carries the complete CRI section: from
-``containerd --config MAIN config dump`` when containerd is installed (run
-on a copy of the main file whose imports leave our own drop-in out, so a
-re-install picks up changes to the main CRI section), else from the files
-themselves, merged the way containerd does. The drop-in's name sorts after
-NVIDIA's ``99-nvidia.toml``: with replace semantics the last drop-in that
-carries the CRI section wins, and ours is built from a source that already
-includes theirs. 2.x merges drop-ins deeply; there the drop-in holds only the
-runtime.
+**containerd 2.x (version 3, ``io.containerd.cri.v1.runtime``)** merges drop-ins
+deeply: the drop-in holds only the runtime (and ``default_runtime_name``).
+
+``--set-as-default`` sets ``default_runtime_name``; the previous one comes back
+with ``uninstall``. Over the NVIDIA runtime the wrapper is chained to its
+binary (``runtime:`` in compat-hook's config) when that binary is on the node
+and no toolkit registration would loop, else the command says the wrapper runs
+plain runc.
 
 Idempotent (a second run prints ``no changes`` and touches nothing), every
 replaced file is backed up first, ``--dry-run`` prints the unified diff and
 writes nothing. After writing, ``containerd config dump`` must show the
 runtime, else the previous files are put back and the command fails.
-``uninstall`` removes the drop-in, the wrapper / base spec it recorded, and
-the ``imports`` entry if install added it, so ``config dump`` is what it
-was before; files compat-hook generated go without a backup and with the
-backups earlier installs left of them, and ``conf.d`` too when install
-created it and nothing else is in it. The drop-in records what install did
-in its ``# compat-hook-install:`` line.
-
-Edited with tomlkit: comments and formatting of the main file are kept.
+``uninstall`` leaves the wrapper as a pass-through while containerd tasks
+created through it exist (:func:`compat_hook.install.wrapper.wrapper_removal`).
 """
 
 from __future__ import annotations

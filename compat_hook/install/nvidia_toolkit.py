@@ -550,7 +550,7 @@ def uninstall(opts) -> int:
         return 0
     change = Change(path, new_text, mode=None)
     wrapper = state.get("wrapper")
-    wrappers = wrapper_removal(wrapper, path) if isinstance(wrapper, str) else []
+    wrappers = wrapper_removal(wrapper, path) if isinstance(wrapper, str) and not opts.keep_wrapper else []
     hook_changes = _hook_config_undo(state)
     run([([change], True), (hook_changes, True), (wrappers, False)], opts, ENGINE, verb="unregistered",
         after=f"{ENGINE}: compat-hook's wrapper removed from {path}")
