@@ -40,7 +40,8 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["hook_entry", "hooksd_document", "boot_code", "registered_log_file", "python_paths", "interpreter", "stable_interpreter",
+__all__ = ["hook_entry", "hooksd_document", "boot_code", "registered_log_file", "python_paths", "interpreter",
+           "stable_interpreter",
            "HOOK_ENV", "FAIL_CLOSED", "SH"]
 
 HOOK_ENV = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"]

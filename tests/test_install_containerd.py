@@ -450,8 +450,8 @@ def test_toolkit_edits_after_install_stay_visible_on_2x(tmp_path, toolkit):  # n
     bin_dir = engines.containerd2()
     main = main_v2(tmp_path, V3)
     ok(install(main))
-    main.write_text(main.read_text().replace("[plugins.'io.containerd.cri.v1.images']\n",
-                                             "[plugins.'io.containerd.cri.v1.images']\n  max_concurrent_downloads = 7\n"))
+    images = "[plugins.'io.containerd.cri.v1.images']\n"
+    main.write_text(main.read_text().replace(images, images + "  max_concurrent_downloads = 7\n"))
     _ctk_configure(toolkit, main, "--drop-in-config", str(tmp_path / "conf.d" / "99-nvidia.toml"))
     p = subprocess.run([str(bin_dir / "containerd"), "--config", str(main), "config", "dump"], capture_output=True,
                        text=True, env=ENV, timeout=60)

@@ -323,7 +323,8 @@ tail -n 1 /usr/libexec/compat-hook/compat-hook-runtime
 ls /usr/lib/python3/dist-packages/compat_hook 2>&1 || true
 step stop
 ctr -a "$W/containerd.sock" task kill -s KILL live && echo kill=0
-i=0; while ctr -a "$W/containerd.sock" task ls | grep -q RUNNING; do i=$((i+1)); [ $i -lt 100 ] || break; sleep 0.1; done
+i=0
+while ctr -a "$W/containerd.sock" task ls | grep -q RUNNING; do i=$((i+1)); [ $i -lt 100 ] || break; sleep 0.1; done
 ctr -a "$W/containerd.sock" task rm -f live && echo task-rm=0
 ctr -a "$W/containerd.sock" containers rm live && echo rm=0
 step purge

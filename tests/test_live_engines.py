@@ -358,6 +358,22 @@ def test_podman_through_the_default_hooksd_dir(podman, libs):
     check_untouched(out, recs, "podman, non-GPU container")
 
 
+def test_podman_uninstall_removes_the_hooksd_dirs_it_created(podman):
+    """``install podman`` created what the host lacks of /usr/share/containers/oci/hooks.d (Debian's
+    podman ships no oci/): ``uninstall podman`` takes the file and then those dirs out again (dirs the
+    host has stay); a second install puts them back."""
+    made = [d for d in ("/usr/share/containers/oci/hooks.d", "/usr/share/containers/oci")
+            if not pathlib.Path(d).exists()]  # the host's view, below the overlay
+    out = compat_hook("uninstall", "podman", prefix=podman.ns(OLD))
+    for d in made:
+        assert f"removed {d}/" in out, out
+    assert not (podman.upper / "oci" / "hooks.d").exists() or "/usr/share/containers/oci/hooks.d" not in made
+    assert "removed /usr/share/containers/\n" not in out  # the host's own dir stays
+    out = compat_hook("install", "podman", "--hook-config", podman.config, "--state-dir", podman.state,
+                      prefix=podman.ns(OLD))
+    assert (podman.upper / "oci" / "hooks.d" / "50-compat-hook.json").is_file(), out
+
+
 # --------------------------------------------------------------------------- the CRI (last: crictl may still be building)
 
 
