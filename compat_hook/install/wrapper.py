@@ -384,10 +384,9 @@ def users(path: str, *, containerd_states=(), docker_roots=(), docker_runtime: s
                 except (OSError, ValueError):
                     continue
                 if isinstance(data, dict) and data.get("Runtime") == docker_runtime:
-                    cid = os.path.basename(os.path.dirname(hc))[:12]
-                    if f"moby/{os.path.basename(os.path.dirname(hc))}" in found:
-                        found.remove(f"moby/{os.path.basename(os.path.dirname(hc))}")
-                    found.append(f"docker/{cid}")
+                    full = os.path.basename(os.path.dirname(hc))
+                    found = [u for u in found if u != f"moby/{full}"]  # its task, when running: one entry
+                    found.append(f"docker/{full[:12]}")
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -399,7 +398,7 @@ def users(path: str, *, containerd_states=(), docker_roots=(), docker_runtime: s
         if argv and os.path.basename(argv[0]) == b"conmon" and path.encode() in argv:
             cid = next((argv[i + 1].decode() for i, a in enumerate(argv[:-1]) if a in (b"-c", b"--cid")), pid)
             found.append(f"conmon/{cid[:12]}")
-    return found
+    return list(dict.fromkeys(found))
 
 
 #: Where the package's prerm leaves the pass-through for its postrm (dpkg deletes the wrapper in between).
@@ -441,6 +440,7 @@ def package_pass_through(path: str = PACKAGED_WRAPPER_PATH, stash: str = PACKAGE
     left = users(path, containerd_states=[state, os.path.join(exec_root, "containerd", "daemon")])
     for n in names:
         left += [u for u in users(path, docker_roots=[data_root], docker_runtime=n) if u.startswith("docker/")]
+    left = list(dict.fromkeys(left))
     if not left:
         remove(stash, backup=False)
         return 0
