@@ -195,6 +195,14 @@ chroot "$N" /opt/compat-hook/bin/compat-hook-runtime --compat-hook-resolve
 chroot "$N" /opt/compat-hook/bin/compat-hook config --check /etc/compat-hook/config.yaml >/dev/null && echo config-ok
 step again
 $PM {image} compat-hook-k8s install 2>&1 || echo "exit=$?"
+step watch
+cp "$N/etc/containerd/config.toml" "$N/../config.registered"
+# A tool rewrites config.toml without compat-hook's runtime while the pod runs (`run`, checking every second).
+( sleep 6; printf '%s' "$ORIGINAL" > "$N/etc/containerd/config.toml.new"
+  mv "$N/etc/containerd/config.toml.new" "$N/etc/containerd/config.toml"; echo rewritten ) &
+$PM -e TOOLKIT_RECHECK=1 {image} /bin/busybox timeout 14 compat-hook-k8s run 2>&1 || true
+wait
+grep -c 'runtimes.cuda-compat' "$N/etc/containerd/config.toml" || true
 step restart
 $PM -e RESTART_CONTAINERD=true -e 'RESTART_COMMAND=echo restarted > /host/restarted' \
     -e INSTALL_ARGS=--set-as-default {image} compat-hook-k8s install 2>&1 || echo "exit=$?"
@@ -220,13 +228,18 @@ def test_daemonset_image_installs_on_a_fake_node(image, tmp_path):
         podman_run = " ".join(shlex.quote(str(a)) for a in pm.argv("run", "--rm", *RUN_FLAGS))
         script = tmp_path / "inside.sh"
         script.write_text(INSIDE.format(node=shlex.quote(str(node)), podman_run=podman_run, image=tag))
-        p = _run(["unshare", "-m", "--propagation", "private", "/bin/sh", script], check=False, timeout=300)
+        p = _run(["unshare", "-m", "--propagation", "private", "/bin/sh", script], check=False, timeout=300,
+                 env=dict(ENV, ORIGINAL=main_cfg))
     finally:
         pm.reset()
     out = _sections(p.stdout)
     assert p.returncode == 0 and "end" in out, p.stdout + p.stderr
 
     assert "exit=" not in out["install"], out["install"]
+    # `run` re-registers when containerd's files change: the runtime is back in the rewritten config.toml.
+    assert "rewritten" in out["watch"], out["watch"]
+    assert "containerd's configuration changed: compat-hook's runtime registered again" in out["watch"], out["watch"]
+    assert out["watch"].strip().splitlines()[-1] == "2", out["watch"]  # the table and its .options
     assert "containerd not restarted (RESTART_CONTAINERD=false)" in out["install"], out["install"]
     assert "ready: runtime 'cuda-compat'" in out["install"]
     tools = out["node-tools"].splitlines()
