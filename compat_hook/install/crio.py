@@ -168,7 +168,12 @@ def uninstall(opts) -> int:
     hooks = hooksd.removals(opts, "crio", keep_packaged=True)
     dropin = _dropin_change(opts, remove=True)
     groups = [(hooks, False)]
-    if dropin is not None:
+    if dropin is None:  # a pass-through an earlier uninstall left: removed once no conmon runs it
+        from .wrapper import DEFAULT_WRAPPER_PATH, pass_through_cleanup, users
+
+        groups.append((pass_through_cleanup(os.path.abspath(opts.wrapper_path or DEFAULT_WRAPPER_PATH),
+                                            lambda p: users(p), "crio"), False))
+    else:
         groups.append(([dropin], False))
         wrapper = _runtime_path(dropin.old, dropin.path, opts.runtime_name)
         from .wrapper import users
