@@ -219,7 +219,7 @@ def main() -> int:
         base_argv = [py, "-I", "-c", "pass"]
         wrapper = None
         try:
-            from compat_hook import runtime as _rt
+            from compat_hook.commands import runtime as _rt
             wrapper = work / "compat-hook-runtime"
             wrapper.write_text(_rt.render_wrapper(str(fx.config), python=py))
             wrapper.chmod(0o755)

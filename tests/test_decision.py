@@ -1,4 +1,4 @@
-"""compat_hook.decision: every rule of its docstring, NVIDIA's conformance tables
+"""compat_hook.policy.decision: every rule of its docstring, NVIDIA's conformance tables
 (nvidia-toolkit.md §5, §7) driven through real generated rootfs trees, the
 device/architecture/Tegra rules, the host store, and "no I/O".
 """
@@ -13,16 +13,16 @@ import sys
 
 import pytest
 
-from compat_hook import decision as decision_mod
-from compat_hook import hostfacts, imagefacts
-from compat_hook.config import from_mapping
-from compat_hook.container import Request
-from compat_hook.decision import REASONS, Decision, decide, decide_store
-from compat_hook.elfnote import inspect_elf
-from compat_hook.hostfacts import Gpu, HostFacts
-from compat_hook.imagefacts import ImageFacts
-from compat_hook.rootfs import Root
-from compat_hook.versions import parse_version, try_parse_version
+from compat_hook.policy import decision as decision_mod
+from compat_hook.facts import hostfacts, imagefacts
+from compat_hook.core.config import from_mapping
+from compat_hook.facts.container import Request
+from compat_hook.policy.decision import REASONS, Decision, decide, decide_store
+from compat_hook.facts.elfnote import inspect_elf
+from compat_hook.facts.hostfacts import Gpu, HostFacts
+from compat_hook.facts.imagefacts import ImageFacts
+from compat_hook.facts.rootfs import Root
+from compat_hook.core.versions import parse_version, try_parse_version
 from tests.conftest import HOST_ARCH, Symlink, config_for, elf
 from tests.elfgen import NOTE_575, NOTE_590, NOTE_ORIN, make_elf, orin_overrun_elf
 
@@ -301,7 +301,7 @@ def test_no_note_policy_details_name_the_default_list():
 
 
 def test_default_device_list_is_what_nvidia_notes_carry():
-    from compat_hook.elfnote import inspect_elf as _i
+    from compat_hook.facts.elfnote import inspect_elf as _i
 
     for note in (NOTE_575, NOTE_590):
         assert list(_i(io.BytesIO(make_elf(note_json=note))).note.device) == list(decision_mod.DEFAULT_DEVICE_BRANDS)
@@ -310,7 +310,7 @@ def test_default_device_list_is_what_nvidia_notes_carry():
 
 def test_consumer_brands_are_outside_every_known_device_list():
     # cuda-compat.md §7: the device list is the non-consumer nvmlBrandType_t values.
-    from compat_hook.elfnote import inspect_elf as _i
+    from compat_hook.facts.elfnote import inspect_elf as _i
 
     for note in (NOTE_575, NOTE_590):
         devices = _i(io.BytesIO(make_elf(note_json=note))).note.device

@@ -1,4 +1,4 @@
-"""Tests of compat_hook.elfnote and of the tests.elfgen fixture generator.
+"""Tests of compat_hook.facts.elfnote and of the tests.elfgen fixture generator.
 
 The parsing table is NVIDIA's TestGetCUDACompatElfHeaderFromReader
 (nvidia-toolkit.md §5); the fixtures are generated, not copied.
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compat_hook.elfnote import (
+from compat_hook.facts.elfnote import (
     HOST_MACHINES,
     CompatNote,
     ElfInfo,
@@ -825,7 +825,7 @@ def test_module_imports_are_cheap():
     code = (
         "import sys, compat_hook\n"
         "before = set(sys.modules)\n"
-        "import compat_hook.elfnote\n"
+        "import compat_hook.facts.elfnote\n"
         "new = set(sys.modules) - before\n"
         "banned = {'elftools', 'typing', 'dataclasses', 're', 'json', 'subprocess'}\n"
         "print(sorted(m for m in new if m.split('.')[0] in banned))\n"
@@ -836,7 +836,7 @@ def test_module_imports_are_cheap():
 def test_elftools_is_not_imported_for_files_that_are_not_elf():
     code = (
         "import io, sys\n"
-        "from compat_hook.elfnote import inspect_elf\n"
+        "from compat_hook.facts.elfnote import inspect_elf\n"
         "a = inspect_elf(io.BytesIO(b''))\n"
         "b = inspect_elf(io.BytesIO(b'#!/bin/sh\\n'))\n"
         "print(a.error, '|', b.error, '|', 'elftools' in sys.modules)\n"

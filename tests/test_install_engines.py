@@ -15,9 +15,10 @@ import tomllib
 
 import pytest
 
-from compat_hook import cli, registration
+from compat_hook.commands import cli
+from compat_hook.core import registration
 from compat_hook.install import crio, docker, hooksd
-from compat_hook.registration import hook_entry
+from compat_hook.core.registration import hook_entry
 
 PY = "/usr/bin/python3"
 
@@ -399,7 +400,7 @@ def test_writes_are_atomic_renames(tmp_path, capsys):
 
 def test_cli_subprocess_exit_codes(tmp_path):
     """The real command line, as a user runs it (exit 0, then 0 with 'nothing changed')."""
-    argv = [PY, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.cli import main;"
+    argv = [PY, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.commands.cli import main;"
             "sys.exit(main())", os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
             "install", "podman", "--hooks-dir", str(tmp_path)]
     p1 = subprocess.run(argv, capture_output=True, text=True)

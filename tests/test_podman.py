@@ -153,7 +153,7 @@ def fake_host(base: pathlib.Path, version: str) -> pathlib.Path:
 
 def install_podman(*argv, state_dir=None) -> int:
     """``compat-hook install|uninstall podman ARGV`` through the real argument parser."""
-    from compat_hook import cli
+    from compat_hook.commands import cli
     from compat_hook.install import run_install
 
     args = cli._parser().parse_args(list(argv))

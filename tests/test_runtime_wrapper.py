@@ -27,9 +27,10 @@ import subprocess
 
 import pytest
 
-from compat_hook import runtime as rtw
-from compat_hook import specedit, store
-from compat_hook.registration import hook_entry
+from compat_hook.commands import runtime as rtw
+from compat_hook.effects import specedit
+from compat_hook.commands import store
+from compat_hook.core.registration import hook_entry
 from tests.conftest import write_fake_host
 from tests.support import debs, rootfs, runtimes as rt
 
@@ -142,7 +143,7 @@ def _yaml_runtime(text: str):
     """What the Python config loader says the runtime is (``None``: the config is invalid)."""
     import yaml
 
-    from compat_hook.config import from_mapping
+    from compat_hook.core.config import from_mapping
 
     try:
         return from_mapping(yaml.safe_load(text)).runtime

@@ -41,8 +41,8 @@ import pathlib
 
 import pytest
 
-from compat_hook import registration
-from compat_hook.runtime import render_wrapper
+from compat_hook.core import registration
+from compat_hook.commands.runtime import render_wrapper
 from tests.conftest import write_fake_host
 from tests.support import debs, hookenv, rootfs, runtimes as rt
 from tests.support.toolkit import toolkit  # noqa: F401  (the session fixture)

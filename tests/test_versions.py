@@ -1,12 +1,12 @@
-"""compat_hook.versions: parsing, formatting, the branch table (cuda-compat.md §1-2)."""
+"""compat_hook.core.versions: parsing, formatting, the branch table (cuda-compat.md §1-2)."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, strategies as st
 
-from compat_hook.errors import InvalidVersion
-from compat_hook.versions import (BRANCH_MAX_CUDA, branch_max_cuda, decode_cuda_driver_version,
+from compat_hook.core.errors import InvalidVersion
+from compat_hook.core.versions import (BRANCH_MAX_CUDA, branch_max_cuda, decode_cuda_driver_version,
                                   format_version, parse_version, try_parse_version)
 
 

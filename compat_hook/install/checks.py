@@ -19,7 +19,7 @@ CRI-O's runtime handler). :func:`problems` returns what would not work:
 yet means the defaults plus a note; one that does not validate is refused
 (exit 2), since every start would then fail open with an error line.
 
->>> from compat_hook.config import from_mapping
+>>> from compat_hook.core.config import from_mapping
 >>> problems(from_mapping({"mode": "env"}), "hook")[0][0]
 'warning'
 >>> problems(from_mapping({}), "wrapper")
@@ -35,7 +35,7 @@ __all__ = ["registered_config", "problems", "enforce"]
 
 def registered_config(hook_config: str | None):
     """``(Config, note or None)`` for the file a registration names."""
-    from .. import config as _config
+    from ..core import config as _config
 
     path = os.path.abspath(hook_config) if hook_config else _config.DEFAULT_PATH
     if not os.path.lexists(path):
@@ -64,7 +64,7 @@ def problems(cfg, path: str, *, hook_elsewhere: bool = False) -> list:
     if cfg.dry_run:
         out.append(("warning", "dry_run: true: decisions are logged, nothing is changed"))
     if path == "wrapper":
-        from ..runtime import RuntimeNotFound, resolve_runtime
+        from ..commands.runtime import RuntimeNotFound, resolve_runtime
 
         try:
             resolve_runtime(cfg.runtime)

@@ -21,7 +21,7 @@ The stage is ``createContainer``: it runs in the container's mount namespace
 before pivot_root with the host filesystem visible, which the ldconfig mode
 and the host-store bind mount need.
 
-The hook entry is :func:`compat_hook.registration.hook_entry` (``-I -S``, an
+The hook entry is :func:`compat_hook.core.registration.hook_entry` (``-I -S``, an
 explicit ``env``, the fail-open boot code; ``--fail-closed`` when the
 configuration says ``on_error: fail``). An interpreter that is
 ``/usr/bin/python3.11`` because ``/usr/bin/python3`` links to it is written as
@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import CompatHookError, UsageError
+from ..core.errors import CompatHookError, UsageError
 
 __all__ = ["DEFAULT_DIR", "OVERRIDE_DIR", "FILE_NAME", "InstallError", "document", "render",
            "target_path", "is_ours", "packaged", "changes", "removals", "install", "uninstall",
@@ -69,8 +69,8 @@ def say(msg: str) -> None:
 
 
 def stable_interpreter(exe: str) -> str:
-    """See :func:`compat_hook.registration.stable_interpreter`."""
-    from ..registration import stable_interpreter as _stable
+    """See :func:`compat_hook.core.registration.stable_interpreter`."""
+    from ..core.registration import stable_interpreter as _stable
 
     return _stable(exe)
 
@@ -80,7 +80,7 @@ def document(opts, *, log_file=None) -> dict:
 
     ``log_file``: where a failed start is logged (default: the configuration's ``log_file``, read now).
     """
-    from ..registration import hook_entry, hooksd_document, registered_log_file
+    from ..core.registration import hook_entry, hooksd_document, registered_log_file
     from .wrapper import fail_closed
 
     entry = hook_entry(stage=STAGE, config=opts.hook_config, state_dir=opts.state_dir,
@@ -92,7 +92,7 @@ def document(opts, *, log_file=None) -> dict:
 def package_document(python: str = "/usr/bin/python3",
                      paths=("/usr/lib/python3/dist-packages",), config: str | None = None) -> dict:
     """The document the Debian package ships (the installed locations, not this tree's)."""
-    from ..registration import hook_entry, hooksd_document
+    from ..core.registration import hook_entry, hooksd_document
 
     return hooksd_document(hook_entry(stage=STAGE, config=config, python=python, paths=list(paths),
                                       log_file="/var/log/compat-hook.log"), stages=[STAGE])

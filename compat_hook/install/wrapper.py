@@ -5,7 +5,7 @@ paths filled in (:func:`render_wrapper`): a runc-compatible runtime for
 containerd's ``BinaryName``, Docker's ``runtimes.<name>.path`` and CRI-O's
 ``runtime_path``. Every verb but ``create``/``run`` execs the real runtime
 from shell builtins (~1 ms); those two start Python through
-:func:`compat_hook.registration.boot_code` (``target="runtime"``).
+:func:`compat_hook.core.registration.boot_code` (``target="runtime"``).
 
 **One wrapper per node.** ``install containerd|docker|crio`` name the same
 file, rendered the same way, so installing for several engines never
@@ -36,7 +36,7 @@ installation it runs (``# compat-hook-installation: <python> <dir>``). An
 ``install`` from another installation takes it over with a message saying
 so; an ``uninstall`` from another installation leaves it alone.
 
-The pip console script ``compat-hook-runtime`` (``compat_hook.runtime:main``)
+The pip console script ``compat-hook-runtime`` (``compat_hook.commands.runtime:main``)
 does the same job in Python, starting an interpreter on every runtime verb
 (+15-20 ms each): it is for trying the wrapper by hand, never what ``install``
 registers.
@@ -89,8 +89,8 @@ def render_wrapper(config_path: str | None = None, *, python: str | None = None,
     """
     import shlex
 
-    from ..config import DEFAULT_PATH
-    from ..registration import boot_code, interpreter, python_paths, registered_log_file
+    from ..core.config import DEFAULT_PATH
+    from ..core.registration import boot_code, interpreter, python_paths, registered_log_file
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(here, "data", "compat-hook-runtime.sh"), encoding="utf-8") as f:
@@ -116,7 +116,7 @@ def this_installation(python: str | None = None, paths: list | None = None) -> s
     >>> this_installation("/usr/bin/python3", ["/usr/lib/python3/dist-packages", "/x"])
     '/usr/bin/python3 /usr/lib/python3/dist-packages'
     """
-    from ..registration import interpreter, python_paths
+    from ..core.registration import interpreter, python_paths
 
     paths = paths if paths is not None else python_paths()
     return f"{python or interpreter()} {paths[0] if paths else '?'}"
@@ -163,7 +163,7 @@ def fail_closed(hook_config: str | None) -> bool:
 
 
 def _hook_config(opts) -> str:
-    from ..config import DEFAULT_PATH
+    from ..core.config import DEFAULT_PATH
 
     return os.path.abspath(opts.hook_config) if opts.hook_config else DEFAULT_PATH
 
@@ -305,7 +305,7 @@ def _real_runtime(wrapper_text: str) -> str:
     """The runtime a wrapper (or pass-through) execs, as an absolute path (``runc`` resolved when unsure)."""
     import shlex
 
-    from ..runtime import RuntimeNotFound, read_runtime_line, resolve_runtime
+    from ..commands.runtime import RuntimeNotFound, read_runtime_line, resolve_runtime
 
     if is_pass_through(wrapper_text):
         last = [ln for ln in wrapper_text.splitlines() if ln.startswith("exec ")]

@@ -43,7 +43,7 @@ import subprocess
 import threading
 import time
 
-from compat_hook import elfgen
+from compat_hook.facts import elfgen
 
 Path = pathlib.Path
 

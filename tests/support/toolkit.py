@@ -325,7 +325,7 @@ def noted_compat_lib(lib: Path, dest_dir: Path, note: dict = NOTE_550) -> Path:
     """A copy of the real libcuda ``lib`` in ``dest_dir`` with ``.note.cuda.fwd_compatibility`` (objcopy)."""
     import json
 
-    from compat_hook import elfgen
+    from compat_hook.facts import elfgen
 
     d = Path(dest_dir)
     d.mkdir(parents=True, exist_ok=True)
