@@ -86,8 +86,8 @@ def python_paths() -> list:
     ``importlib.util`` (~4.4 ms of imports: ``-X importtime``, the wrapper's
     create path, which calls this when it adds the hook to a spec).
     """
-    here = os.path.dirname(os.path.abspath(__file__))
-    dirs = [os.path.dirname(here)]
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # .../compat_hook (we are core/)
+    dirs = [os.path.dirname(package)]
     for mod in ("yaml", "elftools"):
         for d in sys.path:
             d = os.path.abspath(d or ".")
