@@ -22,6 +22,7 @@ __all__ = [
     "InvalidVersion",
     "UnsafePath",
     "StateError",
+    "ImageError",
     "describe",
     "one_line",
 ]
@@ -70,6 +71,12 @@ class UnsafePath(CompatHookError, OSError):
     """
 
     code = "unsafe_path"
+
+
+class ImageError(CompatHookError):
+    """An image that cannot be read: missing, malformed, lying about a digest, too large."""
+
+    code = "bad_image"
 
 
 class StateError(CompatHookError):

@@ -31,7 +31,7 @@ Whiteouts (``.wh.NAME``) and opaque markers (``.wh..wh..opq``) are recorded
 and applied by :class:`~compat_hook.images.view.Tree` before the layer's
 entries. Bounds (:class:`~compat_hook.images.reader.Limits`): decompressed bytes and
 members per layer, kept entries, spooled bytes, a deadline; crossing one is an
-:class:`~compat_hook.images.reader.ImageError` naming the layer.
+:class:`~compat_hook.core.errors.ImageError` naming the layer.
 
 Speed: gzip is inflated in-process with zlib, which beat spawning ``gzip
 -dc`` here (1.08 GB layer: zlib 1.2 s, zlib + sha256 1.6 s, ``gzip -dc``
@@ -66,7 +66,7 @@ _TEXT_LIMIT = 64 << 10
 
 
 def _error(msg: str):
-    from .reader import ImageError
+    from ..core.errors import ImageError
 
     return ImageError(msg)
 
@@ -853,7 +853,7 @@ def scan_layer(raw, *, what: str, limits, spool: Spool, fetcher, deadline: float
     the decompressed stream must have (a docker-archive diff_id); ``deadline``:
     a ``time.monotonic()`` value; ``room(n)``: called as the kept entries
     grow (every 4096), so a cache can make room. Raises
-    :class:`~compat_hook.images.reader.ImageError`.
+    :class:`~compat_hook.core.errors.ImageError`.
     """
     s = _Keep(raw, what=what, limits=limits, spool=spool, fetcher=fetcher, deadline=deadline,
               uncompressed=uncompressed, room=room)

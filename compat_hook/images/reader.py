@@ -41,18 +41,12 @@ from __future__ import annotations
 import os
 import time
 
-from ..core.errors import CompatHookError
+from ..core.errors import ImageError
 
 __all__ = ["ImageError", "Limits", "Reader", "Image", "open_image", "expand_sources", "is_image_source",
            "default_reader", "TRANSPORTS"]
 
 TRANSPORTS = ("oci:", "oci-archive:", "docker-archive:", "containerd:")
-
-
-class ImageError(CompatHookError):
-    """An image that cannot be read: missing, malformed, lying about a digest, too large."""
-
-    code = "bad_image"
 
 
 class Limits:

@@ -17,7 +17,7 @@ ends (:class:`Blob`); a docker-archive layer, named by path, is checked
 against the config's ``diff_ids`` instead (its decompressed digest). An
 index picks the ``linux/<this machine>`` manifest; nesting is bounded and a
 cycle is an error. Everything wrong with an image is an
-:class:`~compat_hook.images.reader.ImageError`.
+:class:`~compat_hook.core.errors.ImageError`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ _CTR_IMAGE_NAME = "io.containerd.image.name"
 
 
 def _error(msg: str):
-    from .reader import ImageError
+    from ..core.errors import ImageError
 
     return ImageError(msg)
 

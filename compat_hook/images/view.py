@@ -245,7 +245,7 @@ class Tree:
     def _count(self) -> None:
         self.entries += 1
         if self.max_entries is not None and self.entries > self.max_entries:
-            from .reader import ImageError
+            from ..core.errors import ImageError
 
             raise ImageError(f"more than {self.max_entries} entries kept: too large to read")
 
