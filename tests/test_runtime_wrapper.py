@@ -28,6 +28,8 @@ import subprocess
 import pytest
 
 from compat_hook.commands import runtime as rtw
+from compat_hook.core.realruntime import read_runtime_line
+from compat_hook.install.wrapper import render_wrapper
 from compat_hook.effects import specedit
 from compat_hook.commands import store
 from compat_hook.core.registration import hook_entry
@@ -50,7 +52,7 @@ def render(path: pathlib.Path, config_path, *, python: str | None = None) -> pat
     """Write the rendered shell wrapper to ``path`` (mode 0755)."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(rtw.render_wrapper(str(config_path) if config_path else None, python=python))
+    path.write_text(render_wrapper(str(config_path) if config_path else None, python=python))
     path.chmod(0o755)
     return path
 
@@ -207,7 +209,7 @@ def corpus() -> list:
 def test_python_line_reader_agrees_with_the_yaml_loader():
     checked_sure = 0
     for text in corpus():
-        quick, sure = rtw.read_runtime_line(text)
+        quick, sure = read_runtime_line(text)
         full = _yaml_runtime(text)
         if sure and full is not None:
             assert quick == full, (text, quick, full)
@@ -236,7 +238,7 @@ def test_shell_reader_agrees_with_python(tmp_path):
         results = out.stdout.splitlines()
         assert len(results) == len(batch), out
         for text, res in zip(batch, results):
-            quick, sure = rtw.read_runtime_line(text)
+            quick, sure = read_runtime_line(text)
             assert res == (f"runtime={quick}" if sure else "unsure"), (text, res, quick, sure)
             full = _yaml_runtime(text)
             if sure and full is not None:
@@ -320,7 +322,7 @@ def test_create_without_compat_hook_importable_fails_open(tmp_path):
     real = recorder(tmp_path / "real-runtime", log)
     cfg = write_config(tmp_path / "config.yaml", runtime=str(real))
     wrapper = tmp_path / "w.sh"
-    wrapper.write_text(rtw.render_wrapper(str(cfg), python=PY, paths=[str(tmp_path / "gone")]))
+    wrapper.write_text(render_wrapper(str(cfg), python=PY, paths=[str(tmp_path / "gone")]))
     wrapper.chmod(0o755)
     argv = ["--root", "/r", "create", "--bundle", str(tmp_path), "c1"]
     p = subprocess.run([str(wrapper), *argv], capture_output=True, text=True, env=ENV)

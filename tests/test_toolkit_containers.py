@@ -42,7 +42,7 @@ import pathlib
 import pytest
 
 from compat_hook.core import registration
-from compat_hook.commands.runtime import render_wrapper
+from compat_hook.install.wrapper import render_wrapper
 from tests.conftest import write_fake_host
 from tests.support import debs, hookenv, rootfs, runtimes as rt
 from tests.support.toolkit import toolkit  # noqa: F401  (the session fixture)

@@ -42,12 +42,10 @@ import os
 import sys
 import time
 
-__all__ = ["main", "entry", "find_verb", "find_bundle", "container_id", "read_runtime_line",
-           "resolve_runtime", "render_wrapper", "boot_code", "SAFE_PATH", "EDIT_VERBS",
-           "DEFAULT_WRAPPER_PATH", "RuntimeNotFound"]
+from ..core.realruntime import RuntimeNotFound, read_runtime_line, resolve_runtime
 
-#: Where a bare ``runtime:`` name is looked up (never the caller's PATH).
-SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+__all__ = ["main", "entry", "find_verb", "find_bundle", "container_id", "EDIT_VERBS"]
+
 EDIT_VERBS = ("create", "run")
 #: Set for the real runtime; seeing it on entry means the chain loops back.
 ACTIVE_ENV = "COMPAT_HOOK_RUNTIME_ACTIVE"
@@ -63,29 +61,6 @@ _GLOBAL_VALUE_FLAGS = frozenset(
 _VERB_VALUE_FLAGS = frozenset(
     f"{d}{n}" for d in ("-", "--")
     for n in ("bundle", "b", "console-socket", "pid-file", "preserve-fds"))
-
-
-#: Where ``compat-hook install`` puts the rendered shell wrapper by default.
-DEFAULT_WRAPPER_PATH = "/usr/local/libexec/compat-hook/compat-hook-runtime"
-
-
-class RuntimeNotFound(Exception):
-    pass
-
-
-def boot_code(paths: list) -> str:
-    """The wrapper's boot code: :func:`compat_hook.core.registration.boot_code` (``target="runtime"``)."""
-    from ..core.registration import boot_code as _boot_code
-
-    return _boot_code(paths, target="runtime")
-
-
-def render_wrapper(config_path: str | None = None, *, python: str | None = None,
-                   paths: list | None = None, state_dir: str | None = None) -> str:
-    """The rendered shell wrapper: :func:`compat_hook.install.wrapper.render_wrapper`."""
-    from ..install.wrapper import render_wrapper as _render
-
-    return _render(config_path, python=python, paths=paths, state_dir=state_dir)
 
 
 def find_verb(argv: list) -> tuple:
@@ -139,98 +114,6 @@ def find_bundle(argv: list, verb_index: int, cwd: str | None = None) -> str:
 def container_id(argv: list, verb_index: int):
     rest = _verb_args(argv, verb_index)[1]
     return rest[0] if rest else None
-
-
-# -- the quick `runtime:` reader (same rules as the shell wrapper) ----------
-
-_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./+-")
-_KEY = frozenset("abcdefghijklmnopqrstuvwxyz_")
-_YAML_WORDS = frozenset(("y Y n N yes Yes YES no No NO true True TRUE false False FALSE on On ON "
-                         "off Off OFF null Null NULL").split())
-_BLANK = " \t"
-_FIRST = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_/")
-
-
-def _other_value_ok(v: str) -> bool:
-    t = v.strip(_BLANK)
-    if t.startswith('"'):
-        r = t[1:]
-        return "\\" not in r and '"' in r
-    if t.startswith("'"):
-        r = t[1:]
-        while "''" in r:
-            i = r.index("''")
-            r = r[:i] + r[i + 2:]
-        return "'" in r
-    if t.startswith(("[", "{")):
-        if "#" in t or '"' in t or "'" in t:
-            return False
-        return t.endswith(("]", "}"))
-    return not t.startswith(("&", "*", "!", "|", ">", "%", "@", "`"))
-
-
-def _runtime_value(v: str):
-    """The value of a ``runtime:`` line, or ``None`` (unsure)."""
-    if v and v[0] not in _BLANK:
-        return None
-    if "#" in v:
-        pre = v[:v.index("#")]
-        if not pre.endswith((" ", "\t")):
-            return None
-        v = pre
-    v = v.strip(_BLANK)
-    if len(v) >= 2 and v[0] == v[-1] and v[0] in "\"'":
-        v = v[1:-1]
-    elif v[:1] and v[0] in _FIRST:
-        if v in _YAML_WORDS:
-            return None
-    else:
-        return None
-    if not v or not _SAFE.issuperset(v):
-        return None
-    if "/" in v and not v.startswith("/"):
-        return None
-    return v
-
-
-def read_runtime_line(text: str) -> tuple:
-    """``(runtime, sure)`` from config text, the way the shell wrapper reads it.
-
-    ``sure`` is False when the file uses YAML the line reader cannot vouch
-    for; ``runtime`` is then the default ``"runc"`` (the caller parses the
-    file properly).
-    """
-    rt = "runc"
-    # `read` splits on \n only; a trailing \r stays part of the line.
-    for line in text.split("\n"):
-        if line.startswith("runtime:"):
-            v = _runtime_value(line[len("runtime:"):])
-            if v is None:
-                return "runc", False
-            rt = v
-            continue
-        if line in ("", "---", "...", "-") or line.startswith(("#", " ", "\t", "- ")):
-            continue
-        key, colon, after = line.partition(":")
-        if (colon and key and key[0] in _KEY and (after == "" or after[0] in _BLANK)):
-            if not _KEY.issuperset(key):
-                return "runc", False
-            if not _other_value_ok(after):
-                return "runc", False
-            continue
-        return "runc", False
-    return rt, True
-
-
-def resolve_runtime(name: str, path: str = SAFE_PATH) -> str:
-    """The absolute path of the real runtime ``name``."""
-    if name.startswith("/"):
-        return name
-    for d in path.split(":"):
-        p = os.path.join(d, name)
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return p
-    raise RuntimeNotFound(f"runtime {name!r} not found in {path}")
 
 
 # -- main ----------------------------------------------------------------------

@@ -64,7 +64,7 @@ def problems(cfg, path: str, *, hook_elsewhere: bool = False) -> list:
     if cfg.dry_run:
         out.append(("warning", "dry_run: true: decisions are logged, nothing is changed"))
     if path == "wrapper":
-        from ..commands.runtime import RuntimeNotFound, resolve_runtime
+        from ..core.realruntime import RuntimeNotFound, resolve_runtime
 
         try:
             resolve_runtime(cfg.runtime)

@@ -204,7 +204,7 @@ def _is_ours(entry, wrapper: str | None) -> bool:
 
 
 def _resolve(name: str) -> str | None:
-    from ..commands.runtime import RuntimeNotFound, resolve_runtime
+    from ..core.realruntime import RuntimeNotFound, resolve_runtime
 
     try:
         p = resolve_runtime(name, SAFE_PATH)
@@ -234,7 +234,7 @@ def _runtime_of(path: str, text: str | None) -> tuple:
     ``sure``: the line reader the shell wrapper uses vouches for the file, so
     a line appended to it is read the same way by the wrapper and by YAML.
     """
-    from ..commands.runtime import read_runtime_line
+    from ..core.realruntime import read_runtime_line
 
     if text is None:
         return "runc", False, True
