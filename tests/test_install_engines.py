@@ -17,7 +17,7 @@ import pytest
 
 from compat_hook.commands import cli
 from compat_hook.core import registration
-from compat_hook.install import crio, docker, hooksd
+from compat_hook.install import common, crio, docker, hooksd
 from compat_hook.core.registration import hook_entry
 
 PY = "/usr/bin/python3"
@@ -26,8 +26,8 @@ PY = "/usr/bin/python3"
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch, tmp_path):
     # Keep the "is the wrapper still used elsewhere" scan and the dpkg ownership check off the real /etc, /var.
-    monkeypatch.setattr(hooksd, "ENGINE_FILES", (str(tmp_path / "none-ctrd.toml"),))
-    monkeypatch.setattr(hooksd, "DPKG_INFO", str(tmp_path / "dpkg-info"))
+    monkeypatch.setattr(common, "ENGINE_FILES", (str(tmp_path / "none-ctrd.toml"),))
+    monkeypatch.setattr(common, "DPKG_INFO", str(tmp_path / "dpkg-info"))
 
 
 def run(capsys, *argv) -> tuple:
@@ -370,7 +370,7 @@ def test_crio_bad_toml_is_left_alone(tmp_path, capsys):
 def test_shared_wrapper_survives_one_engines_uninstall(tmp_path, capsys, monkeypatch):
     daemon = tmp_path / "daemon.json"
     dropin = tmp_path / "crio.conf.d" / "99-compat-hook.toml"
-    monkeypatch.setattr(hooksd, "ENGINE_FILES", (str(daemon), str(dropin)))
+    monkeypatch.setattr(common, "ENGINE_FILES", (str(daemon), str(dropin)))
     assert _docker(capsys, tmp_path, "install")[0] == 0
     assert _crio(capsys, tmp_path, "install")[0] == 0
     w = tmp_path / "w" / "compat-hook-runtime"

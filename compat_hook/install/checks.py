@@ -79,7 +79,7 @@ def problems(cfg, path: str, *, hook_elsewhere: bool = False) -> list:
 
 def enforce(hook_config: str | None, path: str, say, *, hook_elsewhere: bool = False) -> None:
     """Print notes and warnings through ``say``; raise InstallError on an error."""
-    from .hooksd import InstallError
+    from .common import InstallError
 
     cfg, note = registered_config(hook_config)
     if note:

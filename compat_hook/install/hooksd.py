@@ -36,9 +36,9 @@ is never rewritten or removed by these commands (that is dpkg's job).
 from __future__ import annotations
 
 import os
-import sys
 
-from ..core.errors import CompatHookError, UsageError
+from ..core.errors import UsageError
+from .common import ENGINE_FILES, InstallError, packaged, say  # noqa: F401  (the engines import them from here)
 
 __all__ = ["DEFAULT_DIR", "OVERRIDE_DIR", "FILE_NAME", "InstallError", "document", "render",
            "target_path", "is_ours", "packaged", "changes", "removals", "install", "uninstall",
@@ -48,21 +48,8 @@ __all__ = ["DEFAULT_DIR", "OVERRIDE_DIR", "FILE_NAME", "InstallError", "document
 DEFAULT_DIR = "/usr/share/containers/oci/hooks.d"
 OVERRIDE_DIR = "/etc/containers/oci/hooks.d"
 FILE_NAME = "50-compat-hook.json"
-#: Where dpkg lists the files of installed packages (tests point it elsewhere).
-DPKG_INFO = "/var/lib/dpkg/info"
-PACKAGE = "compat-hook"
 STAGE = "createContainer"
 _MARK = "compat_hook.cli"
-
-
-class InstallError(CompatHookError):
-    """A registration cannot be done safely (exit status 1)."""
-
-    code = "install_failed"
-
-
-def say(msg: str) -> None:
-    sys.stdout.write(msg + "\n")
 
 
 # --------------------------------------------------------------------------- the document
@@ -126,24 +113,9 @@ def target_path(opts) -> str:
     return os.path.join(os.path.abspath(opts.hooks_dir or DEFAULT_DIR), FILE_NAME)
 
 
-def packaged(path: str) -> bool:
-    """True when dpkg lists ``path`` as a file of the compat-hook package."""
-    try:
-        with open(os.path.join(DPKG_INFO, PACKAGE + ".list"), encoding="utf-8",
-                  errors="replace") as f:
-            return any(line.rstrip("\n") == path for line in f)
-    except OSError:
-        return False
-
-
 # --------------------------------------------------------------------------- the runtime wrapper
 # Docker and CRI-O register the same wrapper as containerd (compat_hook.install.wrapper).
 from .wrapper import WRAPPER_MARK  # noqa: E402  (the mark a rendered wrapper starts with)
-
-#: Where the other engines' registrations name the wrapper (read to tell whether it is shared).
-ENGINE_FILES = ("/etc/containerd/config.toml.compat-hook-install",
-                "/etc/containerd/conf.d/99-zz-compat-hook.toml", "/etc/docker/daemon.json",
-                "/etc/crio/crio.conf.d/99-compat-hook.toml")
 
 
 def wrapper_change(opts) -> list:

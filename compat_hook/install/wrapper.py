@@ -169,14 +169,14 @@ def _hook_config(opts) -> str:
 
 
 def _packaged_wrapper() -> bool:
-    from . import hooksd
+    from .common import packaged
 
-    return os.path.isfile(PACKAGED_WRAPPER_PATH) and hooksd.packaged(PACKAGED_WRAPPER_PATH)
+    return os.path.isfile(PACKAGED_WRAPPER_PATH) and packaged(PACKAGED_WRAPPER_PATH)
 
 
 def wrapper_for(opts) -> tuple:
     """``(path, text or None)``: the wrapper a registration names and, unless it is the packaged one, its text."""
-    from .hooksd import InstallError
+    from .common import InstallError
 
     cfg = _hook_config(opts)
     closed = fail_closed(opts.hook_config)
@@ -195,7 +195,7 @@ def wrapper_for(opts) -> tuple:
                 f"(--hook-config, --state-dir or on_error: fail): add --wrapper-path PATH to write it there")
         mine = this_installation()
         if mine != this_installation(PACKAGED_PYTHON, list(PACKAGED_PATHS)):
-            from .hooksd import say
+            from .common import say
 
             say(f"note: registering the compat-hook package's wrapper {PACKAGED_WRAPPER_PATH}: containers run "
                 f"the package's compat-hook ({this_installation(PACKAGED_PYTHON, list(PACKAGED_PATHS))}), not "
@@ -207,7 +207,7 @@ def wrapper_for(opts) -> tuple:
 def wrapper_change(opts) -> list:
     """The :class:`~compat_hook.install.files.Change` writing the wrapper (mode 0755); ``[]``: the packaged one."""
     from .files import Change
-    from .hooksd import InstallError
+    from .common import InstallError
 
     path, text = wrapper_for(opts)
     if text is None:
@@ -219,7 +219,7 @@ def wrapper_change(opts) -> list:
         raise InstallError(f"{path} exists and is not compat-hook's runtime wrapper; "
                            f"move it away or use --wrapper-path")
     if change.old is not None and change.changed:
-        from .hooksd import say
+        from .common import say
 
         theirs, mine = installation_of(change.old), installation_of(text)
         if is_pass_through(change.old):
@@ -242,23 +242,23 @@ def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=
     of the containers still created through it (:func:`users`); when any is
     left, the wrapper is replaced by :func:`render_pass_through` instead.
     """
-    from . import hooksd
+    from . import common
     from .files import Change
 
     if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isfile(path) or path == keep:
         return []
-    if hooksd.packaged(path):
+    if common.packaged(path):
         return []
     change = Change(path, None, ours=True, prune=True)
     if not is_wrapper(change.old):
-        hooksd.say(f"note: left {path} alone: it is not compat-hook's runtime wrapper")
+        common.say(f"note: left {path} alone: it is not compat-hook's runtime wrapper")
         return []
     theirs = installation_of(change.old)
     if theirs is not None and theirs != this_installation() and not is_pass_through(change.old):
-        hooksd.say(f"note: left {path} alone: it runs another compat-hook installation ({theirs}); "
+        common.say(f"note: left {path} alone: it runs another compat-hook installation ({theirs}); "
                    f"uninstall with that one, or delete the file")
         return []
-    for other in hooksd.ENGINE_FILES:
+    for other in common.ENGINE_FILES:
         if os.path.abspath(other) == os.path.abspath(own_config):
             continue
         text = None
@@ -268,13 +268,13 @@ def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=
         except OSError:
             pass
         if text and path in text:
-            hooksd.say(f"note: kept {path}: {other} still uses it")
+            common.say(f"note: kept {path}: {other} still uses it")
             return []
     left = users_of(path) if users_of is not None else []
     if left:
         runtime = _real_runtime(change.old)
         shown = ", ".join(left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
-        hooksd.say(f"note: {len(left)} container(s) created through {path} still exist ({shown}): it stays as a "
+        common.say(f"note: {len(left)} container(s) created through {path} still exist ({shown}): it stays as a "
                    f"pass-through to {runtime} (no compat-hook) so they can be stopped and removed; once they are "
                    f"gone, run `compat-hook uninstall {engine}` again to remove it")
         if is_pass_through(change.old):
@@ -285,17 +285,17 @@ def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=
 
 def pass_through_cleanup(path: str, users_of, engine: str) -> list:
     """A pass-through left at ``path`` by an earlier uninstall: removed once :func:`users` finds nobody."""
-    from . import hooksd
+    from . import common
     from .files import Change
 
-    if not (os.path.isabs(path) and os.path.isfile(path)) or hooksd.packaged(path):
+    if not (os.path.isabs(path) and os.path.isfile(path)) or common.packaged(path):
         return []
     change = Change(path, None, ours=True, prune=True)
     if not is_pass_through(change.old):
         return []
     left = users_of(path)
     if left:
-        hooksd.say(f"note: kept the pass-through {path}: {len(left)} container(s) created through it still exist "
+        common.say(f"note: kept the pass-through {path}: {len(left)} container(s) created through it still exist "
                    f"({', '.join(left[:10])})")
         return []
     return [change]
