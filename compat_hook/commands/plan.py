@@ -24,113 +24,16 @@ entry. A source that cannot be read is a row with ``error`` and
 :data:`EXIT_UNREADABLE` (4) unless ``allow_unreadable``. ``--gpu`` names
 resolve through :mod:`compat_hook.facts.gpunames`.
 
->>> from compat_hook.facts.hostfacts import HostFacts
->>> host_outcome(HostFacts(driver_version=(535, 261, 3)), (12, 4, 0))
-{'outcome': 'host-minor', 'cuda': '12.2', 'error': 222}
->>> host_outcome(HostFacts(driver_version=(535, 261, 3)), (13, 0, 0))['error']
-35
+The outcome model is :mod:`compat_hook.policy.outcome`; the sources are opened
+by :mod:`compat_hook.images.sources`.
 """
 
 from __future__ import annotations
 
-import os
-
 from ..core.errors import UsageError
+from ..policy.outcome import assess_image, check_driver, image_needs, parse_target
 
-__all__ = ["plan", "host_outcome", "parse_target", "render_text", "gpus_from_names", "gate", "exit_status",
-           "EXIT_GATE", "EXIT_UNREADABLE"]
-
-#: CUDA errors a wrong compat choice ends in, by compat-hook's skip reason.
-_WRONG_COMPAT_ERROR = {"device_unsupported": 804, "device_unknown": 804}
-
-
-def _cuda_text(v) -> str | None:
-    return f"{v[0]}.{v[1]}" if v else None
-
-
-def host_outcome(host, needs) -> dict:
-    """What the host driver alone gives an image needing CUDA ``needs`` (a tuple or None)."""
-    from ..core.versions import branch_max_cuda
-
-    native = branch_max_cuda(host.driver_version[0]) if host.driver_version else host.cuda_version
-    if native is None:
-        return {"outcome": "host", "cuda": None, "error": None}
-    if needs is None or native[:2] >= needs[:2]:
-        return {"outcome": "host", "cuda": _cuda_text(native), "error": None}
-    if native[0] == needs[0]:
-        return {"outcome": "host-minor", "cuda": _cuda_text(native), "error": 222}
-    return {"outcome": "broken", "cuda": _cuda_text(native), "error": 35}
-
-
-def _compat_cuda(a):
-    """The CUDA version the chosen compat driver provides."""
-    from ..core.versions import branch_max_cuda, try_parse_version
-
-    d = a.decision
-    note = (d.details or {}).get("note")
-    if isinstance(note, dict) and note.get("cuda_version"):
-        v = try_parse_version(note["cuda_version"])
-        if v is not None:
-            return v
-    v = try_parse_version(d.compat_version) if d.compat_version else None
-    return branch_max_cuda(v[0]) if v else None
-
-
-def _result(a, host, needs, loads: str) -> dict:
-    """The outcome when the container loads ``loads`` (``compat``/``host``) under assessment ``a``."""
-    d = a.decision
-    if loads == "compat":
-        if a.effect == "compat":
-            cuda = _compat_cuda(a)
-            out = {"outcome": "store" if d.source == "store" else "compat", "reason": d.reason,
-                   "cuda": _cuda_text(cuda), "error": None}
-            if needs is not None and cuda is not None and cuda[:2] < needs[:2]:
-                out.update(outcome="broken", error=35 if cuda[0] != needs[0] else 222)
-            return out
-        # The image's compat driver is loaded although it is wrong here.
-        return {"outcome": "broken", "reason": d.reason, "cuda": None,
-                "error": _WRONG_COMPAT_ERROR.get(d.reason, 803)}
-    out = host_outcome(host, needs)
-    return {"outcome": out["outcome"], "reason": d.reason, "cuda": out["cuda"], "error": out["error"]}
-
-
-def _request(env: list):
-    from ..facts.container import Request
-
-    env = [e for e in env if isinstance(e, str)]
-    # plan asks about GPU containers: the device plugin sets this at start.
-    if not any(e.startswith("NVIDIA_VISIBLE_DEVICES=") for e in env):
-        env.append("NVIDIA_VISIBLE_DEVICES=all")
-    return Request.from_spec({"process": {"env": env}})
-
-
-def image_needs(root, env: list) -> dict:
-    """The CUDA version the image needs, from its files and its env (:func:`compat_hook.facts.cudaruntime.needs`)."""
-    from ..facts import cudaruntime
-
-    env_need, env_source = _request(env).required_cuda()
-    return cudaruntime.needs(cudaruntime.sources(root), env_need, env_source)
-
-
-def assess_image(config, root, env: list, host, image_needs: dict | None = None) -> dict:
-    """``{"needs_cuda", "result", "toolkit_only"}`` for one image on one host.
-
-    What the image needs is the highest CUDA version its runtime files or its
-    env name (``image_needs``, :func:`image_needs`); the hook's decision
-    itself sees only the env, as it does at container start.
-    """
-    from ..policy.assess import assess
-
-    request = _request(env)
-    needs = image_needs["version"] if image_needs is not None else request.required_cuda()[0]
-    spec = {"process": {"env": list(env)}, "root": {"path": "rootfs"}}
-    a = assess(config, request, root, spec=spec, host=host, actors=("hook", "wrapper"), toolkit=True)
-    loads = a.toolkit["with_wrapper"]["result"] if a.toolkit else "host"
-    alone = a.toolkit["alone"]["result"] if a.toolkit else "host"
-    if a.effect == "compat":
-        loads = "compat"
-    return {"needs_cuda": _cuda_text(needs), "result": _result(a, host, needs, loads),
-            "toolkit_only": _result(a, host, needs, alone)}
+__all__ = ["plan", "render_text", "gpus_from_names", "gate", "exit_status", "EXIT_GATE", "EXIT_UNREADABLE"]
 
 
 def gpus_from_names(names: list) -> list:
@@ -162,54 +65,6 @@ def _host_with(base, driver_text: str):
                      cuda_version=None, tegra=False)
 
 
-def _check_driver(text: str, where: str) -> str:
-    from ..core.versions import try_parse_version
-
-    t = (text or "").strip()
-    if t.startswith("sha256:") or "@sha256:" in t:
-        raise UsageError(f"{where}: {t!r} is an image digest, not a driver version: give the version (550.54.15)")
-    v = try_parse_version(t)
-    if v is None or t.count(".") < 1:
-        raise UsageError(f"{where}: {t!r} is not a full driver version (550.54.15; a branch alone says too little)")
-    return t
-
-
-def parse_target(manifest: str) -> tuple:
-    """``(version, where)`` from a ClusterPolicy or NVIDIADriver manifest (multi-document YAML)."""
-    import yaml
-
-    try:
-        with open(manifest, "rb") as f:
-            docs = [d for d in yaml.safe_load_all(f.read()) if d is not None]
-    except OSError as e:
-        raise UsageError(f"{manifest}: cannot read: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise UsageError(f"{manifest}: not valid YAML: {str(e).splitlines()[0]}") from None
-    found = []
-    for d in docs:
-        if not isinstance(d, dict):
-            continue
-        kind, spec = d.get("kind"), d.get("spec") if isinstance(d.get("spec"), dict) else {}
-        name = (d.get("metadata") or {}).get("name") if isinstance(d.get("metadata"), dict) else None
-        if kind == "ClusterPolicy":
-            drv = spec.get("driver") if isinstance(spec.get("driver"), dict) else {}
-            if drv.get("version") is not None:
-                found.append((str(drv["version"]), f"ClusterPolicy {name} spec.driver.version"))
-        elif kind == "NVIDIADriver" and spec.get("version") is not None:
-            sel = spec.get("nodeSelector")
-            where = f"NVIDIADriver {name} spec.version"
-            if sel:
-                where += " (nodeSelector " + ",".join(f"{k}={v}" for k, v in sorted(sel.items())) + ")"
-            found.append((str(spec["version"]), where))
-    if not found:
-        raise UsageError(f"{manifest}: no ClusterPolicy spec.driver.version or NVIDIADriver spec.version")
-    if len({v for v, _ in found}) > 1:
-        raise UsageError(f"{manifest}: several driver versions ({', '.join(w for _, w in found)}): "
-                         "give one with --driver")
-    version, where = found[0]
-    return _check_driver(version, f"{manifest}: {where}"), where
-
-
 def plan(config, sources: list, *, driver: str | None = None, manifest: str | None = None,
          from_driver: str | None = None, gpus: list | None = None, opener=None, expander=None,
          address: str | None = None, namespace: str = "k8s.io", allow_unreadable: bool = False) -> dict:
@@ -229,12 +84,12 @@ def plan(config, sources: list, *, driver: str | None = None, manifest: str | No
     if manifest is not None:
         driver, target_from = parse_target(manifest)
     else:
-        driver = _check_driver(driver, "--driver")
+        driver = check_driver(driver, "--driver")
     base = hostfacts.gather(config)
     if gpus:
         base.gpus, base.gpus_source = gpus_from_names(gpus), "--gpu"
     if from_driver is not None:
-        now_text = _check_driver(from_driver, "--from-driver")
+        now_text = check_driver(from_driver, "--from-driver")
     elif base.driver_version is not None:
         now_text = base.driver_text
     else:
@@ -394,30 +249,3 @@ def gate(report: dict, fail_on: str | None, allow_unreadable: bool = False) -> t
 def exit_status(report: dict, fail_on: str | None, allow_unreadable: bool = False) -> int:
     """0, 3 when ``fail_on`` is met, 4 when a source was unreadable (:func:`gate`)."""
     return gate(report, fail_on, allow_unreadable)[0]
-
-
-class _DirImage:
-    """A rootfs dir or an OCI bundle dir as a plan source (env from the bundle's config.json)."""
-
-    def __init__(self, path: str) -> None:
-        from ..facts import oci
-        from ..facts.rootfs import Root
-
-        self.env = []
-        rootfs = path
-        if os.path.isfile(os.path.join(path, "config.json")):
-            spec = oci.load_spec(path)
-            rootfs = oci.rootfs_path(path, spec)
-            proc = spec.get("process") if isinstance(spec.get("process"), dict) else {}
-            self.env = [e for e in proc.get("env") or [] if isinstance(e, str)]
-        self.root = Root(rootfs)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.root.close()
-
-
-def open_dir(path: str):
-    return _DirImage(path)
