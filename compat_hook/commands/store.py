@@ -20,18 +20,13 @@ import os
 import stat as _stat
 
 from ..core.errors import CompatHookError
+from ..facts.storeindex import is_version_name as _is_version_name, list_entries
 
 __all__ = ["StoreError", "add", "list_entries", "remove"]
 
 
 class StoreError(CompatHookError):
     code = "store_error"
-
-
-def _is_version_name(name: str) -> bool:
-    from ..core.versions import try_parse_version
-
-    return name.count(".") >= 1 and try_parse_version(name) is not None
 
 
 def _find_compat_dir(top: str) -> tuple:
@@ -143,31 +138,6 @@ def add(store_dir: str, path: str, config) -> dict:
         return entry
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def list_entries(store_dir: str) -> list:
-    """Every stored package's entry, oldest version first (broken ones are skipped)."""
-    from ..core import jsonfast
-    from ..core.versions import try_parse_version
-
-    try:
-        names = os.listdir(store_dir)
-    except FileNotFoundError:
-        return []
-    out = []
-    for n in names:
-        if not n.endswith(".json") or not _is_version_name(n[:-5]):
-            continue
-        try:
-            with open(os.path.join(store_dir, n), "rb") as f:
-                e = jsonfast.loads(f.read(1 << 20))
-        except (OSError, ValueError):
-            continue
-        if isinstance(e, dict) and e.get("version") == n[:-5] and os.path.isdir(os.path.join(store_dir, n[:-5])):
-            e["path"] = os.path.join(store_dir, n[:-5])
-            out.append(e)
-    out.sort(key=lambda e: try_parse_version(e["version"]) or (0, 0, 0))
-    return out
 
 
 def remove(store_dir: str, version: str) -> None:

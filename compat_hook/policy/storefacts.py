@@ -14,7 +14,7 @@ def packages(store_dir: str) -> list:
     """Stored packages as :class:`~compat_hook.facts.imagefacts.ImageFacts` (host paths)."""
     from ..facts.elfnote import ElfInfo
     from ..facts.imagefacts import ImageFacts
-    from ..commands.store import list_entries
+    from ..facts.storeindex import list_entries
     from ..core.versions import try_parse_version
 
     out = []
