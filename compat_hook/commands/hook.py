@@ -220,11 +220,7 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
 
         raise StateError(f"cannot open rootfs {rootfs}: {e.strerror}") from None
     with root:
-        from ..effects.mounts import in_container_mount_ns
-
-        a = assess(config, request, root, state_dir=state_dir, actors=("hook",),
-                   mount_ns=request.gpu_requested and not request.disabled
-                   and in_container_mount_ns(opts["stage"]))
+        a = assess(config, request, root, state_dir=state_dir, actors=("hook",), stage=opts["stage"])
         record.update(a.log_fields())
         if a.decision.enable and a.existing_dropin is not None and a.hook == [("ldconfig", None)]:
             record["dropin"] = "unchanged"

@@ -175,8 +175,8 @@ def _ld_entries(request, known) -> list:
 
 
 def assess(config, request, root, *, spec=None, host=None, state_dir=None,
-           actors=("hook", "wrapper"), mount_ns: bool = True, toolkit: bool = False,
-           hook_entry=None, full: bool = False) -> Assessment:
+           actors=("hook", "wrapper"), mount_ns: bool = True, stage: str | None = None,
+           toolkit: bool = False, hook_entry=None, full: bool = False) -> Assessment:
     """Assess one container start.
 
     ``request``: :class:`~compat_hook.facts.container.Request`; ``root``: the
@@ -187,12 +187,19 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
     ``plan``), else read; ``state_dir``: the ELF cache (None: not used);
     ``actors``: whose effects to plan; ``mount_ns``: the hook runs in the
     container's mount namespace (createContainer), so it can bind-mount a
-    store package; ``toolkit``: also work out what the NVIDIA toolkit alone
+    store package; ``stage``: the hook's stage at a real container start, which
+    decides ``mount_ns`` instead (a GPU container's hook, in the container's
+    mount namespace: :func:`compat_hook.effects.mounts.in_container_mount_ns`);
+    ``toolkit``: also work out what the NVIDIA toolkit alone
     would do; ``hook_entry``: a callable returning the hook entry the wrapper
     adds; ``full``: gather every fact even where rule 1 alone decides (explain).
     """
     from .decision import decide, decide_request
 
+    if stage is not None:
+        from ..effects.mounts import in_container_mount_ns
+
+        mount_ns = bool(request.gpu_requested and not request.disabled and in_container_mount_ns(stage))
     a = Assessment()
     a.request = request
     a.actors = tuple(actors)
