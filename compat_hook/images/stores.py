@@ -366,13 +366,13 @@ class _Proc:
         import subprocess
         import threading
 
-        from .layers import StderrTail, _big_pipe
+        from ..core.process import StderrTail, big_pipe
 
         self.what = what
         self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   bufsize=0, close_fds=True)
         self.err = StderrTail(self.p.stderr)
-        _big_pipe(self.p.stdout.fileno())
+        big_pipe(self.p.stdout.fileno())
         self.timer = threading.Timer(timeout, self.p.kill)
         self.timer.daemon = True
         self.timer.start()
