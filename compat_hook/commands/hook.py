@@ -56,7 +56,7 @@ class HelpRequested(Exception):
 
 
 def _parse(argv: list) -> dict:
-    # Hand-rolled: argparse costs ~5 ms to import, a third of the budget.
+    # Hand-rolled: argparse costs ~5 ms to import, the hook's whole budget (docs/design.md, "Hot path rules").
     opts = {"config": None, "stage": None, "state_dir": None, "dry_run": False,
             "host_root": None, "host_driver_version": None}
     it = iter(argv)

@@ -1,6 +1,6 @@
 """The state-dir cache: parsed configs and inspected libraries.
 
-Why: importing PyYAML (~25 ms) and pyelftools (~50-100 ms) on every
+Why: importing PyYAML and pyelftools (docs/design.md, "Hot path rules") on every
 container start would cost several times the hook's whole budget, yet their
 answers only change when the file they read changes.
 

@@ -3,8 +3,8 @@
 ``import json`` costs ~15 ms on the CI machine kind (hyperfine, 40 runs:
 ``python3 -I -c pass`` 17.7 ms vs ``-c 'import json'`` 33.3 ms), because
 ``json.decoder`` and ``json.encoder`` import ``re`` (and with it ``enum``,
-``functools``, ``collections``). The whole hook budget is ~5 ms, so the hot
-path drives the very same C scanner and encoder (``_json``) that ``json``
+``functools``, ``collections``). The hook's whole budget is ~5 ms over the
+interpreter's start (docs/design.md, "Hot path rules"), so the hot path drives the very same C scanner and encoder (``_json``) that ``json``
 uses, without the Python wrappers. Behaviour matches ``json.loads`` /
 ``json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False)``;
 tests compare the two on random documents.

@@ -367,7 +367,7 @@ def inspect_elf(f) -> ElfInfo:
     if not _check_ident(head, info):
         return info
 
-    # Only now pay for pyelftools (~60-100 ms to import on a cold start).
+    # Only now pay for pyelftools' import (docs/design.md, "Hot path rules").
     # import_dep also finds it when the hook runs as `python3 -I -S`.
     from ..core._deps import import_dep
 

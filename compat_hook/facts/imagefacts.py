@@ -8,7 +8,7 @@ compat, like NVIDIA's toolkit). The compat dir is reported as the container
 resolves it (``/usr/local/cuda-12.4/compat`` when ``/usr/local/cuda`` links to
 ``cuda-12.4``), which is what the ld.so drop-in must name.
 
-The ELF inspection (pyelftools, ~50-100 ms to import) is cached in the
+The ELF inspection (pyelftools: its import is the cost, docs/design.md) is cached in the
 state dir and reused only for byte-identical input; see :mod:`compat_hook.core.cache`.
 """
 

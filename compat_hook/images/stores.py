@@ -33,8 +33,6 @@ _ALGS = {"sha256": 64, "sha384": 96, "sha512": 128}
 _CHUNK = 1 << 20
 _INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
                 "application/vnd.docker.distribution.manifest.list.v2+json")
-_MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
-                   "application/vnd.docker.distribution.manifest.v2+json")
 _CONFIG_TYPES = ("application/vnd.oci.image.config.v1+json",
                  "application/vnd.docker.container.image.v1+json")
 _REF_NAME = "org.opencontainers.image.ref.name"

@@ -103,7 +103,7 @@ def _tomlkit():
         import tomlkit
     except ImportError:
         raise InstallError("tomlkit is not installed (apt-get install python3-tomlkit, "
-                           "or pip install 'compat-hook[install]')") from None
+                           "or pip install tomlkit)") from None
     return tomlkit
 
 
