@@ -219,9 +219,9 @@ def main() -> int:
         base_argv = [py, "-I", "-c", "pass"]
         wrapper = None
         try:
-            from compat_hook.commands import runtime as _rt
+            from compat_hook.install.wrapper import render_wrapper
             wrapper = work / "compat-hook-runtime"
-            wrapper.write_text(_rt.render_wrapper(str(fx.config), python=py))
+            wrapper.write_text(render_wrapper(str(fx.config), python=py))
             wrapper.chmod(0o755)
         except Exception as e:  # the wrapper is not there (yet)
             print(f"[bench] wrapper not available: {e}", file=sys.stderr)
