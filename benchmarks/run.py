@@ -102,7 +102,7 @@ def build_rows(fx: fixtures.Fixtures, wrapper: Path | None):
                     [LDCONFIG, "-r", str(fx.rootfs["many"])], group="child"))
     tk = toolkit_binaries()
     if tk is not None:
-        # The toolkit's own pair as a CDI spec runs it (nvidia-toolkit.md sections 2, 4), on
+        # The toolkit's own pair as a CDI spec runs it (docs/background.md "The NVIDIA toolkit"), on
         # the same stub image and host version; each run starts from the image's own drop-ins.
         troot = fx.rootfs["toolkit"]
 

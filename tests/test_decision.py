@@ -1,5 +1,5 @@
 """compat_hook.policy.decision: every rule of its docstring, NVIDIA's conformance tables
-(nvidia-toolkit.md §5, §7) driven through real generated rootfs trees, the
+(docs/background.md "The NVIDIA toolkit") driven through real generated rootfs trees, the
 device/architecture/Tegra rules, the host store, and "no I/O".
 """
 
@@ -309,7 +309,7 @@ def test_default_device_list_is_what_nvidia_notes_carry():
 
 
 def test_consumer_brands_are_outside_every_known_device_list():
-    # cuda-compat.md §7: the device list is the non-consumer nvmlBrandType_t values.
+    # docs/background.md "The ELF note": the device list is the non-consumer nvmlBrandType_t values.
     from compat_hook.facts.elfnote import inspect_elf as _i
 
     for note in (NOTE_575, NOTE_590):
@@ -338,7 +338,7 @@ def test_every_reason_code_is_exercised():
     assert seen == set(REASONS), set(REASONS) ^ seen
 
 
-# -- NVIDIA's TestUseCompat / TestCompatLibsWithElfHeader (nvidia-toolkit.md §5) --
+# -- NVIDIA's TestUseCompat / TestCompatLibsWithElfHeader (docs/background.md "The NVIDIA toolkit") --
 #
 # Root testdata/, cudaCompatContainerRoot "compat/575.57.08". NVIDIA accepts a
 # relative root; our compat_dirs must be absolute, so the dir is "/compat/575.57.08".
@@ -378,7 +378,7 @@ def test_nvidia_compat_libs_with_elf_header(make_rootfs, fake_host, driver, cuda
     assert img.elf.note.cuda_version == "12.9"
 
 
-# -- The measured table (nvidia-toolkit.md §7), v1.20.0 column ---------------
+# -- The measured table (docs/background.md "The NVIDIA toolkit"), v1.20.0 column ---------------
 #
 # W = enable, '-' = skip. The fixtures are x86-64 here (NVIDIA's elf590 is
 # AArch64): our decision refuses a library the host loader cannot load.
@@ -486,7 +486,7 @@ def test_measured_garbage590(make_rootfs, fake_host, driver, cuda, nvidia_writes
     assert (d.action, d.reason) == ("skip", "not_elf"), d.to_dict()
 
 
-# -- TestCompatLibs: layouts and the no-note fallback (nvidia-toolkit.md §5) --
+# -- TestCompatLibs: layouts and the no-note fallback (docs/background.md "The NVIDIA toolkit") --
 #
 # NVIDIA uses 0-byte libs, which do not parse; for us a 0-byte file is not_elf
 # (checked above), so the same rows use valid no-note ELF stubs.

@@ -1,4 +1,4 @@
-"""compat_hook.facts.hostfacts on fake host trees (cuda-compat.md §8, §11)."""
+"""compat_hook.facts.hostfacts on fake host trees (docs/background.md "Host facts")."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 A local image, built here as an OCI layout with umoci from the harness rootfs
 (tests/support/rootfs.py: busybox, glibc, the probe, the real compat
-libcuda 550 in /usr/local/cuda-12.4/compat), is loaded with ``podman load``
-(docs/oci-runtimes.md section 9.8). The "host driver" is a real host
+libcuda 550 in /usr/local/cuda-12.4/compat), is loaded with ``podman load``. The "host driver" is a real host
 libcuda bind-mounted with ``-v`` onto the container's
 /usr/lib/x86_64-linux-gnu/libcuda.so.1, as the NVIDIA toolkit does, and the
 hook reads a fake host tree (``/proc/driver/nvidia/version``) through

@@ -1,6 +1,6 @@
 """compat_hook.facts.rootfs: the confined accessor.
 
-NVIDIA's container-root_test table (nvidia-toolkit.md §6) mapped onto
+NVIDIA's container-root_test table (docs/background.md "The NVIDIA toolkit") mapped onto
 Root.mkdirs / open_regular / write_file / exists / listdir, then the escapes:
 relative and absolute symlinks out of the root, ``..`` beyond it, loops, and
 special files that must never be opened. A canary tree outside the root is

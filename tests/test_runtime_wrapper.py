@@ -96,7 +96,7 @@ spec = json.load(open(p))
 if os.path.exists(sys.argv[2]):
     spec.setdefault("mounts", []).append({"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
         "type": "bind", "source": sys.argv[2], "options": ["rbind", "ro", "nosuid", "nodev"]})
-if sys.argv[3] == "1":  # CI machines lack CAP_SYS_RESOURCE (oci-runtimes.md section 8)
+if sys.argv[3] == "1":  # CI machines lack CAP_SYS_RESOURCE (docs/background.md "Test machines")
     spec["process"].pop("oomScoreAdj", None)
 json.dump(spec, open(p, "w"))
 ' "${bundle:-.}" @HOSTLIB@ @DROPOOM@ || exit 1

@@ -1,7 +1,7 @@
 """A small, pure-Python ELF generator for test fixtures.
 
 It writes shared-object stubs shaped like NVIDIA's ``testdata/compat``
-fixtures (nvidia-toolkit.md §5): an ELF header, optional ``.note.gnu.build-id``,
+fixtures (docs/background.md "The NVIDIA toolkit"): an ELF header, optional ``.note.gnu.build-id``,
 ``.note.cuda.fwd_compatibility`` (SHT_NOTE, flag A, align 4), and
 ``.shstrtab``. With a SONAME it also adds ``.dynamic`` + ``.dynstr`` and the
 two program headers a loader-ish tool needs to find them (PT_LOAD covering the
@@ -212,7 +212,7 @@ def orin_overrun_elf(note_json: str | bytes = NOTE_ORIN) -> bytes:
 
     The note declares descsz 41, but the section (sh_size 71 = 12 + 20 + 39)
     holds only 39 descriptor bytes: the payload, NUL-padded to 39. A reader
-    must clamp the descriptor to the section end (cuda-compat.md §7).
+    must clamp the descriptor to the section end (docs/background.md "The ELF note").
     """
     payload = note_json.encode("utf-8") if isinstance(note_json, str) else bytes(note_json)
     if len(payload) >= 39:

@@ -2,8 +2,8 @@
 
 :func:`inspect_elf` reports what the loader would care about (class, machine,
 type, SONAME) and the ``.note.cuda.fwd_compatibility`` note NVIDIA ships in
-R575+ compat libraries (cuda-compat.md §7). Note rules follow NVIDIA Container
-Toolkit v1.20 (nvidia-toolkit.md §3), a little stricter:
+R575+ compat libraries (docs/background.md "The ELF note"). Note rules follow NVIDIA Container
+Toolkit v1.20 (docs/background.md "The NVIDIA toolkit"), a little stricter:
 
 - the first SHT_NOTE section named ``.note.cuda.fwd_compatibility``, first
   note only; namesz or descsz 0, or an owner other than ``NVIDIA Corporation``

@@ -15,7 +15,7 @@ container, and Podman sets none for ``--device nvidia.com/gpu=...``. So the
 hook fires for every container and skips non-GPU containers itself: its fast
 path decides ``no_gpu_request`` from config.json without reading any host or
 image fact (one interpreter start, ~17 ms on the CI machine kind, see
-docs/oci-runtimes.md section 10).
+docs/background.md "Test machines").
 
 The stage is ``createContainer``: it runs in the container's mount namespace
 before pivot_root with the host filesystem visible, which the ldconfig mode

@@ -356,7 +356,7 @@ def base_rootfs(root: Path, *, compat: bool = True, ld_so_conf: bool = True) -> 
 
 
 def busybox_rootfs(root: Path, *, compat: bool = True) -> Path:
-    """:func:`base_rootfs` plus a static busybox, enough for ``runc run`` (oci-runtimes.md 9.1)."""
+    """:func:`base_rootfs` plus a static busybox, enough for ``runc run``."""
     base_rootfs(root, compat=compat)
     (root / "bin").mkdir(exist_ok=True)
     dst = root / "bin/busybox"
