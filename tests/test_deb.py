@@ -122,7 +122,7 @@ step module
 cd /
 python3 -I -c 'import compat_hook, sys; print(compat_hook.__file__)'
 step pycache
-ls /usr/lib/python3/dist-packages/compat_hook/__pycache__ | grep -c 'hook.cpython' || true
+ls /usr/lib/python3/dist-packages/compat_hook/commands/__pycache__ | grep -c 'hook.cpython' || true
 step version
 compat-hook --version
 step runtime
