@@ -305,7 +305,7 @@ def _real_runtime(wrapper_text: str) -> str:
     """The runtime a wrapper (or pass-through) execs, as an absolute path (``runc`` resolved when unsure)."""
     import shlex
 
-    from ..commands.runtime import RuntimeNotFound, read_runtime_line, resolve_runtime
+    from ..core.realruntime import RuntimeNotFound, read_runtime_line, resolve_runtime
 
     if is_pass_through(wrapper_text):
         last = [ln for ln in wrapper_text.splitlines() if ln.startswith("exec ")]
