@@ -252,7 +252,7 @@ def test_runtime_wrapper_help_is_the_real_runtimes_and_writes_nothing(tmp_path, 
     import os
     import shutil
 
-    from compat_hook.commands.runtime import render_wrapper
+    from compat_hook.install.wrapper import render_wrapper
 
     if shutil.which("runc") is None:
         pytest.fail("runc is a test dependency (make deps-test)")

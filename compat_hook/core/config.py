@@ -30,7 +30,7 @@ from .. import __version__
 from .errors import ConfigError
 
 __all__ = ["Config", "ConfigError", "ConfigErrors", "error_lines", "DEFAULT_PATH", "DEFAULT_STATE_DIR", "load", "from_mapping",
-           "config_path"]
+           "config_path", "registered"]
 
 DEFAULT_PATH = "/etc/compat-hook/config.yaml"
 DEFAULT_STATE_DIR = "/var/lib/compat-hook"
@@ -318,3 +318,18 @@ def render_default_yaml() -> str:
             lines.append(f"{k}: {default}")
         lines.append("")
     return "\n".join(lines)
+
+
+def registered(hook_config: str | None):
+    """``(Config, note or None)`` for the file a registration names (``None``: the default path).
+
+    A missing file means the defaults, as the hook and the wrapper read it at
+    container start; the note says so when the file was named explicitly.
+    """
+
+    path = os.path.abspath(hook_config) if hook_config else DEFAULT_PATH
+    if not os.path.lexists(path):
+        note = (f"note: {path} is missing: the registered hook and wrapper use the defaults until it is written"
+                if hook_config else None)
+        return from_mapping({}, None), note
+    return load(path, environ={}), None

@@ -105,9 +105,9 @@ def registered_log_file(config: str | None) -> str | None:
     when compat-hook itself can no longer be imported to read the configuration.
     """
     try:
-        from ..install.checks import registered_config
+        from .config import registered
 
-        return registered_config(config)[0].log_file
+        return registered(config)[0].log_file
     except Exception:  # a bad configuration is refused elsewhere; no log line then
         return None
 

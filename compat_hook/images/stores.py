@@ -416,7 +416,7 @@ def find_socket(address: str | None = None, host_root: str = "/") -> tuple:
     >>> find_socket(None, "/nonexistent")[0]
     Traceback (most recent call last):
         ...
-    compat_hook.images.reader.ImageError: containerd: no socket at /nonexistent/run/containerd/containerd.sock (containerd default), /nonexistent/run/k3s/containerd/containerd.sock (k3s/RKE2), /nonexistent/var/snap/microk8s/common/run/containerd.sock (microk8s): give --address
+    compat_hook.core.errors.ImageError: containerd: no socket at /nonexistent/run/containerd/containerd.sock (containerd default), /nonexistent/run/k3s/containerd/containerd.sock (k3s/RKE2), /nonexistent/var/snap/microk8s/common/run/containerd.sock (microk8s): give --address
     """
     if address:
         return address, "--address"

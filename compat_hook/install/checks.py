@@ -34,15 +34,10 @@ __all__ = ["registered_config", "problems", "enforce"]
 
 
 def registered_config(hook_config: str | None):
-    """``(Config, note or None)`` for the file a registration names."""
+    """``(Config, note or None)`` for the file a registration names (:func:`compat_hook.core.config.registered`)."""
     from ..core import config as _config
 
-    path = os.path.abspath(hook_config) if hook_config else _config.DEFAULT_PATH
-    if not os.path.lexists(path):
-        note = (f"note: {path} is missing: the registered hook and wrapper use the defaults until it is written"
-                if hook_config else None)
-        return _config.from_mapping({}, None), note
-    return _config.load(path, environ={}), None
+    return _config.registered(hook_config)
 
 
 def problems(cfg, path: str, *, hook_elsewhere: bool = False) -> list:
