@@ -91,6 +91,11 @@ class Limits:
     ctr_timeout_s = 600.0
     #: "auto" (the zstd binary, else python-zstandard), "binary" or "module"
     zstd = "auto"
+    #: read what the node already unpacked (containerd's snapshotter, Docker's and
+    #: containers/storage's layer dirs) before the blobs; False: the blobs only
+    unpacked = True
+    #: seconds to read one image from unpacked layer dirs, the checks included
+    unpacked_deadline_s = 120.0
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -119,6 +124,8 @@ class Image:
         self.env: list = []
         self.layers: list = []
         self.root = None
+        self.read_via = "blobs"
+        self.read_via_reason = None
         self.stats: dict = {"layers_read": 0, "layers_cached": 0, "bytes": 0, "entries": 0, "seconds": 0.0}
 
     def close(self) -> None:
@@ -340,7 +347,16 @@ class Reader:
         lim = self.limits
         deadline = t0 + lim.deadline_s if lim.deadline_s else None
         kind, store, sel = self._parse(source, address, namespace)
+        why = None
+        if kind == "containerd" and lim.unpacked:
+            from .snapshots import NotUnpacked
+
+            try:
+                return self._containerd_unpacked(store, sel, source, t0)
+            except NotUnpacked as e:
+                why = str(e)
         img = Image(source)
+        img.read_via_reason = why
         if kind == "docker-archive":
             layers = self._docker(store, sel, img, source)
         else:
@@ -365,6 +381,76 @@ class Reader:
         img.root = tree.view(_Unkept(applied))
         img.stats["seconds"] = round(time.monotonic() - t0, 3)
         return img
+
+    # -- unpacked ------------------------------------------------------------
+    def _containerd_unpacked(self, store, sel, source: str, t0: float) -> Image:
+        """The image from containerd's snapshotter (:mod:`compat_hook.snapshots`); NotUnpacked: read the blobs."""
+        from . import snapshots as sn
+        from .imagestores import check_digest, host_platform, pick_platform, read_json, resolve
+
+        lim = self.limits
+        if sel is None:
+            raise ImageError("containerd: name an image (containerd:REF), or expand containerd: first")
+        ref, digest = store.lookup(sel)
+        labels = store.content_labels()
+        d, config_digest = digest, None
+        for _ in range(lim.max_index_depth + 1):
+            lab = labels.get(d) or {}
+            if lab.get("containerd.io/gc.ref.content.config"):
+                config_digest = check_digest(lab["containerd.io/gc.ref.content.config"], f"{source}: config")
+                break
+            if not any(k.startswith("containerd.io/gc.ref.content.m.") for k in lab):
+                break
+            index = read_json(store.open(d, None, f"{source}: index {d}"), lim.max_json_bytes, f"{source}: index {d}")
+            ms = index.get("manifests")
+            if not isinstance(ms, list) or not all(isinstance(m, dict) for m in ms):
+                raise ImageError(f"{source}: index {d} has no valid manifests list")
+            d = check_digest(pick_platform(ms, host_platform(), f"{source}: index {d}").get("digest"), source)
+        if config_digest is not None:
+            config = read_json(store.open(config_digest, None, f"{source}: config"), lim.max_json_bytes,
+                               f"{source}: config {config_digest}")
+        else:  # containerd keeps no labels here: the manifests, read (and checked) as for the blobs
+            r = resolve(store, {"digest": digest, "size": None}, lim, source)
+            config, config_digest, d = r.config, r.config_digest, r.digest
+        rootfs = config.get("rootfs") if isinstance(config.get("rootfs"), dict) else {}
+        diff_ids = rootfs.get("diff_ids")
+        if not isinstance(diff_ids, list) or not diff_ids:
+            raise sn.NotUnpacked(f"{source}: the config lists no diff_ids")
+        for x in diff_ids:
+            check_digest(x, f"{source}: config diff_id")
+        chain = sn.chain_id(diff_ids)
+        names = sn.snapshotters_of(labels.get(config_digest) or {}, chain)
+        if not names:
+            if labels:
+                raise sn.NotUnpacked(f"{source}: not unpacked in any snapshotter")
+            names = ["overlayfs"]  # no labels to tell: containerd's default
+        deadline = t0 + (lim.deadline_s or lim.unpacked_deadline_s)
+
+        def use(dirs: list):
+            from .unpacked import Layers
+
+            try:
+                return Layers(dirs, what=source, max_dir_entries=lim.max_entries, deadline=deadline)
+            except ImageError as e:
+                raise sn.NotUnpacked(str(e)) from None
+
+        why = []
+        for name in names:
+            try:
+                root = sn.with_view(store, name, chain, use, source)
+            except sn.NotUnpacked as e:
+                why.append(str(e))
+                continue
+            img = Image(source)
+            img.name, img.digest, img.read_via = ref, d, "snapshot"
+            self._config(img, config, source)
+            env = img.config.get("Env") if isinstance(img.config.get("Env"), list) else []
+            img.env = [e for e in env if isinstance(e, str)]
+            img.layers = list(diff_ids)
+            img.root = root
+            img.stats.update(snapshotter=name, layer_dirs=len(root.paths), seconds=round(time.monotonic() - t0, 3))
+            return img
+        raise sn.NotUnpacked("; ".join(why))
 
     # -- images -------------------------------------------------------------
     def _oci(self, kind: str, store, sel, img: Image, source: str) -> list:
