@@ -1,0 +1,154 @@
+"""``plan containerd:`` reads what the node already unpacked: containerd's snapshotter, 1.6 and 2.x.
+
+The images are the umoci-built ones of tests/test_plan_images.py (a compat image - Debian's real
+libcuda 550 with NVIDIA's note - and a plain one, each with a whiteout and the ``/usr/local/cuda``
+-> ``cuda-12.4`` link set in a later layer than the libs). One OCI archive holding both is imported
+into a live containerd three times: unpacked into the overlayfs snapshotter (namespace
+``k8s.io``), unpacked into the native snapshotter (``native``), and not unpacked at all
+(``blobs``, ``--no-unpack``). ``plan`` on each must predict the same outcome for every case, the
+first two reading the snapshot and the last the blobs, and leave no snapshot, lease or mount
+behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import stat
+import subprocess
+
+import pytest
+
+from tests.support import engines
+from tests.support import runtimes as rt
+from tests.support.images import skopeo
+from tests.test_plan_images import COMPAT_550, GEFORCE, H100, HOST_535, HOST_555, _host, images  # noqa: F401
+
+pytestmark = pytest.mark.containers
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+NAMESPACES = {"k8s.io": ("overlayfs", "snapshot"), "native": ("native", "snapshot"), "blobs": (None, "blobs")}
+
+
+def _archive(images, work: pathlib.Path) -> pathlib.Path:
+    lay = work / "both"
+    for name in ("compat", "plain"):
+        skopeo("copy", images[name]["oci"], f"oci:{lay}:{name}")
+    tar = work / "both.tar"
+    subprocess.run(["tar", "-C", lay, "-cf", tar, "."], check=True)
+    return tar
+
+
+def _start(tmp_path_factory, images, bin_dir: str):
+    work = tmp_path_factory.mktemp("ctrd-unpacked")
+    tar = _archive(images, work)
+    d = engines.Containerd(work / "d", bin_dir=bin_dir, pause_image="localhost/none:pause")
+    d.start(HOST_535)
+    for ns, (snapshotter, _) in NAMESPACES.items():
+        extra = ["--no-unpack"] if snapshotter is None else ["--snapshotter", snapshotter]
+        if snapshotter == "native" and d.version == 3:
+            # 2.x's transfer service unpacks only into the snapshotters its unpack_config names
+            # (overlayfs by default): the client-side import unpacks into any
+            extra.append("--local")
+        d.ctr("-n", ns, "images", "import", *extra, "--base-name", "localhost/img", tar)
+    return d
+
+
+@pytest.fixture(scope="module", params=["1.6", "2.x"])
+def ctrd(request, tmp_path_factory, images):  # noqa: F811
+    bin_dir = "/usr/bin" if request.param == "1.6" else str(engines.containerd2())
+    d = _start(tmp_path_factory, images, bin_dir)
+    try:
+        yield d
+    finally:
+        left = d.stop()
+        assert left == {"processes": [], "mounts": []}, left
+
+
+def _state(d) -> dict:
+    """Every snapshot (all snapshotters, all namespaces), lease and mount: nothing of plan's may stay."""
+    out = {"mounts": rt.mounts_under(d.work) + rt.mounts_under(d.work.parent)}
+    for ns in NAMESPACES:
+        out[f"{ns} leases"] = d.ctr("-n", ns, "leases", "ls", "-q").stdout.split()
+        for s in ("overlayfs", "native"):
+            out[f"{ns} {s}"] = sorted(d.ctr("-n", ns, "snapshots", "--snapshotter", s, "ls").stdout.splitlines())
+    return out
+
+
+def _plan(d, tmp: pathlib.Path, ns: str, version: str, *extra) -> subprocess.CompletedProcess:
+    conf = tmp / "plan.yaml"
+    conf.write_text(f"log_file: null\nnvml: 'off'\nhost_root: {tmp / 'host'}\n")
+    env = dict(engines.ENV, PATH=f"{d.bin_dir}:{engines.ENV['PATH']}")
+    return subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "plan", "containerd:", "--address", str(d.sock),
+                           "--namespace", ns, "--driver", version, "--config", str(conf), *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("version, gpu, want", [
+    (HOST_535, H100, {"compat": ("compat", "compat_newer_supported"), "plain": ("host-minor", "no_candidate")}),
+    (HOST_555, H100, {"compat": ("host", "compat_not_newer"), "plain": ("host", "no_candidate")}),
+    (HOST_535, GEFORCE, {"compat": ("host-minor", "device_unsupported"), "plain": ("host-minor", "no_candidate")}),
+], ids=["enable+no-compat", "newer-host", "geforce"])
+def test_snapshot_and_blobs_give_the_same_outcomes(ctrd, tmp_path, version, gpu, want):
+    _host(tmp_path, version, gpu)
+    before = _state(ctrd)
+    rows = {}
+    for ns, (snapshotter, via) in NAMESPACES.items():
+        p = _plan(ctrd, tmp_path, ns, version, "--json")
+        assert p.returncode == 0, p.stderr
+        for row in json.loads(p.stdout)["images"]:
+            assert row.get("error") is None, row
+            name = row["image"].rsplit(":", 1)[1]
+            assert row["read_via"] == via, (ns, row)
+            if via == "blobs":
+                assert row["read_via_reason"].endswith("not unpacked in any snapshotter"), row
+            else:
+                assert "read_via_reason" not in row, row
+            assert (row["after"]["outcome"], row["after"]["reason"]) == want[name], (ns, row)
+            rows.setdefault(name, []).append({k: v for k, v in row.items() if k not in ("read_via", "read_via_reason")})
+    for name, got in rows.items():
+        assert len(got) == 3 and got[0] == got[1] == got[2], (name, got)
+    if version == HOST_535 and gpu == H100:
+        assert rows["compat"][0]["after"]["cuda"] == "12.4"  # the compat 550 driver, read from the snapshot
+    assert _state(ctrd) == before
+
+
+def test_table_says_how_each_image_was_read(ctrd, tmp_path):
+    _host(tmp_path, HOST_535, H100)
+    text = _plan(ctrd, tmp_path, "k8s.io", HOST_555).stdout
+    assert "read via: snapshot 2" in text.splitlines(), text
+    text = _plan(ctrd, tmp_path, "blobs", HOST_555).stdout
+    assert "read via: blobs 2" in text.splitlines(), text
+
+
+def _open(d, ns: str, name: str):
+    from compat_hook import images as im
+
+    os.environ["PATH"] = f"{d.bin_dir}:{os.environ['PATH']}"
+    reader = im.Reader()
+    return reader, reader.open(f"containerd:localhost/img:{name}", address=str(d.sock), namespace=ns)
+
+
+def test_whiteout_and_cross_layer_link_in_the_snapshot(ctrd):
+    """The overlay snapshot's top layer holds a real whiteout (char 0/0) for /etc/removed-later and the
+    cuda link; the merged view hides the one and resolves the other into the lower layer's libs."""
+    before = _state(ctrd)
+    for ns in ("k8s.io", "native", "blobs"):
+        reader, img = _open(ctrd, ns, "compat")
+        with reader, img:
+            root = img.root
+            assert img.read_via == NAMESPACES[ns][1]
+            assert not root.exists("/etc/removed-later")
+            assert "removed-later" not in dict(root.listdir("/etc"))
+            assert root.realpath("/usr/local/cuda/compat") == "/usr/local/cuda-12.4/compat"
+            assert f"libcuda.so.{COMPAT_550}" in dict(root.listdir("/usr/local/cuda/compat"))
+            assert root.read_file(f"/usr/local/cuda/compat/libcuda.so.{COMPAT_550}", 4) == b"\x7fELF"
+            if ns == "k8s.io":
+                top = pathlib.Path(root.paths[0])
+                st = os.lstat(top / "etc/removed-later")
+                assert stat.S_ISCHR(st.st_mode) and st.st_rdev == 0, "not an overlay whiteout"
+                assert (top / "usr/local/cuda").is_symlink() and len(root.paths) == 2
+            if ns == "native":
+                assert len(root.paths) == 1 and img.stats["snapshotter"] == "native"
+    assert _state(ctrd) == before
