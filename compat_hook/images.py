@@ -15,7 +15,18 @@ Sources, named like skopeo's transports (:data:`TRANSPORTS`):
   its ``RepoTags`` (or ``@N``);
 * ``containerd:REF`` - an image in a live containerd's content store, through
   ``ctr -a ADDRESS -n NAMESPACE`` (namespace ``k8s.io`` by default);
-  ``containerd:`` alone stands for every image there (:func:`expand_sources`).
+  ``containerd:`` alone stands for every image there (:func:`expand_sources`);
+  an image the snapshotter unpacked is read from its layer dirs instead
+  (:mod:`compat_hook.snapshots`; ``Limits.unpacked``);
+* ``docker:REF`` / ``docker:`` - Docker's image store, through ``docker``:
+  overlay2's layer dirs from ``docker image inspect``, else (vfs, the
+  containerd image store) ``docker save``'s stream;
+* ``containers-storage:REF`` / ``containers-storage:`` (also
+  ``containers-storage:[DRIVER@ROOT+RUNROOT]REF``, as skopeo writes it) -
+  Podman's and CRI-O's store, through ``podman`` the same way.
+
+Layer dirs are read as one merged tree with overlay's rules
+(:mod:`compat_hook.unpacked`), confined to them.
 
 A multi-platform index gives the ``linux/<this machine>`` image. Layers are
 read as streams (:mod:`compat_hook.imagelayers`), applied in order to an
@@ -46,7 +57,7 @@ from .errors import CompatHookError
 __all__ = ["ImageError", "Limits", "Reader", "Image", "open_image", "expand_sources", "is_image_source",
            "default_reader", "TRANSPORTS"]
 
-TRANSPORTS = ("oci:", "oci-archive:", "docker-archive:", "containerd:")
+TRANSPORTS = ("oci:", "oci-archive:", "docker-archive:", "containerd:", "docker:", "containers-storage:")
 
 
 class ImageError(CompatHookError):
@@ -303,6 +314,15 @@ class Reader:
         if kind == "docker-archive":
             path, sel = _split_ref(rest, os.path.isfile)
             return kind, self._store(kind, os.path.realpath(path), lambda: st.DockerArchive(path, lim)), sel
+        if kind in ("docker", "containers-storage"):
+            from .snapshots import Engine
+
+            spec = None
+            if kind == "containers-storage" and rest.startswith("["):
+                spec, close, rest = rest[1:].partition("]")
+                if not close:
+                    raise ImageError(f"{source}: no ] after [DRIVER@ROOT+RUNROOT")
+            return kind, self._store(kind, spec, lambda: Engine(kind, spec, lim)), rest or None
         ns = namespace or "k8s.io"
         return kind, self._store(kind, (address, ns), lambda: st.Containerd(address, ns, lim)), rest or None
 
@@ -316,6 +336,8 @@ class Reader:
         kind, store, sel = self._parse(source, address, namespace)
         if sel is not None:
             return [source]
+        if kind in ("docker", "containers-storage"):
+            return [f"{store.prefix}{ref}" for ref, _ in store.images()]
         if kind == "containerd":
             best: dict = {}
             for ref, digest in store.images():
@@ -339,13 +361,10 @@ class Reader:
 
     def open(self, source: str, *, address: str | None = None, namespace: str = "k8s.io") -> Image:
         """Read the image ``source`` names; raises :class:`ImageError`."""
-        from .imageview import Tree
-
         if self.closed:
             raise ImageError("the image reader is closed")
         t0 = time.monotonic()
         lim = self.limits
-        deadline = t0 + lim.deadline_s if lim.deadline_s else None
         kind, store, sel = self._parse(source, address, namespace)
         why = None
         if kind == "containerd" and lim.unpacked:
@@ -355,12 +374,23 @@ class Reader:
                 return self._containerd_unpacked(store, sel, source, t0)
             except NotUnpacked as e:
                 why = str(e)
+        if kind in ("docker", "containers-storage"):
+            return self._engine(store, sel, source, t0)
         img = Image(source)
         img.read_via_reason = why
         if kind == "docker-archive":
             layers = self._docker(store, sel, img, source)
         else:
             layers = self._oci(kind, store, sel, img, source)
+        self._apply(img, layers, source, t0)
+        return img
+
+    def _apply(self, img: Image, layers: list, source: str, t0: float) -> None:
+        """Read ``layers`` (blobs or a stream) into ``img``'s in-memory tree."""
+        from .imageview import Tree
+
+        lim = self.limits
+        deadline = t0 + lim.deadline_s if lim.deadline_s else None
         cfg = img.config
         env = cfg.get("Env") if isinstance(cfg.get("Env"), list) else []
         img.env = [e for e in env if isinstance(e, str)]
@@ -380,7 +410,6 @@ class Reader:
         img.stats["entries"] = tree.entries
         img.root = tree.view(_Unkept(applied))
         img.stats["seconds"] = round(time.monotonic() - t0, 3)
-        return img
 
     # -- unpacked ------------------------------------------------------------
     def _containerd_unpacked(self, store, sel, source: str, t0: float) -> Image:
@@ -451,6 +480,59 @@ class Reader:
             img.stats.update(snapshotter=name, layer_dirs=len(root.paths), seconds=round(time.monotonic() - t0, 3))
             return img
         raise sn.NotUnpacked("; ".join(why))
+
+    def _engine(self, store, sel, source: str, t0: float) -> Image:
+        """Docker's or containers/storage's image: its graph driver's layer dirs, else its save stream."""
+        from .snapshots import NotUnpacked, graph_dirs
+
+        lim = self.limits
+        if sel is None:
+            raise ImageError(f"{source}: name an image ({source}REF), or expand {source} first")
+        info = store.inspect(sel)
+        why = "not read unpacked (Limits.unpacked is off)"
+        if lim.unpacked:
+            try:
+                dirs = graph_dirs(info)
+            except NotUnpacked as e:
+                why = str(e)
+            else:
+                from .unpacked import Layers
+
+                img = Image(source)
+                img.root = Layers(dirs, what=source, max_dir_entries=lim.max_entries,
+                                  deadline=t0 + (lim.deadline_s or lim.unpacked_deadline_s))
+                img.read_via = "snapshot"
+                cfg = info.get("Config") if isinstance(info.get("Config"), dict) else {}
+                self._config(img, {"config": cfg, "os": info.get("Os"), "architecture": info.get("Architecture"),
+                                   "variant": info.get("Variant")}, source)
+                env = cfg.get("Env") if isinstance(cfg.get("Env"), list) else []
+                img.env = [e for e in env if isinstance(e, str)]
+                img.name, img.digest = sel, info.get("Id") if isinstance(info.get("Id"), str) else None
+                rootfs = info.get("RootFS") if isinstance(info.get("RootFS"), dict) else {}
+                img.layers = [x for x in rootfs.get("Layers") or [] if isinstance(x, str)]
+                img.stats.update(graph_driver=(info.get("GraphDriver") or {}).get("Name"), layer_dirs=len(dirs),
+                                 seconds=round(time.monotonic() - t0, 3))
+                return img
+        # The stream: what the engine exports, read like any docker-archive, from the private temp
+        # dir (unlinked once open: the archive's descriptor is what the reads use).
+        from .imagestores import DockerArchive
+
+        tar = os.path.join(self.spool.dir, f"save-{os.urandom(6).hex()}.tar")
+        try:
+            store.save(sel, tar)
+            archive = DockerArchive(tar, lim)
+        finally:
+            try:
+                os.unlink(tar)
+            except FileNotFoundError:
+                pass
+        self._stores[("stream", tar)] = archive
+        img = Image(source)
+        img.read_via, img.read_via_reason = "stream", why
+        layers = self._docker(archive, None, img, source)
+        img.name = sel
+        self._apply(img, layers, source, t0)
+        return img
 
     # -- images -------------------------------------------------------------
     def _oci(self, kind: str, store, sel, img: Image, source: str) -> list:

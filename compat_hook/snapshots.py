@@ -51,7 +51,7 @@ def chain_id(diff_ids: list) -> str:
     >>> chain_id(["sha256:" + "a" * 64]) == "sha256:" + "a" * 64
     True
     >>> chain_id(["sha256:" + "a" * 64, "sha256:" + "b" * 64])[:15]
-    'sha256:4a36aa8a'
+    'sha256:ccd72292'
     """
     import hashlib
 
@@ -163,3 +163,122 @@ def with_view(store, snapshotter: str, chain: str, use, what: str):
         except NotUnpacked as e:
             if "not found" not in str(e) and "does not exist" not in str(e):
                 store.leftover.append(f"{snapshotter}/{key}: {e}")
+
+
+# ---------------------------------------------------------------------------- Docker, containers/storage
+
+
+class Engine:
+    """Docker's image store (``docker``) or containers/storage (``containers-storage``, through ``podman``).
+
+    ``spec``: containers-storage's ``[DRIVER@ROOT+RUNROOT]`` as skopeo writes it (``None``: the
+    engine's defaults); Docker's daemon is the CLI's (``$DOCKER_HOST``, else its default socket).
+    """
+
+    def __init__(self, kind: str, spec: str | None, limits) -> None:
+        import shutil
+
+        self.kind = kind
+        self.limits = limits
+        binary = "docker" if kind == "docker" else "podman"
+        path = shutil.which(binary)
+        if path is None:
+            raise _image_error(f"{kind}: no {binary} binary on PATH")
+        self.argv = [path]
+        self.prefix = f"{kind}:"
+        if spec:
+            driver, _, rest = spec.partition("@")
+            root, _, runroot = rest.partition("+")
+            if not driver or not root.startswith("/") or (runroot and not runroot.startswith("/")):
+                raise _image_error(f"{kind}:[{spec}]: not [DRIVER@ROOT+RUNROOT]")
+            self.argv += ["--storage-driver", driver, "--root", root] + (["--runroot", runroot] if runroot else [])
+            self.prefix = f"{kind}:[{spec}]"
+        self.name = self.prefix
+        self._images = None
+
+    def run(self, args: list, what: str, timeout: float | None = None) -> str:
+        import subprocess
+
+        timeout = timeout or self.limits.ctr_timeout_s
+        try:
+            p = subprocess.run(self.argv + args, capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise _image_error(f"{what}: {self.argv[0].rsplit('/', 1)[-1]} {args[0]} did not answer within "
+                               f"{timeout:.0f} s") from None
+        if p.returncode != 0:
+            lines = p.stderr.strip().splitlines()
+            raise _image_error(f"{what}: {lines[-1][:300] if lines else f'exit {p.returncode}'}")
+        return p.stdout
+
+    def images(self) -> list:
+        """``[(ref, id)]``: one per image, its first tag (else its ID)."""
+        if self._images is None:
+            args = ["image", "ls", "--format", "{{.Repository}}:{{.Tag}}\t{{.ID}}"]
+            out = self.run(args if self.kind == "docker" else ["images", "--format",
+                                                              "{{.Repository}}:{{.Tag}}\t{{.ID}}"], self.name)
+            best: dict = {}
+            for line in out.splitlines():
+                ref, _, iid = line.partition("\t")
+                if not iid:
+                    continue
+                if "<none>" in ref:
+                    ref = iid
+                best.setdefault(iid, ref)
+                if best[iid] == iid and ref != iid:
+                    best[iid] = ref
+            self._images = sorted(best.items())
+        return [(ref, iid) for iid, ref in self._images]
+
+    def inspect(self, ref: str) -> dict:
+        import json
+
+        what = f"{self.prefix}{ref}"
+        out = self.run(["image", "inspect", ref], what)
+        try:
+            doc = json.loads(out)
+        except ValueError:
+            raise _image_error(f"{what}: image inspect printed no JSON") from None
+        if not isinstance(doc, list) or len(doc) != 1 or not isinstance(doc[0], dict):
+            raise _image_error(f"{what}: image inspect gave no one image")
+        return doc[0]
+
+    def save(self, ref: str, path: str) -> None:
+        """``docker save`` / ``podman save`` (docker-archive format) of ``ref`` into ``path``."""
+        args = ["save", "-o", path, ref] if self.kind == "docker" else ["save", "--format", "docker-archive",
+                                                                        "-o", path, ref]
+        self.run(args, f"{self.prefix}{ref}")
+
+    def close(self) -> None:
+        pass
+
+
+def graph_dirs(info: dict) -> list:
+    """The layer dirs (top first) an image inspect's ``GraphDriver`` names; NotUnpacked for none.
+
+    overlay2 (Docker) and overlay (containers/storage) give ``UpperDir`` and a ``:``-separated
+    ``LowerDir``; vfs and Docker's containerd image store give no dirs.
+
+    >>> graph_dirs({"GraphDriver": {"Name": "overlay2", "Data": {"LowerDir": "/d/b/diff:/d/a/diff",
+    ...                                                        "UpperDir": "/d/c/diff", "MergedDir": "/d/c/merged"}}})
+    ['/d/c/diff', '/d/b/diff', '/d/a/diff']
+    >>> graph_dirs({"GraphDriver": {"Name": "vfs", "Data": None}})
+    Traceback (most recent call last):
+        ...
+    compat_hook.snapshots.NotUnpacked: the vfs graph driver names no layer dirs
+    """
+    gd = info.get("GraphDriver") if isinstance(info.get("GraphDriver"), dict) else {}
+    name = gd.get("Name")
+    data = gd.get("Data") if isinstance(gd.get("Data"), dict) else {}
+    if name in ("overlay2", "overlay") and isinstance(data.get("UpperDir"), str):
+        lower = data.get("LowerDir") if isinstance(data.get("LowerDir"), str) else ""
+        dirs = [data["UpperDir"]] + [d for d in lower.split(":") if d]
+        if all(d.startswith("/") for d in dirs):
+            return dirs
+    raise NotUnpacked(f"the {str(name)[:20]} graph driver names no layer dirs")
+
+
+def _image_error(msg: str):
+    from .images import ImageError
+
+    return ImageError(msg)

@@ -328,8 +328,9 @@ class Dockerd(Daemon):
     #: The package's client (a newer one may be first on PATH and speak a newer API).
     DOCKER = "/usr/bin/docker"
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, storage_driver: str = "vfs") -> None:
         super().__init__(work)
+        self.storage_driver = storage_driver
         self.config = self.work / "daemon.json"
         self.sock = self.work / "docker.sock"
         self.config.write_text("{}\n")
@@ -344,7 +345,7 @@ class Dockerd(Daemon):
         self._spawn([self.DOCKERD, "--config-file", self.config, "-H", f"unix://{self.sock}",
                      "--data-root", self.work / "data", "--exec-root", self.work / "exec",
                      "--pidfile", self.work / "dockerd.pid", "--iptables=false", "--ip-masq=false",
-                     "--bridge=none", "--storage-driver=vfs"], version, ENV,
+                     "--bridge=none", f"--storage-driver={self.storage_driver}"], version, ENV,
                     overlays=[("/etc/docker", upper, ovl)], tmpfs=["/run"])
         self._wait_ready(lambda: self.docker("version", check=False).returncode == 0)
 
