@@ -152,3 +152,90 @@ def test_whiteout_and_cross_layer_link_in_the_snapshot(ctrd):
             if ns == "native":
                 assert len(root.paths) == 1 and img.stats["snapshotter"] == "native"
     assert _state(ctrd) == before
+
+
+# --------------------------------------------------------------------------- Docker, Podman
+
+CASES = [(HOST_535, H100, "compat", ("compat", "compat_newer_supported")),
+         (HOST_535, GEFORCE, "compat", ("host-minor", "device_unsupported")),
+         (HOST_555, H100, "compat", ("host", "compat_not_newer")),
+         (HOST_535, H100, "plain", ("host-minor", "no_candidate"))]
+
+
+def _engine_plan(tmp: pathlib.Path, sources: list, version: str, env: dict) -> dict:
+    tmp.mkdir(parents=True, exist_ok=True)
+    conf = tmp / "plan.yaml"
+    conf.write_text(f"log_file: null\nnvml: 'off'\nhost_root: {tmp / 'host'}\n")
+    p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "plan", *sources, "--driver", version,
+                        "--config", str(conf), "--json"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def _same_as_blobs(images, tmp, rows: list, via: str, cases=CASES) -> None:  # noqa: F811
+    """Each engine row against the same image's docker-archive (the blob path), case by case."""
+    for version, gpu, name, want in cases:
+        tmp_case = tmp / f"{version}-{gpu.split()[1]}-{name}"
+        _host(tmp_case, version, gpu)
+        r = rows(tmp_case, version)
+        got = {row["image"]: row for row in r["images"]}
+        blob = got.pop(images[name]["docker"])
+        [row] = [v for k, v in got.items() if name in k]
+        assert row.get("error") is None and row["read_via"] == via, row
+        assert blob["read_via"] == "blobs"
+        strip = ("image", "read_via", "read_via_reason")
+        assert {k: v for k, v in row.items() if k not in strip} == {k: v for k, v in blob.items() if k not in strip}
+        assert (row["after"]["outcome"], row["after"]["reason"]) == want, row
+
+
+@pytest.mark.parametrize("driver, via", [("overlay2", "snapshot"), ("vfs", "stream")])
+def test_docker_image_store(images, tmp_path, driver, via):  # noqa: F811
+    import shutil
+    import tempfile
+
+    short = pathlib.Path(tempfile.mkdtemp(prefix="chdk", dir="/tmp"))  # its containerd's socket path: < 108 bytes
+    d = engines.Dockerd(short / "d", storage_driver=driver)
+    try:
+        d.start(HOST_535)
+        for name in ("compat", "plain"):
+            d.docker("load", "-i", images[name]["docker"].split(":", 1)[1])
+        env = dict(engines.ENV, DOCKER_HOST=f"unix://{d.sock}", DOCKER_CONFIG=str(d.work / "client"))
+        mounts = rt.mounts_under(d.work)
+
+        def rows(tmp, version):
+            return _engine_plan(tmp, ["docker:", images["compat"]["docker"], images["plain"]["docker"]], version,
+                                env)
+
+        _same_as_blobs(images, tmp_path, rows, via)
+        one = _engine_plan(tmp_path / f"{HOST_535}-H100-compat", ["docker:localhost/compat:v1"], HOST_535, env)["images"][0]
+        assert one["image"] == "docker:localhost/compat:v1" and one["read_via"] == via
+        if via == "stream":
+            assert one["read_via_reason"] == "the vfs graph driver names no layer dirs"
+        assert rt.mounts_under(d.work) == mounts
+    finally:
+        left = d.stop()
+        shutil.rmtree(short, ignore_errors=True)
+    assert left == {"processes": [], "mounts": []}, left
+
+
+def test_podman_containers_storage(images, tmp_path):  # noqa: F811
+    from tests.test_podman import Podman
+
+    pm = Podman(tmp_path / "pm", "overlay")
+    try:
+        for name in ("compat", "plain"):
+            pm("load", "-i", images[name]["docker"].split(":", 1)[1])
+        spec = f"[overlay@{pm.base / 'storage'}+{pm.runroot}]"
+        env = dict(engines.ENV, CONTAINERS_CONF=str(pm.conf))
+        mounts = rt.mounts_under(pm.base) + rt.mounts_under(pm.private)
+
+        def rows(tmp, version):
+            return _engine_plan(tmp, [f"containers-storage:{spec}", images["compat"]["docker"],
+                                      images["plain"]["docker"]], version, env)
+
+        _same_as_blobs(images, tmp_path, rows, "snapshot")
+        assert rt.mounts_under(pm.base) + rt.mounts_under(pm.private) == mounts
+        assert "mounted" not in pm("image", "ls", "--format", "{{.ID}}").stdout
+    finally:
+        pm.reset()
