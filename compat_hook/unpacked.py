@@ -189,6 +189,7 @@ class Layers:
         names: list = []
         cur = self._root
         owned: list = []
+        level: list = []
         links = 0
         try:
             while todo:
@@ -198,7 +199,7 @@ class Layers:
                         names.pop()
                         cur = self._descend(names, owned, path)
                     continue
-                level: list = []
+                level = []
                 ent = self._lookup(cur, name, level, path)
                 fmt = _stat.S_IFMT(ent.st.st_mode)
                 if fmt == _stat.S_IFLNK and (todo or follow):
@@ -208,8 +209,7 @@ class Layers:
                             raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
                         target = os.readlink(name, dir_fd=ent.parent)
                     finally:
-                        for fd in level:
-                            os.close(fd)
+                        self._release(level)
                     if not target:
                         raise _enoent(path)
                     if target.startswith("/"):
@@ -222,12 +222,11 @@ class Layers:
                     continue
                 if todo:
                     if fmt != _stat.S_IFDIR:
-                        for fd in level:
-                            os.close(fd)
                         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
                     # the parent's fds are not needed any more (".." walks again from the root)
                     self._release(owned)
                     owned.extend(level)
+                    level = []
                     cur = ent
                     names.append(name)
                     continue
@@ -237,6 +236,7 @@ class Layers:
             return cur, names, owned
         except BaseException:
             self._release(owned)
+            self._release(level)
             raise
 
     def _descend(self, names: list, owned: list, path: str) -> _Entry:
