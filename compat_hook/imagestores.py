@@ -462,6 +462,8 @@ class Containerd(_Store):
         self._labels = None
         #: views that could not be removed (``snapshots.with_view``), for the caller to report
         self.leftover: list = []
+        #: snapshotters whose stale views of ours this run looked for (:mod:`compat_hook.snapshots`)
+        self.swept: set = set()
 
     def _argv(self, *args) -> list:
         return [self.ctr, "-a", self.address, "-n", self.namespace, *args]

@@ -22,7 +22,11 @@ guessing paths under containerd's root:
    is removed (``ctr snapshots rm``), whatever happened, timeouts included.
    The open directory descriptors keep reading valid. A view removed by
    containerd's garbage collector first (1.6 collects unleased views) is
-   fine. No lease is taken and nothing is mounted.
+   fine. No lease is taken and nothing is mounted. A run killed (SIGKILL) between
+   the two calls leaves its view, unreferenced: containerd's garbage collector
+   takes it at some later collection, and the next run removes every view of
+   ours older than :data:`STALE_VIEW_S` (their names carry the time they were
+   made) before making its own.
 
 An image with no such snapshot is read from its blobs (the caller falls back).
 """
@@ -34,8 +38,10 @@ import os
 __all__ = ["chain_id", "layer_dirs", "snapshotters_of", "with_view", "NotUnpacked", "VIEW_PREFIX",
            "SNAPSHOT_LABEL"]
 
-#: Every view ``plan`` creates is named ``compat-hook-plan-<pid>-<random>``.
+#: Every view ``plan`` creates is named ``compat-hook-plan-<unix time>-<pid>-<random>``.
 VIEW_PREFIX = "compat-hook-plan-"
+#: A view of ours older than this was left by a run killed between view and rm: removed.
+STALE_VIEW_S = 600
 SNAPSHOT_LABEL = "containerd.io/gc.ref.snapshot."
 #: The snapshotters tried first, in this order, when the image is in several.
 PREFERRED = ("overlayfs", "native")
@@ -144,9 +150,14 @@ def with_view(store, snapshotter: str, chain: str, use, what: str):
     """
     import json
 
-    key = f"{VIEW_PREFIX}{os.getpid()}-{os.urandom(6).hex()}"
+    import time
+
+    key = f"{VIEW_PREFIX}{int(time.time())}-{os.getpid()}-{os.urandom(6).hex()}"
     base = ["snapshots", "--snapshotter", snapshotter]
     timeout = min(store.limits.ctr_timeout_s, 60.0)
+    if snapshotter not in store.swept:
+        store.swept.add(snapshotter)
+        _sweep(store, base, what, timeout)
     try:
         out = _ctr(store, base + ["view", "--mounts", key, chain], f"{what}: {snapshotter} snapshot {chain}",
                    timeout)
@@ -163,6 +174,28 @@ def with_view(store, snapshotter: str, chain: str, use, what: str):
         except NotUnpacked as e:
             if "not found" not in str(e) and "does not exist" not in str(e):
                 store.leftover.append(f"{snapshotter}/{key}: {e}")
+
+
+def _sweep(store, base: list, what: str, timeout: float) -> list:
+    """Remove the views of ours older than :data:`STALE_VIEW_S` (a killed run's); returns their keys."""
+    import time
+
+    try:
+        out = _ctr(store, base + ["ls"], what, timeout)
+    except NotUnpacked:
+        return []
+    stale = []
+    for line in out.splitlines()[1:]:
+        key = (line.split() or [""])[0]
+        stamp = key[len(VIEW_PREFIX):].split("-")[0] if key.startswith(VIEW_PREFIX) else ""
+        if stamp.isdigit() and time.time() - int(stamp) > STALE_VIEW_S:
+            stale.append(key)
+    if stale:
+        try:
+            _ctr(store, base + ["rm", *stale], what, timeout)
+        except NotUnpacked as e:
+            store.leftover.append(f"stale views {', '.join(stale)}: {e}")
+    return stale
 
 
 # ---------------------------------------------------------------------------- Docker, containers/storage

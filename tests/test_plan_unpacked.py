@@ -239,3 +239,25 @@ def test_podman_containers_storage(images, tmp_path):  # noqa: F811
         assert "mounted" not in pm("image", "ls", "--format", "{{.ID}}").stdout
     finally:
         pm.reset()
+
+
+def test_a_killed_runs_view_is_removed_by_the_next_run(ctrd, tmp_path):
+    """A view of ours made 11+ minutes ago (a run killed between view and rm) is removed by the next
+    run; one just made (another run's, in flight) is left alone. Both carry containerd.io/gc.root so
+    that containerd's own collector cannot be what removes them."""
+    import time
+
+    _host(tmp_path, HOST_555, H100)
+    committed = [ln.split()[0] for ln in ctrd.ctr("-n", "k8s.io", "snapshots", "ls").stdout.splitlines()[1:]
+                 if ln.split()[-1] == "Committed"]
+    stale, live = "compat-hook-plan-1000000000-1-dead", f"compat-hook-plan-{int(time.time())}-1-live"
+    for key in (stale, live):
+        ctrd.ctr("-n", "k8s.io", "snapshots", "view", key, committed[0])
+        ctrd.ctr("-n", "k8s.io", "snapshots", "label", key, "containerd.io/gc.root=test")
+    try:
+        assert _plan(ctrd, tmp_path, "k8s.io", HOST_555).returncode == 0
+        keys = [ln.split()[0] for ln in ctrd.ctr("-n", "k8s.io", "snapshots", "ls").stdout.splitlines()[1:]]
+        assert [k for k in keys if k.startswith("compat-hook-plan-")] == [live], keys
+    finally:
+        for key in (stale, live):
+            ctrd.ctr("-n", "k8s.io", "snapshots", "rm", key, check=False)
