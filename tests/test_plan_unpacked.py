@@ -261,3 +261,42 @@ def test_a_killed_runs_view_is_removed_by_the_next_run(ctrd, tmp_path):
     finally:
         for key in (stale, live):
             ctrd.ctr("-n", "k8s.io", "snapshots", "rm", key, check=False)
+
+
+def test_hostile_snapshot_reads_nothing_outside(ctrd, images, tmp_path):  # noqa: F811
+    """An image unpacked by containerd whose /usr/local/cuda links to a host dir that holds a real
+    compat libcuda, whose ld.so.conf.d drop-in is a FIFO and whose lib dir is a link loop: plan
+    finishes, finds no compat driver (the link resolves inside the image), as the blob path does."""
+    import time
+
+    from tests.support.images import Layout, gz, tar_layer
+
+    outside = tmp_path / "outside"
+    (outside / "compat").mkdir(parents=True)
+    [noted] = list((images["work"] / "noted").glob("libcuda.so.*"))
+    (outside / "compat" / f"libcuda.so.{COMPAT_550}").write_bytes(noted.read_bytes())
+    lay = Layout(tmp_path / "hostile")
+    layer = gz(tar_layer([("dir", "usr/local"), ("symlink", "usr/local/cuda", str(outside)),
+                          ("dir", "etc/ld.so.conf.d"), ("fifo", "etc/ld.so.conf.d/cuda.conf"),
+                          ("dir", "usr/lib"), ("symlink", "usr/lib/x86_64-linux-gnu", "x86_64-linux-gnu"),
+                          ("symlink", "escape", "../../../../../../.."),
+                          ("file", "etc/os-release", b"ID=debian\n")]))
+    lay.tag(lay.image([layer], env=["CUDA_VERSION=12.4.1", "NVIDIA_VISIBLE_DEVICES=all"]), "hostile")
+    ctrd.ctr("-n", "hostile", "images", "import", "--base-name", "localhost/img", lay.tar(tmp_path / "h.tar"))
+    _host(tmp_path, HOST_535, H100)
+    before = _state(ctrd)
+    t0 = time.monotonic()
+    p = _plan(ctrd, tmp_path, "hostile", HOST_535, "--json")
+    assert time.monotonic() - t0 < 60
+    assert p.returncode == 0, p.stderr
+    [row] = json.loads(p.stdout)["images"]
+    assert row["read_via"] == "snapshot" and row.get("error") is None, row
+    assert (row["after"]["outcome"], row["after"]["reason"]) == ("host-minor", "no_candidate"), row
+    conf = tmp_path / "plan.yaml"
+    blob = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "plan", f"oci:{lay.path}:hostile", "--driver",
+                           HOST_535, "--config", str(conf), "--json"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    [brow] = json.loads(blob.stdout)["images"]
+    strip = ("image", "read_via", "read_via_reason")
+    assert {k: v for k, v in row.items() if k not in strip} == {k: v for k, v in brow.items() if k not in strip}
+    assert _state(ctrd) == before
