@@ -351,18 +351,19 @@ def render_text(report: dict) -> str:
                      _cell(i["toolkit_only_after"]), source))
     widths = [max(len(r[k]) for r in rows) for k in range(5)]
     out = [("  ".join(r[k].ljust(widths[k]) for k in range(5)) + "  " + r[5]).rstrip() for r in rows]
+    c = report.get("containerd")
+    if c and c.get("address"):
+        out.append(f"containerd: socket {c['address']} ({c['found_by']}), namespace {c['namespace']}")
     via: dict = {}
     for i in report["images"]:
         if i.get("read_via"):
             via.setdefault(i["read_via"], []).append(one_line(i["image"]))
-    if set(via) - {"dir"}:
+    # told when an engine's store was read (a file source has no other way to be read)
+    if set(via) & {"snapshot", "stream"} or any(i.get("read_via_reason") for i in report["images"]):
         slow = via.get("blobs", []) + via.get("stream", [])
         out.append("read via: " + ", ".join(f"{k} {len(v)}" for k, v in sorted(via.items()))
                    + (f" (decompressed: {', '.join(slow[:5])}{', ...' if len(slow) > 5 else ''})"
                       if slow and "snapshot" in via else ""))
-    c = report.get("containerd")
-    if c and c.get("address"):
-        out.append(f"containerd: socket {c['address']} ({c['found_by']}), namespace {c['namespace']}")
     for i in report["images"]:
         if i.get("error"):
             out.append(f"unreadable: {one_line(i['image'])}: {i['error']}")
