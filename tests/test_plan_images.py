@@ -45,7 +45,9 @@ def _layout(work: pathlib.Path, name: str, compat_lib) -> pathlib.Path:
     umoci("unpack", "--image", f"{lay}:v1", b)
     shutil.rmtree(b / "rootfs")
     shutil.copytree(src, b / "rootfs", symlinks=True)
-    umoci("repack", "--image", f"{lay}:v1", b)
+    # --refresh-bundle: the next repack diffs against this one (without it umoci 0.4 diffs against
+    # the first unpack again and the image ends up with one layer, no whiteout, no cross-layer link)
+    umoci("repack", "--refresh-bundle", "--image", f"{lay}:v1", b)
     (b / "rootfs" / "etc" / "removed-later").unlink()                    # a whiteout in layer 2
     if compat_lib is not None:
         (b / "rootfs" / "usr/local/cuda").symlink_to("cuda-12.4")        # set after the libs
@@ -53,6 +55,9 @@ def _layout(work: pathlib.Path, name: str, compat_lib) -> pathlib.Path:
     umoci("config", "--image", f"{lay}:v1", "--config.env", "CUDA_VERSION=12.4.1",
           "--config.env", "NVIDIA_VISIBLE_DEVICES=all", "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin")
     shutil.rmtree(b)
+    index = json.loads((lay / "index.json").read_text())
+    manifest = json.loads((lay / "blobs/sha256" / index["manifests"][0]["digest"].split(":")[1]).read_text())
+    assert len(manifest["layers"]) == 2, manifest["layers"]
     return lay
 
 

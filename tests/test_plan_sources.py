@@ -111,7 +111,9 @@ def test_image_without_cuda_version_is_predicted_broken_on_535(image, tmp_path):
     rows = json.loads(out.stdout)["images"]
     for row in rows:
         _check_row(row)
-    assert len({json.dumps({k: v for k, v in r.items() if k != "image"}, sort_keys=True) for r in rows}) == 1
+    assert [r["read_via"] for r in rows] == ["dir", "blobs", "blobs"]
+    assert len({json.dumps({k: v for k, v in r.items() if k not in ("image", "read_via")}, sort_keys=True)
+                for r in rows}) == 1
 
 
 @pytest.fixture

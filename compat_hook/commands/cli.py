@@ -90,7 +90,8 @@ def _parser():
     pl = sub.add_parser("plan", help="predict each image's outcome on a target driver before an upgrade")
     pl.add_argument("sources", nargs="+", metavar="SOURCE",
                     help="a rootfs or OCI bundle dir, oci:DIR[:TAG], oci-archive:FILE[:TAG], "
-                         "docker-archive:FILE, containerd:REF or containerd: (every image)")
+                         "docker-archive:FILE, containerd:REF or containerd: (every image), docker:REF or "
+                         "docker:, containers-storage:REF or containers-storage: (unpacked layers read in place)")
     tgt = pl.add_mutually_exclusive_group(required=True)
     tgt.add_argument("--driver", metavar="VERSION", help="the target driver version (550.54.15)")
     tgt.add_argument("--manifest", metavar="FILE",

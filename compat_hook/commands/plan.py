@@ -120,6 +120,11 @@ def plan(config, sources: list, *, driver: str | None = None, manifest: str | No
         entry = {"image": src}
         try:
             with opener(src, config) as img:
+                # read_via: how the image was read (snapshot: the node's unpacked layer dirs;
+                # blobs / stream: decompressed; dir: a rootfs), the cost the operator pays
+                entry["read_via"] = getattr(img, "read_via", "dir")
+                if getattr(img, "read_via_reason", None):
+                    entry["read_via_reason"] = img.read_via_reason
                 need = image_needs(img.root, img.env)
                 r_now = assess_image(config, img.root, img.env, now, need)
                 r_after = assess_image(config, img.root, img.env, after, need)
@@ -204,6 +209,16 @@ def render_text(report: dict) -> str:
     c = report.get("containerd")
     if c and c.get("address"):
         out.append(f"containerd: socket {c['address']} ({c['found_by']}), namespace {c['namespace']}")
+    via: dict = {}
+    for i in report["images"]:
+        if i.get("read_via"):
+            via.setdefault(i["read_via"], []).append(one_line(i["image"]))
+    # told when an engine's store was read (a file source has no other way to be read)
+    if set(via) & {"snapshot", "stream"} or any(i.get("read_via_reason") for i in report["images"]):
+        slow = via.get("blobs", []) + via.get("stream", [])
+        out.append("read via: " + ", ".join(f"{k} {len(v)}" for k, v in sorted(via.items()))
+                   + (f" (decompressed: {', '.join(slow[:5])}{', ...' if len(slow) > 5 else ''})"
+                      if slow and "snapshot" in via else ""))
     for i in report["images"]:
         if i.get("error"):
             out.append(f"unreadable: {one_line(i['image'])}: {i['error']}")

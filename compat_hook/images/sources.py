@@ -14,7 +14,7 @@ from ..core.errors import UsageError
 
 __all__ = ["open_source", "open_dir", "expand", "TRANSPORTS"]
 
-TRANSPORTS = ("oci:", "oci-archive:", "docker-archive:", "containerd:")
+TRANSPORTS = ("oci:", "oci-archive:", "docker-archive:", "containerd:", "docker:", "containers-storage:")
 
 
 def open_source(source: str, config=None, *, address: str | None = None, namespace: str = "k8s.io"):
@@ -29,7 +29,8 @@ def open_source(source: str, config=None, *, address: str | None = None, namespa
 
 
 def expand(source: str, *, address: str | None = None, namespace: str = "k8s.io") -> list:
-    """One source per image: ``containerd:`` lists every image, a layout or archive every tag."""
+    """One source per image: ``containerd:``, ``docker:`` and ``containers-storage:`` list every image,
+    a layout or archive every tag."""
     if source.startswith(TRANSPORTS):
         from . import reader as images
 

@@ -329,8 +329,9 @@ class Dockerd(Daemon):
     #: The package's client (a newer one may be first on PATH and speak a newer API).
     DOCKER = "/usr/bin/docker"
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, storage_driver: str = "vfs") -> None:
         super().__init__(work)
+        self.storage_driver = storage_driver
         self.config = self.work / "daemon.json"
         self.sock = self.work / "docker.sock"
         # Its roots in daemon.json (not flags), where compat-hook's uninstall looks for Docker's containers.
@@ -348,7 +349,7 @@ class Dockerd(Daemon):
         self.version = version
         self._spawn([self.DOCKERD, "--config-file", self.config, "-H", f"unix://{self.sock}",
                      "--pidfile", self.work / "dockerd.pid", "--iptables=false", "--ip-masq=false",
-                     "--bridge=none", "--storage-driver=vfs"], version, ENV,
+                     "--bridge=none", f"--storage-driver={self.storage_driver}"], version, ENV,
                     overlays=[("/etc/docker", upper, ovl)], tmpfs=["/run"])
         self._wait_ready(lambda: self.docker("version", check=False).returncode == 0)
 
