@@ -12,7 +12,7 @@ incompressible as real libraries, generated at disk speed), and ``n000`` ..
 unpacks into overlayfs) all of them. Then, in one child ``/usr/bin/python3``
 (its VmHWM is the peak RSS), medians of the runs:
 
-* ``plan_s50`` / ``plan_s500`` / ``plan_s2000``: :func:`compat_hook.plan.plan`
+* ``plan_s50`` / ``plan_s500`` / ``plan_s2000``: :func:`compat_hook.commands.plan.plan`
   of the one image, snapshot path; target: s2000 <= 1.2x s50;
 * ``plan_100``: ``plan containerd:`` over the 100-image namespace;
   ``floor_100``: the bare API cost of that: ``ctr images ls``, then per image
@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path[:0] = [str(REPO)]
 
-from compat_hook.elfgen import NOTE_575, make_elf  # noqa: E402
+from compat_hook.facts.elfgen import NOTE_575, make_elf  # noqa: E402
 from tests.support import engines  # noqa: E402
 from tests.support import images as I  # noqa: E402
 
@@ -122,7 +122,7 @@ def build(work: Path, n: int) -> Path:
 CHILD = r"""
 import json, os, statistics, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from compat_hook import config as C, images, plan as P
+from compat_hook.core import config as C, images, plan as P
 sock, ctr, conf, iters = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 cfg = C.load(conf)
 def run(sources, ns):

@@ -149,7 +149,7 @@ def check_same(view, rootfs) -> None:
 
 
 def _same_tree(view, real, rootfs) -> None:
-    """Layer dirs read merged (compat_hook.unpacked) against the rootfs umoci unpacked: every entry,
+    """Layer dirs read merged (compat_hook.images.unpacked) against the rootfs umoci unpacked: every entry,
     its type, every file's bytes, every directory's listing (whiteouts and opaque dirs applied)."""
     for dirpath, dirnames, filenames in os.walk(rootfs):
         rel = "/" + os.path.relpath(dirpath, rootfs).lstrip(".")

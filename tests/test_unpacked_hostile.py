@@ -1,4 +1,4 @@
-"""Hostile unpacked layer dirs read merged (compat_hook.unpacked): real dirs, real whiteouts (char 0/0
+"""Hostile unpacked layer dirs read merged (compat_hook.images.unpacked): real dirs, real whiteouts (char 0/0
 made with mknod), real opaque xattrs, FIFOs, links out, a huge dir, a deep tree. Every read stays in
 the layer dirs; what is too large or too slow is an ImageError, never a hang."""
 
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from compat_hook.errors import UnsafePath
-from compat_hook.images import ImageError
-from compat_hook.unpacked import Layers
+from compat_hook.core.errors import UnsafePath
+from compat_hook.images.reader import ImageError
+from compat_hook.images.unpacked import Layers
 
 
 @pytest.fixture

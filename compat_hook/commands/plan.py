@@ -110,7 +110,7 @@ def plan(config, sources: list, *, driver: str | None = None, manifest: str | No
     for src in sources:
         try:
             if ctrd and ctrd.get("error") and src.startswith("containerd:"):
-                from ..images.reader import ImageError
+                from ..core.errors import ImageError
 
                 raise ImageError(ctrd["error"])
             todo.extend(expander(src))
@@ -157,7 +157,7 @@ def _containerd(sources: list, address, namespace: str, config) -> dict | None:
     """``{"address", "found_by", "namespace"}`` (or ``"error"``) when a source is ``containerd:``."""
     if not any(isinstance(s, str) and s.startswith("containerd:") for s in sources):
         return None
-    from ..images.reader import ImageError
+    from ..core.errors import ImageError
     from ..images.stores import find_socket
 
     try:

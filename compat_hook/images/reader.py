@@ -17,7 +17,7 @@ Sources, named like skopeo's transports (:data:`TRANSPORTS`):
   ``ctr -a ADDRESS -n NAMESPACE`` (namespace ``k8s.io`` by default);
   ``containerd:`` alone stands for every image there (:func:`expand_sources`);
   an image the snapshotter unpacked is read from its layer dirs instead
-  (:mod:`compat_hook.snapshots`; ``Limits.unpacked``);
+  (:mod:`compat_hook.images.snapshots`; ``Limits.unpacked``);
 * ``docker:REF`` / ``docker:`` - Docker's image store, through ``docker``:
   overlay2's layer dirs from ``docker image inspect``, else (vfs, the
   containerd image store) ``docker save``'s stream;
@@ -26,7 +26,7 @@ Sources, named like skopeo's transports (:data:`TRANSPORTS`):
   Podman's and CRI-O's store, through ``podman`` the same way.
 
 Layer dirs are read as one merged tree with overlay's rules
-(:mod:`compat_hook.unpacked`), confined to them.
+(:mod:`compat_hook.images.unpacked`), confined to them.
 
 A multi-platform index gives the ``linux/<this machine>`` image. Layers are
 read as streams (:mod:`compat_hook.images.layers`), applied in order to an
@@ -381,7 +381,7 @@ class Reader:
 
     def _apply(self, img: Image, layers: list, source: str, t0: float) -> None:
         """Read ``layers`` (blobs or a stream) into ``img``'s in-memory tree."""
-        from .imageview import Tree
+        from .view import Tree
 
         lim = self.limits
         deadline = t0 + lim.deadline_s if lim.deadline_s else None
@@ -407,9 +407,9 @@ class Reader:
 
     # -- unpacked ------------------------------------------------------------
     def _containerd_unpacked(self, store, sel, source: str, t0: float) -> Image:
-        """The image from containerd's snapshotter (:mod:`compat_hook.snapshots`); NotUnpacked: read the blobs."""
+        """The image from containerd's snapshotter (:mod:`compat_hook.images.snapshots`); NotUnpacked: read the blobs."""
         from . import snapshots as sn
-        from .imagestores import check_digest, host_platform, pick_platform, read_json, resolve
+        from .stores import check_digest, host_platform, pick_platform, read_json, resolve
 
         lim = self.limits
         if sel is None:
@@ -509,7 +509,7 @@ class Reader:
                 return img
         # The stream: what the engine exports, read like any docker-archive, from the private temp
         # dir (unlinked once open: the archive's descriptor is what the reads use).
-        from .imagestores import DockerArchive
+        from .stores import DockerArchive
 
         tar = os.path.join(self.spool.dir, f"save-{os.urandom(6).hex()}.tar")
         try:

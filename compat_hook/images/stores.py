@@ -460,7 +460,7 @@ class Containerd(_Store):
         self._labels = None
         #: views that could not be removed (``snapshots.with_view``), for the caller to report
         self.leftover: list = []
-        #: snapshotters whose stale views of ours this run looked for (:mod:`compat_hook.snapshots`)
+        #: snapshotters whose stale views of ours this run looked for (:mod:`compat_hook.images.snapshots`)
         self.swept: set = set()
 
     def _argv(self, *args) -> list:

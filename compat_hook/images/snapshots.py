@@ -18,7 +18,7 @@ guessing paths under containerd's root:
    --mounts KEY CHAINID``: its mounts name the dirs, an ``overlay`` mount's
    ``lowerdir=`` (top first) and ``upperdir=``, or a ``bind`` mount's source
    (the native snapshotter, and a one-layer image);
-4. the dirs are opened (:class:`~compat_hook.unpacked.Layers`), then the view
+4. the dirs are opened (:class:`~compat_hook.images.unpacked.Layers`), then the view
    is removed (``ctr snapshots rm``), whatever happened, timeouts included.
    The open directory descriptors keep reading valid. A view removed by
    containerd's garbage collector first (1.6 collects unleased views) is
@@ -145,7 +145,7 @@ def _ctr(store, args: list, what: str, timeout: float):
 def with_view(store, snapshotter: str, chain: str, use, what: str):
     """``use(dirs)`` for the layer dirs of a read-only view of ``chain``; the view is removed after.
 
-    ``store``: a :class:`~compat_hook.imagestores.Containerd`. NotUnpacked
+    ``store``: a :class:`~compat_hook.images.stores.Containerd`. NotUnpacked
     when there is no such snapshot (or its mounts are not layer dirs).
     """
     import json
@@ -298,7 +298,7 @@ def graph_dirs(info: dict) -> list:
     >>> graph_dirs({"GraphDriver": {"Name": "vfs", "Data": None}})
     Traceback (most recent call last):
         ...
-    compat_hook.snapshots.NotUnpacked: the vfs graph driver names no layer dirs
+    compat_hook.images.snapshots.NotUnpacked: the vfs graph driver names no layer dirs
     """
     gd = info.get("GraphDriver") if isinstance(info.get("GraphDriver"), dict) else {}
     name = gd.get("Name")
@@ -312,6 +312,6 @@ def graph_dirs(info: dict) -> list:
 
 
 def _image_error(msg: str):
-    from .images import ImageError
+    from ..core.errors import ImageError
 
     return ImageError(msg)

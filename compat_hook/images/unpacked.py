@@ -15,10 +15,10 @@ anything, with overlay's rules:
 A single directory (containerd's native snapshotter, a one-layer view, a
 vfs layer) is a stack of one.
 
-It answers the reading methods of :class:`~compat_hook.rootfs.Root` (and of
-:class:`~compat_hook.imageview.View`): ``realpath``, ``lstat``, ``stat``,
+It answers the reading methods of :class:`~compat_hook.facts.rootfs.Root` (and of
+:class:`~compat_hook.images.view.View`): ``realpath``, ``lstat``, ``stat``,
 ``exists``, ``is_dir``, ``listdir``, ``open_regular``, ``read_file``, with
-the same exceptions, so :mod:`compat_hook.imagefacts` and
+the same exceptions, so :mod:`compat_hook.facts.imagefacts` and
 :mod:`compat_hook.cudaruntime` run on it unchanged. Every path is resolved
 *in the merged tree*, component by component, each name looked up with
 ``O_NOFOLLOW`` relative to a layer's directory descriptor: a symlink in any
@@ -28,7 +28,7 @@ outside the layer dirs is ever reached. A FIFO or device node is never
 opened (its type is checked on an ``O_PATH`` descriptor first, as in
 ``Root``). The tree is attacker-controlled: a directory listing larger than
 ``max_dir_entries`` or an image read past its ``deadline`` is an
-:class:`~compat_hook.images.ImageError` (the image's row says so), never a
+:class:`~compat_hook.images.reader.ImageError` (the image's row says so), never a
 hang.
 
 Nothing is written; the directory descriptors opened by the constructor are
@@ -52,7 +52,7 @@ import os
 import stat as _stat
 import time
 
-from .errors import UnsafePath
+from ..core.errors import UnsafePath
 
 __all__ = ["Layers", "MAX_SYMLINKS", "OPAQUE_XATTRS"]
 
@@ -129,7 +129,7 @@ class Layers:
         self._root = _Entry(os.fstat(self._fds[0]), dirs=self._fds)
 
     def _error(self, msg: str):
-        from .images import ImageError
+        from ..core.errors import ImageError
 
         return ImageError(f"{self.what}: {msg}")
 
@@ -335,7 +335,7 @@ class Layers:
         The type is checked on an ``O_PATH`` descriptor and the reopen goes
         through it, so a FIFO or device node is never opened.
         """
-        from .rootfs import _kind
+        from ..facts.rootfs import _kind
 
         ent, names, owned = self._walk(path, follow)
         try:
