@@ -166,14 +166,17 @@ class World:
 
 
 def _rbac(cp: ControlPlane) -> None:
-    """The agent's ClusterRole from the rendered manifests, bound to the agent's user."""
-    docs = rendered_docs()
-    [role] = [d for d in docs if d["kind"] == "ClusterRole"]
-    cp.admin.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", role)
-    cp.admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-        "metadata": {"name": "compat-hook-agent-test"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
-        "subjects": [{"kind": "User", "name": AGENT_USER, "apiGroup": "rbac.authorization.k8s.io"}]})
+    """The agent's ServiceAccount, ClusterRole and binding from the rendered manifests (the tests' agent
+    token authenticates as that ServiceAccount)."""
+    for d in rendered_docs():
+        if d["kind"] == "ServiceAccount":
+            cp.admin.create(f"/api/v1/namespaces/{d['metadata']['namespace']}/serviceaccounts", d)
+        elif d["kind"] == "ClusterRole":
+            cp.admin.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", d)
+        elif d["kind"] == "ClusterRoleBinding":
+            assert d["subjects"] == [{"kind": "ServiceAccount", "name": "compat-hook", "namespace": "compat-hook"}]
+            assert AGENT_USER == "system:serviceaccount:compat-hook:compat-hook"
+            cp.admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", d)
 
 
 def gpu_node(name: str, deploy_driver: bool = True) -> dict:
@@ -245,7 +248,8 @@ def test_scenario_gate_holds_the_breaking_node_under_nvidias_state_machine(world
         assert (r["target"], r["target_from"]) == (R570, "ClusterPolicy cluster-policy annotation compat-hook.io/next-driver"), r
         assert r["preflight"] in ("pass", "warn") and r["broken"] == 0 and r["gate"] == "clear", r
     rc, nodes, _ = w.status_json()
-    assert rc == 2 and {n: v["preflight"] for n, v in nodes.items()} == {"gpu-a": "warn", "gpu-b": "warn", "gpu-c": "warn"}
+    # compat -> host and host-minor -> host change outcome; gpu-b's CUDA 11.8 image stays on the host driver
+    assert rc == 2 and {n: v["preflight"] for n, v in nodes.items()} == {"gpu-a": "warn", "gpu-b": "pass", "gpu-c": "warn"}
     assert all(v["target"] == R570 and v["driver"] == R535 and not v["held"] for v in nodes.values()), nodes
     w.set_target(R570)
     w.wait_upgraded(list(NODES), R570)
@@ -470,3 +474,125 @@ def test_hostile_annotations_and_huge_pod_image_lists_stay_bounded(world):
         "labels": {"compat-hook.io/preflight.broken": "lots"}}})
     rc, nodes, _ = w.status_json()
     assert nodes["fault-hostile"]["broken"] is None and nodes["fault-hostile"]["target"] == R470
+
+
+# ----------------------------------------------------------------------------- node-local outputs, cost
+
+
+def test_nfd_feature_file_and_textfile(world, tmp_path):
+    w = world
+    _fault_node(w, "fault-files", image="infer")
+    log = tmp_path / "decisions.log"
+    log.write_text('{"event":"decision","effect":"compat","reason":"compat_newer_supported"}\n' * 3
+                   + '{"event":"decision","effect":"none","reason":"no_gpu_request"}\nnot json\n')
+    conf = hookenv.write_config(tmp_path / "c.yaml", host_root=w.hosts["fault-files"], log_file=log, nvml="off",
+                                cluster={"nfd_features_file": str(tmp_path / "features.d" / "compat-hook"),
+                                         "textfile": str(tmp_path / "textfile" / "compat-hook.prom")})
+    r = w.agent("fault-files", "--driver", R470, config=conf)["last"]
+    assert r["preflight"] == "fail"
+    assert (tmp_path / "features.d" / "compat-hook").read_text() == (
+        f"compat-hook.io/preflight=fail\ncompat-hook.io/preflight.broken=1\n"
+        f"compat-hook.io/preflight.target-driver={R470}\n")
+    prom = (tmp_path / "textfile" / "compat-hook.prom").read_text()
+    assert 'compat_hook_preflight_images{outcome="broken"} 1' in prom
+    assert 'compat_hook_preflight_result{result="fail"} 1' in prom
+    assert 'compat_hook_decisions{effect="compat",reason="compat_newer_supported"} 3' in prom
+    assert "compat_hook_preflight_last_run_timestamp_seconds " in prom
+    assert not list((tmp_path / "textfile").glob(".*"))  # no temp file left behind
+
+
+def test_pass_cost_50_pods_20_images(world, tmp_path):
+    """The measured numbers: one pass over 50 GPU pods using 20 images (all in the store)."""
+    w = world
+    libs = {"noted": None}
+    store = Layout(tmp_path / "store")
+    r = rootfs.build_rootfs(tmp_path / "root", compat_lib=None)
+    layer = gz(_tar_dir(r))
+    for i in range(20):
+        desc = store.image([layer], env=[f"CUDA_VERSION=12.{i % 9}.0", "PATH=/usr/bin:/bin"])
+        store.tag(desc, f"registry.test/bench/app{i}:1")
+    del libs
+    _fault_node(w, "bench")
+    w.stores["bench"] = tmp_path / "store"
+    for i in range(50):
+        w.admin.create("/api/v1/namespaces/apps/pods", gpu_pod(f"bench-{i}", "bench", f"registry.test/bench/app{i % 20}:1"))
+    t0 = time.monotonic()
+    last = w.agent("bench")["last"]  # the target from the ClusterPolicy, as in a cluster
+    wall = time.monotonic() - t0
+    assert last["images"] == 20 and last["pods"] == 50 and last["not_in_store"] == 0, last
+    assert last["api_calls"] == 6, last  # node, ClusterPolicies, NVIDIADrivers, pods, patch, event
+    again = w.agent("bench")["last"]
+    assert again["api_calls"] == 4 and not again["event_sent"], again  # same result: no write, no Event
+    print(f"\nMEASURED pass={last['seconds']}s (process wall {wall:.2f}s) api_calls={last['api_calls']} "
+          f"(unchanged: {again['api_calls']}, pass {again['seconds']}s) max_rss={last['max_rss_kib']} KiB")
+    assert last["seconds"] < 60 and last["max_rss_kib"] < 400 * 1024
+
+
+# ----------------------------------------------------------------------------- the Helm chart
+
+CHART = REPO / "packaging" / "helm" / "compat-hook"
+RENDER_ARGS = ["template", "compat-hook", str(CHART), "--namespace", "compat-hook", "--set", "namespace.create=true"]
+RENDER_HEADER = ("# Rendered from packaging/helm/compat-hook; do not edit. Regenerate with:\n"
+                 "#   helm template compat-hook packaging/helm/compat-hook --namespace compat-hook "
+                 "--set namespace.create=true\n")
+
+
+def _helm(*args) -> str:
+    from tests.support import kubebuild
+
+    p = subprocess.run([str(kubebuild.helm()), *args], capture_output=True, text=True, timeout=120,
+                       env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "HELM_CACHE_HOME": "/tmp/helm-cache",
+                            "HELM_CONFIG_HOME": "/tmp/helm-config", "HELM_DATA_HOME": "/tmp/helm-data"})
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def _object_path(d: dict) -> str:
+    kind, name, ns = d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")
+    group = {"Namespace": "/api/v1", "ServiceAccount": "/api/v1", "ConfigMap": "/api/v1",
+             "ClusterRole": "/apis/rbac.authorization.k8s.io/v1", "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1",
+             "DaemonSet": "/apis/apps/v1", "RuntimeClass": "/apis/node.k8s.io/v1"}[kind]
+    plural = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps",
+              "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings", "DaemonSet": "daemonsets",
+              "RuntimeClass": "runtimeclasses"}[kind]
+    return f"{group}/namespaces/{ns}/{plural}/{name}" if ns else f"{group}/{plural}/{name}"
+
+
+def _dry_run(w: World, docs: list) -> None:
+    for d in docs:
+        w.admin.request("PATCH", _object_path(d), d, content_type="application/apply-patch+yaml",
+                        query={"fieldManager": "helm-test", "dryRun": "All", "fieldValidation": "Strict", "force": "true"})
+
+
+def test_plain_manifests_are_the_chart_rendered(world):
+    assert RENDERED.read_text() == RENDER_HEADER + _helm(*RENDER_ARGS)
+
+
+@pytest.mark.parametrize("values", [
+    [],
+    ["--set", "agent.gate=true", "--set", "agent.labelPrefix=preflight.example.com", "--set", "agent.interval=60",
+     "--set", "agent.target=570.195.03", "--set", "agent.nfdFeaturesFile=/etc/kubernetes/node-feature-discovery/features.d/compat-hook",
+     "--set", "agent.textfile=/var/lib/node_exporter/textfile_collector/compat-hook.prom"],
+    ["--set", "agent.enabled=false", "--set", "runtimeClass.create=false"],
+], ids=["defaults", "gate-prefix-target-outputs", "registration-only"])
+def test_helm_template_applies_with_a_server_side_dry_run(world, tmp_path, values):
+    w = world
+    docs = [d for d in yaml.safe_load_all(_helm(*RENDER_ARGS, *values)) if d]
+    kinds = sorted(d["kind"] for d in docs)
+    if "agent.enabled=false" in values:
+        assert kinds == ["DaemonSet", "Namespace"]
+    else:
+        assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "RuntimeClass",
+                         "ServiceAccount"]
+        [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
+        conf = tmp_path / "agent.yaml"
+        conf.write_text(cm["data"]["config.yaml"])
+        p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "config", "--check", str(conf)], cwd=REPO,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        cluster = yaml.safe_load(cm["data"]["config.yaml"])["cluster"]
+        assert cluster["gate_upgrade"] is ("agent.gate=true" in values)
+        [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
+        [agent] = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "agent"]
+        assert ("--driver=570.195.03" in agent["command"]) is ("agent.target=570.195.03" in values)
+    _dry_run(w, docs)

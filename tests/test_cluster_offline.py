@@ -44,6 +44,7 @@ def test_nothing_outside_the_cluster_package_imports_it_but_the_cli_dispatch():
     (["cluster"], "usage: compat-hook cluster"),
     (["cluster", "agent"], "the following arguments are required: --node"),
     (["cluster", "agent", "--node", "n", "--interval", "0"], "--interval: at least 1 second"),
+    (["cluster", "agent", "--node", "../../api/v1/secrets?x=", "--once"], "--node: not a node name"),
     (["cluster", "agent", "--node", "n", "--once", "--driver", "sha256:abc"], "image digest"),
     (["cluster", "agent", "--node", "n", "--once", "--host-root", "/nonexistent-dir"], "no such directory"),
 ])

@@ -177,9 +177,16 @@ def run_pass(kube, cfg, opts: AgentOptions) -> dict:
               "target_from": tgt.where, "now": doc["now"], "gate": g.state, "images": doc["images"],
               "broken": doc["broken"], "changed": doc["changed"], "not_in_store": doc["not_in_store"],
               "pods": a["pods"], "problem": a["problem"], "event_sent": event_sent, "conflicts": conflicts,
-              "api_calls": kube.calls - calls0, "seconds": round(time.monotonic() - t0, 3)}
+              "api_calls": kube.calls - calls0, "seconds": round(time.monotonic() - t0, 3),
+              "max_rss_kib": _max_rss_kib()}
     _outputs(cfg, s, prefix, doc, opts)
     return result
+
+
+def _max_rss_kib() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def _labels_current(meta: dict, prefix: str, doc: dict) -> bool:

@@ -93,6 +93,8 @@ def _agent(args) -> int:
 
     if args.interval < 1:
         raise UsageError("--interval: at least 1 second")
+    if not _dns_subdomain(args.node):
+        raise UsageError(f"--node: not a node name (a DNS subdomain), got {args.node[:80]!r}")
     cfg = _config(args.config, args.host_root)
     opts = agent.AgentOptions(args.node, stores=args.store or ["containerd:"], address=args.address,
                               namespace=args.namespace, driver=args.driver,
@@ -103,6 +105,16 @@ def _agent(args) -> int:
 
         opts.driver = _check_driver(args.driver, "--driver")
     return agent.run(lambda: kube.connect(args.kubeconfig), cfg, opts)
+
+
+def _dns_subdomain(name: str) -> bool:
+    """
+    >>> _dns_subdomain("gpu-a.example"), _dns_subdomain("../x"), _dns_subdomain("A")
+    (True, False, False)
+    """
+    return 0 < len(name) <= 253 and name.isascii() and all(
+        p and p[0].isalnum() and p[-1].isalnum() and all(c.islower() or c.isdigit() or c == "-" for c in p)
+        for p in name.split("."))
 
 
 def _status(args) -> int:

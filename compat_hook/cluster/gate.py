@@ -70,7 +70,8 @@ def decide(meta: dict, preflight: str, why: str, *, enabled: bool, prefix: str) 
     if ours:
         # Still ours: keep it (refresh the reason); the label may have been removed by hand.
         want = {} if skipped else {SKIP_LABEL: "true"}
-        return Gate("held", f"holding the upgrade: {why}", labels=want, annotations={hold_key: why[:MAX_WHY]})
+        ann = {} if anns.get(hold_key) == why[:MAX_WHY] else {hold_key: why[:MAX_WHY]}
+        return Gate("held", f"holding the upgrade: {why}", labels=want, annotations=ann)
     if skipped:
         return Gate("skipped-by-other", f"{SKIP_LABEL}=true was set by someone else: already held")
     if state not in HOLDABLE:

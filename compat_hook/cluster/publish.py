@@ -77,10 +77,15 @@ def summary(*, node: str, preflight: str, now, target, target_from: str, report:
 
 
 def signature(doc: dict) -> str:
-    """What an Event is emitted for: a change of any of these."""
-    parts = [doc["preflight"], str(doc["target"]), doc["gate"], str(doc["broken"]),
-             ",".join(sorted(str(b["image"]) for b in doc["broken_images"]))]
-    return "|".join(parts)
+    """What an Event is emitted for: a change of any of these (``doc`` may be a hostile annotation).
+
+    >>> signature({"preflight": "fail", "broken_images": [{"image": "b"}, "junk", {"image": "a"}]})
+    'fail|None|None|None|a,b'
+    """
+    listed = doc.get("broken_images") if isinstance(doc.get("broken_images"), list) else []
+    names = sorted(str(b.get("image")) for b in listed if isinstance(b, dict))
+    return "|".join([str(doc.get("preflight")), str(doc.get("target")), str(doc.get("gate")),
+                     str(doc.get("broken")), ",".join(names)])
 
 
 def label_value(v) -> str | None:
