@@ -476,6 +476,25 @@ def test_hostile_annotations_and_huge_pod_image_lists_stay_bounded(world):
     assert nodes["fault-hostile"]["broken"] is None and nodes["fault-hostile"]["target"] == R470
 
 
+def test_the_agent_watches_the_target_and_reacts_within_seconds(world):
+    w = world
+    _fault_node(w, "fault-watch", image="legacy")
+    w.stores["fault-watch"] = w.stores["gpu-b"]
+    agent = _spawn_agent(w, "fault-watch", "--interval", "300")  # polling alone would take 5 minutes
+    try:
+        label = "compat-hook.io/preflight.target-driver"
+        w.admin.wait("first pass", lambda: w.labels("fault-watch").get(label) == R470, timeout=60)
+        t0 = time.monotonic()
+        w.set_target(announce=R570)
+        w.admin.wait("the announced target", lambda: w.labels("fault-watch").get(label) == R570, timeout=30)
+        assert time.monotonic() - t0 < 15
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(10)
+        w.set_target(announce=R470)  # equal to spec.driver.version again: no longer a target
+
+
 # ----------------------------------------------------------------------------- node-local outputs, cost
 
 

@@ -177,5 +177,9 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
     except (ConfigException, OSError, ValueError, TypeError) as e:
         src = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
         raise KubeError(f"no cluster credentials ({src}): {_one_line(e, 200)}") from None
+    if not cfg.verify_ssl:  # the kubeconfig asks for it (insecure-skip-tls-verify): said once there, not per request
+        import urllib3
+
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
     cfg.retries = 0  # the agent retries with its own backoff; never stall a pass inside urllib3
     return Kube(client.ApiClient(cfg), where)

@@ -126,7 +126,9 @@ def event(*, node: dict, doc: dict, when: str, namespace: str = "default") -> di
     else:
         msg = (f"preflight {doc['preflight']} for driver {doc['target']}: {doc['images']} image(s), "
                f"{doc['changed']} change outcome, {doc['unreadable'] + doc['not_in_store']} unreadable")
-    if doc["gate_message"]:
+    if doc["gate"] == "held":
+        msg += "; holding the upgrade (nvidia.com/gpu-driver-upgrade.skip=true)"
+    elif doc["gate_message"]:
         msg += f"; {doc['gate_message']}"
     return {
         "apiVersion": "v1", "kind": "Event",

@@ -68,7 +68,10 @@ class Api:
                 raw = r.read()
         except urllib.error.HTTPError as e:
             raise ApiError(e.code, e.read().decode(errors="replace")) from None
-        return json.loads(raw) if raw else {}
+        try:
+            return json.loads(raw) if raw else {}
+        except ValueError:
+            return {"text": raw.decode(errors="replace")}
 
     def get(self, path: str, **query) -> dict:
         return self.request("GET", path, query=query or None)
@@ -204,7 +207,7 @@ class ControlPlane:
             if self.apiserver.poll() is not None:
                 raise AssertionError("kube-apiserver exited:\n" + (self.work / "apiserver.log").read_text()[-3000:])
             try:
-                return self.admin.request("GET", "/readyz", timeout=5) == {} or True
+                return self.admin.request("GET", "/readyz", timeout=5).get("text") == "ok"
             except (ApiError, OSError):
                 return False
 
