@@ -6,7 +6,9 @@ NVIDIA's upgrade controller (k8s-operator-libs ``pkg/upgrade``, driver name
 effect on a node already past that state. So the gate:
 
 * sets the skip label and ``<prefix>/holds-upgrade`` (why) while the
-  preflight is ``fail`` and the state is empty or ``upgrade-required``;
+  preflight is ``fail`` and the state is empty, ``upgrade-done`` (the state
+  between upgrades: a version change moves the node from there to
+  ``upgrade-required``, where the label then parks it) or ``upgrade-required``;
 * takes both off when the result clears;
 * never touches a skip label it did not set (it owns the label only while its
   ``holds-upgrade`` annotation is there);
@@ -32,8 +34,8 @@ __all__ = ["decide", "Gate", "STATE_LABEL", "SKIP_LABEL", "HOLDABLE"]
 
 STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
 SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
-#: States in which the skip label still stops the controller.
-HOLDABLE = ("", "upgrade-required")
+#: States from which the controller must pass through upgrade-required, where the skip label parks the node.
+HOLDABLE = ("", "upgrade-done", "upgrade-required")
 MAX_WHY = 512
 
 
