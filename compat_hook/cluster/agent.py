@@ -184,6 +184,15 @@ def run_pass(kube, cfg, opts: AgentOptions) -> dict:
 
 
 def _max_rss_kib() -> int:
+    """This process's peak RSS: ``VmHWM`` (getrusage's maxrss would include what the parent had
+    before exec, e.g. a test runner's)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
