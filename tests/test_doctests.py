@@ -46,7 +46,7 @@ def test_docstring_examples_run(name):
     assert runner.failures == 0, "".join(out)
     # A module whose source shows an example must have it found and run here
     # (an example the finder cannot reach would silently never run).
-    if ">>> " in inspect.getsource(mod):
+    if os.path.getsize(mod.__file__) and ">>> " in inspect.getsource(mod):  # an empty __init__ has no source
         assert attempted > 0, f"{name}: examples in the source, none collected"
 
 
