@@ -264,7 +264,8 @@ class _Watcher:
         while not self.stop.is_set():
             try:
                 if rv is None:
-                    rv = (kube.get(path).get("metadata") or {}).get("resourceVersion") or ""
+                    # the list a watch starts from: not a pass's call
+                    rv = (kube.request("GET", path, count=False).get("metadata") or {}).get("resourceVersion") or ""
                 for ev in kube.watch(path, rv, int(max(5, timeout))):
                     obj = ev.get("object") if isinstance(ev.get("object"), dict) else {}
                     if ev.get("type") == "ERROR":
