@@ -200,8 +200,9 @@ def gpu_pod(name: str, node: str, image: str, ns: str = "apps") -> dict:
 def world(tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster")
     libs = {"noted": noted_compat_lib(debs.libcuda("550.163.01"), work / "noted")}
-    cp = ControlPlane(work / "cp").start()
+    cp = ControlPlane(work / "cp")
     try:
+        cp.start()  # inside the try: a failed start still stops what it started
         cp.start_kwok()
         _rbac(cp)
         a = cp.admin
