@@ -136,6 +136,10 @@ def _parser():
     he.add_argument("--format", default="oci", choices=("oci", "cdi", "hooks.d"),
                     help="oci: a config.json hooks entry; cdi: a CDI containerEdits hook; hooks.d: a whole hooks.d file")
 
+    cl = sub.add_parser("cluster", add_help=False,
+                        help="the cluster side: `cluster agent` (per node, in the DaemonSet), `cluster status`")
+    cl.add_argument("cluster_args", nargs=argparse.REMAINDER)
+
     d = sub.add_parser("demo", help="show the main job on a built-in example")
     d.add_argument("--no-containers", action="store_true", help="explain only, even when runc is present")
     d.add_argument("--keep", action="store_true", help="keep the generated example tree")
@@ -354,6 +358,13 @@ def _cmd_hook_entry(args) -> int:
         doc = entry
     sys.stdout.write(jsonfast.dumps(doc, indent=2) + "\n")
     return EXIT_OK
+
+
+def _cmd_cluster(args) -> int:
+    # Parsed and imported only here: the Kubernetes client never loads on any other command's path.
+    from ..cluster.cli import main as cluster_main
+
+    return cluster_main(args.cluster_args)
 
 
 def _cmd_demo(args) -> int:
