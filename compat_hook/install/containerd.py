@@ -255,12 +255,12 @@ def _read(path: str):
 
 
 def _state_of(dropin_text: str | None) -> dict:
-    from ..core import jsonfast
+    import json
 
     for line in (dropin_text or "").splitlines():
         if line.startswith(STATE_TAG):
             try:
-                st = jsonfast.loads(line[len(STATE_TAG):])
+                st = json.loads(line[len(STATE_TAG):])
             except ValueError:
                 return {}
             return st if isinstance(st, dict) else {}
@@ -300,7 +300,7 @@ class Plan:
 
 
 def plan_install(opts) -> Plan:
-    from ..core import jsonfast
+    import json
     from ..core.config import DEFAULT_PATH
     from .checks import enforce
     from .files import Change
@@ -451,7 +451,7 @@ def plan_install(opts) -> Plan:
         f"settings in {main_path}.",
     ) if version == 2 else ()):
         out.add(tomlkit.comment(line))
-    out.add(tomlkit.comment(STATE_TAG[2:] + jsonfast.dumps(state, sort_keys=True)))
+    out.add(tomlkit.comment(STATE_TAG[2:] + json.dumps(state, sort_keys=True, separators=(",", ":"))))
     out.add(tomlkit.nl())
     out["version"] = version
     plugins = tomlkit.table(is_super_table=True)
@@ -476,13 +476,13 @@ def record_path(main_path: str) -> str:
 
 
 def _read_record(path: str) -> dict:
-    from ..core import jsonfast
+    import json
 
     text = _read(path)
     if not text:
         return {}
     try:
-        rec = jsonfast.loads(text)
+        rec = json.loads(text)
     except ValueError:
         raise InstallError(f"{path}: not compat-hook's install record (not JSON); move it away") from None
     return rec if isinstance(rec, dict) else {}
@@ -573,7 +573,7 @@ def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, ol
     the GPU Operator's toolkit, an admin) edits the file that holds our runtime,
     and a drop-in rendered from config.toml copies it along: nothing hides it.
     """
-    from ..core import jsonfast
+    import json
     from .files import Change
 
     tomlkit = tomlkit_module()
@@ -727,7 +727,7 @@ def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, ol
     if new_main != main_text:
         plan.changes.insert(0, Change(main_path, new_main, mode=None))
     plan.changes.insert(1 if new_main != main_text else 0,
-                        Change(rec_path, jsonfast.dumps(state, sort_keys=True, indent=1) + "\n", mode=0o600,
+                        Change(rec_path, json.dumps(state, sort_keys=True, indent=1) + "\n", mode=0o600,
                                ours=True))
     plan.notes.append(f"restart containerd to load the runtime {name!r} ({main_path}, edited in place); pods "
                       f"select it with runtimeClassName (a RuntimeClass whose handler is {name!r}: "

@@ -161,14 +161,14 @@ def problems(s: dict, path: str) -> list:
 
 
 def _state_of(item) -> dict:
-    from ..core import jsonfast
+    import json
 
     comment = getattr(getattr(item, "trivia", None), "comment", "") or ""
     body = comment.lstrip("#").strip()
     if not body.startswith(STATE_TAG):
         return {}
     try:
-        st = jsonfast.loads(body[len(STATE_TAG):])
+        st = json.loads(body[len(STATE_TAG):])
     except ValueError:
         return {}
     return st if isinstance(st, dict) else {}
@@ -325,7 +325,7 @@ def _runtimes_item(doc, path: str):
 
 def _render_install(text: str, path: str, wrapper: str, extra_state: dict):
     """``(new text, state, toolkit runtimes before compat-hook)`` for ``text`` with ``wrapper`` first."""
-    from ..core import jsonfast
+    import json
 
     tomlkit = tomlkit_module()
     doc = _parse(text, path)
@@ -358,7 +358,7 @@ def _render_install(text: str, path: str, wrapper: str, extra_state: dict):
     table["runtimes"] = value
     new_item = table["runtimes"]
     new_item.trivia.comment_ws = " "
-    new_item.trivia.comment = "# " + STATE_TAG + jsonfast.dumps(state, sort_keys=True)
+    new_item.trivia.comment = "# " + STATE_TAG + json.dumps(state, sort_keys=True, separators=(",", ":"))
     return tomlkit.dumps(doc), state, before
 
 
