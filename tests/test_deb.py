@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import write_fake_host
+from tests.support.trees import write_fake_host
 from tests.support import debs
 from tests.support.steps import sections as _sections
 from tests.test_podman import (COMPAT_550, COMPAT_LIB, HOST_535, IMAGE, RUN_FLAGS, SYS_LIB, build_image_tar,

@@ -24,6 +24,7 @@ from tests.support import debs, hookenv, rootfs
 from tests.support import runtimes as rt
 from tests.support.images import skopeo, umoci
 from tests.support.toolkit import noted_compat_lib
+from tests.support.trees import write_fake_host
 
 pytestmark = pytest.mark.containers
 
@@ -75,14 +76,6 @@ def images(tmp_path_factory) -> dict:
     return out
 
 
-def _host(tmp: pathlib.Path, version: str, gpu: str) -> pathlib.Path:
-    h = hookenv.fake_host(tmp / "host", version)
-    info = h / "proc/driver/nvidia/gpus/0000:17:00.0/information"
-    info.parent.mkdir(parents=True)
-    info.write_text(f"Model: \t\t {gpu}\nBus Location: \t 0000:17:00.0\n")
-    return h
-
-
 def _plan(images, tmp, name, version, gpu) -> dict:
     conf = tmp / "plan.yaml"
     conf.write_text(f"log_file: null\nnvml: 'off'\nhost_root: {tmp / 'host'}\n")
@@ -125,7 +118,7 @@ def _run(images, tmp, name, version) -> dict:
     ("plain", HOST_555, H100, "host", "no_candidate"),
 ], ids=["enable", "newer-host", "geforce", "no-compat-old-host", "no-compat-new-host"])
 def test_plan_predicts_what_the_container_loads(images, tmp_path, name, version, gpu, outcome, reason):
-    _host(tmp_path, version, gpu)
+    write_fake_host(tmp_path / "host", version=version, gpus={"0000:17:00.0": gpu})
     predicted = _plan(images, tmp_path, name, version, gpu)
     assert (predicted["outcome"], predicted["reason"]) == (outcome, reason), predicted
     ran = _run(images, tmp_path, name, version)

@@ -32,7 +32,7 @@ import time
 
 import pytest
 
-from tests.conftest import write_fake_host
+from tests.support.trees import write_fake_host
 from tests.support import debs, rootfs
 from tests.support import runtimes as rt
 

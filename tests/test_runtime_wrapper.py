@@ -33,7 +33,7 @@ from compat_hook.install.wrapper import render_wrapper
 from compat_hook.effects import specedit
 from compat_hook.commands import store
 from compat_hook.core.registration import hook_entry
-from tests.conftest import write_fake_host
+from tests.support.trees import write_fake_host
 from tests.support import debs, rootfs, runtimes as rt
 
 PY = "/usr/bin/python3"

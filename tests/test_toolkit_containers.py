@@ -43,7 +43,7 @@ import pytest
 
 from compat_hook.core import registration
 from compat_hook.install.wrapper import render_wrapper
-from tests.conftest import write_fake_host
+from tests.support.trees import write_fake_host
 from tests.support import debs, hookenv, rootfs, runtimes as rt
 from tests.support.toolkit import toolkit  # noqa: F401  (the session fixture)
 from tests.support.toolkit import (CDI_KIND, CDI_MODE_CONFIG, cdi_hooks, cdi_mounts, create_start, noted_compat_lib,
