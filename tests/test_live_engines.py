@@ -41,6 +41,7 @@ import time
 import pytest
 
 from tests.support import debs, engines
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 from tests.test_containerd import build_image
 from tests.test_podman import RUN_FLAGS, Podman
 
@@ -48,7 +49,7 @@ pytestmark = pytest.mark.containers
 
 PY = "/usr/bin/python3"
 REPO = pathlib.Path(__file__).resolve().parents[1]
-OLD, COMPAT, NEW = "535.261.03", "550.163.01", "555.58.02"
+OLD, COMPAT, NEW = HOST_535, COMPAT_550, HOST_555
 CUDA = {OLD: "12020", COMPAT: "12040", NEW: "12050"}
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT}"

@@ -25,12 +25,12 @@ from tests.support import runtimes as rt
 from tests.support.images import skopeo, umoci
 from tests.support.toolkit import noted_compat_lib
 from tests.support.trees import write_fake_host
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
 pytestmark = pytest.mark.containers
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 COMPAT_DIR = "/usr/local/cuda-12.4/compat"
-HOST_535, HOST_555, COMPAT_550 = "535.261.03", "555.58.02", "550.163.01"
 GEFORCE = "NVIDIA GeForce RTX 4090"
 H100 = "NVIDIA H100 80GB HBM3"
 

@@ -35,10 +35,8 @@ import pytest
 from tests.support.trees import write_fake_host
 from tests.support import debs, rootfs
 from tests.support import runtimes as rt
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
-HOST_535 = "535.261.03"
-COMPAT_550 = "550.163.01"
-HOST_555 = "555.58.02"
 SYS_LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
 COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT_550}"
 PODMAN = shutil.which("podman", path="/usr/bin:/bin") or "/usr/bin/podman"

@@ -42,6 +42,7 @@ import zipfile
 
 from tests.support import runtimes as rt
 from tests.support.cache import cache_dir, ensure_dir, locked
+from tests.support.versions import CONTAINERD2_VERSION, CRICTL_VERSION  # noqa: F401  (engines.* names kept)
 
 Path = pathlib.Path
 
@@ -50,9 +51,6 @@ UNSHARE = rt.UNSHARE
 MIRROR = "http://deb.debian.org/debian"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
-#: containerd 2.x from Debian sid (docs/background.md "Test machines"); any 2.x there is taken when this one is gone.
-CONTAINERD2_VERSION = "2.1.9+ds1-5"
-CRICTL_VERSION = "v1.37.0"
 #: The Go toolchain module fetched when no Go >= 1.21 is installed (cri-tools v1.37.0 needs go >= 1.26.6).
 GO_TOOLCHAIN = "go1.26.6"
 GO_TOOLCHAIN_SHA256 = "6347bdd1fdc7c659d955d8034cd82ec23a5b776bf48b9dfc3a75088d2dacfe0e"
