@@ -24,22 +24,11 @@ import stat
 
 import pytest
 
-from tests import elfgen
-from tests.support.trees import (HOST_LIB_DIR, CharDev, Dir, Fifo, Symlink, build_tree,  # noqa: F401
-                                 write_fake_host)
+from tests.support.trees import (HOST_ARCH, HOST_LIB_DIR, CharDev, Dir, Fifo, Symlink, build_tree,  # noqa: F401
+                                 elf, write_fake_host)
 
 __all__ = ["HOST_ARCH", "Symlink", "Dir", "Fifo", "CharDev", "elf", "build_tree", "write_fake_host",
            "config_for", "snapshot_tree"]
-
-
-#: The machine the tests run on, as elfgen spells it (x86_64 or aarch64).
-HOST_ARCH = os.uname().machine if os.uname().machine in ("x86_64", "aarch64") else "x86_64"
-
-
-def elf(note: str | None = None, **kw) -> bytes:
-    """A valid libcuda-like ELF stub for this machine (ET_DYN, SONAME libcuda.so.1)."""
-    kw.setdefault("machine", HOST_ARCH)
-    return elfgen.make_elf(note_json=note, **kw)
 
 
 _counter = itertools.count()

@@ -1,4 +1,4 @@
-"""Trees on disk for the tests: rootfs entries and the one fake-host writer.
+"""Trees on disk for the tests: rootfs entries, libcuda-like ELF stubs and the one fake-host writer.
 
 :func:`build_tree` creates a tree from a mapping of in-tree paths to bytes,
 text, :class:`Symlink`, :class:`Dir`, :class:`Fifo` or :class:`CharDev`.
@@ -16,7 +16,20 @@ import os
 import pathlib
 import stat
 
-__all__ = ["Symlink", "Dir", "Fifo", "CharDev", "build_tree", "HOST_LIB_DIR", "VERSION_LINE", "write_fake_host"]
+from tests import elfgen
+
+__all__ = ["HOST_ARCH", "elf", "Symlink", "Dir", "Fifo", "CharDev", "build_tree", "HOST_LIB_DIR", "VERSION_LINE",
+           "write_fake_host"]
+
+
+#: The machine the tests run on, as elfgen spells it (x86_64 or aarch64).
+HOST_ARCH = os.uname().machine if os.uname().machine in ("x86_64", "aarch64") else "x86_64"
+
+
+def elf(note: str | None = None, **kw) -> bytes:
+    """A valid libcuda-like ELF stub for this machine (ET_DYN, SONAME libcuda.so.1)."""
+    kw.setdefault("machine", HOST_ARCH)
+    return elfgen.make_elf(note_json=note, **kw)
 
 
 class Symlink:
