@@ -125,7 +125,7 @@ def test_table_says_how_each_image_was_read(ctrd, tmp_path):
 
 
 def _open(d, ns: str, name: str):
-    from compat_hook import images as im
+    from compat_hook.images import reader as im
 
     os.environ["PATH"] = f"{d.bin_dir}:{os.environ['PATH']}"
     reader = im.Reader()
