@@ -340,16 +340,13 @@ def test_doctests_of_the_reader_modules():
 
 @pytest.fixture(scope="module")
 def ctrd(tmp_path_factory):
-    """A private containerd (the one of test_containerd: own socket, root and state)."""
-    from tests.test_containerd import MAIN, Containerd
+    """A private containerd (tests/support/engines.py's DirectContainerd: own socket, root and state)."""
+    from tests.support.engines import DirectContainerd
 
     w = tmp_path_factory.mktemp("ctrd-img")
-    c = Containerd(w, {})
-    (w / "containerd").mkdir()
-    (w / "cni").mkdir()
-    c.main.write_text(MAIN.replace("@W@", str(w)))
+    c = DirectContainerd(w)
     try:
-        c.start(images=False)
+        c.start()
         yield c
     finally:
         c.stop()

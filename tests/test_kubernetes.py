@@ -28,7 +28,7 @@ import yaml
 
 from tests.support.cache import cache_dir, locked
 from tests.support.steps import sections as _sections
-from tests.test_podman import RUN_FLAGS, start_podman
+from tests.support.engines import RUN_FLAGS, start_podman
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 K8S = REPO / "packaging" / "kubernetes"

@@ -1,6 +1,6 @@
 """``plan containerd:`` reads what the node already unpacked: containerd's snapshotter, 1.6 and 2.x.
 
-The images are the umoci-built ones of tests/test_plan_images.py (a compat image - Debian's real
+The images are the umoci-built ones of tests/support/planimages.py (a compat image - Debian's real
 libcuda 550 with NVIDIA's note - and a plain one, each with a whiteout and the ``/usr/local/cuda``
 -> ``cuda-12.4`` link set in a later layer than the libs). One OCI archive holding both is imported
 into a live containerd three times: unpacked into the overlayfs snapshotter (namespace
@@ -23,7 +23,9 @@ import pytest
 from tests.support import engines
 from tests.support import runtimes as rt
 from tests.support.images import skopeo
-from tests.test_plan_images import COMPAT_550, GEFORCE, H100, HOST_535, HOST_555, _host, images  # noqa: F401
+from tests.support.planimages import GEFORCE, H100, images  # noqa: F401  (the module-scoped images fixture)
+from tests.support.trees import write_fake_host
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
 pytestmark = pytest.mark.containers
 
@@ -91,7 +93,7 @@ def _plan(d, tmp: pathlib.Path, ns: str, version: str, *extra) -> subprocess.Com
     (HOST_535, GEFORCE, {"compat": ("host-minor", "device_unsupported"), "plain": ("host-minor", "no_candidate")}),
 ], ids=["enable+no-compat", "newer-host", "geforce"])
 def test_snapshot_and_blobs_give_the_same_outcomes(ctrd, tmp_path, version, gpu, want):
-    _host(tmp_path, version, gpu)
+    write_fake_host(tmp_path / "host", version=version, gpus={"0000:17:00.0": gpu})
     before = _state(ctrd)
     rows = {}
     for ns, (snapshotter, via) in NAMESPACES.items():
@@ -115,7 +117,7 @@ def test_snapshot_and_blobs_give_the_same_outcomes(ctrd, tmp_path, version, gpu,
 
 
 def test_table_says_how_each_image_was_read(ctrd, tmp_path):
-    _host(tmp_path, HOST_535, H100)
+    write_fake_host(tmp_path / "host", version=HOST_535, gpus={"0000:17:00.0": H100})
     text = _plan(ctrd, tmp_path, "k8s.io", HOST_555).stdout
     assert "read via: snapshot 2" in text.splitlines(), text
     text = _plan(ctrd, tmp_path, "blobs", HOST_555).stdout
@@ -123,7 +125,7 @@ def test_table_says_how_each_image_was_read(ctrd, tmp_path):
 
 
 def _open(d, ns: str, name: str):
-    from compat_hook import images as im
+    from compat_hook.images import reader as im
 
     os.environ["PATH"] = f"{d.bin_dir}:{os.environ['PATH']}"
     reader = im.Reader()
@@ -177,7 +179,7 @@ def _same_as_blobs(images, tmp, rows: list, via: str, cases=CASES) -> None:  # n
     """Each engine row against the same image's docker-archive (the blob path), case by case."""
     for version, gpu, name, want in cases:
         tmp_case = tmp / f"{version}-{gpu.split()[1]}-{name}"
-        _host(tmp_case, version, gpu)
+        write_fake_host(tmp_case / "host", version=version, gpus={"0000:17:00.0": gpu})
         r = rows(tmp_case, version)
         got = {row["image"]: row for row in r["images"]}
         blob = got.pop(images[name]["docker"])
@@ -220,7 +222,7 @@ def test_docker_image_store(images, tmp_path, driver, via):  # noqa: F811
 
 
 def test_podman_containers_storage(images, tmp_path):  # noqa: F811
-    from tests.test_podman import Podman
+    from tests.support.engines import Podman
 
     pm = Podman(tmp_path / "pm", "overlay")
     try:
@@ -247,7 +249,7 @@ def test_a_killed_runs_view_is_removed_by_the_next_run(ctrd, tmp_path):
     that containerd's own collector cannot be what removes them."""
     import time
 
-    _host(tmp_path, HOST_555, H100)
+    write_fake_host(tmp_path / "host", version=HOST_555, gpus={"0000:17:00.0": H100})
     committed = [ln.split()[0] for ln in ctrd.ctr("-n", "k8s.io", "snapshots", "ls").stdout.splitlines()[1:]
                  if ln.split()[-1] == "Committed"]
     stale, live = "compat-hook-plan-1000000000-1-dead", f"compat-hook-plan-{int(time.time())}-1-live"
@@ -283,7 +285,7 @@ def test_hostile_snapshot_reads_nothing_outside(ctrd, images, tmp_path):  # noqa
                           ("file", "etc/os-release", b"ID=debian\n")]))
     lay.tag(lay.image([layer], env=["CUDA_VERSION=12.4.1", "NVIDIA_VISIBLE_DEVICES=all"]), "hostile")
     ctrd.ctr("-n", "hostile", "images", "import", "--base-name", "localhost/img", lay.tar(tmp_path / "h.tar"))
-    _host(tmp_path, HOST_535, H100)
+    write_fake_host(tmp_path / "host", version=HOST_535, gpus={"0000:17:00.0": H100})
     before = _state(ctrd)
     t0 = time.monotonic()
     p = _plan(ctrd, tmp_path, "hostile", HOST_535, "--json")

@@ -289,9 +289,9 @@ def _version_arg(flag: str, value):
 def _print(report: dict, as_json: bool, render) -> None:
     """One JSON object (``--json``) or the command's text rendering, on stdout."""
     if as_json:
-        from ..core import jsonfast
+        import json
 
-        sys.stdout.write(jsonfast.dumps(report, indent=2) + "\n")
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
         sys.stdout.write(render(report))
 
@@ -340,7 +340,7 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_hook_entry(args) -> int:
-    from ..core import jsonfast
+    import json
     from ..core.registration import hook_entry, hooksd_document
 
     from ..install.wrapper import fail_closed
@@ -356,7 +356,7 @@ def _cmd_hook_entry(args) -> int:
         doc = hooksd_document(entry, stages=[args.stage])
     else:
         doc = entry
-    sys.stdout.write(jsonfast.dumps(doc, indent=2) + "\n")
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     return EXIT_OK
 
 
@@ -377,7 +377,7 @@ def _cmd_config(args) -> int:
     from ..core import config as _config
 
     if args.check:
-        from ..core import jsonfast
+        import json
 
         try:
             cfg = _config.load(args.check)
@@ -388,7 +388,7 @@ def _cmd_config(args) -> int:
                 prefix = "" if msg.startswith(args.check + ": ") else args.check + ": "
                 sys.stderr.write(f"compat-hook: {prefix}{msg}\n")
             return EXIT_USAGE
-        sys.stdout.write(jsonfast.dumps(cfg.to_dict(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(cfg.to_dict(), indent=2) + "\n")
         # What install would say: settings that cannot take effect on a registration path.
         from ..install.checks import problems
 
@@ -405,7 +405,7 @@ def _cmd_config(args) -> int:
 
 
 def _cmd_store(args) -> int:
-    from ..core import jsonfast
+    import json
     from . import store
 
     if args.store_command is None:
@@ -424,7 +424,7 @@ def _cmd_store(args) -> int:
     else:
         store.remove(cfg.store_dir, args.version)
         out = {"removed": args.version} if args.json else f"removed {args.version}"
-    sys.stdout.write((jsonfast.dumps(out, indent=2) if args.json else out) + "\n")
+    sys.stdout.write((json.dumps(out, indent=2) if args.json else out) + "\n")
     return EXIT_OK
 
 

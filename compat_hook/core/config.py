@@ -325,7 +325,7 @@ def load(path: str | None = None, *, state_dir: str | None = None, environ=None)
 
 def render_default_yaml() -> str:
     """The default configuration as commented YAML (config/compat-hook.yaml)."""
-    from . import jsonfast
+    import json
 
     lines = [f"# compat-hook {__version__} configuration. Every key is optional;",
              "# the values shown are the defaults.", ""]
@@ -341,7 +341,7 @@ def render_default_yaml() -> str:
         elif isinstance(default, bool):
             lines.append(f"{k}: {'true' if default else 'false'}")
         elif isinstance(default, str):
-            lines.append(f"{k}: {jsonfast.dumps(default) if ':' in default else default}")
+            lines.append(f"{k}: {json.dumps(default) if ':' in default else default}")
         else:
             lines.append(f"{k}: {default}")
         lines.append("")

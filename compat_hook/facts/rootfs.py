@@ -31,6 +31,7 @@ import errno
 import os
 import stat as _stat
 
+from ..core.atomic import replace_at
 from ..core.errors import UnsafePath
 
 __all__ = ["Root", "UnsafePath", "MAX_SYMLINKS"]
@@ -339,33 +340,11 @@ class Root:
                 existing = None
             if existing is not None and _stat.S_ISDIR(existing.st_mode):
                 raise UnsafePath(f"a directory is in the way: {parent.rstrip('/')}/{name}")
-            # A random temp name: the image cannot pre-plant it to make the
+            # Random temp names: the image cannot pre-plant them to make the
             # O_EXCL create fail (a denial of compat, not an escape).
-            for _ in range(8):
-                tmp = f".{name}.compat-hook.{os.urandom(6).hex()}.tmp"
-                try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 mode, dir_fd=dfd)
-                    break
-                except FileExistsError:
-                    continue
-            else:
+            tmps = (f".{name}.compat-hook.{os.urandom(6).hex()}.tmp" for _ in range(8))
+            if replace_at(dfd, name, data, mode, tmps) is None:
                 raise UnsafePath(f"cannot create a temp file beside {parent.rstrip('/')}/{name}")
-            try:
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fchmod(fd, mode)
-                finally:
-                    os.close(fd)
-                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            except BaseException:
-                try:
-                    os.unlink(tmp, dir_fd=dfd)
-                except OSError:
-                    pass
-                raise
         finally:
             os.close(dfd)
         return parent.rstrip("/") + "/" + name

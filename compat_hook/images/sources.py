@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 
 from ..core.errors import UsageError
+from .reader import TRANSPORTS  # the one list: images/reader opens them
 
 __all__ = ["open_source", "open_dir", "expand", "TRANSPORTS"]
-
-TRANSPORTS = ("oci:", "oci-archive:", "docker-archive:", "containerd:", "docker:", "containers-storage:")
 
 
 def open_source(source: str, config=None, *, address: str | None = None, namespace: str = "k8s.io"):
