@@ -164,19 +164,13 @@ def read_json(blob: Blob, limit: int, what: str) -> dict:
     """Read a whole small blob (at most ``limit`` bytes), check it, parse a JSON object."""
     import json
 
-    parts, n = [], 0
+    from ..core.bounded import read_all
+
     with blob:
-        while True:
-            b = blob.read(_CHUNK)
-            if not b:
-                break
-            n += len(b)
-            if n > limit:
-                raise _error(f"{what}: larger than {limit} bytes")
-            parts.append(b)
+        data = read_all(blob.read, limit, _CHUNK, lambda: _error(f"{what}: larger than {limit} bytes"))
         blob.finish()
     try:
-        doc = json.loads(b"".join(parts))
+        doc = json.loads(data)
     except (ValueError, RecursionError) as e:
         raise _error(f"{what}: not valid JSON ({str(e)[:80]})") from None
     if not isinstance(doc, dict):

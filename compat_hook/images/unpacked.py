@@ -53,6 +53,7 @@ import stat as _stat
 import time
 
 from ..core.errors import UnsafePath
+from ..facts.surface import Surface, not_regular
 
 __all__ = ["Layers", "MAX_SYMLINKS", "OPAQUE_XATTRS"]
 
@@ -98,7 +99,7 @@ class _Entry:
         self.st, self.dirs, self.parent, self.name = st, dirs, parent, name
 
 
-class Layers:
+class Layers(Surface):
     """The merged, read-only view of layer directories ``dirs`` (top first); see the module docstring.
 
     ``what`` names the image in errors; ``deadline`` is a ``time.monotonic()``
@@ -271,19 +272,6 @@ class Layers:
         self._release(owned)
         return ent.st
 
-    def exists(self, path: str) -> bool:
-        try:
-            self.stat(path)
-            return True
-        except OSError:
-            return False
-
-    def is_dir(self, path: str) -> bool:
-        try:
-            return _stat.S_ISDIR(self.stat(path).st_mode)
-        except OSError:
-            return False
-
     def listdir(self, path: str) -> list:
         """Entries of a merged directory as ``(name, kind)`` (``file``, ``dir``, ``symlink``, ``other``),
         whiteouts and what they hide left out; more than ``max_dir_entries`` is an ImageError."""
@@ -335,13 +323,11 @@ class Layers:
         The type is checked on an ``O_PATH`` descriptor and the reopen goes
         through it, so a FIFO or device node is never opened.
         """
-        from ..facts.rootfs import _kind
-
         ent, names, owned = self._walk(path, follow)
         try:
             where = "/" + "/".join(names)
             if not _stat.S_ISREG(ent.st.st_mode):
-                raise UnsafePath(f"not a regular file: {where} ({_kind(ent.st.st_mode)})")
+                raise not_regular(where, ent.st.st_mode)
             pfd = os.open(ent.name, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=ent.parent)
             try:
                 st = os.fstat(pfd)
@@ -358,7 +344,3 @@ class Layers:
             raise UnsafePath(f"file changed while opening: {where}")
         return os.fdopen(fd, "rb", buffering=0)
 
-    def read_file(self, path: str, limit: int = 1 << 20) -> bytes:
-        """Read at most ``limit`` bytes of a regular file (:meth:`open_regular`)."""
-        with self.open_regular(path) as f:
-            return f.read(limit)
