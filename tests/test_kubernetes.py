@@ -32,6 +32,7 @@ from tests.test_podman import RUN_FLAGS, start_podman
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 K8S = REPO / "packaging" / "kubernetes"
+RENDERED = K8S / "compat-hook.yaml"  # the chart's defaults, rendered (tests/test_cluster.py: == helm template)
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "HOME": "/root"}
 VERSION = __import__("compat_hook").__version__
 K8S_VERSIONS = ("1.25.0", "1.37.0")
@@ -69,7 +70,7 @@ def validator() -> pathlib.Path:
 
 @pytest.mark.slow
 def test_every_manifest_validates_against_the_schemas(validator):
-    assert {p.name for p in MANIFESTS} >= {"daemonset.yaml", "runtimeclass.yaml", "cuda-pod.yaml"}
+    assert {p.name for p in MANIFESTS} >= {"compat-hook.yaml", "cuda-pod.yaml", "plan-daemonset.yaml"}
     for version in K8S_VERSIONS:
         p = _run([validator, "--strict", "-k", version, *MANIFESTS], check=False)
         assert p.returncode == 0, p.stdout + p.stderr
@@ -80,7 +81,7 @@ def test_every_manifest_validates_against_the_schemas(validator):
 @pytest.mark.slow
 def test_validator_rejects_a_bad_manifest(validator, tmp_path):
     """The check has teeth: an unknown field and a missing required one both fail."""
-    ds = _docs(K8S / "daemonset.yaml")[1]
+    [ds] = [d for d in _docs(RENDERED) if d["kind"] == "DaemonSet"]
     ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(ds))
@@ -91,36 +92,62 @@ def test_validator_rejects_a_bad_manifest(validator, tmp_path):
     assert _run([validator, "--strict", bad], check=False).returncode != 0
 
 
+def _rendered() -> dict:
+    return {(d["kind"], d["metadata"]["name"]): d for d in _docs(RENDERED)}
+
+
 def test_daemonset_shape():
-    ns, ds = _docs(K8S / "daemonset.yaml")
-    assert ns["kind"] == "Namespace" and ds["kind"] == "DaemonSet"
+    """The one plain manifest: Namespace, DaemonSet (installer + agent of one image), RuntimeClass,
+    and the agent's ServiceAccount, minimal ClusterRole, binding and config."""
+    docs = _rendered()
+    assert set(docs) == {("Namespace", "compat-hook"), ("ServiceAccount", "compat-hook"),
+                         ("ConfigMap", "compat-hook-agent"), ("ClusterRole", "compat-hook-agent"),
+                         ("ClusterRoleBinding", "compat-hook-agent"), ("DaemonSet", "compat-hook"),
+                         ("RuntimeClass", "cuda-compat")}
+    ns, ds = docs[("Namespace", "compat-hook")], docs[("DaemonSet", "compat-hook")]
     assert ds["metadata"]["namespace"] == ns["metadata"]["name"]
     pod = ds["spec"]["template"]["spec"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true"
-    assert pod["automountServiceAccountToken"] is False  # no API access, hence no RBAC
-    (c,) = pod["containers"]
+    assert pod["hostPID"] is False and pod["serviceAccountName"] == "compat-hook"
+    containers = {c["name"]: c for c in pod["containers"]}
+    assert set(containers) == {"installer", "agent"}
+    c, agent = containers["installer"], containers["agent"]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["RESTART_CONTAINERD"] == "false"  # restarting containerd is opt-in
     assert env["HOST_ROOT"] == "/host" and env["RUNTIME_NAME"] == "cuda-compat"
     assert c["lifecycle"]["preStop"]["exec"]["command"][-1] == "uninstall"
-    assert c["image"].endswith(f":{VERSION}")
-    (vol,) = pod["volumes"]
-    assert vol["hostPath"]["path"] == "/" and c["volumeMounts"][0]["mountPath"] == env["HOST_ROOT"]
-    # Only the chart's agent (compat-hook.yaml) talks to the API server, with the minimal ClusterRole.
-    kinds = {d["kind"] for m in MANIFESTS if m.name != "compat-hook.yaml" for d in _docs(m)}
-    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ServiceAccount"}
-    [role] = [d for d in _docs(K8S / "compat-hook.yaml") if d["kind"] == "ClusterRole"]
+    assert c["securityContext"]["privileged"] is False
+    assert c["image"].endswith(f":{VERSION}") and agent["image"] == c["image"]  # one image, both containers
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["host-root"]["hostPath"]["path"] == "/"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["host-root"]["mountPath"] == env["HOST_ROOT"]
+    # the agent: the image's compat-hook, the node's root read-only at /host, the gate off
+    assert agent["command"][:3] == ["compat-hook", "cluster", "agent"]
+    assert "--address=/host/run/containerd/containerd.sock" in agent["command"]
+    amounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    assert amounts["/host"]["readOnly"] is True and amounts["/host"]["name"] == "host-root"
+    assert agent["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "emptyDir" in vols[amounts["/tmp"]["name"]]  # blobs decompress there, the rootfs is read-only
+    conf = yaml.safe_load(docs[("ConfigMap", "compat-hook-agent")]["data"]["config.yaml"])
+    assert conf["host_root"] == "/host" and conf["cluster"]["gate_upgrade"] is False
+    role = docs[("ClusterRole", "compat-hook-agent")]
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"]] == [
         ([""], ["nodes"], ["get", "patch"]), ([""], ["pods"], ["list"]), ([""], ["events"], ["create"]),
         (["nvidia.com"], ["clusterpolicies", "nvidiadrivers"], ["get", "list", "watch"])]
+    # nothing else in packaging/kubernetes talks to the API server
+    kinds = {d["kind"] for m in MANIFESTS if m != RENDERED for d in _docs(m)}
+    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ServiceAccount"}
 
 
 def test_runtime_names_agree():
-    (rc,) = _docs(K8S / "runtimeclass.yaml")
+    docs = _rendered()
+    rc = docs[("RuntimeClass", "cuda-compat")]
     (example,) = _docs(K8S / "examples" / "cuda-pod.yaml")
-    ds = _docs(K8S / "daemonset.yaml")[1]
-    env = {e["name"]: e["value"] for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
+    [installer] = [c for c in docs[("DaemonSet", "compat-hook")]["spec"]["template"]["spec"]["containers"]
+                   if c["name"] == "installer"]
+    env = {e["name"]: e["value"] for e in installer["env"]}
     assert rc["handler"] == env["RUNTIME_NAME"] == example["spec"]["runtimeClassName"] == rc["metadata"]["name"]
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in example["spec"]["containers"][0]["env"]
 
@@ -151,6 +178,7 @@ def test_build_image_makes_a_valid_oci_layout(image, tmp_path):
     manifest = json.loads((layout / "blobs/sha256" / desc["digest"].split(":")[1]).read_text())
     config = json.loads((layout / "blobs/sha256" / manifest["config"]["digest"].split(":")[1]).read_text())
     assert config["config"]["Cmd"] == ["/usr/local/bin/compat-hook-k8s", "run"]
+    assert "PATH=/usr/local/bin:/usr/bin:/bin" in config["config"]["Env"]
     assert config["config"]["Labels"]["org.opencontainers.image.version"] == VERSION
     stat = _run(["umoci", "stat", "--image", f"{layout}:{VERSION}"]).stdout
     assert "umoci repack" in stat
@@ -167,7 +195,17 @@ def test_build_image_makes_a_valid_oci_layout(image, tmp_path):
     assert not list(payload.rglob("*.so")) and not list(payload.rglob("__pycache__"))
     assert os.access(root / "usr/local/bin/compat-hook-k8s", os.X_OK)
     assert os.readlink(root / "bin/sh") == "busybox" and (root / "bin/busybox").is_file()
-    assert not (root / "usr/bin/python3").exists()  # Python runs on the node, not in the image
+    # the agent's side: Debian's python3 with the Kubernetes client, ctr, and compat-hook on PATH
+    for rel in ("usr/bin/python3", "usr/bin/ctr", "usr/local/bin/compat-hook"):
+        assert os.access(root / rel, os.X_OK), rel
+    assert (root / "usr/lib/python3/dist-packages/kubernetes/client/__init__.py").is_file()
+    assert not (root / "usr/share/doc").exists() and not (root / "usr/bin/dpkg").exists()
+    p = _run(["chroot", root, "/usr/bin/env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", "/bin/sh", "-c",
+              "compat-hook --version && ctr --version && python3 -I -c 'import kubernetes.client, yaml, elftools, "
+              "tomlkit, ssl; print(kubernetes.__version__)'"])
+    lines = p.stdout.splitlines()
+    assert lines[0] == f"compat-hook {VERSION}" and lines[1].startswith("ctr "), p.stdout
+    assert lines[2].split(".")[0].isdigit(), p.stdout
 
 
 def _fake_node(base: pathlib.Path) -> pathlib.Path:
