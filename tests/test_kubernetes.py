@@ -200,7 +200,7 @@ def test_build_image_makes_a_valid_oci_layout(image, tmp_path):
         assert os.access(root / rel, os.X_OK), rel
     assert (root / "usr/lib/python3/dist-packages/kubernetes/client/__init__.py").is_file()
     assert not (root / "usr/share/doc").exists() and not (root / "usr/bin/dpkg").exists()
-    p = _run(["chroot", root, "/usr/bin/env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", "/bin/sh", "-c",
+    p = _run(["chroot", root, "/bin/env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", "/bin/sh", "-c",
               "compat-hook --version && ctr --version && python3 -I -c 'import kubernetes.client, yaml, elftools, "
               "tomlkit, ssl; print(kubernetes.__version__)'"])
     lines = p.stdout.splitlines()
@@ -349,3 +349,113 @@ def test_installer_writes_node_paths(image, tmp_path):
     assert tk.read_text().startswith("# the toolkit's config\n")  # its formatting kept
     launcher = (node / "opt/compat-hook/bin/compat-hook").read_text()
     assert f"/opt/compat-hook/{copy.name}/bin/compat-hook" in launcher
+
+
+# --------------------------------------------------------------------------- the agent, from the image
+
+AGENT_INSIDE = r"""
+set -eu
+R={rootfs} N={node} W={ctrd_work} S={sock}
+# the node: containerd's own dirs where they are on the node, its socket where the chart points
+mkdir -p "$N$W" "$N/run/containerd" && : > "$N/run/containerd/containerd.sock"
+mount --bind "$W" "$N$W"
+mount --bind "$S" "$N/run/containerd/containerd.sock"
+# the pod: the image's rootfs read-only, the node's root read-only at /host, the chart's config,
+# a state dir and /tmp (emptyDir), /proc and /dev as the runtime gives them
+mount --bind "$R" "$R"
+mount --rbind "$N" "$R/host" && mount -o remount,bind,ro "$R/host"
+mount --bind {config_dir} "$R/etc/compat-hook-agent"
+mount --bind {state_dir} "$R/var/lib/compat-hook-agent"
+mount -t tmpfs tmpfs "$R/tmp"
+mount -t proc proc "$R/proc"
+mount --rbind /dev "$R/dev"
+mount -o remount,bind,ro "$R"
+exec chroot "$R" /bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/ "$@"
+"""
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_agent_runs_from_the_image(image, tmp_path):
+    """The shipped image runs the agent as the chart does: its python3 and ctr, the chart's config
+    (host_root /host) and command, the node's root read-only at /host. Against a real API server
+    it reads the pod's image from the node's containerd - from the snapshot, under /host (the layer
+    blob is removed from the content store, so nothing else could read it) - and publishes."""
+    import tempfile
+
+    from tests.support import engines, hookenv
+    from tests.support.images import Layout, gz, tar_layer
+    from tests.support.kube import AGENT_TOKEN, ControlPlane
+
+    host_535, target = "535.261.03", "555.58.02"
+    _run(["umoci", "unpack", "--image", f"{image['layout']}:{VERSION}", tmp_path / "b"])
+    rootfs = tmp_path / "b" / "rootfs"
+    for d in ("etc/compat-hook-agent", "var/lib/compat-hook-agent"):
+        (rootfs / d).mkdir(parents=True)
+    docs = _rendered()
+    [agent] = [c for c in docs[("DaemonSet", "compat-hook")]["spec"]["template"]["spec"]["containers"]
+               if c["name"] == "agent"]
+    config_dir, state_dir = tmp_path / "config", tmp_path / "state"
+    config_dir.mkdir(), state_dir.mkdir()
+    (config_dir / "config.yaml").write_text(docs[("ConfigMap", "compat-hook-agent")]["data"]["config.yaml"])
+
+    # the node: a host driver (535, an H100) and its containerd with one CUDA 12.4 image, unpacked
+    node = hookenv.fake_host(tmp_path / "node", host_535)
+    info = node / "proc/driver/nvidia/gpus/0000:17:00.0/information"
+    info.parent.mkdir(parents=True)
+    info.write_text("Model: \t\t NVIDIA H100 80GB HBM3\nBus Location: \t 0000:17:00.0\n")
+    lay = Layout(tmp_path / "app")
+    layer = gz(tar_layer([("dir", "etc"), ("file", "etc/os-release", b"ID=debian\n")]))
+    lay.tag(lay.image([layer], env=["CUDA_VERSION=12.4.1", "NVIDIA_VISIBLE_DEVICES=all"]), "agent")
+    short = pathlib.Path(tempfile.mkdtemp(prefix="chag", dir="/tmp"))  # socket paths stay < 108 bytes
+    d = engines.Containerd(short / "d", pause_image="localhost/none:pause")
+    cp = ControlPlane(tmp_path / "cp")
+    try:
+        d.start(host_535)
+        d.ctr("-n", "k8s.io", "images", "import", "--base-name", "localhost/app", lay.tar(tmp_path / "app.tar"))
+        blob = "sha256:" + hashlib.sha256(layer).hexdigest()
+        d.ctr("-n", "k8s.io", "content", "rm", blob)
+        assert blob not in d.ctr("-n", "k8s.io", "content", "ls", "-q").stdout.split()
+
+        cp.start()
+        for doc in docs.values():  # the agent's RBAC as shipped
+            kind, meta = doc["kind"], doc["metadata"]
+            if kind == "ServiceAccount":
+                cp.admin.create(f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts", doc)
+            elif kind in ("ClusterRole", "ClusterRoleBinding"):
+                cp.admin.create(f"/apis/rbac.authorization.k8s.io/v1/{kind.lower()}s", doc)
+        cp.admin.create("/api/v1/nodes", {"metadata": {"name": "gpu-img", "labels": {
+            "nvidia.com/gpu.present": "true", "nvidia.com/cuda.driver-version.full": host_535}}})
+        cp.admin.create("/api/v1/namespaces/apps/pods", {"metadata": {"name": "app"}, "spec": {
+            "nodeName": "gpu-img", "containers": [{"name": "main", "image": "localhost/app:agent",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+        cp.admin.create("/apis/nvidia.com/v1/clusterpolicies", {
+            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
+            "spec": {"driver": {"version": target}}})
+        (config_dir / "kubeconfig").write_text(cp.kubeconfig(AGENT_TOKEN, "agent").read_text())
+
+        argv = [a.replace("$(NODE_NAME)", "gpu-img") for a in agent["command"]]
+        argv += ["--once", "--kubeconfig=/etc/compat-hook-agent/kubeconfig"]
+        script = tmp_path / "agent.sh"
+        script.write_text(AGENT_INSIDE.format(rootfs=shlex.quote(str(rootfs)), node=shlex.quote(str(node)),
+                                              ctrd_work=shlex.quote(str(d.work)), sock=shlex.quote(str(d.sock)),
+                                              config_dir=config_dir, state_dir=state_dir))
+        p = _run(["unshare", "-m", "--propagation", "private", "/bin/sh", script, *argv], check=False, timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+        result = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")][-1]
+        meta = cp.admin.get("/api/v1/nodes/gpu-img")["metadata"]
+    finally:
+        cp.stop()
+        left = d.stop()
+        import shutil
+
+        shutil.rmtree(short, ignore_errors=True)
+    assert left == {"processes": [], "mounts": []}, left
+    assert result["target"] == target and result["problem"] is None, result
+    summary = json.loads(meta["annotations"]["compat-hook.io/preflight"])
+    assert (summary["images"], summary["unreadable"], summary["not_in_store"]) == (1, 0, 0), (summary, p.stdout, p.stderr)
+    # host-minor on 535 (CUDA 12.2 for a 12.4 image), the host's own driver on 555: the outcome changes
+    assert meta["labels"]["compat-hook.io/preflight"] == "warn" and summary["changed"] == 1, (meta, summary)
+    assert meta["labels"]["compat-hook.io/preflight.target-driver"] == target
+    assert meta["labels"]["compat-hook.io/preflight.broken"] == "0"
+    assert any(state_dir.iterdir()), "the agent keeps its last result in its state dir"
