@@ -465,7 +465,8 @@ def test_toolkit_edits_after_install_stay_visible_on_2x(tmp_path, toolkit):  # n
 def test_runtimeclass_manifest():
     import yaml
 
-    doc = yaml.safe_load((REPO / "packaging" / "kubernetes" / "runtimeclass.yaml").read_text())
+    [doc] = [d for d in yaml.safe_load_all((REPO / "packaging" / "kubernetes" / "compat-hook.yaml").read_text())
+             if d and d["kind"] == "RuntimeClass"]
     assert doc["apiVersion"] == "node.k8s.io/v1" and doc["kind"] == "RuntimeClass"
     assert doc["handler"] == "cuda-compat" == doc["metadata"]["name"]
 

@@ -32,6 +32,7 @@ from tests.support.engines import RUN_FLAGS, start_podman
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 K8S = REPO / "packaging" / "kubernetes"
+RENDERED = K8S / "compat-hook.yaml"  # the chart's defaults, rendered (tests/test_cluster.py: == helm template)
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "HOME": "/root"}
 VERSION = __import__("compat_hook").__version__
 K8S_VERSIONS = ("1.25.0", "1.37.0")
@@ -69,7 +70,7 @@ def validator() -> pathlib.Path:
 
 @pytest.mark.slow
 def test_every_manifest_validates_against_the_schemas(validator):
-    assert {p.name for p in MANIFESTS} >= {"daemonset.yaml", "runtimeclass.yaml", "cuda-pod.yaml"}
+    assert {p.name for p in MANIFESTS} >= {"compat-hook.yaml", "cuda-pod.yaml", "plan-daemonset.yaml"}
     for version in K8S_VERSIONS:
         p = _run([validator, "--strict", "-k", version, *MANIFESTS], check=False)
         assert p.returncode == 0, p.stdout + p.stderr
@@ -80,7 +81,7 @@ def test_every_manifest_validates_against_the_schemas(validator):
 @pytest.mark.slow
 def test_validator_rejects_a_bad_manifest(validator, tmp_path):
     """The check has teeth: an unknown field and a missing required one both fail."""
-    ds = _docs(K8S / "daemonset.yaml")[1]
+    [ds] = [d for d in _docs(RENDERED) if d["kind"] == "DaemonSet"]
     ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(ds))
@@ -91,36 +92,62 @@ def test_validator_rejects_a_bad_manifest(validator, tmp_path):
     assert _run([validator, "--strict", bad], check=False).returncode != 0
 
 
+def _rendered() -> dict:
+    return {(d["kind"], d["metadata"]["name"]): d for d in _docs(RENDERED)}
+
+
 def test_daemonset_shape():
-    ns, ds = _docs(K8S / "daemonset.yaml")
-    assert ns["kind"] == "Namespace" and ds["kind"] == "DaemonSet"
+    """The one plain manifest: Namespace, DaemonSet (installer + agent of one image), RuntimeClass,
+    and the agent's ServiceAccount, minimal ClusterRole, binding and config."""
+    docs = _rendered()
+    assert set(docs) == {("Namespace", "compat-hook"), ("ServiceAccount", "compat-hook"),
+                         ("ConfigMap", "compat-hook-agent"), ("ClusterRole", "compat-hook-agent"),
+                         ("ClusterRoleBinding", "compat-hook-agent"), ("DaemonSet", "compat-hook"),
+                         ("RuntimeClass", "cuda-compat")}
+    ns, ds = docs[("Namespace", "compat-hook")], docs[("DaemonSet", "compat-hook")]
     assert ds["metadata"]["namespace"] == ns["metadata"]["name"]
     pod = ds["spec"]["template"]["spec"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true"
-    assert pod["automountServiceAccountToken"] is False  # no API access, hence no RBAC
-    (c,) = pod["containers"]
+    assert pod["hostPID"] is False and pod["serviceAccountName"] == "compat-hook"
+    containers = {c["name"]: c for c in pod["containers"]}
+    assert set(containers) == {"installer", "agent"}
+    c, agent = containers["installer"], containers["agent"]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["RESTART_CONTAINERD"] == "false"  # restarting containerd is opt-in
     assert env["HOST_ROOT"] == "/host" and env["RUNTIME_NAME"] == "cuda-compat"
     assert c["lifecycle"]["preStop"]["exec"]["command"][-1] == "uninstall"
-    assert c["image"].endswith(f":{VERSION}")
-    (vol,) = pod["volumes"]
-    assert vol["hostPath"]["path"] == "/" and c["volumeMounts"][0]["mountPath"] == env["HOST_ROOT"]
-    # Only the chart's agent (compat-hook.yaml) talks to the API server, with the minimal ClusterRole.
-    kinds = {d["kind"] for m in MANIFESTS if m.name != "compat-hook.yaml" for d in _docs(m)}
-    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ServiceAccount"}
-    [role] = [d for d in _docs(K8S / "compat-hook.yaml") if d["kind"] == "ClusterRole"]
+    assert c["securityContext"]["privileged"] is False
+    assert c["image"].endswith(f":{VERSION}") and agent["image"] == c["image"]  # one image, both containers
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["host-root"]["hostPath"]["path"] == "/"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["host-root"]["mountPath"] == env["HOST_ROOT"]
+    # the agent: the image's compat-hook, the node's root read-only at /host, the gate off
+    assert agent["command"][:3] == ["compat-hook", "cluster", "agent"]
+    assert "--address=/host/run/containerd/containerd.sock" in agent["command"]
+    amounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    assert amounts["/host"]["readOnly"] is True and amounts["/host"]["name"] == "host-root"
+    assert agent["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "emptyDir" in vols[amounts["/tmp"]["name"]]  # blobs decompress there, the rootfs is read-only
+    conf = yaml.safe_load(docs[("ConfigMap", "compat-hook-agent")]["data"]["config.yaml"])
+    assert conf["host_root"] == "/host" and conf["cluster"]["gate_upgrade"] is False
+    role = docs[("ClusterRole", "compat-hook-agent")]
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"]] == [
         ([""], ["nodes"], ["get", "patch"]), ([""], ["pods"], ["list"]), ([""], ["events"], ["create"]),
         (["nvidia.com"], ["clusterpolicies", "nvidiadrivers"], ["get", "list", "watch"])]
+    # nothing else in packaging/kubernetes talks to the API server
+    kinds = {d["kind"] for m in MANIFESTS if m != RENDERED for d in _docs(m)}
+    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ServiceAccount"}
 
 
 def test_runtime_names_agree():
-    (rc,) = _docs(K8S / "runtimeclass.yaml")
+    docs = _rendered()
+    rc = docs[("RuntimeClass", "cuda-compat")]
     (example,) = _docs(K8S / "examples" / "cuda-pod.yaml")
-    ds = _docs(K8S / "daemonset.yaml")[1]
-    env = {e["name"]: e["value"] for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
+    [installer] = [c for c in docs[("DaemonSet", "compat-hook")]["spec"]["template"]["spec"]["containers"]
+                   if c["name"] == "installer"]
+    env = {e["name"]: e["value"] for e in installer["env"]}
     assert rc["handler"] == env["RUNTIME_NAME"] == example["spec"]["runtimeClassName"] == rc["metadata"]["name"]
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in example["spec"]["containers"][0]["env"]
 
@@ -151,6 +178,7 @@ def test_build_image_makes_a_valid_oci_layout(image, tmp_path):
     manifest = json.loads((layout / "blobs/sha256" / desc["digest"].split(":")[1]).read_text())
     config = json.loads((layout / "blobs/sha256" / manifest["config"]["digest"].split(":")[1]).read_text())
     assert config["config"]["Cmd"] == ["/usr/local/bin/compat-hook-k8s", "run"]
+    assert "PATH=/usr/local/bin:/usr/bin:/bin" in config["config"]["Env"]
     assert config["config"]["Labels"]["org.opencontainers.image.version"] == VERSION
     stat = _run(["umoci", "stat", "--image", f"{layout}:{VERSION}"]).stdout
     assert "umoci repack" in stat
@@ -167,7 +195,17 @@ def test_build_image_makes_a_valid_oci_layout(image, tmp_path):
     assert not list(payload.rglob("*.so")) and not list(payload.rglob("__pycache__"))
     assert os.access(root / "usr/local/bin/compat-hook-k8s", os.X_OK)
     assert os.readlink(root / "bin/sh") == "busybox" and (root / "bin/busybox").is_file()
-    assert not (root / "usr/bin/python3").exists()  # Python runs on the node, not in the image
+    # the agent's side: Debian's python3 with the Kubernetes client, ctr, and compat-hook on PATH
+    for rel in ("usr/bin/python3", "usr/bin/ctr", "usr/local/bin/compat-hook"):
+        assert os.access(root / rel, os.X_OK), rel
+    assert (root / "usr/lib/python3/dist-packages/kubernetes/client/__init__.py").is_file()
+    assert not (root / "usr/share/doc").exists() and not (root / "usr/bin/dpkg").exists()
+    p = _run(["chroot", root, "/bin/env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", "/bin/sh", "-c",
+              "compat-hook --version && ctr --version && python3 -I -c 'import kubernetes.client, yaml, elftools, "
+              "tomlkit, ssl; print(kubernetes.__version__)'"])
+    lines = p.stdout.splitlines()
+    assert lines[0] == f"compat-hook {VERSION}" and lines[1].startswith("ctr "), p.stdout
+    assert lines[2].split(".")[0].isdigit(), p.stdout
 
 
 def _fake_node(base: pathlib.Path) -> pathlib.Path:
@@ -311,3 +349,113 @@ def test_installer_writes_node_paths(image, tmp_path):
     assert tk.read_text().startswith("# the toolkit's config\n")  # its formatting kept
     launcher = (node / "opt/compat-hook/bin/compat-hook").read_text()
     assert f"/opt/compat-hook/{copy.name}/bin/compat-hook" in launcher
+
+
+# --------------------------------------------------------------------------- the agent, from the image
+
+AGENT_INSIDE = r"""
+set -eu
+R={rootfs} N={node} W={ctrd_work} S={sock}
+# the node: containerd's own dirs where they are on the node, its socket where the chart points
+mkdir -p "$N$W" "$N/run/containerd" && : > "$N/run/containerd/containerd.sock"
+mount --bind "$W" "$N$W"
+mount --bind "$S" "$N/run/containerd/containerd.sock"
+# the pod: the image's rootfs read-only, the node's root read-only at /host, the chart's config,
+# a state dir and /tmp (emptyDir), /proc and /dev as the runtime gives them
+mount --bind "$R" "$R"
+mount --rbind "$N" "$R/host" && mount -o remount,bind,ro "$R/host"
+mount --bind {config_dir} "$R/etc/compat-hook-agent"
+mount --bind {state_dir} "$R/var/lib/compat-hook-agent"
+mount -t tmpfs tmpfs "$R/tmp"
+mount -t proc proc "$R/proc"
+mount --rbind /dev "$R/dev"
+mount -o remount,bind,ro "$R"
+exec chroot "$R" /bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/ "$@"
+"""
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_agent_runs_from_the_image(image, tmp_path):
+    """The shipped image runs the agent as the chart does: its python3 and ctr, the chart's config
+    (host_root /host) and command, the node's root read-only at /host. Against a real API server
+    it reads the pod's image from the node's containerd - from the snapshot, under /host (the layer
+    blob is removed from the content store, so nothing else could read it) - and publishes."""
+    import tempfile
+
+    from tests.support import engines, hookenv
+    from tests.support.images import Layout, gz, tar_layer
+    from tests.support.kube import AGENT_TOKEN, ControlPlane
+
+    host_535, target = "535.261.03", "555.58.02"
+    _run(["umoci", "unpack", "--image", f"{image['layout']}:{VERSION}", tmp_path / "b"])
+    rootfs = tmp_path / "b" / "rootfs"
+    for d in ("etc/compat-hook-agent", "var/lib/compat-hook-agent"):
+        (rootfs / d).mkdir(parents=True)
+    docs = _rendered()
+    [agent] = [c for c in docs[("DaemonSet", "compat-hook")]["spec"]["template"]["spec"]["containers"]
+               if c["name"] == "agent"]
+    config_dir, state_dir = tmp_path / "config", tmp_path / "state"
+    config_dir.mkdir(), state_dir.mkdir()
+    (config_dir / "config.yaml").write_text(docs[("ConfigMap", "compat-hook-agent")]["data"]["config.yaml"])
+
+    # the node: a host driver (535, an H100) and its containerd with one CUDA 12.4 image, unpacked
+    node = hookenv.fake_host(tmp_path / "node", host_535)
+    info = node / "proc/driver/nvidia/gpus/0000:17:00.0/information"
+    info.parent.mkdir(parents=True)
+    info.write_text("Model: \t\t NVIDIA H100 80GB HBM3\nBus Location: \t 0000:17:00.0\n")
+    lay = Layout(tmp_path / "app")
+    layer = gz(tar_layer([("dir", "etc"), ("file", "etc/os-release", b"ID=debian\n")]))
+    lay.tag(lay.image([layer], env=["CUDA_VERSION=12.4.1", "NVIDIA_VISIBLE_DEVICES=all"]), "agent")
+    short = pathlib.Path(tempfile.mkdtemp(prefix="chag", dir="/tmp"))  # socket paths stay < 108 bytes
+    d = engines.Containerd(short / "d", pause_image="localhost/none:pause")
+    cp = ControlPlane(tmp_path / "cp")
+    try:
+        d.start(host_535)
+        d.ctr("-n", "k8s.io", "images", "import", "--base-name", "localhost/app", lay.tar(tmp_path / "app.tar"))
+        blob = "sha256:" + hashlib.sha256(layer).hexdigest()
+        d.ctr("-n", "k8s.io", "content", "rm", blob)
+        assert blob not in d.ctr("-n", "k8s.io", "content", "ls", "-q").stdout.split()
+
+        cp.start()
+        for doc in docs.values():  # the agent's RBAC as shipped
+            kind, meta = doc["kind"], doc["metadata"]
+            if kind == "ServiceAccount":
+                cp.admin.create(f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts", doc)
+            elif kind in ("ClusterRole", "ClusterRoleBinding"):
+                cp.admin.create(f"/apis/rbac.authorization.k8s.io/v1/{kind.lower()}s", doc)
+        cp.admin.create("/api/v1/nodes", {"metadata": {"name": "gpu-img", "labels": {
+            "nvidia.com/gpu.present": "true", "nvidia.com/cuda.driver-version.full": host_535}}})
+        cp.admin.create("/api/v1/namespaces/apps/pods", {"metadata": {"name": "app"}, "spec": {
+            "nodeName": "gpu-img", "containers": [{"name": "main", "image": "localhost/app:agent",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+        cp.admin.create("/apis/nvidia.com/v1/clusterpolicies", {
+            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
+            "spec": {"driver": {"version": target}}})
+        (config_dir / "kubeconfig").write_text(cp.kubeconfig(AGENT_TOKEN, "agent").read_text())
+
+        argv = [a.replace("$(NODE_NAME)", "gpu-img") for a in agent["command"]]
+        argv += ["--once", "--kubeconfig=/etc/compat-hook-agent/kubeconfig"]
+        script = tmp_path / "agent.sh"
+        script.write_text(AGENT_INSIDE.format(rootfs=shlex.quote(str(rootfs)), node=shlex.quote(str(node)),
+                                              ctrd_work=shlex.quote(str(d.work)), sock=shlex.quote(str(d.sock)),
+                                              config_dir=config_dir, state_dir=state_dir))
+        p = _run(["unshare", "-m", "--propagation", "private", "/bin/sh", script, *argv], check=False, timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+        result = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")][-1]
+        meta = cp.admin.get("/api/v1/nodes/gpu-img")["metadata"]
+    finally:
+        cp.stop()
+        left = d.stop()
+        import shutil
+
+        shutil.rmtree(short, ignore_errors=True)
+    assert left == {"processes": [], "mounts": []}, left
+    assert result["target"] == target and result["problem"] is None, result
+    summary = json.loads(meta["annotations"]["compat-hook.io/preflight"])
+    assert (summary["images"], summary["unreadable"], summary["not_in_store"]) == (1, 0, 0), (summary, p.stdout, p.stderr)
+    # host-minor on 535 (CUDA 12.2 for a 12.4 image), the host's own driver on 555: the outcome changes
+    assert meta["labels"]["compat-hook.io/preflight"] == "warn" and summary["changed"] == 1, (meta, summary)
+    assert meta["labels"]["compat-hook.io/preflight.target-driver"] == target
+    assert meta["labels"]["compat-hook.io/preflight.broken"] == "0"
+    assert any(state_dir.iterdir()), "the agent keeps its last result in its state dir"

@@ -78,12 +78,26 @@ def _state(d) -> dict:
     return out
 
 
-def _plan(d, tmp: pathlib.Path, ns: str, version: str, *extra) -> subprocess.CompletedProcess:
+def _under_host(argv: list, host: pathlib.Path, binds) -> list:
+    """``argv`` in a private mount namespace where each dir of ``binds`` is also seen at the same
+    path under ``host``: the fake node's root then holds the engine's real store where the node
+    would, as /host holds the node's in the agent's pod. The namespace goes with the process."""
+    if not binds:
+        return argv
+    script = ""
+    for b in binds:
+        (host / str(b).lstrip("/")).mkdir(parents=True, exist_ok=True)
+        script += f'mount --bind "{b}" "{host}/{str(b).lstrip("/")}" && '
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script + 'exec "$@"', "sh", *map(str, argv)]
+
+
+def _plan(d, tmp: pathlib.Path, ns: str, version: str, *extra, bind: bool = True) -> subprocess.CompletedProcess:
     conf = tmp / "plan.yaml"
     conf.write_text(f"log_file: null\nnvml: 'off'\nhost_root: {tmp / 'host'}\n")
     env = dict(engines.ENV, PATH=f"{d.bin_dir}:{engines.ENV['PATH']}")
-    return subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "plan", "containerd:", "--address", str(d.sock),
-                           "--namespace", ns, "--driver", version, "--config", str(conf), *extra],
+    argv = ["/usr/bin/python3", "-m", "compat_hook", "plan", "containerd:", "--address", str(d.sock),
+            "--namespace", ns, "--driver", version, "--config", str(conf), *extra]
+    return subprocess.run(_under_host(argv, tmp / "host", [d.work] if bind else []),
                           cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -116,6 +130,37 @@ def test_snapshot_and_blobs_give_the_same_outcomes(ctrd, tmp_path, version, gpu,
     assert _state(ctrd) == before
 
 
+def test_snapshot_dirs_are_node_paths_read_under_host_root(ctrd, tmp_path):
+    """The snapshotter's dirs are the node's paths: with ``host_root`` a dir where the node's store
+    is bind-mounted at the same path (the agent's /host), the snapshot is read there, with the same
+    outcomes; without that mount the paths are not read outside ``host_root`` (the blobs are read);
+    and a link at that path to the real store is followed inside ``host_root`` only, never out."""
+    host = tmp_path / "host"
+    write_fake_host(host, version=HOST_535, gpus={"0000:17:00.0": H100})
+
+    def rows(**kw):
+        p = _plan(ctrd, tmp_path, "k8s.io", HOST_535, "--json", **kw)
+        assert p.returncode == 0, p.stderr
+        return {r["image"].rsplit(":", 1)[1]: r for r in json.loads(p.stdout)["images"]}
+
+    bound = rows()
+    assert {n: r["read_via"] for n, r in bound.items()} == {"compat": "snapshot", "plain": "snapshot"}, bound
+    (host / str(ctrd.work).lstrip("/")).rmdir()  # the mount point the bound run made
+    unbound = rows(bind=False)
+    for name, row in unbound.items():
+        assert row["read_via"] == "blobs", row
+        assert f"under {host}" in row["read_via_reason"], row
+    link = host / str(ctrd.work).lstrip("/")
+    link.symlink_to(ctrd.work)  # absolute: inside host_root it names itself, never the real store
+    linked = rows(bind=False)
+    assert {n: r["read_via"] for n, r in linked.items()} == {"compat": "blobs", "plain": "blobs"}, linked
+    strip = ("read_via", "read_via_reason")
+    for name in bound:
+        assert {k: v for k, v in bound[name].items() if k not in strip} == \
+            {k: v for k, v in unbound[name].items() if k not in strip} == \
+            {k: v for k, v in linked[name].items() if k not in strip}
+
+
 def test_table_says_how_each_image_was_read(ctrd, tmp_path):
     write_fake_host(tmp_path / "host", version=HOST_535, gpus={"0000:17:00.0": H100})
     text = _plan(ctrd, tmp_path, "k8s.io", HOST_555).stdout
@@ -125,10 +170,10 @@ def test_table_says_how_each_image_was_read(ctrd, tmp_path):
 
 
 def _open(d, ns: str, name: str):
-    from compat_hook.images import reader as im
+    from compat_hook.images.reader import Reader
 
     os.environ["PATH"] = f"{d.bin_dir}:{os.environ['PATH']}"
-    reader = im.Reader()
+    reader = Reader()
     return reader, reader.open(f"containerd:localhost/img:{name}", address=str(d.sock), namespace=ns)
 
 
@@ -164,13 +209,14 @@ CASES = [(HOST_535, H100, "compat", ("compat", "compat_newer_supported")),
          (HOST_535, H100, "plain", ("host-minor", "no_candidate"))]
 
 
-def _engine_plan(tmp: pathlib.Path, sources: list, version: str, env: dict) -> dict:
+def _engine_plan(tmp: pathlib.Path, sources: list, version: str, env: dict, binds=()) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     conf = tmp / "plan.yaml"
     conf.write_text(f"log_file: null\nnvml: 'off'\nhost_root: {tmp / 'host'}\n")
-    p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "plan", *sources, "--driver", version,
-                        "--config", str(conf), "--json"], cwd=REPO, capture_output=True, text=True, timeout=300,
-                       env=env)
+    argv = ["/usr/bin/python3", "-m", "compat_hook", "plan", *sources, "--driver", version, "--config", str(conf),
+            "--json"]
+    p = subprocess.run(_under_host(argv, tmp / "host", binds), cwd=REPO, capture_output=True, text=True,
+                       timeout=300, env=env)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -207,10 +253,11 @@ def test_docker_image_store(images, tmp_path, driver, via):  # noqa: F811
 
         def rows(tmp, version):
             return _engine_plan(tmp, ["docker:", images["compat"]["docker"], images["plain"]["docker"]], version,
-                                env)
+                                env, [d.work])
 
         _same_as_blobs(images, tmp_path, rows, via)
-        one = _engine_plan(tmp_path / f"{HOST_535}-H100-compat", ["docker:localhost/compat:v1"], HOST_535, env)["images"][0]
+        one = _engine_plan(tmp_path / f"{HOST_535}-H100-compat", ["docker:localhost/compat:v1"], HOST_535, env,
+                           [d.work])["images"][0]
         assert one["image"] == "docker:localhost/compat:v1" and one["read_via"] == via
         if via == "stream":
             assert one["read_via_reason"] == "the vfs graph driver names no layer dirs"
@@ -234,7 +281,7 @@ def test_podman_containers_storage(images, tmp_path):  # noqa: F811
 
         def rows(tmp, version):
             return _engine_plan(tmp, [f"containers-storage:{spec}", images["compat"]["docker"],
-                                      images["plain"]["docker"]], version, env)
+                                      images["plain"]["docker"]], version, env, [pm.base])
 
         _same_as_blobs(images, tmp_path, rows, "snapshot")
         assert rt.mounts_under(pm.base) + rt.mounts_under(pm.private) == mounts

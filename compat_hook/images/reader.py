@@ -353,8 +353,13 @@ class Reader:
             out.append(f"{source}:{tags[0]}" if len(tags) == 1 and isinstance(tags[0], str) else f"{source}:@{i}")
         return out
 
-    def open(self, source: str, *, address: str | None = None, namespace: str = "k8s.io") -> Image:
-        """Read the image ``source`` names; raises :class:`ImageError`."""
+    def open(self, source: str, *, address: str | None = None, namespace: str = "k8s.io",
+             host_root: str | None = None) -> Image:
+        """Read the image ``source`` names; raises :class:`ImageError`.
+
+        ``host_root``: where the node's root is seen from here (the config's ``host_root``); the
+        layer dirs a snapshotter or graph driver names are node paths, read inside it (confined).
+        """
         if self.closed:
             raise ImageError("the image reader is closed")
         t0 = time.monotonic()
@@ -365,11 +370,11 @@ class Reader:
             from .snapshots import NotUnpacked
 
             try:
-                return self._containerd_unpacked(store, sel, source, t0)
+                return self._containerd_unpacked(store, sel, source, t0, host_root)
             except NotUnpacked as e:
                 why = str(e)
         if kind in ("docker", "containers-storage"):
-            return self._engine(store, sel, source, t0)
+            return self._engine(store, sel, source, t0, host_root)
         img = Image(source)
         img.read_via_reason = why
         if kind == "docker-archive":
@@ -406,7 +411,7 @@ class Reader:
         img.stats["seconds"] = round(time.monotonic() - t0, 3)
 
     # -- unpacked ------------------------------------------------------------
-    def _containerd_unpacked(self, store, sel, source: str, t0: float) -> Image:
+    def _containerd_unpacked(self, store, sel, source: str, t0: float, host_root: str | None = None) -> Image:
         """The image from containerd's snapshotter (:mod:`compat_hook.images.snapshots`); NotUnpacked: read the blobs."""
         from . import snapshots as sn
         from .stores import check_digest, host_platform, pick_platform, read_json, resolve
@@ -453,7 +458,8 @@ class Reader:
             from .unpacked import Layers
 
             try:
-                return Layers(dirs, what=source, max_dir_entries=lim.max_entries, deadline=deadline)
+                return Layers(dirs, what=source, max_dir_entries=lim.max_entries, deadline=deadline,
+                              host_root=host_root)
             except ImageError as e:
                 raise sn.NotUnpacked(str(e)) from None
 
@@ -475,7 +481,7 @@ class Reader:
             return img
         raise sn.NotUnpacked("; ".join(why))
 
-    def _engine(self, store, sel, source: str, t0: float) -> Image:
+    def _engine(self, store, sel, source: str, t0: float, host_root: str | None = None) -> Image:
         """Docker's or containers/storage's image: its graph driver's layer dirs, else its save stream."""
         from .snapshots import NotUnpacked, graph_dirs
 
@@ -494,7 +500,7 @@ class Reader:
 
                 img = Image(source)
                 img.root = Layers(dirs, what=source, max_dir_entries=lim.max_entries,
-                                  deadline=t0 + (lim.deadline_s or lim.unpacked_deadline_s))
+                                  deadline=t0 + (lim.deadline_s or lim.unpacked_deadline_s), host_root=host_root)
                 img.read_via = "snapshot"
                 cfg = info.get("Config") if isinstance(info.get("Config"), dict) else {}
                 self._config(img, {"config": cfg, "os": info.get("Os"), "architecture": info.get("Architecture"),
@@ -671,9 +677,9 @@ def default_reader() -> Reader:
 
 
 def open_image(source: str, *, address: str | None = None, namespace: str = "k8s.io",
-               reader: Reader | None = None) -> Image:
+               reader: Reader | None = None, host_root: str | None = None) -> Image:
     """Read one image (see the module docstring); raises :class:`ImageError`."""
-    return (reader or default_reader()).open(source, address=address, namespace=namespace)
+    return (reader or default_reader()).open(source, address=address, namespace=namespace, host_root=host_root)
 
 
 def expand_sources(sources, *, address: str | None = None, namespace: str = "k8s.io",

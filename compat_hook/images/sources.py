@@ -21,7 +21,9 @@ def open_source(source: str, config=None, *, address: str | None = None, namespa
     if source.startswith(TRANSPORTS):
         from . import reader as images
 
-        return images.open_image(source, address=address, namespace=namespace)
+        # the snapshotter's and graph driver's layer dirs are node paths: read under host_root
+        return images.open_image(source, address=address, namespace=namespace,
+                                 host_root=getattr(config, "host_root", None))
     if os.path.isdir(source):
         return open_dir(source)
     raise UsageError(f"{source}: not a directory, nor {', '.join(t + '...' for t in TRANSPORTS)}")

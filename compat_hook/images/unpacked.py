@@ -31,6 +31,13 @@ opened (its type is checked on an ``O_PATH`` descriptor first, as in
 :class:`~compat_hook.images.reader.ImageError` (the image's row says so), never a
 hang.
 
+The layer dirs are the node's paths (what containerd's snapshotter or the
+engine's graph driver reports). ``host_root`` other than ``/`` says where the
+node's root is seen from here (``/host`` in the cluster agent's pod): each dir
+is then resolved *inside* it with :class:`~compat_hook.facts.rootfs.Root`, so a
+symlink on the way (``/var/lib/containerd`` linked to a data disk, say) is
+followed within the node's root and never out of it.
+
 Nothing is written; the directory descriptors opened by the constructor are
 the only thing held, until :meth:`Layers.close`.
 
@@ -64,6 +71,23 @@ OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dir_in(host, path: str) -> int:
+    """A read fd of the directory ``path`` resolved inside ``host`` (a ``Root``): confined, and
+    reopened through the checked ``O_PATH`` descriptor so the inode checked is the one read."""
+    fd, _ = host.open_path(path)
+    try:
+        st = os.fstat(fd)
+        if not _stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        out = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    finally:
+        os.close(fd)
+    if (os.fstat(out).st_dev, os.fstat(out).st_ino) != (st.st_dev, st.st_ino):  # pragma: no cover - a race
+        os.close(out)
+        raise OSError(errno.ESTALE, "directory changed while opening", path)
+    return out
 
 
 def _split(path: str) -> list:
@@ -110,7 +134,7 @@ class Layers(Surface):
     host_path = None
 
     def __init__(self, dirs: list, *, what: str = "image", max_dir_entries: int = 100_000,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, host_root: str | None = None) -> None:
         self.what = what
         self.max_dir_entries = max_dir_entries
         self.deadline = deadline
@@ -118,15 +142,27 @@ class Layers(Surface):
         self._fds: list = []
         if not dirs:
             raise self._error("no layer directories")
+        host = None
         try:
+            if host_root not in (None, "", "/"):
+                from ..facts.rootfs import Root
+
+                try:
+                    host = Root(host_root)
+                except OSError as e:
+                    raise self._error(f"host root {host_root}: {e.strerror or e}") from None
             for d in dirs:
                 try:
-                    self._fds.append(os.open(d, _DIR_FLAGS))
+                    self._fds.append(os.open(d, _DIR_FLAGS) if host is None else _open_dir_in(host, d))
                 except OSError as e:
-                    raise self._error(f"layer dir {d}: {e.strerror or e}") from None
+                    where = f" under {host_root}" if host is not None else ""
+                    raise self._error(f"layer dir {d}{where}: {e.strerror or e}") from None
         except BaseException:
             self.close()
             raise
+        finally:
+            if host is not None:
+                host.close()
         self._root = _Entry(os.fstat(self._fds[0]), dirs=self._fds)
 
     def _error(self, msg: str):

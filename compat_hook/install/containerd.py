@@ -463,7 +463,7 @@ def plan_install(opts) -> Plan:
         plan.changes.insert(0, Change(main_path, new_main, mode=None))
     plan.notes.append(f"restart containerd to load the runtime {name!r}; pods select it with "
                       f"runtimeClassName (a RuntimeClass whose handler is {name!r}: "
-                      "packaging/kubernetes/runtimeclass.yaml)")
+                      "packaging/kubernetes/compat-hook.yaml)")
     return plan
 
 
@@ -731,7 +731,7 @@ def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, ol
                                ours=True))
     plan.notes.append(f"restart containerd to load the runtime {name!r} ({main_path}, edited in place); pods "
                       f"select it with runtimeClassName (a RuntimeClass whose handler is {name!r}: "
-                      "packaging/kubernetes/runtimeclass.yaml)")
+                      "packaging/kubernetes/compat-hook.yaml)")
     return plan
 
 

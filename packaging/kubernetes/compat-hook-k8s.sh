@@ -1,5 +1,5 @@
 #!/bin/sh
-# compat-hook-k8s: the DaemonSet's installer (packaging/kubernetes/daemonset.yaml).
+# compat-hook-k8s: the DaemonSet's installer (packaging/kubernetes/compat-hook.yaml).
 #
 #   compat-hook-k8s run        install, then wait (the container's command)
 #   compat-hook-k8s install    install once and exit
@@ -293,7 +293,7 @@ do_uninstall() {
 do_plan() {
     [ -n "${TARGET_DRIVER:-}" ] || die "TARGET_DRIVER is not set (the target driver version, e.g. 580.65.06)"
     dest="$HOST_PREFIX/$(stamp)"
-    [ -d "$HOST_ROOT$dest/lib" ] || die "compat-hook is not on this node: apply daemonset.yaml first"
+    [ -d "$HOST_ROOT$dest/lib" ] || die "compat-hook is not on this node: apply compat-hook.yaml first"
     # shellcheck disable=SC2086 # PLAN_ARGS is a list of words on purpose
     if compat_hook "$dest" plan containerd: --driver "$TARGET_DRIVER" --json ${PLAN_ARGS:-}; then
         log "plan done"

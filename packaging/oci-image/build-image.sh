@@ -6,14 +6,17 @@
 # DEB defaults to the newest dist/compat-hook_*_all.deb (make deb), DIR to
 # dist/oci/compat-hook, TAG to the package version, FILE to
 # dist/compat-hook-image_<version>.tar (the layout as one tar). The root
-# filesystem is stage-payload.sh's: busybox-static, the installer script and the
-# payload copied to the node. Then, on a node (or for kind, `kind load image-archive`):
+# filesystem is stage-payload.sh's (busybox-static, the installer script and the
+# payload copied to the node: the chart's `installer` container) plus stage-agent.sh's
+# (Debian's python3 with python3-kubernetes, and ctr: the chart's `agent` container,
+# `compat-hook cluster agent`). Then, on a node (or for kind, `kind load image-archive`):
 #
 #   ctr -n k8s.io images import --base-name localhost/compat-hook dist/compat-hook-image_<version>.tar
 #   podman load -i dist/compat-hook-image_<version>.tar    # then: podman tag <id> localhost/compat-hook:<version>
 #
 # or push it: skopeo copy oci:dist/oci/compat-hook:<version> docker://REGISTRY/compat-hook:<version>
-# Needs umoci, dpkg-deb, tar, busybox-static, python3-yaml, python3-pyelftools, python3-tomlkit.
+# Needs umoci, dpkg-deb, tar, busybox-static, and installed: python3-yaml, python3-pyelftools,
+# python3-tomlkit, python3-kubernetes, containerd (for ctr); Debian bookworm (see stage-agent.sh).
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,7 +28,7 @@ while [ $# -gt 0 ]; do
         --layout) layout=$2; shift 2 ;;
         --tag) tag=$2; shift 2 ;;
         --tar) tar=$2; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "$0: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -46,13 +49,14 @@ umoci init --layout "$layout"
 umoci new --image "$layout:$tag"
 umoci unpack --image "$layout:$tag" "$work/bundle" >/dev/null
 "$here/stage-payload.sh" "$deb" "$work/bundle/rootfs"
+"$here/stage-agent.sh" "$work/bundle/rootfs"
 umoci repack --image "$layout:$tag" "$work/bundle"
 umoci config --image "$layout:$tag" \
     --config.cmd /usr/local/bin/compat-hook-k8s --config.cmd run \
-    --config.env PATH=/usr/local/bin:/bin --config.workingdir / \
+    --config.env PATH=/usr/local/bin:/usr/bin:/bin --config.workingdir / \
     --config.label "org.opencontainers.image.title=compat-hook" \
     --config.label "org.opencontainers.image.version=$version" \
-    --config.label "org.opencontainers.image.description=installs compat-hook on GPU nodes (packaging/kubernetes)" \
+    --config.label "org.opencontainers.image.description=installs compat-hook on GPU nodes and runs its cluster agent (packaging/helm/compat-hook)" \
     --history.created_by "packaging/oci-image/build-image.sh"
 umoci gc --layout "$layout"
 mkdir -p "$(dirname "$tar")"

@@ -9,7 +9,8 @@
 #     bin/compat-hook                  launcher using the node's /usr/bin/python3
 #     share/config.yaml                DEB's /etc/compat-hook/config.yaml
 #     STAMP                            <version>-<sha256 of the above, 12 hex digits>
-#   ROOTFS/bin/busybox (+ applets)     busybox-static: the only binary in the image
+#   ROOTFS/bin/busybox (+ applets)     busybox-static: all the installer container runs
+#                                      (stage-agent.sh adds the agent's python3 and ctr)
 #   ROOTFS/usr/local/bin/compat-hook-k8s   packaging/kubernetes/compat-hook-k8s.sh
 #
 # Used by build-image.sh (umoci) and by the Containerfile. Needs dpkg-deb,
