@@ -2,6 +2,7 @@
 # compat-hook-k8s: the DaemonSet's installer (packaging/kubernetes/daemonset.yaml).
 #
 #   compat-hook-k8s run        install, then wait (the container's command)
+#   compat-hook-k8s watch      only the toolkit re-registration of `run` (after an install)
 #   compat-hook-k8s install    install once and exit
 #   compat-hook-k8s uninstall  remove the containerd registration (the preStop hook)
 #   compat-hook-k8s plan       `compat-hook plan containerd: --driver $TARGET_DRIVER --json` on the
@@ -34,8 +35,10 @@
 #      through the NVIDIA runtime go through the same wrapper. The operator's
 #      toolkit container rewrites that file from scratch whenever it starts
 #      (nvidia-ctk-installer deletes /usr/local/nvidia/toolkit first), so
-#      `run` checks it every $TOOLKIT_RECHECK seconds and registers again
-#      when it changed. The durable setting is the operator's own: ClusterPolicy
+#      `run` registers again when it changed: woken by inotify the moment it
+#      is written (python3 -m compat_hook.watch on the node), and every
+#      $TOOLKIT_RECHECK seconds as well (the fallback, and all there is where
+#      the watcher cannot run). The durable setting is the operator's own: ClusterPolicy
 #      spec.toolkit.env NVIDIA_CONTAINER_RUNTIME_RUNTIMES=
 #      "$HOST_PREFIX/bin/compat-hook-runtime,runc,crun" (docs/engines.md);
 #   5. restarts containerd only when RESTART_CONTAINERD=true and the
@@ -221,6 +224,29 @@ sync_toolkit() {
     done
 }
 
+# sync_toolkit on every line of the watcher (compat_hook/watch.py: "ready" once armed,
+# "change" at a change, "poll" every $TOOLKIT_RECHECK s); returns when the watcher stops.
+watch_toolkit() {
+    dest=$1
+    # shellcheck disable=SC2086 # TOOLKIT_CONFIGS is a list of paths on purpose
+    host_env "$HOST_PYTHON" -I -c \
+        'import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.watch import main; sys.exit(main())' \
+        "$dest/lib" --every "$TOOLKIT_RECHECK" $TOOLKIT_CONFIGS |
+        while read -r _; do sync_toolkit "$dest"; done
+}
+
+# The re-registration loop: the watcher, and plain polling whenever it is not running.
+toolkit_loop() {
+    trap 'kill "$wpid" 2>/dev/null; exit 0' TERM INT
+    while :; do
+        watch_toolkit "$(cat "$READY_FILE")" & wpid=$!
+        wait "$wpid" || true
+        log "warning: the toolkit config watcher stopped; checking every ${TOOLKIT_RECHECK}s"
+        sleep "$TOOLKIT_RECHECK" & wait $! || true
+        sync_toolkit "$(cat "$READY_FILE")"
+    done
+}
+
 do_uninstall() {
     if ! is_true "$UNINSTALL_ON_STOP"; then
         log "UNINSTALL_ON_STOP=$UNINSTALL_ON_STOP: leaving the registration in place"
@@ -265,11 +291,10 @@ do_plan() {
 case ${1:-run} in
     run)
         do_install
-        trap 'exit 0' TERM INT
-        while :; do
-            sleep "$TOOLKIT_RECHECK" & wait $! || true
-            sync_toolkit "$(cat "$READY_FILE")"
-        done ;;
+        toolkit_loop ;;
+    watch)
+        [ -s "$READY_FILE" ] || die "no $READY_FILE: run install first"
+        toolkit_loop ;;
     install) do_install ;;
     plan)
         do_plan
@@ -277,6 +302,6 @@ case ${1:-run} in
         while :; do sleep 3600 & wait $! || true; done ;;
     plan-once) do_plan ;;
     uninstall) do_uninstall ;;
-    help|-h|--help) sed -n '2,30p' "$0" ;;
-    *) die "unknown command '$1' (run, install, uninstall, plan, plan-once, help)" ;;
+    help|-h|--help) sed -n '2,31p' "$0" ;;
+    *) die "unknown command '$1' (run, watch, install, uninstall, plan, plan-once, help)" ;;
 esac
