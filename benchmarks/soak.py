@@ -76,6 +76,7 @@ in ms (each measurement and the maximum).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import pathlib
@@ -134,12 +135,43 @@ KINDS = ("nogpu", "base", "compat", "ldpath", "baked", "geforce")
 TAG = {"nogpu": "root", "base": "base", "compat": "compat", "ldpath": "stale", "baked": "baked", "geforce": "compat"}
 #: Faults a start may carry (besides the driver flips every --every starts).
 FAULTS = ("operator", "rotate-rename", "rotate-copytruncate", "log-full", "cache-garbage", "cache-truncate",
-          "config-invalid", "kill-hook", "kill-wrapper", "install-race", "two-installs", "uninstall-race")
+          "config-invalid", "kill-hook", "kill-wrapper", "kill-before-ldconfig", "kill-before-exec", "install-race",
+          "two-installs", "uninstall-race")
 #: Faults after which a failed start is allowed (that start's own hook or wrapper killed).
-KILLS = ("kill-hook", "kill-wrapper")
+KILLS = ("kill-hook", "kill-wrapper", "kill-before-ldconfig", "kill-before-exec")
+#: Kills at a fixed point (issue item 4), through the config's ``ldconfig:`` / ``runtime:`` for one start:
+#: a static program that SIGKILLs its parent, the hook, once the drop-in is written (ldconfig is the
+#: next step), and a script that SIGKILLs itself, the wrapper's process, once config.json is edited.
+POINT_KILLS = {"kill-before-ldconfig": "ldconfig", "kill-before-exec": "runtime"}
+#: It first notes whether our drop-in is already in the rootfs it was given (``-r ROOT``), in RECORD.
+KILL_PARENT_C = r"""#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+int main(int argc, char **argv)
+{
+    char path[4096] = "";
+    struct stat st;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "-r") == 0)
+            snprintf(path, sizeof path, "%s/etc/ld.so.conf.d/@DROPIN@", argv[i + 1]);
+    int fd = open(RECORD, O_WRONLY | O_APPEND | O_CREAT, 0600);
+    if (fd >= 0) {
+        const char *line = path[0] && stat(path, &st) == 0 ? "dropin-written\n" : "no-dropin\n";
+        write(fd, line, strlen(line));
+        close(fd);
+    }
+    kill(getppid(), SIGKILL);
+    return 1;
+}
+""".replace("@DROPIN@", OUR_DROPIN)
 LISTED = ("/etc", "/usr", "/var/lib")
 ENGINE_DIRS = ("/var/lib/containerd", "/var/lib/docker", "/var/lib/containers", "/var/lib/cni")
-LOG_FS_SIZE = "512k"
+LOG_FS_SIZE = "1m"
+#: The DaemonSet loop rotates the log past this (its own default is 50 MB): several times a full run.
+LOG_ROTATE_BYTES = 32768
 
 
 def sh(*argv, check=True, timeout=180, env=None, **kw) -> subprocess.CompletedProcess:
@@ -231,6 +263,24 @@ class Node:
         self.crictl = engines.Crictl(crictl_bin, self.daemon.sock, work)
         self.toolkit_config = work / "node" / TOOLKIT_CONFIG
         self.k8s = None
+        self.tasks = self.daemon.work / "state/io.containerd.runtime.v2.task/k8s.io"
+        self.point_killer = self._point_killers()
+
+    def _point_killers(self) -> dict:
+        """The ``ldconfig:`` stand-in (static: it runs in the container's mount namespace) and ``runtime:``'s."""
+        d = self.work / "bin"
+        d.mkdir(exist_ok=True)
+        (d / "kill-parent.c").write_text(KILL_PARENT_C)
+        self.kill_record = d / "kill-parent.record"
+        sh("gcc", "-static", "-O2", f'-DRECORD="{self.kill_record}"', "-o", d / "kill-parent", d / "kill-parent.c")
+        (d / "kill-self").write_text("#!/bin/sh\n# stands in for runc: the wrapper's process dies where it would exec\n"
+                                     "kill -KILL $$\n")
+        (d / "kill-self").chmod(0o755)
+        return {"ldconfig": str(d / "kill-parent"), "runtime": str(d / "kill-self")}
+
+    def snapshots(self) -> set:
+        out = self.daemon.ctr("-n", "k8s.io", "snapshots", "ls").stdout.splitlines()[1:]
+        return {ln.split()[0] for ln in out if ln.strip()}
 
     def import_images(self, tar: pathlib.Path) -> None:
         self.daemon.ctr("-n", "k8s.io", "images", "import", "--base-name", IMAGE, tar)
@@ -260,7 +310,7 @@ class Node:
         self.toolkit_config.write_text(OPERATOR_TOML)
         env = dict(engines.ENV, HOST_ROOT="/", HOST_PREFIX=str(self.work / "k8s-prefix"), READY_FILE=str(ready),
                    TOOLKIT_CONFIGS=str(self.toolkit_config), TOOLKIT_STATE=str(self.work / "k8s-state"),
-                   TOOLKIT_RECHECK="30")
+                   TOOLKIT_RECHECK="30", LOG_MAX_BYTES=str(LOG_ROTATE_BYTES))
         self.k8s_log = open(self.work / "k8s.log", "ab")
         self.k8s = subprocess.Popen(["busybox", "sh", str(REPO / "packaging/kubernetes/compat-hook-k8s.sh"), "watch"],
                                     env=env, stdout=self.k8s_log, stderr=subprocess.STDOUT,
@@ -311,15 +361,30 @@ class Node:
 class Killer(threading.Thread):
     """SIGKILL the first process of ``what`` (the hook, or the wrapper at ``create``) after ``delay`` s.
 
-    Only processes in the soak's containerd's mount namespace are candidates (the hook and the
-    wrapper run there): the machine's other processes are never touched.
+    Only descendants of the soak's own containerd shims (whose argv names the work dir) are
+    candidates: the machine's other processes are never touched.
     """
 
-    def __init__(self, what: str, delay: float, wrapper: str, mnt_ns: str) -> None:
+    def __init__(self, what: str, delay: float, wrapper: str, work: str) -> None:
         super().__init__(daemon=True)
-        self.what, self.delay, self.wrapper, self.mnt_ns = what, delay, wrapper, mnt_ns
+        self.what, self.delay, self.wrapper, self.work = what, delay, wrapper, work.encode()
         self.stop_flag = threading.Event()
         self.killed: str | None = None
+
+    def ours(self, pid: str) -> bool:
+        """Whether an ancestor of ``pid`` (a shim) names the soak's work dir."""
+        for _ in range(16):
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    pid = f.read().rsplit(b")", 1)[1].split()[1].decode()
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if self.work in f.read():
+                        return True
+            except (OSError, IndexError):
+                return False
+            if pid in ("0", "1"):
+                return False
+        return False
 
     def match(self, argv: list) -> bool:
         text = " ".join(argv)
@@ -334,13 +399,11 @@ class Killer(threading.Thread):
                 if not d.isdigit():
                     continue
                 try:
-                    if os.readlink(f"/proc/{d}/ns/mnt") != self.mnt_ns:
-                        continue
                     with open(f"/proc/{d}/cmdline", "rb") as f:
                         argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
                 except OSError:
                     continue
-                if not argv or not self.match(argv):
+                if not argv or not self.match(argv) or not self.ours(d):
                     continue
                 first = seen.setdefault(d, time.monotonic())
                 if time.monotonic() - first >= self.delay:
@@ -409,6 +472,8 @@ def log_records(log: pathlib.Path) -> tuple:
     recs, nul, bad = [], 0, 0
     for p in sorted(log.parent.glob(log.name + "*")):
         data = p.read_bytes()
+        if p.suffix == ".gz":
+            data = gzip.decompress(data)
         nul += data.count(b"\0")
         for ln in data.replace(b"\0", b"").splitlines():
             if not ln.strip():
@@ -478,13 +543,14 @@ def diff_listing(a: dict, b: dict) -> list:
 # --------------------------------------------------------------------------- the run
 
 
-def schedule(n: int, every: int, seed: int) -> list:
+def schedule(n: int, every: int, seed: int, kinds=FAULTS) -> list:
     """``[{"kind", "driver", "faults"}]`` for ``n`` starts: each kind in turn, faults at random starts."""
     rng = random.Random(seed)
     plan = []
     driver = OLD
-    faults = list(FAULTS) * max(1, n // (3 * len(FAULTS)))
-    slots = rng.sample(range(2, n), min(len(faults), max(0, n - 2))) if n > 2 else []
+    faults = list(kinds) * max(1, n // (3 * len(kinds)))
+    # never on the last start: the start after each fault is checked too
+    slots = rng.sample(range(2, n - 1), min(len(faults), max(0, n - 3))) if n > 3 else []
     at = dict(zip(slots, faults))
     for i in range(n):
         f = []
@@ -493,8 +559,12 @@ def schedule(n: int, every: int, seed: int) -> list:
             f.append("flip")
         if i in at:
             f.append(at[i])
-        plan.append({"i": i, "kind": KINDS[(i + rng.randrange(len(KINDS))) % len(KINDS)], "driver": driver,
-                     "faults": f})
+        kind = KINDS[(i + rng.randrange(len(KINDS))) % len(KINDS)]
+        if set(f) & set(POINT_KILLS):
+            kind = "compat"  # a drop-in to write, a hook for the wrapper to add
+        elif plan and set(plan[-1]["faults"]) & set(KILLS):
+            kind = plan[-1]["kind"]  # the next start of the same image after a kill
+        plan.append({"i": i, "kind": kind, "driver": driver, "faults": f})
     return plan
 
 
@@ -551,8 +621,17 @@ def one_start(node: Node, plan: dict, rng: random.Random, st: dict) -> dict:
             bad.write_text("log_file: [unclosed\nmode: {ldconfig\n")
             os.rename(bad, node.config)
             st["config_bad_left"] = 2
+        elif f in POINT_KILLS:
+            key = POINT_KILLS[f]
+            lines = [ln for ln in node.good_config.splitlines() if not ln.startswith(f"{key}: ")]
+            lines.append(f"{key}: {node.point_killer[key]}")
+            tmp = node.config.with_name(".config.yaml.kill")
+            tmp.write_text("\n".join(lines) + "\n")
+            os.rename(tmp, node.config)
+            rec["snapshots_before"] = node.snapshots()
+            rec["bundles_before"] = {p.name for p in node.tasks.glob("*")}
         elif f in KILLS:
-            killer = Killer(f, rng.uniform(0, 0.06), str(node.wrapper), os.readlink(f"/proc/{node.daemon.pid}/ns/mnt"))
+            killer = Killer(f, rng.uniform(0, 0.06), str(node.wrapper), str(node.work))
             killer.start()
         elif f in ("install-race", "two-installs", "uninstall-race"):
             procs = run_race(node, f)
@@ -584,6 +663,18 @@ def one_start(node: Node, plan: dict, rng: random.Random, st: dict) -> dict:
             rec["reregistration_ms"] = round(box.get("ms", float("inf")), 1)
     if filler is not None:
         filler.unlink()
+    if set(faults) & set(POINT_KILLS):
+        tmp = node.config.with_name(".config.yaml.good")
+        tmp.write_text(node.good_config)
+        os.rename(tmp, node.config)
+        # what the killed start left: its bundle and snapshot go with the container (CRI removes both)
+        rec["killed"] = f"{faults[-1]}: at the fixed point (config {POINT_KILLS[faults[-1]]}: for this start)"
+        rec["left_after_kill"] = {"snapshots_added": sorted(node.snapshots() - rec.pop("snapshots_before")),
+                                  "bundles_added": sorted({p.name for p in node.tasks.glob("*")}
+                                                          - rec.pop("bundles_before"))}
+        if "kill-before-ldconfig" in faults and node.kill_record.exists():
+            rec["left_after_kill"]["at_kill"] = node.kill_record.read_text().split()[-1]
+            node.kill_record.unlink()
     if "config-invalid" not in faults and st["config_bad_left"]:
         st["config_bad_left"] -= 1
         if st["config_bad_left"] == 0:
@@ -604,7 +695,8 @@ def judge(recs: list, log: pathlib.Path, ctrd_config: pathlib.Path, wrapper, dam
             by_cid.setdefault(r["container_id"], []).append(r)
     fig = {"attempted": len(recs), "succeeded": 0, "failed": 0, "failed_allowed": 0, "failures": [],
            "wrong_libcuda": [], "lost_lines": [], "stray_dropins": [], "bad_dropins": [],
-           "next_start_after_fault_failed": [], "log_nul_bytes": nul, "log_bad_lines": bad_lines}
+           "next_start_after_fault_failed": [], "log_nul_bytes": nul, "log_bad_lines": bad_lines,
+           "config_invalid_starts": 0, "config_invalid_other_lib": []}
     prev_fault = False
     for r in recs:
         faults = [f for f in r["faults"] if f != "flip"]
@@ -621,9 +713,14 @@ def judge(recs: list, log: pathlib.Path, ctrd_config: pathlib.Path, wrapper, dam
         prev_fault = bool(faults) or not r["config_valid"]
         if not r["ok"]:
             continue
-        # With an invalid config compat-hook cannot decide and fails open: the image's own behaviour.
-        want = r["expected"] if r["config_valid"] else None
-        if want is not None and r["loaded"] != want:
+        # With an invalid config compat-hook cannot decide and fails open (on_error: continue): the
+        # image's own choice. Counted apart: what the rules would have chosen is not guaranteed then.
+        if not r["config_valid"]:
+            fig["config_invalid_starts"] += 1
+            if r["loaded"] != r["expected"]:
+                fig["config_invalid_other_lib"].append({k: r.get(k) for k in ("i", "kind", "driver", "expected",
+                                                                               "loaded")})
+        elif r["loaded"] != r["expected"]:
             fig["wrong_libcuda"].append({k: r.get(k) for k in ("i", "kind", "driver", "faults", "expected", "loaded",
                                                                 "out")})
         ours = r["out"]["ours"]
@@ -653,6 +750,7 @@ def judge(recs: list, log: pathlib.Path, ctrd_config: pathlib.Path, wrapper, dam
     if wrapper is not None:
         left += leftovers([str(pathlib.Path(wrapper).parent)])
     fig["leftovers"] = left + [f"our drop-in in start {i}" for i in fig["stray_dropins"]]
+    fig["log_files"] = sorted(p.name for p in log.parent.glob(log.name + "*"))
     fig["lock_table_files"] = sum(len(list(pathlib.Path(d, "locks").glob("rootfs-*.lock"))) for d in state_dirs())
     windows = [r["reregistration_ms"] for r in recs if "reregistration_ms" in r]
     fig["reregistration_ms"] = windows
@@ -681,13 +779,14 @@ def soak(args) -> dict:
         rng = random.Random(args.seed)
         st = {"rot": 0, "config_bad_left": 0, "damaged": {}}
         t_run = time.monotonic()
-        for plan in schedule(args.starts, args.every, args.seed):
+        for plan in schedule(args.starts, args.every, args.seed, args.faults):
             rec = one_start(node, plan, rng, st)
             recs.append(rec)
             mark = "ok " if rec["ok"] else "FAIL"
             if args.verbose or not rec["ok"] or (rec["ok"] and rec["loaded"] != rec["expected"]):
                 print(f"[{rec['i']:4}] {mark} {rec['kind']:7} {rec['driver']} {','.join(rec['faults']) or '-':24} "
-                      f"want {rec['expected']:6} got {rec.get('loaded')} {rec.get('why', '')[:120]}", flush=True)
+                      f"want {rec['expected']:6} got {rec.get('loaded')}{'' if rec['config_valid'] else ' (config invalid)'} "
+                      f"{rec.get('why', '')[:120]}", flush=True)
         run_s = time.monotonic() - t_run
         fig = judge(recs, node.log, node.daemon.main, node.wrapper, st["damaged"])
         fig.update(setup_s=round(setup_s, 1), run_s=round(run_s, 1),
@@ -737,6 +836,9 @@ def summary(fig: dict) -> str:
         f"leftovers {len(fig['leftovers'])}, lost decision lines {len(fig['lost_lines'])}, "
         f"NUL bytes in the log {fig['log_nul_bytes']}",
         f"next start after a fault failed: {len(fig['next_start_after_fault_failed'])}",
+        f"starts while config.yaml was invalid (compat-hook fails open): {fig['config_invalid_starts']}, of which "
+        f"{len(fig['config_invalid_other_lib'])} loaded another library than the rules choose",
+        f"point kills (item 4): {point_kills(fig)}",
         f"re-registration window: {len(w)} rewrites, max {fig['reregistration_ms_max']} ms "
         f"(each: {', '.join(str(x) for x in w)})",
         f"kills delivered {fig['kills']}; faults {fig['faults']}",
@@ -747,6 +849,22 @@ def summary(fig: dict) -> str:
         f"({fig.get('starts_per_s')}/s)",
     ]
     return "\n".join(lines)
+
+
+def point_kills(fig: dict) -> str:
+    """What each fixed-point kill left, and whether the next start of the same image was right."""
+    out = []
+    starts = fig.get("starts", [])
+    for n, r in enumerate(starts):
+        left = r.get("left_after_kill")
+        if left is None:
+            continue
+        nxt = starts[n + 1] if n + 1 < len(starts) else None
+        right = bool(nxt and nxt["ok"] and nxt.get("loaded") == nxt["expected"] and nxt["kind"] == r["kind"])
+        out.append(f"#{r['i']} {r['faults'][-1]}: {left.get('at_kill', 'config.json edited')}, "
+                   f"{len(left['snapshots_added'])} snapshot(s) and {len(left['bundles_added'])} bundle(s) left, "
+                   f"next start {'right' if right else 'NOT right'}")
+    return "; ".join(out) or "none"
 
 
 def targets_met(fig: dict) -> bool:
@@ -764,8 +882,14 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--json", default="soak.json")
     ap.add_argument("--work", default=None, help="work dir (default: a new temp dir, removed at the end)")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--faults", default=",".join(FAULTS), help="the faults to inject (comma-separated; default all)")
     ap.add_argument("--in-namespace", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.faults = [f for f in args.faults.split(",") if f]
+    if not set(args.faults) <= set(FAULTS):
+        print(f"soak: unknown fault(s) {sorted(set(args.faults) - set(FAULTS))}; known: {', '.join(FAULTS)}",
+              file=sys.stderr)
+        return 2
     if args.in_namespace:
         fig = soak(args)
         pathlib.Path(args.json).write_text(json.dumps(fig, indent=1, default=str))
@@ -783,7 +907,8 @@ def main(argv: list | None = None) -> int:
     before = listing()
     argv2 = [engines.UNSHARE, "-m", "--propagation", "private", "/bin/sh", "-c", NS_SETUP, "sh", str(work),
              PY, str(pathlib.Path(__file__).resolve()), "--in-namespace", "--starts", str(args.starts), "--every",
-             str(args.every), "--seed", str(args.seed), "--json", str(out), "--work", str(work)]
+             str(args.every), "--seed", str(args.seed), "--json", str(out), "--work", str(work),
+             "--faults", ",".join(args.faults)]
     if args.verbose:
         argv2.append("--verbose")
     env = dict(os.environ)

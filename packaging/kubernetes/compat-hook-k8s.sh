@@ -56,6 +56,9 @@
 #   CONFIG_SOURCE []  RESTART_CONTAINERD [false]  RESTART_COMMAND [see above]
 #   UNINSTALL_ON_STOP [true]  READY_FILE [/tmp/compat-hook-ready]
 #   TOOLKIT_CONFIGS [the two paths in 4.]  TOOLKIT_RECHECK [30]
+#   LOG_FILE [/var/log/compat-hook.log]  LOG_MAX_BYTES [52428800]  LOG_KEEP [8]: the node's
+#   decision log (the config's log_file) is rotated like the Debian package's logrotate file does:
+#   checked at every TOOLKIT_RECHECK, renamed to .1 past LOG_MAX_BYTES, older copies gzipped
 # Only POSIX sh and busybox applets are used.
 set -eu
 
@@ -74,6 +77,9 @@ READY_FILE=${READY_FILE:-/tmp/compat-hook-ready}
 TOOLKIT_CONFIGS=${TOOLKIT_CONFIGS:-/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml /etc/nvidia-container-runtime/config.toml}
 TOOLKIT_RECHECK=${TOOLKIT_RECHECK:-30}
 TOOLKIT_STATE=${TOOLKIT_STATE:-/tmp/compat-hook-toolkit}
+LOG_FILE=${LOG_FILE:-/var/log/compat-hook.log}
+LOG_MAX_BYTES=${LOG_MAX_BYTES:-52428800}
+LOG_KEEP=${LOG_KEEP:-8}
 
 log() { echo "compat-hook-k8s: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -232,7 +238,24 @@ watch_toolkit() {
     host_env "$HOST_PYTHON" -I -c \
         'import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.watch import main; sys.exit(main())' \
         "$dest/lib" --every "$TOOLKIT_RECHECK" $TOOLKIT_CONFIGS |
-        while read -r _; do sync_toolkit "$dest"; done
+        while read -r _; do sync_toolkit "$dest"; rotate_log; done
+}
+
+# The node's decision log, bounded: past LOG_MAX_BYTES it is renamed to .1 (the hook and the
+# wrapper open it anew at every start with O_APPEND, so no line is lost: benchmarks/soak.py),
+# older copies move up and are gzipped one generation late (a start that opened the file just
+# before the rename finishes its line in .1), LOG_KEEP copies kept.
+rotate_log() {
+    f=$HOST_ROOT$LOG_FILE
+    [ -f "$f" ] && [ "$(wc -c < "$f")" -gt "$LOG_MAX_BYTES" ] || return 0
+    n=$LOG_KEEP
+    rm -f "$f.$n.gz"
+    while [ "$n" -gt 2 ]; do
+        n=$((n - 1))
+        if [ -f "$f.$n.gz" ]; then mv "$f.$n.gz" "$f.$((n + 1)).gz" || true; fi
+    done
+    if [ -f "$f.1" ]; then mv "$f.1" "$f.2" && gzip -f "$f.2" || true; fi
+    mv "$f" "$f.1" && log "rotated $LOG_FILE ($LOG_MAX_BYTES bytes)" || true
 }
 
 # The re-registration loop: the watcher, and plain polling whenever it is not running.
@@ -244,6 +267,7 @@ toolkit_loop() {
         log "warning: the toolkit config watcher stopped; checking every ${TOOLKIT_RECHECK}s"
         sleep "$TOOLKIT_RECHECK" & wait $! || true
         sync_toolkit "$(cat "$READY_FILE")"
+        rotate_log
     done
 }
 
