@@ -254,8 +254,8 @@ class Node:
         self.daemon = engines.Containerd(work / "ctrd", bin_dir=str(engines.containerd2()),
                                          pause_image=f"{IMAGE}:pause")
         self.install_args = ("install", "containerd", "--engine-config", str(self.daemon.main))
-        out = compat_hook(*self.install_args).stdout
-        self.wrapper = pathlib.Path(out.split("wrapper ")[1].split()[0]) if "wrapper " in out else None
+        compat_hook(*self.install_args)
+        self.wrapper = self.binary_name()
         self.daemon.start(OLD)
         self.driver = OLD
         self.brand = None
@@ -281,6 +281,24 @@ class Node:
     def snapshots(self) -> set:
         out = self.daemon.ctr("-n", "k8s.io", "snapshots", "ls").stdout.splitlines()[1:]
         return {ln.split()[0] for ln in out if ln.strip()}
+
+    def binary_name(self) -> str | None:
+        """The wrapper the install registered: runtime ``cuda-compat``'s BinaryName in the daemon's files."""
+        def find(node):
+            if isinstance(node, dict):
+                rt = node.get("runtimes", {}).get(RUNTIME) if isinstance(node.get("runtimes"), dict) else None
+                if isinstance(rt, dict) and rt.get("options", {}).get("BinaryName"):
+                    return rt["options"]["BinaryName"]
+                for v in node.values():
+                    got = find(v)
+                    if got:
+                        return got
+            return None
+        for f in [self.daemon.main, *sorted(self.daemon.main.parent.rglob("*.toml"))]:
+            got = find(tomllib.loads(f.read_text()))
+            if got:
+                return got
+        return None
 
     def import_images(self, tar: pathlib.Path) -> None:
         self.daemon.ctr("-n", "k8s.io", "images", "import", "--base-name", IMAGE, tar)

@@ -341,8 +341,10 @@ def _cmd_hook_entry(args) -> int:
     from .install.wrapper import fail_closed
 
     # on_error: fail is decided now, at registration (the boot code reads it before any import).
+    from .registration import registered_log_file
+
     entry = hook_entry(stage=args.stage, config=args.config, state_dir=args.state_dir,
-                       fail_closed=fail_closed(args.config))
+                       fail_closed=fail_closed(args.config), log_file=registered_log_file(args.config))
     if args.format == "cdi":
         doc = dict(hookName=args.stage, **entry)
     elif args.format == "hooks.d":

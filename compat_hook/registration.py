@@ -40,7 +40,8 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["hook_entry", "hooksd_document", "boot_code", "python_paths", "interpreter", "stable_interpreter",
+__all__ = ["hook_entry", "hooksd_document", "boot_code", "registered_log_file", "python_paths", "interpreter",
+           "stable_interpreter",
            "HOOK_ENV", "FAIL_CLOSED", "SH"]
 
 HOOK_ENV = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"]
@@ -97,7 +98,48 @@ def python_paths() -> list:
     return dirs
 
 
-def boot_code(paths: list, *, target: str = "hook") -> str:
+def registered_log_file(config: str | None) -> str | None:
+    """The ``log_file`` of the configuration a registration names, read now (``None``: no log, or unreadable).
+
+    Baked into the boot code, so a fail-open is told where the decisions go even
+    when compat-hook itself can no longer be imported to read the configuration.
+    """
+    try:
+        from .install.checks import registered_config
+
+        return registered_config(config)[0].log_file
+    except Exception:  # a bad configuration is refused elsewhere; no log line then
+        return None
+
+
+def _fail_open_logger(log_file: str | None, component: str) -> str:
+    """Boot-code lines (one-space indent, inside ``except``) appending one JSON line to ``log_file``.
+
+    The hook reads the container id from the state on stdin; the wrapper logs
+    creates only (its last argument is the id), not the verbs that pass through.
+    """
+    if not log_file:
+        return ""
+    if component == "hook":
+        who = "  i=json.loads(sys.stdin.read(1<<16) or '{}').get('id')\n"
+    else:
+        who = ("  a=sys.argv[1:]\n"
+               "  if not ('create' in a or 'run' in a):raise SystemExit\n"
+               "  i=a[-1]\n")
+    return (
+        " try:\n"
+        "  import os,json,time\n"
+        + who +
+        "  d=json.dumps({'time':time.strftime('%Y-%m-%dT%H:%M:%S.000Z',time.gmtime()),"
+        "'event':'fail_closed' if f else 'fail_open','decision':'error','reason':'installation_missing',"
+        f"'component':{component!r},'container_id':i,'error':'%s: %s'%(type(e).__name__,e)}})+'\\n'\n"
+        f"  o=os.open({log_file!r},os.O_WRONLY|os.O_APPEND|os.O_CREAT|os.O_CLOEXEC|os.O_NOFOLLOW,0o640)\n"
+        "  os.write(o,d.encode());os.close(o)\n"
+        " except BaseException:\n"
+        "  pass\n")
+
+
+def boot_code(paths: list, *, target: str = "hook", log_file: str | None = None) -> str:
     """The ``python3 -I -S -c`` code that starts compat-hook with exactly ``paths`` on sys.path.
 
     ``target``: ``"hook"`` (``compat_hook.cli.entry``; argv: ``[--fail-closed] hook ...``)
@@ -112,6 +154,11 @@ def boot_code(paths: list, *, target: str = "hook") -> str:
     compat-hook); the wrapper execs the real runtime the shell wrapper
     resolved (``COMPAT_HOOK_RUNTIME_FALLBACK``, else ``/usr/sbin/runc``)
     with the same arguments. With ``--fail-closed`` both exit 1 instead.
+    ``log_file`` (the registration's, :func:`registered_log_file`): where that
+    failure is also appended as one JSON line (``"event": "fail_open"`` or
+    ``"fail_closed"``, ``"decision": "error"``, ``"reason":
+    "installation_missing"``), since runc drops a successful hook's stderr;
+    ``compat-hook report`` counts it as a failure.
 
     >>> code = boot_code(["/nonexistent"])
     >>> "from compat_hook.cli import entry" in code and "except BaseException" in code
@@ -128,6 +175,7 @@ def boot_code(paths: list, *, target: str = "hook") -> str:
             "except BaseException as e:\n"
             " sys.stderr.write('compat-hook: cannot start (%s: %s): %s\\n'%(type(e).__name__,e,"
             "'the container is stopped (on_error: fail)' if f else 'the container starts without compat-hook'))\n"
+            + _fail_open_logger(log_file, "hook") +
             " raise SystemExit(1 if f else 0)\n"
             "entry()")
     return head + (
@@ -135,6 +183,7 @@ def boot_code(paths: list, *, target: str = "hook") -> str:
         "except BaseException as e:\n"
         " import os\n"
         " rt=os.environ.pop('COMPAT_HOOK_RUNTIME_FALLBACK','') or '/usr/sbin/runc'\n"
+        + _fail_open_logger(log_file, "runtime") +
         " if f:\n"
         "  sys.stderr.write('compat-hook-runtime: %s: not running %s (on_error: fail)\\n'%(e,rt))\n"
         "  raise SystemExit(1)\n"
@@ -144,26 +193,43 @@ def boot_code(paths: list, *, target: str = "hook") -> str:
         "entry()")
 
 
-def _front(exe: str, fail_closed: bool) -> str:
-    """``sh -c`` text that execs ``$0`` (the interpreter) if it is still there."""
+def _front(exe: str, fail_closed: bool, log_file: str | None = None) -> str:
+    """``sh -c`` text that execs ``$0`` (the interpreter) if it is still there.
+
+    When it is not, one JSON line goes to ``log_file`` too (the container id read
+    from the state on stdin with sed; a path or id JSON cannot hold as is is left out).
+    """
+    import shlex
+
     verdict = ("exit 1" if fail_closed else "exit 0")
     outcome = ("the container is stopped (on_error: fail)" if fail_closed
                else "the container starts without compat-hook")
+    log = ""
+    if log_file and not any(c in log_file for c in '"\\\n'):
+        event = "fail_closed" if fail_closed else "fail_open"
+        log = ("i=$(head -c 65536 | sed -n 's/.*\"id\" *: *\"\\([A-Za-z0-9_.:-]*\\)\".*/\\1/p' | head -n 1); "
+               "case $0 in *[\\\\\\\"]*) ;; *) "
+               f"printf '{{\"time\":\"%s\",\"event\":\"{event}\",\"decision\":\"error\","
+               f"\"reason\":\"installation_missing\",\"component\":\"hook\",\"container_id\":\"%s\","
+               f"\"error\":\"%s is missing\"}}\\n' \"$(date -u +%Y-%m-%dT%H:%M:%S.000Z)\" \"$i\" \"$0\" "
+               f">> {shlex.quote(log_file)} 2>/dev/null ;; esac; ")
     return (f'[ -x "$0" ] && exec "$0" "$@"; '
-            f'echo "compat-hook: cannot start ($0 is missing): {outcome}" >&2; {verdict}')
+            f'echo "compat-hook: cannot start ($0 is missing): {outcome}" >&2; {log}{verdict}')
 
 
 def hook_entry(*, stage: str = "createContainer", config: str | None = None,
                state_dir: str | None = None, timeout: int = 30, fail_closed: bool = False,
-               python: str | None = None, paths: list | None = None) -> dict:
+               python: str | None = None, paths: list | None = None, log_file: str | None = None) -> dict:
     """The OCI hook entry for ``stage`` (``path``, ``args``, ``env``, ``timeout``).
 
     ``python``/``paths``: the interpreter and its ``sys.path`` additions
     (default: the running interpreter and where compat_hook, PyYAML and
-    pyelftools are); ``fail_closed``: ``on_error: fail`` at registration.
+    pyelftools are); ``fail_closed``: ``on_error: fail`` at registration;
+    ``log_file``: where the boot code logs a failure to start (:func:`boot_code`).
     """
     exe = python or interpreter()
-    argv = [exe, "-I", "-S", "-c", boot_code(python_paths() if paths is None else list(paths))]
+    argv = [exe, "-I", "-S", "-c", boot_code(python_paths() if paths is None else list(paths),
+                                                     log_file=log_file)]
     if fail_closed:
         argv.append(FAIL_CLOSED)
     argv += ["hook", "--stage", stage]
@@ -172,7 +238,7 @@ def hook_entry(*, stage: str = "createContainer", config: str | None = None,
     if state_dir:
         argv += ["--state-dir", os.path.abspath(state_dir)]
     if os.path.dirname(exe) not in _OS_BIN_DIRS:
-        argv = [SH, "-c", _front(exe, fail_closed)] + argv
+        argv = [SH, "-c", _front(exe, fail_closed, log_file)] + argv
     return {"path": argv[0], "args": argv, "env": list(HOOK_ENV), "timeout": int(timeout)}
 
 

@@ -366,7 +366,7 @@ def _edit(config, record: dict) -> None:
 
         return hook_entry(stage="createContainer", config=config.source,
                           state_dir=os.environ.get("COMPAT_HOOK_STATE_DIR") or None,
-                          fail_closed=config.on_error == "fail")
+                          fail_closed=config.on_error == "fail", log_file=config.log_file)
 
     with root:
         a = assess(config, request, root, spec=spec, state_dir=state_dir, actors=("wrapper",),

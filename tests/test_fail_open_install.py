@@ -16,6 +16,12 @@ the wrapper as their runtime:
 * ``on_error: fail`` (read at registration): the container does not start,
   the runtime's error carries that one line; verbs other than create
   (``list``, ``delete``) still reach runc.
+
+runc drops a successful hook's stderr, so each of them also appends one JSON
+line to the log file the configuration named at registration
+(``"event": "fail_open"`` or ``"fail_closed"``, ``"decision": "error"``,
+``"reason": "installation_missing"``, the container id), and ``compat-hook
+report --fail-on failures`` counts it.
 """
 
 from __future__ import annotations
@@ -54,7 +60,8 @@ class Registration:
     def __init__(self, base: pathlib.Path, python, site: pathlib.Path, on_error: str) -> None:
         base.mkdir(parents=True)
         self.cfg = base / "compat-hook.yaml"
-        self.cfg.write_text(f"on_error: {on_error}\nlog_file: {base / 'compat-hook.log'}\n")
+        self.log = base / "compat-hook.log"
+        self.cfg.write_text(f"on_error: {on_error}\nlog_file: {self.log}\n")
         self.entry = json.loads(_cli(python, site, "hook-entry", "--config", self.cfg,
                                      "--state-dir", base / "state").stdout)
         self.wrapper = base / "bin" / "compat-hook-runtime"
@@ -83,6 +90,7 @@ def world(tmp_path_factory):
     for r in regs.values():
         p = _run_entry(r.entry, state)
         assert "cannot start" not in p.stderr, p.stderr
+        r.log.unlink(missing_ok=True)  # that start's own record: each test reads what the failure wrote
     os.rename(site, base / "site.moved")
     shutil.rmtree(py.parent.parent)
     rfs = rootfs.build_rootfs(base / "rootfs")
@@ -94,6 +102,22 @@ def _run_entry(entry: dict, state: str) -> subprocess.CompletedProcess:
     env = dict(e.split("=", 1) for e in entry["env"])
     return subprocess.run(entry["args"], executable=entry["path"], input=state, capture_output=True, text=True,
                           env=env, timeout=60)
+
+
+def _logged(reg: Registration, event: str, component: str, container_id: str) -> None:
+    """One JSON line in the registration's log, which ``compat-hook report`` counts as a failure."""
+    recs = [json.loads(ln) for ln in reg.log.read_text().splitlines()] if reg.log.exists() else []
+    mine = [r for r in recs if r.get("container_id") == container_id]
+    assert len(mine) == 1, recs
+    r = mine[0]
+    assert (r["event"], r["decision"], r["reason"], r["component"], r["container_id"]) == \
+        (event, "error", "installation_missing", component, container_id), r
+    assert r["time"].endswith("Z")
+    p = subprocess.run([PY, "-m", "compat_hook", "report", "--log", str(reg.log), "--json", "--fail-on", "failures"],
+                       cwd=REPO, capture_output=True, text=True, env=ENV, timeout=60)
+    assert p.returncode == 3, (p.stdout, p.stderr)
+    rep = json.loads(p.stdout)
+    assert rep["summary"]["failures"] == len(recs), rep  # every fail-open start is counted
 
 
 def _bundle(world, name: str, hooks=None) -> pathlib.Path:
@@ -117,6 +141,7 @@ def test_hook_whose_installation_is_gone_lets_the_container_start(world, case):
     assert p.returncode == 0 and len(lines) == 1, p.stderr
     assert lines[0].startswith("compat-hook: cannot start") and "starts without compat-hook" in lines[0]
     assert "Traceback" not in p.stderr
+    _logged(reg, "fail_open", "hook", "c1")
     res = rt.run_container(bundle, "runc")
     assert res.rc == 0 and res.stdout == "container-started\n", str(res)
 
@@ -129,6 +154,7 @@ def test_hook_with_on_error_fail_stops_the_container(world, case):
     p = _run_entry(reg.entry, _hook_state(bundle))
     lines = p.stderr.splitlines()
     assert p.returncode == 1 and len(lines) == 1 and "on_error: fail" in lines[0], p.stderr
+    _logged(reg, "fail_closed", "hook", "c1")
     res = rt.run_container(bundle, "runc")
     assert res.rc != 0 and "container-started" not in res.stdout, str(res)
     assert "compat-hook: cannot start" in res.stderr, str(res)  # runc shows a failed hook's stderr
@@ -157,6 +183,7 @@ def test_wrapper_whose_installation_is_gone_runs_the_real_runtime(world, case):
     assert p.returncode == 0 and p.stdout == "container-started\n", (p.stdout, p.stderr)
     assert len(lines) == 1 and lines[0].startswith("compat-hook-runtime: ") and "without compat-hook" in lines[0], \
         p.stderr
+    _logged(world["regs"][case], "fail_open", "runtime", f"failopen-{case}")  # only the create, not `list`
 
 
 @pytest.mark.parametrize("case", ["moved-fail", "python-gone-fail"])

@@ -21,6 +21,8 @@ from compat_hook.install import containerd as ic
 from compat_hook.registration import hook_entry
 from compat_hook.runtime import render_wrapper
 from tests.conftest import snapshot_tree
+from tests.support import engines
+from tests.support.toolkit import toolkit  # noqa: F401  (the NVIDIA toolkit's binaries, session fixture)
 
 PY = "/usr/bin/python3"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -116,27 +118,24 @@ def test_install_v2_from_config_dump(tmp_path):
     original_text = main.read_text()
     before = dump(main)
     out = ok(install(main))
-    dropin = tmp_path / "conf.d" / ic.DROPIN_NAME
+    record = tmp_path / ("config.toml" + ic.RECORD_SUFFIX)
     wrapper = tmp_path / "libexec" / "compat-hook-runtime"
-    assert f"wrote {main} (backup: " in out and f"wrote {dropin}\n" in out and f"wrote {wrapper}\n" in out
-    assert "restart containerd" in out
+    assert f"wrote {main} (backup: " in out and f"wrote {record}\n" in out and f"wrote {wrapper}\n" in out
+    assert "restart containerd" in out and "conf.d" not in out  # containerd 1.x: no drop-in, config.toml itself
 
-    # The main file: one line more, everything else (comments included) byte for byte.
+    # The main file: everything it had (comments included) byte for byte, then the runtime's tables.
     new_main = main.read_text()
-    assert new_main == original_text.replace('oom_score = -999   # keep me\n',
-                                             'oom_score = -999   # keep me\n'
-                                             f'imports = ["{tmp_path}/conf.d/*.toml"]\n')
-    [bak] = [p for p in tmp_path.iterdir() if p.name.startswith("config.toml.compat-hook-")]
+    assert new_main.startswith(original_text) and "[plugins" in new_main[len(original_text):]
+    [bak] = [p for p in tmp_path.iterdir() if p.name.startswith("config.toml.compat-hook-2")]
     assert bak.read_text() == original_text and bak.name.endswith(".bak")
+    assert not (tmp_path / "conf.d").exists()
 
     # The wrapper, rendered for this config path.
     assert wrapper.read_text() == render_wrapper(str(tmp_path / "compat-hook.yaml"))
     assert oct(wrapper.stat().st_mode & 0o7777) == "0o755"
 
-    # The drop-in: the complete CRI section + the runtime (a copy of runc's, its options too).
-    doc = tomlkit.parse(dropin.read_text()).unwrap()
-    assert doc["version"] == 2 and list(doc["plugins"]) == [CRI]
-    assert doc["plugins"][CRI]["sandbox_image"] == "docker.io/library/bb:pause"
+    # The runtime: a copy of runc's (its options too) whose BinaryName is the wrapper.
+    doc = tomlkit.parse(new_main).unwrap()
     rt = runtimes(doc)["cuda-compat"]
     runc = runtimes(before)["runc"]
     assert rt == dict(runc, options=dict(runc["options"], BinaryName=str(wrapper)))
@@ -144,9 +143,7 @@ def test_install_v2_from_config_dump(tmp_path):
     # containerd's merged view: what it was, plus the runtime.
     after = dump(main)
     assert runtimes(after)["cuda-compat"] == rt
-    assert without(after, ("imports",), ("plugins", CRI, "containerd", "runtimes", "cuda-compat")) == \
-        without(before, ("imports",))
-    assert after["imports"] == sorted([str(main), str(dropin)])
+    assert without(after, ("plugins", CRI, "containerd", "runtimes", "cuda-compat")) == before
 
     # A second run changes nothing, byte for byte.
     snap = snapshot_tree(tmp_path)
@@ -155,9 +152,10 @@ def test_install_v2_from_config_dump(tmp_path):
 
     # Uninstall: the main file as it was, the drop-in and the wrapper gone.
     out = ok(install(main, verb="uninstall"))
-    assert f"removed {dropin}" in out and f"removed {wrapper}" in out
+    assert f"removed {record}" in out and f"removed {wrapper}" in out
     assert main.read_text() == original_text
-    assert not dropin.exists() and not wrapper.exists()
+    assert not record.exists() and not wrapper.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]  # no backup, no dir left
     assert dump(main) == before
     assert ok(install(main, verb="uninstall")).strip().startswith("no changes")
 
@@ -169,15 +167,14 @@ def test_dry_run_prints_the_diff_and_writes_nothing(tmp_path):
     out = ok(install(main, "--dry-run"))
     assert snapshot_tree(tmp_path) == snap
     assert f"--- a{main}\n+++ b{main}\n" in out
-    assert f'+imports = ["{tmp_path}/conf.d/*.toml"]' in out
-    assert f"--- /dev/null\n+++ b{tmp_path}/conf.d/{ic.DROPIN_NAME}\n" in out
+    assert f"--- /dev/null\n+++ b{tmp_path}/config.toml{ic.RECORD_SUFFIX}\n" in out
     assert '+[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.cuda-compat.options]' in out
     assert "nothing written" in out
     # After a real install, a dry run of the same is "no changes"; of another setting, a diff.
     ok(install(main))
     assert ok(install(main, "--dry-run")).strip() == "no changes"
     out = ok(install(main, "--dry-run", "--set-as-default"))
-    assert '-default_runtime_name = "runc"\n+default_runtime_name = "cuda-compat"' in out
+    assert '-    default_runtime_name = "runc"\n+    default_runtime_name = "cuda-compat"' in out
 
 
 @pytest.mark.slow  # several `containerd config dump` runs
@@ -188,10 +185,10 @@ def test_set_as_default_and_runtime_name(tmp_path):
     after = dump(main)
     assert after["plugins"][CRI]["containerd"]["default_runtime_name"] == "gpu_compat-2"
     assert "gpu_compat-2" in runtimes(after) and "runc" in runtimes(after)
-    # Changing the setting backs up the previous drop-in.
+    # Changing the setting backs up the main file.
     ok(install(main, "--runtime-name", "gpu_compat-2"))
     assert dump(main)["plugins"][CRI]["containerd"]["default_runtime_name"] == "runc"
-    assert [p.name for p in (tmp_path / "conf.d").iterdir() if p.name.endswith(".bak")]
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("config.toml.compat-hook-2")]) == 2
     ok(install(main, verb="uninstall"))
     assert dump(main) == before
     for bad in ("a b", "x.y", ""):
@@ -228,9 +225,9 @@ def test_file_source_and_existing_nvidia_dropin(tmp_path):
 def test_file_source_keeps_the_main_cri_section(tmp_path):
     main = main_v2(tmp_path)
     before = dump(main)
-    ok(install(main, "--config-source", "file"))
-    doc = tomlkit.parse((tmp_path / "conf.d" / ic.DROPIN_NAME).read_text()).unwrap()
     mine = tomlkit.parse(main.read_text()).unwrap()["plugins"][CRI]
+    ok(install(main, "--config-source", "file"))
+    doc = tomlkit.parse(main.read_text()).unwrap()
     want = copy.deepcopy(mine)
     rt = copy.deepcopy(mine["containerd"]["runtimes"]["runc"])
     rt["options"]["BinaryName"] = str(tmp_path / "libexec" / "compat-hook-runtime")
@@ -264,7 +261,8 @@ def test_a_main_file_without_cri_section_and_a_missing_main(tmp_path):
     main = tmp_path / "b" / "config.toml"
     (tmp_path / "b").mkdir()
     ok(install(main))
-    assert tomlkit.parse(main.read_text()).unwrap() == {"version": 2, "imports": [f"{tmp_path}/b/conf.d/*.toml"]}
+    written = tomlkit.parse(main.read_text()).unwrap()
+    assert written["version"] == 2 and "cuda-compat" in runtimes(written) and "runc" in runtimes(written)
     assert "cuda-compat" in runtimes(dump(main))
     ok(install(main, verb="uninstall"))
     assert not main.exists()
@@ -284,10 +282,10 @@ def test_symlinked_main_config_is_written_through(tmp_path):
     link = tmp_path / "etc" / "config.toml"
     os.symlink(real, link)
     ok(install(link))
-    assert link.is_symlink() and "imports" in real.read_text()
-    assert (tmp_path / "etc" / "conf.d" / ic.DROPIN_NAME).exists()
+    assert link.is_symlink() and "runtimes.cuda-compat" in real.read_text()
+    assert not (tmp_path / "etc" / "conf.d").exists()
     ok(install(link, verb="uninstall"))
-    assert link.is_symlink() and "imports" not in real.read_text()
+    assert link.is_symlink() and real.read_text() == MAIN_V2.replace("@D@", str(tmp_path / "real"))
 
 
 def test_via_base_spec(tmp_path):
@@ -298,7 +296,8 @@ def test_via_base_spec(tmp_path):
     spec = json.loads(spec_path.read_text())
     base = json.loads(subprocess.run(["ctr", "oci", "spec"], capture_output=True, text=True, check=True).stdout)
     assert spec == dict(base, hooks={"createContainer": [
-        hook_entry(stage="createContainer", config=str(tmp_path / "compat-hook.yaml"))]})
+        hook_entry(stage="createContainer", config=str(tmp_path / "compat-hook.yaml"),
+                   log_file="/var/log/compat-hook.log")]})
     rt = runtimes(dump(main))["cuda-compat"]
     assert rt["base_runtime_spec"] == str(spec_path)
     assert rt["options"] == runtimes(before)["runc"]["options"]  # runc itself, no wrapper
@@ -308,7 +307,10 @@ def test_via_base_spec(tmp_path):
 
 
 def test_a_later_dropin_that_hides_ours_rolls_back(tmp_path):
-    main = main_v2(tmp_path)
+    # An imported drop-in carrying the whole CRI section hides config.toml's (1.x), so the runtime goes to
+    # compat-hook's own drop-in, 99-zz-compat-hook.toml; a drop-in sorting after that one hides it again.
+    main = main_v2(tmp_path, MAIN_V2.replace("oom_score = -999   # keep me\n",
+                                             'oom_score = -999   # keep me\nimports = ["@D@/conf.d/*.toml"]\n'))
     (tmp_path / "conf.d").mkdir()
     later = tmp_path / "conf.d" / "zzz-mine.toml"
     later.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "x:y"\n')
@@ -365,6 +367,99 @@ def test_install_v3(tmp_path):
     assert snapshot_tree(tmp_path) == snap
     ok(install(main, verb="uninstall"))
     assert main.read_text() == original_text
+
+
+# --------------------------------------------------------------------------- edits made after the install
+
+
+def _ctk_configure(tk, main: pathlib.Path, *extra) -> None:
+    """``nvidia-ctk runtime configure --runtime=containerd``, as the toolkit's installer runs it on a node."""
+    p = subprocess.run([str(tk.ctk), "runtime", "configure", "--runtime=containerd", "--config", str(main), *extra],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.slow  # several `containerd config dump` runs
+@pytest.mark.parametrize("ctk_mode", ["drop-in", "config.toml"])
+def test_toolkit_edits_after_install_stay_visible_on_1x(tmp_path, toolkit, ctk_mode):  # noqa: F811
+    """containerd 1.6: what nvidia-ctk (and an admin) write into config.toml after the install is what
+    ``containerd config dump`` shows, next to compat-hook's runtime; uninstall takes out only ours."""
+    main = main_v2(tmp_path, MAIN_V2.replace("oom_score = -999   # keep me\n",
+                                             'oom_score = -999   # keep me\nimports = ["@D@/conf.d/*.toml"]\n'))
+    wrapper = str(tmp_path / "libexec" / "compat-hook-runtime")
+    ok(install(main))
+    # An admin edit of the CRI section after the install.
+    main.write_text(main.read_text().replace("  enable_cdi = false\n", "  enable_cdi = false\n"
+                                             "  restrict_oom_score_adj = true\n"))
+    if ctk_mode == "drop-in":  # the toolkit's own configure (v1.18+: a drop-in copied from config.toml)
+        _ctk_configure(toolkit, main, "--drop-in-config", str(tmp_path / "conf.d" / "99-nvidia.toml"))
+    else:  # what a toolkit before 1.18 writes: runtimes.nvidia in config.toml itself
+        doc = tomlkit.parse(main.read_text())
+        nv = copy.deepcopy(doc["plugins"][CRI]["containerd"]["runtimes"]["runc"].unwrap())
+        nv["options"]["BinaryName"] = "/usr/bin/nvidia-container-runtime"
+        doc["plugins"][CRI]["containerd"]["runtimes"]["nvidia"] = nv
+        main.write_text(tomlkit.dumps(doc))
+    after = dump(main)
+    rts = runtimes(after)
+    assert {"runc", "nvidia", "cuda-compat"} <= set(rts), sorted(rts)
+    assert rts["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
+    assert rts["cuda-compat"]["options"]["BinaryName"] == wrapper
+    assert after["plugins"][CRI]["restrict_oom_score_adj"] is True
+    # A re-install (the DaemonSet runs one when containerd's files change) keeps all of it.
+    ok(install(main))
+    again = dump(main)
+    assert {"runc", "nvidia", "cuda-compat"} <= set(runtimes(again))
+    assert again["plugins"][CRI]["restrict_oom_score_adj"] is True
+    ok(install(main, verb="uninstall"))
+    gone = dump(main)
+    assert set(runtimes(gone)) == {"runc", "nvidia"}, sorted(runtimes(gone))
+    assert gone["plugins"][CRI]["restrict_oom_score_adj"] is True
+
+
+@pytest.mark.slow
+def test_set_as_default_over_the_nvidia_runtime_chains_to_it(tmp_path, toolkit):  # noqa: F811
+    """``default_runtime_name = "nvidia"``: --set-as-default makes the wrapper exec the NVIDIA runtime's binary
+    (``runtime:`` in compat-hook's config), and uninstall gives ``nvidia`` back and takes the line out."""
+    text = MAIN_V2.replace('default_runtime_name = "runc"', 'default_runtime_name = "nvidia"') + (
+        '    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        '      runtime_type = "io.containerd.runc.v2"\n'
+        '      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        f'        BinaryName = "{toolkit.runtime}"\n')
+    main = main_v2(tmp_path, text)
+    original = main.read_text()
+    out = ok(install(main, "--set-as-default", "--toolkit-config", "none"))
+    assert "chains to the NVIDIA runtime" in out, out
+    assert dump(main)["plugins"][CRI]["containerd"]["default_runtime_name"] == "cuda-compat"
+    cfg = tmp_path / "compat-hook.yaml"
+    assert f"runtime: {toolkit.runtime}" in cfg.read_text()
+    p = subprocess.run([str(tmp_path / "libexec" / "compat-hook-runtime"), "--compat-hook-resolve"],
+                       capture_output=True, text=True, env=ENV)
+    assert p.stdout.strip() == f"runtime={toolkit.runtime}", p
+    ok(install(main, verb="uninstall"))
+    assert main.read_text() == original and not cfg.exists()
+    # Its binary missing: said plainly, the wrapper runs runc.
+    main.write_text(original.replace(str(toolkit.runtime), "/nonexistent/nvidia-container-runtime"))
+    out = ok(install(main, "--set-as-default", "--toolkit-config", "none"))
+    assert "is not on this node" in out and "plain runc" in out and not cfg.exists(), out
+    ok(install(main, verb="uninstall"))
+
+
+@pytest.mark.slow
+def test_toolkit_edits_after_install_stay_visible_on_2x(tmp_path, toolkit):  # noqa: F811
+    """containerd 2.x (config version 3) merges drop-ins deeply: its drop-in holds only the runtime."""
+    bin_dir = engines.containerd2()
+    main = main_v2(tmp_path, V3)
+    ok(install(main))
+    images = "[plugins.'io.containerd.cri.v1.images']\n"
+    main.write_text(main.read_text().replace(images, images + "  max_concurrent_downloads = 7\n"))
+    _ctk_configure(toolkit, main, "--drop-in-config", str(tmp_path / "conf.d" / "99-nvidia.toml"))
+    p = subprocess.run([str(bin_dir / "containerd"), "--config", str(main), "config", "dump"], capture_output=True,
+                       text=True, env=ENV, timeout=60)
+    assert p.returncode == 0, p.stderr
+    tree = tomlkit.parse(p.stdout).unwrap()
+    assert {"runc", "nvidia", "cuda-compat"} <= set(runtimes(tree, CRI3)), sorted(runtimes(tree, CRI3))
+    assert tree["plugins"]["io.containerd.cri.v1.images"]["max_concurrent_downloads"] == 7
+    ok(install(main, verb="uninstall"))
 
 
 def test_runtimeclass_manifest():

@@ -52,7 +52,7 @@ def test_podman_hooksd_document(tmp_path, capsys):
     assert doc["version"] == "1.0.0"
     assert doc["when"] == {"always": True}  # hooks.d cannot match env; the hook skips non-GPU containers
     assert doc["stages"] == ["createContainer"]
-    expect = hook_entry(stage="createContainer", config=str(cfg))
+    expect = hook_entry(stage="createContainer", config=str(cfg), log_file="/var/log/compat-hook.log")
     exe = hooksd.stable_interpreter(expect["path"])
     assert doc["hook"] == dict(expect, path=exe, args=[exe] + expect["args"][1:])
     assert doc["hook"]["env"] == ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"]
@@ -78,7 +78,7 @@ def test_podman_idempotent_dry_run_and_uninstall(tmp_path, capsys):
     assert code == 0 and "+++ /dev/null" in out and (h / "50-compat-hook.json").exists()
     code, out, _ = run(capsys, "uninstall", "podman", "--hooks-dir", h)
     assert code == 0 and "removed" in out
-    assert files_in(h) == []  # our own generated file: no backup clutter in hooks.d
+    assert not h.exists()  # our own generated file (no backup clutter), then the dir install created for it
     code, out, _ = run(capsys, "uninstall", "podman", "--hooks-dir", h)
     assert code == 0 and "already unregistered" in out
 
@@ -152,7 +152,8 @@ def test_stable_interpreter(tmp_path):
 def test_package_document_points_at_the_installed_locations():
     doc = hooksd.package_document()
     assert doc["hook"]["path"] == "/usr/bin/python3" == doc["hook"]["args"][0]
-    assert doc["hook"]["args"][4] == registration.boot_code(["/usr/lib/python3/dist-packages"])
+    assert doc["hook"]["args"][4] == registration.boot_code(["/usr/lib/python3/dist-packages"],
+                                                            log_file="/var/log/compat-hook.log")
     assert doc["hook"]["args"][5:] == ["hook", "--stage", "createContainer"]
 
 
@@ -245,9 +246,17 @@ def test_docker_set_as_default_and_uninstall_resets_only_ours(tmp_path, capsys):
     code, out, _ = _docker(capsys, tmp_path, "install", "--set-as-default")
     assert code == 0 and json.loads(p.read_text())["default-runtime"] == "cuda-compat"
     assert "default-runtime was 'nvidia'" in out and "runtime: nvidia-container-runtime" in out
+    assert "uninstall gives it back" in out
     assert _docker(capsys, tmp_path, "uninstall")[0] == 0
     data = json.loads(p.read_text())
-    assert "default-runtime" not in data and "cuda-compat" not in data["runtimes"]
+    assert data["default-runtime"] == "nvidia" and "cuda-compat" not in data["runtimes"]  # given back, exactly
+    assert p.read_text() == DAEMON_4 and not (tmp_path / "daemon.json.compat-hook-install").exists()
+
+    # Without --set-as-default on an nvidia-default node, the command says what --runtime cuda-compat runs.
+    p.write_text(DAEMON_4)
+    code, out, _ = _docker(capsys, tmp_path, "install")
+    assert code == 0 and "default-runtime is 'nvidia'" in out and "runtime: nvidia-container-runtime" in out, out
+    assert _docker(capsys, tmp_path, "uninstall")[0] == 0 and p.read_text() == DAEMON_4
 
     # Someone else's default stays.
     p.write_text(DAEMON_4)
@@ -329,7 +338,7 @@ def test_crio_writes_hook_and_runtime_handler(tmp_path, capsys):
     code, out, _ = _crio(capsys, tmp_path, "uninstall")
     assert code == 0
     assert files_in(tmp_path / "crio.conf.d") == []  # no backup where CRI-O would load it
-    assert files_in(tmp_path / "hooks.d") == [] and not os.path.exists(wrapper)
+    assert not (tmp_path / "hooks.d").exists() and not os.path.exists(wrapper)  # install created hooks.d
 
 
 def test_crio_set_as_default_and_foreign_content(tmp_path, capsys):
@@ -399,3 +408,27 @@ def test_cli_subprocess_exit_codes(tmp_path):
     assert "nothing changed" in p2.stdout
     doc = json.loads((tmp_path / "50-compat-hook.json").read_text())
     assert doc["hook"]["path"] == "/usr/bin/python3"  # the stable name, not python3.11
+
+
+# --------------------------------------------------------------------------- one wrapper, one installation
+
+
+def test_a_wrapper_of_another_installation_is_taken_over_loudly_and_never_removed(tmp_path, capsys):
+    from compat_hook.install.wrapper import installation_of, render_wrapper, this_installation
+
+    w = tmp_path / "w" / "compat-hook-runtime"
+    w.parent.mkdir()
+    theirs = render_wrapper(None, python="/usr/bin/python3", paths=["/opt/other-venv/lib"], log_file=None)
+    assert installation_of(theirs) == "/usr/bin/python3 /opt/other-venv/lib"
+    # uninstall from this installation: the other one's wrapper stays
+    w.write_text(theirs)
+    (tmp_path / "daemon.json").write_text(json.dumps({"runtimes": {"cuda-compat": {"path": str(w)}}}))
+    code, out, _ = _docker(capsys, tmp_path, "uninstall")
+    assert code == 0 and "runs another compat-hook installation (/usr/bin/python3 /opt/other-venv/lib)" in out, out
+    assert w.read_text() == theirs
+    # install from this installation: taken over, and it says so
+    code, out, _ = _docker(capsys, tmp_path, "install")
+    assert code == 0 and "taking it over" in out and "/opt/other-venv/lib" in out, out
+    assert installation_of(w.read_text()) == this_installation()
+    code, out, _ = _docker(capsys, tmp_path, "uninstall")
+    assert code == 0 and not w.exists(), out

@@ -63,13 +63,13 @@ def test_containerd_uninstall_leaves_nothing_of_ours(tmp_path):
             "--hook-config", tmp_path / "compat-hook.yaml"]
     before = tree(tmp_path)
     cli("install", *args)
-    dropin = etc / "conf.d" / "99-zz-compat-hook.toml"
-    assert dropin.is_file() and wrapper.is_file() and main.is_file()
+    record = etc / "config.toml.compat-hook-install"  # containerd 1.x: the runtime is in config.toml itself
+    assert record.is_file() and wrapper.is_file() and main.is_file() and not (etc / "conf.d").exists()
     assert f"ch_state={tmp_path / 'state'}" in wrapper.read_text()
-    cli("install", *args, "--set-as-default")  # a changed setting: the previous drop-in is backed up
-    assert [p.name for p in dropin.parent.iterdir() if p.name.endswith(".bak")]
+    cli("install", *args, "--set-as-default")  # a changed setting: the previous config.toml is backed up
+    assert [p.name for p in etc.iterdir() if p.name.endswith(".bak")]
     out = cli("uninstall", *args).stdout
-    assert f"removed {dropin}" in out and f"removed {wrapper}" in out
+    assert f"removed {record}" in out and f"removed {wrapper}" in out and f"removed {main}" in out
     assert tree(tmp_path) == before, sorted(set(tree(tmp_path)) ^ set(before))
 
 
@@ -120,7 +120,8 @@ def test_crio_state_dir_and_uninstall(tmp_path):
     doc = json.loads((hooks / "50-compat-hook.json").read_text())
     assert doc["hook"]["args"][-2:] == ["--state-dir", str(tmp_path / "state")]
     cli("uninstall", *args)
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["crio.conf.d", "hooks.d"]  # dirs CRI-O reads stay
+    # The dir CRI-O reads stays; hooks.d, which the install created for its file, goes with it.
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["crio.conf.d"]
 
 
 def test_uninstall_removes_an_empty_state_dir_only(tmp_path):
@@ -243,7 +244,7 @@ compat-hook install docker
 step install-other-config
 compat-hook install docker --hook-config /etc/compat-hook/other.yaml 2>&1 && echo "exit=0" || echo "exit=$?"
 step registered
-grep -h 'BinaryName' /etc/containerd/conf.d/99-zz-compat-hook.toml
+grep -h 'BinaryName' /etc/containerd/config.toml
 cat /etc/docker/daemon.json
 ls /usr/local/libexec/compat-hook 2>&1 || true
 step remove
@@ -269,14 +270,14 @@ def test_debian_package_one_wrapper_and_nothing_left_after_removal(deb, tmp_path
     out = sections(p.stdout)
     assert p.returncode == 0 and "end" in out, p.stdout + p.stderr
     packaged = "/usr/libexec/compat-hook/compat-hook-runtime"
-    assert f"wrote /etc/containerd/conf.d/99-zz-compat-hook.toml" in out["install-containerd"]
+    assert "wrote /etc/containerd/config.toml.compat-hook-install" in out["install-containerd"]
     assert "compat-hook-runtime" not in out["install-containerd"].replace(packaged, ""), out["install-containerd"]
     assert "wrote /etc/docker/daemon.json" in out["install-docker"] and "wrote /usr" not in out["install-docker"]
     assert "exit=1" in out["install-other-config"] and "--wrapper-path" in out["install-other-config"]
     reg = out["registered"]
     assert f'BinaryName = "{packaged}"' in reg and f'"path": "{packaged}"' in reg, reg
     assert "No such file or directory" in reg  # no /usr/local/libexec/compat-hook: one wrapper per node
-    assert "removed /etc/containerd/conf.d/99-zz-compat-hook.toml" in out["remove"], out["remove"]
+    assert "removed /etc/containerd/config.toml.compat-hook-install" in out["remove"], out["remove"]
     assert "removed /etc/docker/daemon.json" in out["remove"], out["remove"]
     after = out["after"]
     assert "config.toml as before" in after, after
@@ -287,3 +288,85 @@ def test_debian_package_one_wrapper_and_nothing_left_after_removal(deb, tmp_path
 
 def _installed_on_host() -> bool:
     return subprocess.run(["dpkg-query", "-W", "compat-hook"], capture_output=True).returncode == 0
+
+
+# --------------------------------------------------------------------------- apt remove while a container runs
+
+REMOVE_LIVE = r"""
+set -eu
+T={tmp}
+for d in usr etc var; do
+    mkdir -p "$T/upper/$d" "$T/work/$d"
+    mount -t overlay overlay -o "lowerdir=/$d,upperdir=$T/upper/$d,workdir=$T/work/$d" "/$d"
+done
+step() {{ echo "=== $1"; }}
+W=$T/ctrd
+mkdir -p /etc/containerd "$W"
+cp {main} /etc/containerd/config.toml
+dpkg -i {deb} >"$T/dpkg-install.log" 2>&1 || {{ cat "$T/dpkg-install.log"; exit 1; }}
+step install
+compat-hook install containerd --toolkit-config none
+step start
+containerd --config /etc/containerd/config.toml >"$T/containerd.log" 2>&1 &
+echo $! > "$T/containerd.pid"
+i=0; until ctr -a "$W/containerd.sock" version >/dev/null 2>&1; do i=$((i+1)); [ $i -lt 300 ] || exit 1; sleep 0.1; done
+ctr -a "$W/containerd.sock" images import --base-name docker.io/library/bb {image} >/dev/null
+ctr -a "$W/containerd.sock" run -d --runtime io.containerd.runc.v2 \
+    --runc-binary /usr/libexec/compat-hook/compat-hook-runtime --runc-root "$W/runc-ctr" \
+    docker.io/library/bb:root live sleep 600
+ctr -a "$W/containerd.sock" task ls
+step remove
+dpkg -r compat-hook 2>&1
+step after-remove
+head -n 2 /usr/libexec/compat-hook/compat-hook-runtime
+tail -n 1 /usr/libexec/compat-hook/compat-hook-runtime
+ls /usr/lib/python3/dist-packages/compat_hook 2>&1 || true
+step stop
+ctr -a "$W/containerd.sock" task kill -s KILL live && echo kill=0
+i=0
+while ctr -a "$W/containerd.sock" task ls | grep -q RUNNING; do i=$((i+1)); [ $i -lt 100 ] || break; sleep 0.1; done
+ctr -a "$W/containerd.sock" task rm -f live && echo task-rm=0
+ctr -a "$W/containerd.sock" containers rm live && echo rm=0
+step purge
+dpkg --purge compat-hook >/dev/null 2>&1
+ls /usr/libexec/compat-hook 2>&1 || true
+kill "$(cat "$T/containerd.pid")"
+step end
+"""
+
+
+@pytest.mark.containers
+def test_apt_remove_with_a_running_container_leaves_a_pass_through(deb, tmp_path):  # noqa: F811
+    """``apt remove`` while a container created through the package's wrapper runs (containerd 1.6, ``ctr``):
+    the wrapper's path becomes a pass-through to runc, so ``ctr task kill`` and ``task rm`` work after the
+    package is gone; ``apt purge`` removes the pass-through once no task names it."""
+    from tests.support import engines, images, rootfs as rfs
+
+    lay = tmp_path / "img"
+    images.umoci("init", "--layout", lay)
+    images.umoci("new", "--image", f"{lay}:root")
+    images.umoci("unpack", "--image", f"{lay}:root", tmp_path / "u")
+    import shutil
+
+    shutil.rmtree(tmp_path / "u" / "rootfs")
+    rfs.build_rootfs(tmp_path / "u" / "rootfs")
+    images.umoci("repack", "--image", f"{lay}:root", tmp_path / "u")
+    tar = tmp_path / "img.tar"
+    subprocess.run(["tar", "-C", lay, "-cf", tar, "."], check=True)
+    work = tmp_path / "ovl"
+    main = tmp_path / "config.toml"
+    main.write_text(engines.MAIN_V2.replace("@W@", str(work / "ctrd")).replace("@PAUSE@", "docker.io/library/bb:root"))
+    script = tmp_path / "inside.sh"
+    script.write_text(REMOVE_LIVE.format(tmp=shlex.quote(str(work)), deb=shlex.quote(str(deb)),
+                                         main=shlex.quote(str(main)), image=shlex.quote(str(tar))))
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "/bin/sh", str(script)], capture_output=True,
+                       text=True, env=ENV, timeout=300, stdin=subprocess.DEVNULL)
+    out = sections(p.stdout)
+    assert p.returncode == 0 and "end" in out, p.stdout + p.stderr
+    assert "live" in out["start"] and "RUNNING" in out["start"], out["start"]
+    assert "still exist (default/live)" in out["remove"], out["remove"]
+    assert "# compat-hook-runtime pass-through:" in out["after-remove"], out["after-remove"]
+    assert 'exec /usr/sbin/runc "$@"' in out["after-remove"] or 'exec /usr/bin/runc "$@"' in out["after-remove"]
+    assert "No such file or directory" in out["after-remove"]  # the package's Python is gone
+    assert "kill=0" in out["stop"] and "task-rm=0" in out["stop"] and "rm=0" in out["stop"], p.stdout + p.stderr
+    assert "No such file or directory" in out["purge"], out["purge"]  # the pass-through went with the purge

@@ -195,6 +195,14 @@ chroot "$N" /opt/compat-hook/bin/compat-hook-runtime --compat-hook-resolve
 chroot "$N" /opt/compat-hook/bin/compat-hook config --check /etc/compat-hook/config.yaml >/dev/null && echo config-ok
 step again
 $PM {image} compat-hook-k8s install 2>&1 || echo "exit=$?"
+step watch
+cp "$N/etc/containerd/config.toml" "$N/../config.registered"
+# A tool rewrites config.toml without compat-hook's runtime while the pod runs (`run`, checking every second).
+( sleep 6; printf '%s' "$ORIGINAL" > "$N/etc/containerd/config.toml.new"
+  mv "$N/etc/containerd/config.toml.new" "$N/etc/containerd/config.toml"; echo rewritten ) &
+$PM -e TOOLKIT_RECHECK=1 {image} /bin/busybox timeout 14 compat-hook-k8s run 2>&1 || true
+wait
+grep -c 'runtimes.cuda-compat' "$N/etc/containerd/config.toml" || true
 step restart
 $PM -e RESTART_CONTAINERD=true -e 'RESTART_COMMAND=echo restarted > /host/restarted' \
     -e INSTALL_ARGS=--set-as-default {image} compat-hook-k8s install 2>&1 || echo "exit=$?"
@@ -220,13 +228,18 @@ def test_daemonset_image_installs_on_a_fake_node(image, tmp_path):
         podman_run = " ".join(shlex.quote(str(a)) for a in pm.argv("run", "--rm", *RUN_FLAGS))
         script = tmp_path / "inside.sh"
         script.write_text(INSIDE.format(node=shlex.quote(str(node)), podman_run=podman_run, image=tag))
-        p = _run(["unshare", "-m", "--propagation", "private", "/bin/sh", script], check=False, timeout=300)
+        p = _run(["unshare", "-m", "--propagation", "private", "/bin/sh", script], check=False, timeout=300,
+                 env=dict(ENV, ORIGINAL=main_cfg))
     finally:
         pm.reset()
     out = _sections(p.stdout)
     assert p.returncode == 0 and "end" in out, p.stdout + p.stderr
 
     assert "exit=" not in out["install"], out["install"]
+    # `run` re-registers when containerd's files change: the runtime is back in the rewritten config.toml.
+    assert "rewritten" in out["watch"], out["watch"]
+    assert "containerd's configuration changed: compat-hook's runtime registered again" in out["watch"], out["watch"]
+    assert out["watch"].strip().splitlines()[-1] == "2", out["watch"]  # the table and its .options
     assert "containerd not restarted (RESTART_CONTAINERD=false)" in out["install"], out["install"]
     assert "ready: runtime 'cuda-compat'" in out["install"]
     tools = out["node-tools"].splitlines()
@@ -253,7 +266,7 @@ def test_daemonset_image_installs_on_a_fake_node(image, tmp_path):
     # After the uninstall (with a restart): containerd's config is what it was, the copies are gone.
     assert (node / "etc/containerd/config.toml").read_text() == main_cfg or \
         tomllib.loads((node / "etc/containerd/config.toml").read_text()) == tomllib.loads(main_cfg)
-    assert not (node / "etc/containerd/conf.d/99-zz-compat-hook.toml").exists()
+    assert not (node / "etc/containerd/config.toml.compat-hook-install").exists()
     assert not (node / "opt/compat-hook").exists(), list((node / "opt/compat-hook").rglob("*"))
     assert (node / "etc/compat-hook/config.yaml").is_file()  # the node's config stays
 
@@ -276,11 +289,12 @@ def test_installer_writes_node_paths(image, tmp_path):
     finally:
         pm.reset()
     assert p.returncode == 0, p.stdout + p.stderr
-    dropin = tomllib.loads((node / "etc/containerd/conf.d/99-zz-compat-hook.toml").read_text())
-    rt = dropin["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["cuda-compat"]
-    assert rt["options"]["BinaryName"] == "/opt/compat-hook/bin/compat-hook-runtime"
+    # containerd 1.x: the runtime is written into the node's config.toml (no drop-in to hide later edits).
     main = tomllib.loads((node / "etc/containerd/config.toml").read_text())
-    assert "/etc/containerd/conf.d/*.toml" in main["imports"]
+    rt = main["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["cuda-compat"]
+    assert rt["options"]["BinaryName"] == "/opt/compat-hook/bin/compat-hook-runtime"
+    assert not (node / "etc/containerd/conf.d").exists()
+    assert (node / "etc/containerd/config.toml.compat-hook-install").is_file()
     (copy,) = [d for d in (node / "opt/compat-hook").iterdir() if (d / "STAMP").is_file()]
     wrapper = (node / "opt/compat-hook/bin/compat-hook-runtime").read_text()
     assert f"/opt/compat-hook/{copy.name}/lib" in wrapper and str(tmp_path) not in wrapper

@@ -358,6 +358,22 @@ def test_podman_through_the_default_hooksd_dir(podman, libs):
     check_untouched(out, recs, "podman, non-GPU container")
 
 
+def test_podman_uninstall_removes_the_hooksd_dirs_it_created(podman):
+    """``install podman`` created what the host lacks of /usr/share/containers/oci/hooks.d (Debian's
+    podman ships no oci/): ``uninstall podman`` takes the file and then those dirs out again (dirs the
+    host has stay); a second install puts them back."""
+    made = [d for d in ("/usr/share/containers/oci/hooks.d", "/usr/share/containers/oci")
+            if not pathlib.Path(d).exists()]  # the host's view, below the overlay
+    out = compat_hook("uninstall", "podman", prefix=podman.ns(OLD))
+    for d in made:
+        assert f"removed {d}/" in out.splitlines(), out
+    assert not (podman.upper / "oci" / "hooks.d").exists() or "/usr/share/containers/oci/hooks.d" not in made
+    assert "removed /usr/share/containers/\n" not in out  # the host's own dir stays
+    out = compat_hook("install", "podman", "--hook-config", podman.config, "--state-dir", podman.state,
+                      prefix=podman.ns(OLD))
+    assert (podman.upper / "oci" / "hooks.d" / "50-compat-hook.json").is_file(), out
+
+
 # --------------------------------------------------------------------------- the CRI (last: crictl may still be building)
 
 
@@ -383,6 +399,83 @@ def test_containerd_cri_pod_sharing_its_pid_namespace(ctrd16, crictl_build, libs
     node, daemon = ctrd16
     out, recs = _cri(node, daemon, crictl_build, libs, OLD, "compat", "shared-pid", share_pid=True)
     check_compat(out, recs, "ctrd16 CRI, shared pid namespace, old host")
+
+
+# --------------------------------------------------------------------------- uninstall while containers live
+
+
+def _passthrough(node) -> str:
+    text = node.wrapper.read_text()
+    assert text.startswith("#!/bin/sh\n# compat-hook-runtime pass-through:"), text[:200]
+    assert "python" not in text and "compat_hook" not in text, text  # nothing of compat-hook runs
+    return text
+
+
+def test_uninstall_containerd_leaves_running_pods_stoppable(ctrd16, crictl_build):
+    """``uninstall containerd`` with a CRI pod of the runtime running: the pod stops and goes (crictl stopp,
+    which runs the registered BinaryName); the pass-through left for it goes with the next uninstall."""
+    node, daemon = ctrd16
+    crictl = engines.Crictl(crictl_build.result(), daemon.sock, node.work)
+    pod_dir = node.work / "pods" / "live"
+    pod_dir.mkdir(parents=True, exist_ok=True)
+    ns = {"network": 2, "pid": 1}
+    (pod_dir / "pod.json").write_text(json.dumps({
+        "metadata": {"name": "live", "namespace": "compat-hook-tests", "uid": "uid-live", "attempt": 0},
+        "log_directory": str(pod_dir), "linux": {"security_context": {"namespace_options": ns}}}))
+    (pod_dir / "ctr.json").write_text(json.dumps({
+        "metadata": {"name": "live"}, "image": {"image": f"{IMAGE}:root"}, "log_path": "live.log",
+        "command": ["sleep", "600"], "linux": {"security_context": {"namespace_options": ns}}}))
+    pod = crictl("runp", "--runtime", RUNTIME, pod_dir / "pod.json").stdout.strip()
+    cid = crictl("create", "--no-pull", pod, pod_dir / "ctr.json", pod_dir / "pod.json").stdout.strip()
+    crictl("start", cid)
+    try:
+        out = compat_hook("uninstall", "containerd", "--config", daemon.main)
+        assert "pass-through" in out and pod[:12] in out, out  # the sandbox's task is named
+        _passthrough(node)
+        # A second uninstall keeps it while the pod lives.
+        out = compat_hook("uninstall", "containerd", "--config", daemon.main, "--wrapper-path", node.wrapper)
+        assert "kept the pass-through" in out and node.wrapper.exists(), out
+        # The kubelet's way out: stop the container, the pod sandbox, remove both.
+        crictl("stop", "-t", "2", cid)
+        crictl("rm", cid)
+        crictl("stopp", pod)
+        crictl("rmp", pod)
+    finally:
+        crictl("rmp", "-f", pod, check=False)
+    out = compat_hook("uninstall", "containerd", "--config", daemon.main, "--wrapper-path", node.wrapper)
+    assert f"removed {node.wrapper}" in out and not node.wrapper.exists(), out
+    # Registered again for what follows (no restart: containerd still runs the runtime it loaded).
+    compat_hook("install", "containerd", "--config", daemon.main, "--hook-config", node.config,
+                "--state-dir", node.state, "--wrapper-path", node.wrapper)
+
+
+def test_uninstall_docker_keeps_its_containers_usable(docker):
+    """``uninstall docker`` with one container of the runtime running and one created: the running one
+    stops and goes; Docker, restarted, still knows the runtime, so the created one starts; once both are
+    gone, ``uninstall docker`` again takes the entry and the pass-through out."""
+    node, daemon = docker
+    running = daemon.docker("run", "-d", "--runtime", RUNTIME, "--network", "none", f"{IMAGE}:root",
+                            "sleep", "600").stdout.strip()
+    created = daemon.docker("create", "--runtime", RUNTIME, "--network", "none", f"{IMAGE}:root",
+                            "/bin/sh", "-c", "echo started-later").stdout.strip()
+    try:
+        out = compat_hook("uninstall", "docker", "--config", daemon.config)
+        assert "pass-through" in out and running[:12] in out and created[:12] in out, out
+        assert json.loads(daemon.config.read_text())["runtimes"][RUNTIME]["path"] == str(node.wrapper)
+        _passthrough(node)
+        daemon.docker("stop", "-t", "2", running)
+        daemon.docker("rm", running)
+        daemon.restart()  # reads daemon.json again, as after `systemctl restart docker`
+        p = daemon.docker("start", "-a", created)
+        assert p.stdout == "started-later\n", p
+        daemon.docker("rm", created)
+    finally:
+        daemon.docker("rm", "-f", running, created, check=False)
+    out = compat_hook("uninstall", "docker", "--config", daemon.config)
+    assert RUNTIME not in json.loads(daemon.config.read_text()).get("runtimes", {}), out
+    assert not node.wrapper.exists(), out
+    compat_hook("install", "docker", "--config", daemon.config, "--hook-config", node.config,
+                "--state-dir", node.state, "--wrapper-path", node.wrapper)
 
 
 # --------------------------------------------------------------------------- the end

@@ -584,7 +584,7 @@ def test_ldconfig_mode_leaves_env_alone_and_can_add_the_hook(tmp_path, libs):
     assert probe_of(res.stdout) == {"cuDriverGetVersion": "12040", "libcuda": f"{COMPAT_DIR}/libcuda.so.{C550}"}, res
     want = copy.deepcopy(box.spec_before)
     want.setdefault("hooks", {}).setdefault("createContainer", []).append(
-        hook_entry(stage="createContainer", config=str(box.cfg), state_dir=str(box.state_dir)))
+        hook_entry(stage="createContainer", config=str(box.cfg), state_dir=str(box.state_dir), log_file=str(box.log)))
     assert box.spec_after == want, spec_diff(want, box.spec_after)
     hook_recs = log_records(box.log, "hook")
     assert len(hook_recs) == 1 and hook_recs[0]["decision"] == "enable", hook_recs

@@ -16,6 +16,8 @@
 # odd characters) hands the whole call to the Python wrapper, which reads the
 # file with PyYAML. compat_hook/runtime.py:read_runtime_line() is the same
 # reader in Python; the tests check both against the YAML loader.
+#
+# compat-hook-installation: @INSTALLATION@
 
 ch_python=@PYTHON@
 ch_boot=@BOOT@
@@ -23,6 +25,8 @@ ch_config=@CONFIG@
 ch_state=@STATE@
 # Non-empty: on_error: fail at registration (a missing compat-hook stops the container).
 ch_fail=@FAIL@
+# The log file named at registration: a fail-open without Python is told there too.
+ch_log=@LOG@
 ch_default_config=/etc/compat-hook/config.yaml
 ch_path='/usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin'
 
@@ -175,6 +179,19 @@ if [ "${1-}" = --compat-hook-resolve ]; then
     exit 0
 fi
 
+# One JSON line in the log (runc drops a successful runtime's stderr; `compat-hook report`
+# counts it as a failure). Only for creates, only when the log is writable.
+ch_fail_open_log() {
+    [ -n "$ch_edit" ] && [ -n "$ch_log" ] || return 0
+    { [ -w "$ch_log" ] || { [ ! -e "$ch_log" ] && [ -w "${ch_log%/*}" ]; }; } || return 0
+    for ch_id do :; done
+    case $ch_python$ch_id in *'"'*|*\\*|*'
+'*) return 0 ;; esac
+    ch_now=$(date -u +%Y-%m-%dT%H:%M:%S.000Z 2>/dev/null) || ch_now=
+    printf '{"time":"%s","event":"fail_open","decision":"error","reason":"installation_missing","component":"runtime","container_id":"%s","error":"%s is missing: the container runs without compat-hook"}\n' \
+        "$ch_now" "$ch_id" "$ch_python" >> "$ch_log" 2>/dev/null || :
+}
+
 ch_edit=
 if [ "$ch_verb" = create ] || [ "$ch_verb" = run ]; then ch_edit=1; fi
 if [ -z "$ch_sure" ] || [ -n "$ch_edit" ]; then
@@ -186,6 +203,7 @@ if [ -z "$ch_sure" ] || [ -n "$ch_edit" ]; then
         exit 1
     fi
     echo "compat-hook-runtime: $ch_python is missing: running the real runtime without compat-hook" >&2
+    ch_fail_open_log "$@"
     [ -n "$ch_sure" ] || ch_rt=runc
 fi
 

@@ -47,6 +47,9 @@ class Options:
     #: containerd, Docker: the NVIDIA toolkit's config.toml to register under as well (``None``:
     #: the ones found on the node; ``"none"``: do not).
     toolkit_config: str | None = None
+    #: nvidia-toolkit uninstall run by an engine's: the engine's uninstall decides about the wrapper
+    #: (a pass-through while its containers live), so the toolkit's leaves it.
+    keep_wrapper: bool = False
 
     @classmethod
     def from_namespace(cls, ns) -> "Options":
@@ -113,7 +116,7 @@ def _with_toolkit(opts, uninstall: bool) -> None:
         sys.stdout.write(f"the NVIDIA Container Toolkit's {path} is on this node: "
                          f"{'un' if uninstall else ''}registering there too (--toolkit-config none: not)\n")
         sub = dataclasses.replace(opts, engine="nvidia-toolkit", config=path, set_as_default=False,
-                                  via="wrapper", toolkit_config=None)
+                                  via="wrapper", toolkit_config=None, keep_wrapper=uninstall)
         (nvidia_toolkit.uninstall if uninstall else nvidia_toolkit.install)(sub)
 
 

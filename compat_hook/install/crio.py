@@ -5,7 +5,7 @@ Two files:
 * the hooks.d file (:mod:`compat_hook.install.hooksd`), which CRI-O applies to
   every container of every runtime handler, so the ldconfig mode works with
   no further setting (CRI-O watches its hooks dirs; no restart needed);
-* ``/etc/crio/crio.conf.d/99-compat-hook.toml`` (``--config`` overrides it),
+* ``/etc/crio/crio.conf.d/99-compat-hook.toml`` (``--engine-config`` overrides it),
   registering the runtime wrapper as a runtime handler for the env mode, the
   host store's spec mounts and Kubernetes RuntimeClasses (``handler:
   cuda-compat``)::
@@ -147,6 +147,7 @@ def install(opts) -> int:
         hooksd.say(f"warning: mode: env takes effect only for pods of the runtime handler {opts.runtime_name!r} "
                    f"(runtimeClassName); the hooks.d hook cannot set LD_LIBRARY_PATH")
     hooks = hooksd.changes(opts, "crio")
+    created = hooksd._missing_dirs(os.path.dirname(hooks[0].path))
     path = wrapper_for(opts)[0]
     wrapper = hooksd.wrapper_change(opts)
     dropin = _dropin_change(opts, remove=False, wrapper=path)
@@ -156,6 +157,8 @@ def install(opts) -> int:
                after=f"crio: hook {hooks[0].path} (used by new containers at once) and runtime handler "
                      f"{opts.runtime_name!r} -> {path} in {dropin.path}; restart CRI-O to load "
                      f"the handler (systemctl restart crio)")
+    if created and not opts.dry_run:
+        hooksd._record_created(created[0], created)
     hooksd.note_dir(os.path.dirname(hooks[0].path), "crio")
     return 0
 
@@ -165,11 +168,21 @@ def uninstall(opts) -> int:
     hooks = hooksd.removals(opts, "crio", keep_packaged=True)
     dropin = _dropin_change(opts, remove=True)
     groups = [(hooks, False)]
-    if dropin is not None:
+    if dropin is None:  # a pass-through an earlier uninstall left: removed once no conmon runs it
+        from .wrapper import DEFAULT_WRAPPER_PATH, pass_through_cleanup, users
+
+        groups.append((pass_through_cleanup(os.path.abspath(opts.wrapper_path or DEFAULT_WRAPPER_PATH),
+                                            lambda p: users(p), "crio"), False))
+    else:
         groups.append(([dropin], False))
         wrapper = _runtime_path(dropin.old, dropin.path, opts.runtime_name)
-        groups.append((hooksd.wrapper_removal(wrapper, dropin.path), False))
+        from .wrapper import users
+
+        groups.append((hooksd.wrapper_removal(wrapper, dropin.path, engine="crio", users_of=lambda p: users(p)),
+                       False))
     hooksd.run(groups, opts, "crio", verb="unregistered",
                after="crio: unregistered; restart CRI-O to drop the runtime handler "
                      "(systemctl restart crio)")
+    if not opts.dry_run:
+        hooksd._remove_created(os.path.dirname(hooksd.target_path(opts)))
     return 0

@@ -180,9 +180,15 @@ class Change:
         return f"Change({self.path!r}, {'delete' if self.new is None else 'write'})"
 
 
+#: libexec dirs of the system (FHS) or of other installations: never removed, even when empty.
+_SYSTEM_LIBEXEC = ("/usr/libexec", "/usr/local/libexec")
+
+
 def _prune(d: str, out) -> None:
     """Remove ``d`` when empty, then its parent when that is an empty ``libexec`` (created for it)."""
     for _ in range(2):
+        if d in _SYSTEM_LIBEXEC:
+            return
         try:
             os.rmdir(d)
         except OSError:  # not empty (someone else's files) or gone

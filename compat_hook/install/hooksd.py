@@ -75,13 +75,17 @@ def stable_interpreter(exe: str) -> str:
     return _stable(exe)
 
 
-def document(opts) -> dict:
-    """The hooks.d document for the running installation (``--hook-config``, ``--state-dir`` apply)."""
-    from ..registration import hook_entry, hooksd_document
+def document(opts, *, log_file=None) -> dict:
+    """The hooks.d document for the running installation (``--hook-config``, ``--state-dir`` apply).
+
+    ``log_file``: where a failed start is logged (default: the configuration's ``log_file``, read now).
+    """
+    from ..registration import hook_entry, hooksd_document, registered_log_file
     from .wrapper import fail_closed
 
     entry = hook_entry(stage=STAGE, config=opts.hook_config, state_dir=opts.state_dir,
-                       fail_closed=fail_closed(opts.hook_config))
+                       fail_closed=fail_closed(opts.hook_config),
+                       log_file=log_file or registered_log_file(opts.hook_config))
     return hooksd_document(entry, stages=[STAGE])
 
 
@@ -90,8 +94,8 @@ def package_document(python: str = "/usr/bin/python3",
     """The document the Debian package ships (the installed locations, not this tree's)."""
     from ..registration import hook_entry, hooksd_document
 
-    return hooksd_document(hook_entry(stage=STAGE, config=config, python=python, paths=list(paths)),
-                           stages=[STAGE])
+    return hooksd_document(hook_entry(stage=STAGE, config=config, python=python, paths=list(paths),
+                                      log_file="/var/log/compat-hook.log"), stages=[STAGE])
 
 
 def render(doc: dict) -> str:
@@ -116,7 +120,7 @@ def is_ours(text: str | None) -> bool:
 
 
 def target_path(opts) -> str:
-    """``--config`` (podman: the file itself) or ``--hooks-dir`` / the default dir + ``50-compat-hook.json``."""
+    """``--engine-config`` (podman: the file itself) or ``--hooks-dir`` / the default dir + ``50-compat-hook.json``."""
     if opts.engine == "podman" and opts.config:
         return os.path.abspath(opts.config)
     return os.path.join(os.path.abspath(opts.hooks_dir or DEFAULT_DIR), FILE_NAME)
@@ -137,7 +141,8 @@ def packaged(path: str) -> bool:
 from .wrapper import WRAPPER_MARK  # noqa: E402  (the mark a rendered wrapper starts with)
 
 #: Where the other engines' registrations name the wrapper (read to tell whether it is shared).
-ENGINE_FILES = ("/etc/containerd/conf.d/99-zz-compat-hook.toml", "/etc/docker/daemon.json",
+ENGINE_FILES = ("/etc/containerd/config.toml.compat-hook-install",
+                "/etc/containerd/conf.d/99-zz-compat-hook.toml", "/etc/docker/daemon.json",
                 "/etc/crio/crio.conf.d/99-compat-hook.toml")
 
 
@@ -148,11 +153,11 @@ def wrapper_change(opts) -> list:
     return _change(opts)
 
 
-def wrapper_removal(path, own_config: str, *, keep: str | None = None) -> list:
+def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=None, engine: str = "ENGINE") -> list:
     """See :func:`compat_hook.install.wrapper.wrapper_removal`."""
     from .wrapper import wrapper_removal as _removal
 
-    return _removal(path, own_config, keep=keep)
+    return _removal(path, own_config, keep=keep, users_of=users_of, engine=engine)
 
 
 # --------------------------------------------------------------------------- commands
@@ -167,6 +172,11 @@ def changes(opts, engine: str) -> list:
     old = change.old
     if old is None and os.path.lexists(path) and not os.path.isfile(path):
         raise InstallError(f"{path} exists and is not a regular file")
+    if old is not None and change.changed and packaged(path):
+        from .wrapper import PACKAGED_LOG
+
+        if old == render(document(opts, log_file=PACKAGED_LOG)):
+            change.new = old  # the package's file; it logs a failed start to the package's default log
     if old is not None and change.changed:
         if not is_ours(old):
             raise InstallError(f"{path} exists and is not compat-hook's; move it away or use --hooks-dir")
@@ -223,21 +233,66 @@ def run(groups: list, opts, engine: str, *, verb: str, after: str = "") -> int:
     return 0
 
 
+#: Beside our hooks.d file: the dirs install created for it (not ``*.json``: the engines skip it).
+CREATED_MARK = ".compat-hook-created-dirs"
+
+
+def _missing_dirs(d: str) -> list:
+    """``d`` and its ancestors that do not exist yet (deepest first)."""
+    out = []
+    while d and d != "/" and not os.path.lexists(d):
+        out.append(d)
+        d = os.path.dirname(d)
+    return out
+
+
+def _record_created(d: str, created: list) -> None:
+    from .files import write_atomic
+
+    write_atomic(os.path.join(d, CREATED_MARK), "\n".join(created) + "\n", mode=0o644, backup=False)
+
+
+def _remove_created(d: str) -> None:
+    """After our file went: the dirs install created for it, when nothing else is in them."""
+    mark = os.path.join(d, CREATED_MARK)
+    try:
+        with open(mark, encoding="utf-8") as f:
+            created = [ln for ln in f.read().splitlines() if ln.startswith("/")]
+    except OSError:
+        return
+    if any(n != CREATED_MARK for n in os.listdir(d)):
+        return
+    os.unlink(mark)
+    for c in created:  # deepest first
+        try:
+            os.rmdir(c)
+        except OSError:  # not empty: someone else's files
+            return
+        say(f"removed {c}/")
+
+
 def install(opts, engine: str = "podman") -> int:
     """Write the hooks.d file; 0 whether it changed or was already there."""
     from .checks import enforce
 
     enforce(opts.hook_config, "hook", say)
     ch = changes(opts, engine)
+    created = _missing_dirs(os.path.dirname(ch[0].path))
     run([(ch, False)], opts, engine, verb="registered",
         after=f"{engine}: the createContainer hook {ch[0].path} is in place; it fires for every "
               f"container and skips those that request no GPU")
+    if created and not opts.dry_run:
+        _record_created(created[0], created)
     note_dir(os.path.dirname(ch[0].path), engine)
     return 0
 
 
 def uninstall(opts, engine: str = "podman") -> int:
-    return run([(removals(opts, engine), False)], opts, engine, verb="unregistered")
+    rm = removals(opts, engine)
+    status = run([(rm, False)], opts, engine, verb="unregistered")
+    if not opts.dry_run:
+        _remove_created(os.path.dirname(target_path(opts)))
+    return status
 
 
 def note_dir(d: str, engine: str) -> None:

@@ -25,7 +25,7 @@ file is created when missing). An explicit, different ``runtime:`` is left
 alone with a warning (other registrations share the file), and one naming
 nvidia-container-runtime is refused (the chain would loop).
 
-The file: ``--config PATH``, else ``$NVIDIA_CTK_CONFIG_FILE_PATH`` (the
+The file: ``--engine-config PATH``, else ``$NVIDIA_CTK_CONFIG_FILE_PATH`` (the
 variable the toolkit itself reads; said in the output when used), else
 ``/etc/nvidia-container-runtime/config.toml``. It must exist. It is edited
 with tomlkit (comments and formatting kept), backed up first, and the
@@ -88,7 +88,7 @@ ENGINE = "nvidia-toolkit"
 
 
 def config_path(opts, environ=None) -> tuple:
-    """``(path, note or None)``: ``--config``, else ``$NVIDIA_CTK_CONFIG_FILE_PATH``, else the default."""
+    """``(path, note or None)``: ``--engine-config``, else ``$NVIDIA_CTK_CONFIG_FILE_PATH``, else the default."""
     env = os.environ if environ is None else environ
     if opts.config:
         return os.path.abspath(opts.config), None
@@ -550,7 +550,7 @@ def uninstall(opts) -> int:
         return 0
     change = Change(path, new_text, mode=None)
     wrapper = state.get("wrapper")
-    wrappers = wrapper_removal(wrapper, path) if isinstance(wrapper, str) else []
+    wrappers = wrapper_removal(wrapper, path) if isinstance(wrapper, str) and not opts.keep_wrapper else []
     hook_changes = _hook_config_undo(state)
     run([([change], True), (hook_changes, True), (wrappers, False)], opts, ENGINE, verb="unregistered",
         after=f"{ENGINE}: compat-hook's wrapper removed from {path}")

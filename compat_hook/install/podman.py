@@ -3,7 +3,7 @@
 Podman needs no runtime registration: it reads hooks.d for every container.
 Podman 4.x reads only ``/usr/share/containers/oci/hooks.d`` unless
 ``--hooks-dir`` or ``hooks_dir`` in containers.conf say otherwise, so that is
-where the file goes (see :mod:`compat_hook.install.hooksd`). ``--config FILE``
+where the file goes (see :mod:`compat_hook.install.hooksd`). ``--engine-config FILE``
 names the hooks.d file itself, ``--hooks-dir DIR`` its directory. The env mode
 (``LD_LIBRARY_PATH``) needs the runtime wrapper instead (``podman --runtime
 WRAPPER``, docs/engines.md); ``install podman`` refuses a configuration with

@@ -21,7 +21,20 @@ rewrites it back and forth:
 
 ``uninstall`` removes the wrapper (with the backups earlier installs left of
 it and its ``compat-hook`` directory when that is left empty) unless another
-engine's registration still names it.
+engine's registration still names it, or a container created through it
+still exists: a container's runtime is fixed when it is created, and the
+engine runs the same binary to kill and delete it (containerd's shim reads
+``BinaryName`` from the task's ``options.json``; Docker runs a container's
+``--runtime`` by name). Then the wrapper is replaced by a *pass-through*
+(:func:`render_pass_through`: ``exec <the real runtime> "$@"``, no Python,
+nothing of compat-hook) that stays until :func:`users` finds no such
+container; a later ``uninstall`` (of any engine naming that path) or
+``install`` replaces or removes it.
+
+**One installation per wrapper.** The rendered wrapper names the
+installation it runs (``# compat-hook-installation: <python> <dir>``). An
+``install`` from another installation takes it over with a message saying
+so; an ``uninstall`` from another installation leaves it alone.
 
 The pip console script ``compat-hook-runtime`` (``compat_hook.runtime:main``)
 does the same job in Python, starting an interpreter on every runtime verb
@@ -34,7 +47,9 @@ from __future__ import annotations
 import os
 
 __all__ = ["render_wrapper", "DEFAULT_WRAPPER_PATH", "PACKAGED_WRAPPER_PATH", "WRAPPER_MARK", "is_wrapper",
-           "wrapper_for", "wrapper_change", "wrapper_removal", "fail_closed"]
+           "wrapper_for", "wrapper_change", "wrapper_removal", "fail_closed", "PASSTHROUGH_MARK", "is_pass_through",
+           "render_pass_through", "installation_of", "this_installation", "users", "pass_through_cleanup",
+           "package_pass_through", "PACKAGE_STASH"]
 
 #: Where ``install`` writes the wrapper when neither --wrapper-path nor the Debian package say otherwise.
 DEFAULT_WRAPPER_PATH = "/usr/local/libexec/compat-hook/compat-hook-runtime"
@@ -43,10 +58,16 @@ PACKAGED_WRAPPER_PATH = "/usr/libexec/compat-hook/compat-hook-runtime"
 PACKAGED_PYTHON = "/usr/bin/python3"
 PACKAGED_PATHS = ("/usr/lib/python3/dist-packages",)
 WRAPPER_MARK = "#!/bin/sh\n# compat-hook-runtime:"
+#: What uninstall leaves at the wrapper's path while containers created through it exist.
+PASSTHROUGH_MARK = "#!/bin/sh\n# compat-hook-runtime pass-through:"
+INSTALLATION_TAG = "# compat-hook-installation: "
+PACKAGED_LOG = "/var/log/compat-hook.log"
+_FROM_CONFIG = object()
 
 
 def render_wrapper(config_path: str | None = None, *, python: str | None = None,
-                   paths: list | None = None, state_dir: str | None = None, fail_closed: bool = False) -> str:
+                   paths: list | None = None, state_dir: str | None = None, fail_closed: bool = False,
+                   log_file=_FROM_CONFIG) -> str:
     """The shell wrapper's text with absolute paths filled in.
 
     ``config_path``: the config it reads when ``COMPAT_HOOK_CONFIG`` is unset
@@ -56,32 +77,82 @@ def render_wrapper(config_path: str | None = None, *, python: str | None = None,
     the cache dir the Python part uses unless ``COMPAT_HOOK_STATE_DIR`` is set
     (default /var/lib/compat-hook); ``fail_closed``: ``on_error: fail`` at
     registration (a create whose compat-hook cannot start fails instead of
-    running the real runtime without it).
+    running the real runtime without it); ``log_file``: where a create that
+    runs without compat-hook is logged (default: the ``log_file`` of
+    ``config_path``, read now).
 
-    >>> text = render_wrapper("/etc/x.yaml", python="/usr/bin/python3", paths=["/p"])
+    >>> text = render_wrapper("/etc/x.yaml", python="/usr/bin/python3", paths=["/p"], log_file="/l")
     >>> text.startswith(WRAPPER_MARK) and "ch_config=/etc/x.yaml" in text and "ch_fail=''" in text
     True
+    >>> installation_of(text), "ch_log=/l" in text
+    ('/usr/bin/python3 /p', True)
     """
     import shlex
 
     from ..config import DEFAULT_PATH
-    from ..registration import boot_code, interpreter, python_paths
+    from ..registration import boot_code, interpreter, python_paths, registered_log_file
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(here, "data", "compat-hook-runtime.sh"), encoding="utf-8") as f:
         text = f.read()
-    values = {"@PYTHON@": python or interpreter(),
-              "@BOOT@": boot_code(paths if paths is not None else python_paths(), target="runtime"),
+    python = python or interpreter()
+    paths = paths if paths is not None else python_paths()
+    if log_file is _FROM_CONFIG:
+        log_file = registered_log_file(config_path)
+    values = {"@PYTHON@": python,
+              "@BOOT@": boot_code(paths, target="runtime", log_file=log_file),
               "@CONFIG@": os.path.abspath(config_path) if config_path else DEFAULT_PATH,
               "@STATE@": os.path.abspath(state_dir) if state_dir else "",
-              "@FAIL@": "1" if fail_closed else ""}
+              "@FAIL@": "1" if fail_closed else "",
+              "@LOG@": log_file or ""}
     for k, v in values.items():
         text = text.replace(f"={k}\n", f"={shlex.quote(v)}\n", 1)
-    return text
+    return text.replace(INSTALLATION_TAG + "@INSTALLATION@", INSTALLATION_TAG + this_installation(python, paths), 1)
+
+
+def this_installation(python: str | None = None, paths: list | None = None) -> str:
+    """``"<interpreter> <dir holding compat_hook>"``: the installation a wrapper runs.
+
+    >>> this_installation("/usr/bin/python3", ["/usr/lib/python3/dist-packages", "/x"])
+    '/usr/bin/python3 /usr/lib/python3/dist-packages'
+    """
+    from ..registration import interpreter, python_paths
+
+    paths = paths if paths is not None else python_paths()
+    return f"{python or interpreter()} {paths[0] if paths else '?'}"
+
+
+def installation_of(text: str | None) -> str | None:
+    """The installation a rendered wrapper names (``None``: none named, e.g. an older rendering)."""
+    for line in (text or "").splitlines()[:40]:
+        if line.startswith(INSTALLATION_TAG):
+            return line[len(INSTALLATION_TAG):].strip()
+    return None
+
+
+def is_pass_through(text: str | None) -> bool:
+    return bool(text) and text.startswith(PASSTHROUGH_MARK)
+
+
+def render_pass_through(runtime: str, engine: str) -> str:
+    """The pass-through uninstall leaves at the wrapper's path: the real runtime, nothing else.
+
+    >>> t = render_pass_through("/usr/sbin/runc", "containerd")
+    >>> is_pass_through(t) and t.rstrip().endswith('exec /usr/sbin/runc "$@"')
+    True
+    """
+    import shlex
+
+    return (f"{PASSTHROUGH_MARK} left by `compat-hook uninstall {engine}` because containers\n"
+            "# created through compat-hook's runtime wrapper still exist: their engine runs this path to\n"
+            "# stop and delete them. It runs the real runtime and nothing of compat-hook. Once they are\n"
+            f"# gone, `compat-hook uninstall {engine}` (again) removes it; `compat-hook install` replaces it.\n"
+            f"exec {shlex.quote(runtime)} \"$@\"\n")
 
 
 def is_wrapper(text: str | None) -> bool:
-    return bool(text) and text.startswith(WRAPPER_MARK)
+    """A rendered wrapper, or the pass-through an uninstall left in its place."""
+    return bool(text) and (text.startswith(WRAPPER_MARK) or text.startswith(PASSTHROUGH_MARK))
 
 
 def fail_closed(hook_config: str | None) -> bool:
@@ -114,7 +185,7 @@ def wrapper_for(opts) -> tuple:
         return os.path.abspath(opts.wrapper_path), render_wrapper(cfg, state_dir=state, fail_closed=closed)
     if _packaged_wrapper():
         want = render_wrapper(cfg, python=PACKAGED_PYTHON, paths=list(PACKAGED_PATHS), state_dir=state,
-                              fail_closed=closed)
+                              fail_closed=closed, log_file=PACKAGED_LOG)
         with open(PACKAGED_WRAPPER_PATH, encoding="utf-8", errors="replace") as f:
             have = f.read()
         if have != want:
@@ -122,6 +193,13 @@ def wrapper_for(opts) -> tuple:
                 f"the compat-hook package's wrapper {PACKAGED_WRAPPER_PATH} reads /etc/compat-hook/config.yaml "
                 f"with the default state dir and fails open; this registration needs another one "
                 f"(--hook-config, --state-dir or on_error: fail): add --wrapper-path PATH to write it there")
+        mine = this_installation()
+        if mine != this_installation(PACKAGED_PYTHON, list(PACKAGED_PATHS)):
+            from .hooksd import say
+
+            say(f"note: registering the compat-hook package's wrapper {PACKAGED_WRAPPER_PATH}: containers run "
+                f"the package's compat-hook ({this_installation(PACKAGED_PYTHON, list(PACKAGED_PATHS))}), not "
+                f"this one ({mine}); --wrapper-path PATH writes a wrapper for this one")
         return PACKAGED_WRAPPER_PATH, None
     return DEFAULT_WRAPPER_PATH, render_wrapper(cfg, state_dir=state, fail_closed=closed)
 
@@ -140,15 +218,29 @@ def wrapper_change(opts) -> list:
     if change.old is not None and change.changed and not is_wrapper(change.old):
         raise InstallError(f"{path} exists and is not compat-hook's runtime wrapper; "
                            f"move it away or use --wrapper-path")
+    if change.old is not None and change.changed:
+        from .hooksd import say
+
+        theirs, mine = installation_of(change.old), installation_of(text)
+        if is_pass_through(change.old):
+            say(f"note: {path} was the pass-through an uninstall left; the wrapper replaces it")
+        elif theirs != mine:
+            say(f"note: {path} runs another compat-hook installation ({theirs or 'unnamed: an older one'}); "
+                f"taking it over: every registration naming it now runs this one ({mine}). "
+                f"--wrapper-path PATH keeps them apart")
     return [change]
 
 
-def wrapper_removal(path, own_config: str, *, keep: str | None = None) -> list:
+def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=None,
+                    engine: str = "ENGINE") -> list:
     """Remove the wrapper at ``path`` unless another engine's registration still names it.
 
     ``keep``: the wrapper the registration now names (a re-install moving from
     one wrapper to another removes the old one only). The packaged wrapper is
-    dpkg's and never removed here.
+    dpkg's and never removed here; a wrapper of another installation
+    (:func:`installation_of`) is that one's. ``users_of``: ``f(path) -> list``
+    of the containers still created through it (:func:`users`); when any is
+    left, the wrapper is replaced by :func:`render_pass_through` instead.
     """
     from . import hooksd
     from .files import Change
@@ -160,6 +252,11 @@ def wrapper_removal(path, own_config: str, *, keep: str | None = None) -> list:
     change = Change(path, None, ours=True, prune=True)
     if not is_wrapper(change.old):
         hooksd.say(f"note: left {path} alone: it is not compat-hook's runtime wrapper")
+        return []
+    theirs = installation_of(change.old)
+    if theirs is not None and theirs != this_installation() and not is_pass_through(change.old):
+        hooksd.say(f"note: left {path} alone: it runs another compat-hook installation ({theirs}); "
+                   f"uninstall with that one, or delete the file")
         return []
     for other in hooksd.ENGINE_FILES:
         if os.path.abspath(other) == os.path.abspath(own_config):
@@ -173,4 +270,185 @@ def wrapper_removal(path, own_config: str, *, keep: str | None = None) -> list:
         if text and path in text:
             hooksd.say(f"note: kept {path}: {other} still uses it")
             return []
+    left = users_of(path) if users_of is not None else []
+    if left:
+        runtime = _real_runtime(change.old)
+        shown = ", ".join(left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
+        hooksd.say(f"note: {len(left)} container(s) created through {path} still exist ({shown}): it stays as a "
+                   f"pass-through to {runtime} (no compat-hook) so they can be stopped and removed; once they are "
+                   f"gone, run `compat-hook uninstall {engine}` again to remove it")
+        if is_pass_through(change.old):
+            return []
+        return [Change(path, render_pass_through(runtime, engine), mode=0o755, backup=False, ours=True)]
     return [change]
+
+
+def pass_through_cleanup(path: str, users_of, engine: str) -> list:
+    """A pass-through left at ``path`` by an earlier uninstall: removed once :func:`users` finds nobody."""
+    from . import hooksd
+    from .files import Change
+
+    if not (os.path.isabs(path) and os.path.isfile(path)) or hooksd.packaged(path):
+        return []
+    change = Change(path, None, ours=True, prune=True)
+    if not is_pass_through(change.old):
+        return []
+    left = users_of(path)
+    if left:
+        hooksd.say(f"note: kept the pass-through {path}: {len(left)} container(s) created through it still exist "
+                   f"({', '.join(left[:10])})")
+        return []
+    return [change]
+
+
+def _real_runtime(wrapper_text: str) -> str:
+    """The runtime a wrapper (or pass-through) execs, as an absolute path (``runc`` resolved when unsure)."""
+    import shlex
+
+    from ..runtime import RuntimeNotFound, read_runtime_line, resolve_runtime
+
+    if is_pass_through(wrapper_text):
+        last = [ln for ln in wrapper_text.splitlines() if ln.startswith("exec ")]
+        if last:
+            return shlex.split(last[-1])[1]
+    cfg = None
+    for line in wrapper_text.splitlines():
+        if line.startswith("ch_config="):
+            cfg = shlex.split(line[len("ch_config="):])[0]
+            break
+    name = "runc"
+    try:
+        with open(cfg or "/etc/compat-hook/config.yaml", encoding="utf-8") as f:
+            rt, sure = read_runtime_line(f.read())
+        if sure:
+            name = rt
+    except (OSError, ValueError):
+        pass
+    for cand in (name, "runc"):
+        try:
+            found = resolve_runtime(cand)
+        except RuntimeNotFound:
+            continue
+        if os.path.isfile(found) and not is_wrapper(_head(found)):
+            return found
+    return "/usr/sbin/runc"
+
+
+def _head(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(PASSTHROUGH_MARK)).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+#: The shim v2 task dirs: ``<root>/<namespace>/<id>/options.json`` names the runtime binary.
+TASK_DIR = "io.containerd.runtime.v2.task"
+
+
+def users(path: str, *, containerd_states=(), docker_roots=(), docker_runtime: str | None = None) -> list:
+    """The containers that still need the runtime binary ``path``: ``["<where>/<id>", ...]``.
+
+    * containerd (CRI pods, ``ctr``; Docker's own containerd too): a task whose
+      shim options (``<state>/io.containerd.runtime.v2.task/<ns>/<id>/options.json``)
+      name ``path`` as ``BinaryName``. ``containerd_states``: containerd's
+      ``state`` dirs (``/run/containerd``; Docker's ``<exec-root>/containerd/daemon``);
+      a state dir that does not exist holds no task (it is a tmpfs dir made at start);
+    * Docker: every container, running or not, created with ``--runtime
+      docker_runtime`` (``<data-root>/containers/<id>/hostconfig.json``): Docker
+      refuses to start one whose runtime it no longer knows;
+    * conmon (CRI-O, Podman): a running ``conmon`` whose ``-r`` is ``path``.
+
+    Where to look by hand: ``grep -l PATH /run/containerd/io.containerd.runtime.v2.task/*/*/options.json``.
+    """
+    import glob
+    import json
+
+    found = []
+    for state in containerd_states:
+        for opt in sorted(glob.glob(os.path.join(glob.escape(state), TASK_DIR, "*", "*", "options.json"))):
+            try:
+                with open(opt, encoding="utf-8", errors="replace") as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and path in (data.get("binary_name"), data.get("BinaryName")):
+                ns_dir, cid = os.path.split(os.path.dirname(opt))
+                found.append(f"{os.path.basename(ns_dir)}/{cid}")
+    if docker_runtime:
+        for root in docker_roots:
+            for hc in sorted(glob.glob(os.path.join(glob.escape(root), "containers", "*", "hostconfig.json"))):
+                try:
+                    with open(hc, encoding="utf-8", errors="replace") as f:
+                        data = json.load(f)
+                except (OSError, ValueError):
+                    continue
+                if isinstance(data, dict) and data.get("Runtime") == docker_runtime:
+                    full = os.path.basename(os.path.dirname(hc))
+                    found = [u for u in found if u != f"moby/{full}"]  # its task, when running: one entry
+                    found.append(f"docker/{full[:12]}")
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"conmon" and path.encode() in argv:
+            cid = next((argv[i + 1].decode() for i, a in enumerate(argv[:-1]) if a in (b"-c", b"--cid")), pid)
+            found.append(f"conmon/{cid[:12]}")
+    return list(dict.fromkeys(found))
+
+
+#: Where the package's prerm leaves the pass-through for its postrm (dpkg deletes the wrapper in between).
+PACKAGE_STASH = "/var/lib/compat-hook/compat-hook-runtime.pass-through"
+
+
+def package_pass_through(path: str = PACKAGED_WRAPPER_PATH, stash: str = PACKAGE_STASH, *,
+                         containerd_config: str = "/etc/containerd/config.toml",
+                         daemon_json: str = "/etc/docker/daemon.json") -> int:
+    """The package's ``prerm remove``: when containers created through its wrapper exist, stash a pass-through.
+
+    dpkg deletes ``path`` with the package; ``postrm remove`` then puts the
+    stashed pass-through there (plain shell: the package's Python is gone by
+    then). Looks where a default node keeps them: containerd's ``state`` (from
+    its config.toml, else ``/run/containerd``), Docker's exec-root and data-root
+    (from daemon.json) for every runtime naming ``path``. Returns 0.
+    """
+    import json
+    import sys
+
+    from .files import read_text, remove, write_atomic
+
+    try:
+        import tomllib
+
+        ctrd = tomllib.loads(read_text(containerd_config) or "")
+    except Exception:  # no containerd, no tomllib, a broken file: the default state dir
+        ctrd = {}
+    state = ctrd.get("state") if isinstance(ctrd.get("state"), str) else "/run/containerd"
+    try:
+        docker = json.loads(read_text(daemon_json) or "{}")
+    except ValueError:
+        docker = {}
+    docker = docker if isinstance(docker, dict) else {}
+    exec_root = docker.get("exec-root") if isinstance(docker.get("exec-root"), str) else "/run/docker"
+    data_root = docker.get("data-root") if isinstance(docker.get("data-root"), str) else "/var/lib/docker"
+    runtimes = docker.get("runtimes") if isinstance(docker.get("runtimes"), dict) else {}
+    names = [n for n, e in runtimes.items() if isinstance(e, dict) and e.get("path") == path]
+    left = users(path, containerd_states=[state, os.path.join(exec_root, "containerd", "daemon")])
+    for n in names:
+        left += [u for u in users(path, docker_roots=[data_root], docker_runtime=n) if u.startswith("docker/")]
+    left = list(dict.fromkeys(left))
+    if not left:
+        remove(stash, backup=False)
+        return 0
+    text = read_text(path) or ""
+    write_atomic(stash, render_pass_through(_real_runtime(text), "docker" if names else "containerd"),
+                 mode=0o755, backup=False)
+    sys.stdout.write(f"compat-hook: {len(left)} container(s) created through {path} still exist "
+                     f"({', '.join(left[:10])}): a pass-through to the real runtime stays at {path} after the "
+                     f"removal, so they can be stopped and removed; `apt purge compat-hook` removes it once "
+                     f"no container task names it\n")
+    return 0

@@ -126,9 +126,10 @@ def hooksd_text() -> bytes:
 def wrapper_text() -> bytes:
     """The runtime wrapper rendered for the installed locations (``podman --runtime``, ``--wrapper-path``)."""
     sys.path.insert(0, str(REPO))
-    from compat_hook.install.wrapper import render_wrapper
+    from compat_hook.install.wrapper import PACKAGED_LOG, render_wrapper
 
-    return render_wrapper(None, python=SYSTEM_PYTHON, paths=["/" + DIST_PACKAGES]).encode()
+    # The package's log, not the build machine's configuration: the build is the same everywhere.
+    return render_wrapper(None, python=SYSTEM_PYTHON, paths=["/" + DIST_PACKAGES], log_file=PACKAGED_LOG).encode()
 
 
 def installed_size_kib(stage: pathlib.Path) -> int:

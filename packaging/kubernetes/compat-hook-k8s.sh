@@ -2,7 +2,7 @@
 # compat-hook-k8s: the DaemonSet's installer (packaging/kubernetes/daemonset.yaml).
 #
 #   compat-hook-k8s run        install, then wait (the container's command)
-#   compat-hook-k8s watch      only the toolkit re-registration of `run` (after an install)
+#   compat-hook-k8s watch      the re-registration loop of `run` alone (after an install)
 #   compat-hook-k8s install    install once and exit
 #   compat-hook-k8s uninstall  remove the containerd registration (the preStop hook)
 #   compat-hook-k8s plan       `compat-hook plan containerd: --driver $TARGET_DRIVER --json` on the
@@ -41,7 +41,14 @@
 #      the watcher cannot run). The durable setting is the operator's own: ClusterPolicy
 #      spec.toolkit.env NVIDIA_CONTAINER_RUNTIME_RUNTIMES=
 #      "$HOST_PREFIX/bin/compat-hook-runtime,runc,crun" (docs/engines.md);
-#   5. restarts containerd only when RESTART_CONTAINERD=true and the
+#   5. `run` also re-runs `compat-hook install containerd` whenever containerd's
+#      configuration files change (checked every $TOOLKIT_RECHECK seconds): on
+#      containerd 1.x the runtime lives in config.toml itself, so a tool that
+#      rewrites the file (nvidia-ctk, the GPU Operator's toolkit) keeps it, and
+#      this puts it back should one drop it; on the drop-in route (a drop-in
+#      carrying the whole CRI section hides config.toml's) it renders the drop-in
+#      anew from the changed files;
+#   6. restarts containerd only when RESTART_CONTAINERD=true and the
 #      registration changed (default off: restart it yourself with
 #      `systemctl restart containerd` in a maintenance window). The restart runs
 #      $RESTART_COMMAND, by default `nsenter --target 1 --mount --uts --ipc --net
@@ -230,6 +237,30 @@ sync_toolkit() {
     done
 }
 
+# Re-register when containerd's files changed since the last install (ours included in the sum).
+sync_containerd() {
+    dest=$1
+    sum=$(containerd_sum | md5sum)
+    [ "$sum" = "$(cat "$TOOLKIT_STATE.containerd" 2>/dev/null)" ] && return 0
+    if [ -f "$TOOLKIT_STATE.containerd" ]; then
+        # shellcheck disable=SC2086 # INSTALL_ARGS is a list of words on purpose
+        if out=$(compat_hook "$dest" install containerd --engine-config "$CONTAINERD_CONFIG" \
+                --runtime-name "$RUNTIME_NAME" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" \
+                $INSTALL_ARGS 2>&1); then
+            case $out in
+                "no changes"*) ;;
+                *) echo "$out" >&2
+                   log "containerd's configuration changed: compat-hook's runtime registered again"
+                   restart_containerd || true ;;
+            esac
+        else
+            echo "$out" >&2
+            log "warning: compat-hook install containerd failed after containerd's configuration changed"
+        fi
+    fi
+    containerd_sum | md5sum > "$TOOLKIT_STATE.containerd"
+}
+
 # sync_toolkit on every line of the watcher (compat_hook/watch.py: "ready" once armed,
 # "change" at a change, "poll" every $TOOLKIT_RECHECK s); returns when the watcher stops.
 watch_toolkit() {
@@ -238,7 +269,7 @@ watch_toolkit() {
     host_env "$HOST_PYTHON" -I -c \
         'import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.watch import main; sys.exit(main())' \
         "$dest/lib" --every "$TOOLKIT_RECHECK" $TOOLKIT_CONFIGS |
-        while read -r _; do sync_toolkit "$dest"; rotate_log; done
+        while read -r _; do sync_toolkit "$dest"; sync_containerd "$dest"; rotate_log; done
 }
 
 # The node's decision log, bounded: past LOG_MAX_BYTES it is renamed to .1 (the hook and the
@@ -261,12 +292,14 @@ rotate_log() {
 # The re-registration loop: the watcher, and plain polling whenever it is not running.
 toolkit_loop() {
     trap 'kill "$wpid" 2>/dev/null; exit 0' TERM INT
+    sync_containerd "$(cat "$READY_FILE")"
     while :; do
         watch_toolkit "$(cat "$READY_FILE")" & wpid=$!
         wait "$wpid" || true
         log "warning: the toolkit config watcher stopped; checking every ${TOOLKIT_RECHECK}s"
         sleep "$TOOLKIT_RECHECK" & wait $! || true
         sync_toolkit "$(cat "$READY_FILE")"
+        sync_containerd "$(cat "$READY_FILE")"
         rotate_log
     done
 }
@@ -287,14 +320,23 @@ do_uninstall() {
             log "warning: compat-hook uninstall nvidia-toolkit --engine-config $cfg failed"
     done
     rm -rf "$TOOLKIT_STATE"
+    rm -f "$TOOLKIT_STATE.containerd"
+    # Pods of the runtime still running keep a pass-through at the wrapper's path (it execs
+    # runc, nothing of compat-hook), so they can still be stopped and drained.
     compat_hook "$dest" uninstall containerd --engine-config "$CONTAINERD_CONFIG" \
-        --runtime-name "$RUNTIME_NAME" >&2 || die "compat-hook uninstall containerd failed"
+        --runtime-name "$RUNTIME_NAME" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" >&2 ||
+        die "compat-hook uninstall containerd failed"
     after=$(containerd_sum)
     rm -f "$READY_FILE"
     if [ "$before" != "$after" ] && restart_containerd; then
         prune ""
-        rm -rf "$HOST_ROOT$HOST_PREFIX/bin"
-        rmdir "$HOST_ROOT$HOST_PREFIX" 2>/dev/null || true
+        rm -f "$HOST_ROOT$HOST_PREFIX/bin/compat-hook"
+        if rmdir "$HOST_ROOT$HOST_PREFIX/bin" 2>/dev/null; then
+            rmdir "$HOST_ROOT$HOST_PREFIX" 2>/dev/null || true
+        else
+            log "kept $HOST_PREFIX/bin/compat-hook-runtime (a pass-through to runc) for the pods still using it;" \
+                "'$HOST_PREFIX/bin/compat-hook-runtime' goes with the next uninstall once they are gone"
+        fi
     fi
 }
 

@@ -29,6 +29,7 @@ had to clean up, so a test can assert there was nothing.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pathlib
 import shutil
@@ -332,7 +333,10 @@ class Dockerd(Daemon):
         super().__init__(work)
         self.config = self.work / "daemon.json"
         self.sock = self.work / "docker.sock"
-        self.config.write_text("{}\n")
+        # Its roots in daemon.json (not flags), where compat-hook's uninstall looks for Docker's containers.
+        self.config.write_text(json.dumps({"data-root": str(self.work / "data"),
+                                           "exec-root": str(self.work / "exec")}, indent=2) + "\n")
+        self.version = None
 
     def start(self, version: str) -> None:
         # dockerd also writes /etc/docker/key.json and /run/docker/plugins whatever its roots are:
@@ -341,12 +345,20 @@ class Dockerd(Daemon):
         upper, ovl = self.work / "etc-docker", self.work / "etc-docker.work"
         upper.mkdir(exist_ok=True)
         ovl.mkdir(exist_ok=True)
+        self.version = version
         self._spawn([self.DOCKERD, "--config-file", self.config, "-H", f"unix://{self.sock}",
-                     "--data-root", self.work / "data", "--exec-root", self.work / "exec",
                      "--pidfile", self.work / "dockerd.pid", "--iptables=false", "--ip-masq=false",
                      "--bridge=none", "--storage-driver=vfs"], version, ENV,
                     overlays=[("/etc/docker", upper, ovl)], tmpfs=["/run"])
         self._wait_ready(lambda: self.docker("version", check=False).returncode == 0)
+
+    def restart(self) -> None:
+        """Stop dockerd (SIGTERM: it stops its containers, which stay, exited) and start it again,
+        re-reading daemon.json, as ``systemctl restart docker`` does."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+        self.proc = None
+        self.start(self.version)
 
     def docker(self, *args, check=True, timeout=180) -> subprocess.CompletedProcess:
         env = dict(ENV, DOCKER_CONFIG=str(self.work / "client"))  # the client's own dir, not ~/.docker
