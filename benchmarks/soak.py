@@ -714,7 +714,8 @@ def judge(recs: list, log: pathlib.Path, ctrd_config: pathlib.Path, wrapper, dam
     fig = {"attempted": len(recs), "succeeded": 0, "failed": 0, "failed_allowed": 0, "failures": [],
            "wrong_libcuda": [], "lost_lines": [], "stray_dropins": [], "bad_dropins": [],
            "next_start_after_fault_failed": [], "log_nul_bytes": nul, "log_bad_lines": bad_lines,
-           "config_invalid_starts": 0, "config_invalid_other_lib": []}
+           "config_invalid_starts": 0, "config_invalid_logged": 0, "config_invalid_other_lib": [],
+           "uninstalled_starts": []}
     prev_fault = False
     for r in recs:
         faults = [f for f in r["faults"] if f != "flip"]
@@ -733,12 +734,19 @@ def judge(recs: list, log: pathlib.Path, ctrd_config: pathlib.Path, wrapper, dam
             continue
         # With an invalid config compat-hook cannot decide and fails open (on_error: continue): the
         # image's own choice. Counted apart: what the rules would have chosen is not guaranteed then.
+        brief = {k: r.get(k) for k in ("i", "kind", "driver", "expected", "loaded")}
         if not r["config_valid"]:
             fig["config_invalid_starts"] += 1
+            fig["config_invalid_logged"] += bool(by_cid.get(r.get("cid")))
             if r["loaded"] != r["expected"]:
-                fig["config_invalid_other_lib"].append({k: r.get(k) for k in ("i", "kind", "driver", "expected",
-                                                                               "loaded")})
-        elif r["loaded"] != r["expected"]:
+                fig["config_invalid_other_lib"].append(brief)
+            continue
+        # A start that raced an uninstall and has no line of compat-hook ran while it was not installed
+        # (the uninstall's pass-through wrapper): the rules are compat-hook's, not the image's. Apart too.
+        if "uninstall-race" in faults and not by_cid.get(r.get("cid")):
+            fig["uninstalled_starts"].append(brief)
+            continue
+        if r["loaded"] != r["expected"]:
             fig["wrong_libcuda"].append({k: r.get(k) for k in ("i", "kind", "driver", "faults", "expected", "loaded",
                                                                 "out")})
         ours = r["out"]["ours"]
@@ -855,7 +863,12 @@ def summary(fig: dict) -> str:
         f"NUL bytes in the log {fig['log_nul_bytes']}",
         f"next start after a fault failed: {len(fig['next_start_after_fault_failed'])}",
         f"starts while config.yaml was invalid (compat-hook fails open): {fig['config_invalid_starts']}, of which "
-        f"{len(fig['config_invalid_other_lib'])} loaded another library than the rules choose",
+        f"{len(fig['config_invalid_other_lib'])} loaded another library than the rules choose, "
+        f"{fig['config_invalid_logged']} left a line in the log",
+        f"starts that raced an uninstall and ran without compat-hook (its pass-through): "
+        f"{len(fig['uninstalled_starts'])}, of which "
+        f"{sum(u['loaded'] != u['expected'] for u in fig['uninstalled_starts'])} loaded another library "
+        f"than the rules choose",
         f"point kills (item 4): {point_kills(fig)}",
         f"re-registration window: {len(w)} rewrites, max {fig['reregistration_ms_max']} ms "
         f"(each: {', '.join(str(x) for x in w)})",
@@ -877,9 +890,10 @@ def point_kills(fig: dict) -> str:
         left = r.get("left_after_kill")
         if left is None:
             continue
-        nxt = starts[n + 1] if n + 1 < len(starts) else None
+        nxt = next((x for x in starts[n + 1:] if not set(x["faults"]) & set(KILLS)), None)
         right = bool(nxt and nxt["ok"] and nxt.get("loaded") == nxt["expected"] and nxt["kind"] == r["kind"])
         out.append(f"#{r['i']} {r['faults'][-1]}: {left.get('at_kill', 'config.json edited')}, "
+                   f"next start #{nxt['i'] if nxt else '-'}: "
                    f"{len(left['snapshots_added'])} snapshot(s) and {len(left['bundles_added'])} bundle(s) left, "
                    f"next start {'right' if right else 'NOT right'}")
     return "; ".join(out) or "none"
