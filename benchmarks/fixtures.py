@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from compat_hook import registration  # noqa: E402
-from compat_hook.elfgen import make_elf  # noqa: E402
+from compat_hook.core import registration  # noqa: E402
+from compat_hook.facts.elfgen import make_elf  # noqa: E402
 from tests.support import rootfs as rfs  # noqa: E402
 from tests.support import runtimes as rts  # noqa: E402
 

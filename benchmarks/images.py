@@ -45,7 +45,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(REPO), str(HERE)]
 
 import timing  # noqa: E402
-from compat_hook.elfgen import NOTE_575, make_elf  # noqa: E402
+from compat_hook.facts.elfgen import NOTE_575, make_elf  # noqa: E402
 from tests.support import images as I  # noqa: E402
 
 PY = "/usr/bin/python3"
@@ -214,8 +214,8 @@ def timing_sh(cmd: str) -> None:
 READER = """
 import sys, time
 sys.path.insert(0, {repo!r})
-from compat_hook import images, imagefacts
-from compat_hook.config import from_mapping
+from compat_hook.images import reader as images; from compat_hook.facts import imagefacts
+from compat_hook.core.config import from_mapping
 cfg = from_mapping({{"log_file": None, "nvml": "off"}})
 r = images.Reader()
 status = []

@@ -102,7 +102,7 @@ def build_rows(fx: fixtures.Fixtures, wrapper: Path | None):
                     [LDCONFIG, "-r", str(fx.rootfs["many"])], group="child"))
     tk = toolkit_binaries()
     if tk is not None:
-        # The toolkit's own pair as a CDI spec runs it (nvidia-toolkit.md sections 2, 4), on
+        # The toolkit's own pair as a CDI spec runs it (docs/background.md "The NVIDIA toolkit"), on
         # the same stub image and host version; each run starts from the image's own drop-ins.
         troot = fx.rootfs["toolkit"]
 
@@ -219,9 +219,9 @@ def main() -> int:
         base_argv = [py, "-I", "-c", "pass"]
         wrapper = None
         try:
-            from compat_hook import runtime as _rt
+            from compat_hook.install.wrapper import render_wrapper
             wrapper = work / "compat-hook-runtime"
-            wrapper.write_text(_rt.render_wrapper(str(fx.config), python=py))
+            wrapper.write_text(render_wrapper(str(fx.config), python=py))
             wrapper.chmod(0o755)
         except Exception as e:  # the wrapper is not there (yet)
             print(f"[bench] wrapper not available: {e}", file=sys.stderr)

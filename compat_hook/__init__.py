@@ -1,18 +1,20 @@
 """compat-hook: CUDA Forward Compatibility per container, decided at every start.
 
-The package is split by job (see docs/design.md):
+One subpackage per layer, high to low; a module imports only from its own
+layer and the layers below (docs/design.md; import-linter checks it):
 
-* facts: :mod:`compat_hook.hostfacts`, :mod:`compat_hook.imagefacts`,
-  :mod:`compat_hook.storefacts`, :mod:`compat_hook.container` (what the
-  host, image, store and spec say);
-* the decision: :mod:`compat_hook.decision` (pure, no I/O);
-* the one assessment: :mod:`compat_hook.assess` (facts -> decision ->
-  each actor's planned effects, as data);
-* effects: :mod:`compat_hook.ldcache`, :mod:`compat_hook.specedit`,
-  :mod:`compat_hook.mounts`;
-* entry points that only wire them: :mod:`compat_hook.cli`,
-  :mod:`compat_hook.hook`, :mod:`compat_hook.runtime`,
-  :mod:`compat_hook.explain`, :mod:`compat_hook.plan`.
+* ``commands``: entry points that only wire the layers (``cli``, ``hook``,
+  ``runtime``, ``explain``, ``plan``, ``report``, ``store``, ``demo``);
+* ``install``: engine registration;
+* ``policy``: the decision (pure, no I/O) and the one assessment (facts ->
+  decision -> each actor's planned effects, as data);
+* ``effects`` (the ld cache, config.json, mounts) and ``images`` (reading an
+  image without unpacking it), which never import each other;
+* ``facts``: what the host, image, store and spec say;
+* ``core``: no policy (versions, errors, JSON, config, cache, registration).
+
+``compat_hook.cli`` and ``compat_hook.runtime`` are the stable entry points
+registered hooks and wrappers import; they forward to ``commands``.
 
 Importing this package imports nothing else: the hook runs on every
 container start and pays for each module it loads.

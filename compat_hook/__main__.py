@@ -2,6 +2,6 @@
 
 import sys
 
-from compat_hook.cli import main
+from compat_hook.commands.cli import main
 
 sys.exit(main())

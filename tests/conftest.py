@@ -157,7 +157,7 @@ def fake_host(tmp_path):
 
 def config_for(host_root=None, **values):
     """A validated Config reading host facts under ``host_root`` (NVML off)."""
-    from compat_hook.config import from_mapping
+    from compat_hook.core.config import from_mapping
 
     data = {"nvml": "off", "log_file": None}
     if host_root is not None:

@@ -655,7 +655,7 @@ def test_mkdirs_entry_that_appears_mid_call(tmp_path):
     walk result, not the (parent, name) pair it unpacked. It must check it
     like any entry: a directory is fine, a file is NotADirectoryError.
     """
-    from compat_hook.rootfs import Root
+    from compat_hook.facts.rootfs import Root
 
     fds = len(os.listdir("/proc/self/fd"))
     for kind in ("dir", "file"):

@@ -1,6 +1,6 @@
 """Bad OCI input to the registered hook: the state on stdin, the bundle, config.json, argv.
 
-The contract (compat_hook/errors.py, hook.py): unusable input is a failed run,
+The contract (compat_hook/core/errors.py, hook.py): unusable input is a failed run,
 never a traceback. With ``on_error: continue`` (the default) the hook exits 0
 and the container starts without compat; with ``on_error: fail`` it exits 1
 and writes exactly one line, ``compat-hook: <why>``, on stderr (runc shows

@@ -1,4 +1,4 @@
-"""compat_hook.cache: entries are whole, validated, keyed on identity, never raise."""
+"""compat_hook.core.cache: entries are whole, validated, keyed on identity, never raise."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import stat
 
 import pytest
 
-from compat_hook import __version__, cache
+from compat_hook import __version__
+from compat_hook.core import cache
 
 
 DATA = bytes(range(256)) * 16  # 4 KiB

@@ -145,7 +145,7 @@ def test_config_check_good_file(tmp_path):
 def test_every_install_option_has_help(verb):
     import argparse
 
-    from compat_hook.cli import _parser
+    from compat_hook.commands.cli import _parser
 
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     parsers = [sub.choices[verb]]
@@ -252,7 +252,7 @@ def test_runtime_wrapper_help_is_the_real_runtimes_and_writes_nothing(tmp_path, 
     import os
     import shutil
 
-    from compat_hook.runtime import render_wrapper
+    from compat_hook.install.wrapper import render_wrapper
 
     if shutil.which("runc") is None:
         pytest.fail("runc is a test dependency (make deps-test)")
@@ -268,7 +268,7 @@ def test_runtime_wrapper_help_is_the_real_runtimes_and_writes_nothing(tmp_path, 
         w.chmod(0o755)
         argv = [str(w), "--help"]
     else:
-        argv = [sys.executable, "-c", "import sys; from compat_hook.runtime import main; sys.exit(main())",
+        argv = [sys.executable, "-c", "import sys; from compat_hook.commands.runtime import main; sys.exit(main())",
                 "--help"]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -316,7 +316,7 @@ def test_install_engine_config_and_its_alias_together_is_bad_usage(tmp_path):
 
 @pytest.mark.parametrize("verb", ["install", "uninstall"])
 def test_install_options_map_to_the_engine_and_compat_hook_configs(verb):
-    from compat_hook.cli import _parser
+    from compat_hook.commands.cli import _parser
     from compat_hook.install import Options
 
     ns = _parser().parse_args([verb, "containerd", "--engine-config", "/e.toml", "--hook-config", "/c.yaml"])

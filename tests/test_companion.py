@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from compat_hook import ldcache
-from compat_hook.assess import assess
-from compat_hook.container import Request
-from compat_hook.hostfacts import Gpu, HostFacts
-from compat_hook.rootfs import Root
+from compat_hook.effects import ldcache
+from compat_hook.policy.assess import assess
+from compat_hook.facts.container import Request
+from compat_hook.facts.hostfacts import Gpu, HostFacts
+from compat_hook.facts.rootfs import Root
 from tests.conftest import Dir, Fifo, Symlink, build_tree, config_for, elf, snapshot_tree
 
 REPO = str(pathlib.Path(__file__).resolve().parent.parent)
@@ -33,7 +33,7 @@ SYS = "/usr/lib/x86_64-linux-gnu"
 
 
 def host(version: str, geforce: bool = False) -> HostFacts:
-    from compat_hook.versions import parse_version
+    from compat_hook.core.versions import parse_version
 
     gpus = [Gpu("0000:17:00.0", "NVIDIA GeForce RTX 4090" if geforce else "NVIDIA H100 80GB HBM3",
                 5 if geforce else 14, "test")]

@@ -1,4 +1,4 @@
-"""compat_hook.config: defaults, validation with key paths, file lookup, parse cache."""
+"""compat_hook.core.config: defaults, validation with key paths, file lookup, parse cache."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import os
 import pytest
 import yaml
 
-from compat_hook import config as config_mod
-from compat_hook.config import DEFAULT_PATH, SCHEMA, config_path, defaults, from_mapping, load, render_default_yaml
-from compat_hook.errors import ConfigError
+from compat_hook.core import config as config_mod
+from compat_hook.core.config import DEFAULT_PATH, SCHEMA, config_path, defaults, from_mapping, load, render_default_yaml
+from compat_hook.core.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

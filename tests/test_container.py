@@ -1,11 +1,11 @@
-"""compat_hook.container: the request read from config.json."""
+"""compat_hook.facts.container: the request read from config.json."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from compat_hook.container import ENV_KEYS, Request, _pick_env
+from compat_hook.facts.container import ENV_KEYS, Request, _pick_env
 
 
 def naive(items):
@@ -51,7 +51,8 @@ def test_large_env_from_spec():
 import json  # noqa: E402
 import random  # noqa: E402
 
-from compat_hook import jsonfast, oci  # noqa: E402
+from compat_hook.core import jsonfast
+from compat_hook.facts import oci  # noqa: E402
 from tests.support.jsontext import encode  # noqa: E402
 
 paths = st.sampled_from(["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvgpu", "/dev/nvidia",

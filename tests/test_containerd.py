@@ -36,8 +36,8 @@ import time
 import pytest
 import tomlkit
 
-from compat_hook import store
-from compat_hook.runtime import find_verb
+from compat_hook.commands import store
+from compat_hook.commands.runtime import find_verb
 from tests import cri
 from tests.support import debs, rootfs, runtimes as rt
 from tests.test_runtime_wrapper import (C550, H535, H555, fake_host, log_records, probe_of, standin_calls,

@@ -66,7 +66,7 @@ def test_control_and_contents(deb):
               "/usr/share/containers/oci/hooks.d/50-compat-hook.json", "/etc/compat-hook/config.yaml",
               "/usr/share/man/man8/compat-hook.8.gz", "/usr/share/doc/compat-hook/copyright",
               "/usr/share/doc/compat-hook/changelog.gz",
-              "/usr/lib/python3/dist-packages/compat_hook/hook.py",
+              "/usr/lib/python3/dist-packages/compat_hook/commands/hook.py",
               "/usr/lib/python3/dist-packages/compat_hook/install/podman.py"):
         assert f in files, f
     assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
@@ -126,7 +126,7 @@ step module
 cd /
 python3 -I -c 'import compat_hook, sys; print(compat_hook.__file__)'
 step pycache
-ls /usr/lib/python3/dist-packages/compat_hook/__pycache__ | grep -c 'hook.cpython' || true
+ls /usr/lib/python3/dist-packages/compat_hook/commands/__pycache__ | grep -c 'hook.cpython' || true
 step version
 compat-hook --version
 step runtime

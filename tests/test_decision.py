@@ -1,5 +1,5 @@
-"""compat_hook.decision: every rule of its docstring, NVIDIA's conformance tables
-(nvidia-toolkit.md §5, §7) driven through real generated rootfs trees, the
+"""compat_hook.policy.decision: every rule of its docstring, NVIDIA's conformance tables
+(docs/background.md "The NVIDIA toolkit") driven through real generated rootfs trees, the
 device/architecture/Tegra rules, the host store, and "no I/O".
 """
 
@@ -13,16 +13,16 @@ import sys
 
 import pytest
 
-from compat_hook import decision as decision_mod
-from compat_hook import hostfacts, imagefacts
-from compat_hook.config import from_mapping
-from compat_hook.container import Request
-from compat_hook.decision import REASONS, Decision, decide, decide_store
-from compat_hook.elfnote import inspect_elf
-from compat_hook.hostfacts import Gpu, HostFacts
-from compat_hook.imagefacts import ImageFacts
-from compat_hook.rootfs import Root
-from compat_hook.versions import parse_version, try_parse_version
+from compat_hook.policy import decision as decision_mod
+from compat_hook.facts import hostfacts, imagefacts
+from compat_hook.core.config import from_mapping
+from compat_hook.facts.container import Request
+from compat_hook.policy.decision import REASONS, Decision, decide, decide_store
+from compat_hook.facts.elfnote import inspect_elf
+from compat_hook.facts.hostfacts import Gpu, HostFacts
+from compat_hook.facts.imagefacts import ImageFacts
+from compat_hook.facts.rootfs import Root
+from compat_hook.core.versions import parse_version, try_parse_version
 from tests.conftest import HOST_ARCH, Symlink, config_for, elf
 from tests.elfgen import NOTE_575, NOTE_590, NOTE_ORIN, make_elf, orin_overrun_elf
 
@@ -301,7 +301,7 @@ def test_no_note_policy_details_name_the_default_list():
 
 
 def test_default_device_list_is_what_nvidia_notes_carry():
-    from compat_hook.elfnote import inspect_elf as _i
+    from compat_hook.facts.elfnote import inspect_elf as _i
 
     for note in (NOTE_575, NOTE_590):
         assert list(_i(io.BytesIO(make_elf(note_json=note))).note.device) == list(decision_mod.DEFAULT_DEVICE_BRANDS)
@@ -309,8 +309,8 @@ def test_default_device_list_is_what_nvidia_notes_carry():
 
 
 def test_consumer_brands_are_outside_every_known_device_list():
-    # cuda-compat.md §7: the device list is the non-consumer nvmlBrandType_t values.
-    from compat_hook.elfnote import inspect_elf as _i
+    # docs/background.md "The ELF note": the device list is the non-consumer nvmlBrandType_t values.
+    from compat_hook.facts.elfnote import inspect_elf as _i
 
     for note in (NOTE_575, NOTE_590):
         devices = _i(io.BytesIO(make_elf(note_json=note))).note.device
@@ -338,7 +338,7 @@ def test_every_reason_code_is_exercised():
     assert seen == set(REASONS), set(REASONS) ^ seen
 
 
-# -- NVIDIA's TestUseCompat / TestCompatLibsWithElfHeader (nvidia-toolkit.md §5) --
+# -- NVIDIA's TestUseCompat / TestCompatLibsWithElfHeader (docs/background.md "The NVIDIA toolkit") --
 #
 # Root testdata/, cudaCompatContainerRoot "compat/575.57.08". NVIDIA accepts a
 # relative root; our compat_dirs must be absolute, so the dir is "/compat/575.57.08".
@@ -378,7 +378,7 @@ def test_nvidia_compat_libs_with_elf_header(make_rootfs, fake_host, driver, cuda
     assert img.elf.note.cuda_version == "12.9"
 
 
-# -- The measured table (nvidia-toolkit.md §7), v1.20.0 column ---------------
+# -- The measured table (docs/background.md "The NVIDIA toolkit"), v1.20.0 column ---------------
 #
 # W = enable, '-' = skip. The fixtures are x86-64 here (NVIDIA's elf590 is
 # AArch64): our decision refuses a library the host loader cannot load.
@@ -486,7 +486,7 @@ def test_measured_garbage590(make_rootfs, fake_host, driver, cuda, nvidia_writes
     assert (d.action, d.reason) == ("skip", "not_elf"), d.to_dict()
 
 
-# -- TestCompatLibs: layouts and the no-note fallback (nvidia-toolkit.md §5) --
+# -- TestCompatLibs: layouts and the no-note fallback (docs/background.md "The NVIDIA toolkit") --
 #
 # NVIDIA uses 0-byte libs, which do not parse; for us a 0-byte file is not_elf
 # (checked above), so the same rows use valid no-note ELF stubs.
@@ -716,11 +716,12 @@ def test_decision_module_imports_nothing_that_does_io():
             imported.add(("." * node.level) + (node.module or ""))
         elif isinstance(node, ast.Name):
             assert node.id not in ("open", "print", "input", "exec", "eval", "__import__"), node.id
-    assert imported <= {"__future__", ".versions"}, imported
+    assert imported <= {"__future__", "..core.versions"}, imported
 
 
-HOT_MODULES = ("versions", "config", "hostfacts", "imagefacts", "container", "decision", "ldpath",
-               "jsonfast", "cache", "rootfs", "elfnote", "assess", "ldcache", "toolkit")
+HOT_MODULES = ("core.versions", "core.config", "facts.hostfacts", "facts.imagefacts", "facts.container",
+               "policy.decision", "core.ldpath", "core.jsonfast", "core.cache", "facts.rootfs", "facts.elfnote",
+               "policy.assess", "effects.ldcache", "policy.toolkit")
 FORBIDDEN = ("re", "json", "typing", "dataclasses", "subprocess", "argparse", "signal", "enum",
              "logging", "datetime", "yaml", "elftools")
 

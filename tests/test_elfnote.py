@@ -1,7 +1,7 @@
-"""Tests of compat_hook.elfnote and of the tests.elfgen fixture generator.
+"""Tests of compat_hook.facts.elfnote and of the tests.elfgen fixture generator.
 
 The parsing table is NVIDIA's TestGetCUDACompatElfHeaderFromReader
-(nvidia-toolkit.md §5); the fixtures are generated, not copied.
+(docs/background.md "The NVIDIA toolkit"); the fixtures are generated, not copied.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compat_hook.elfnote import (
+from compat_hook.facts.elfnote import (
     HOST_MACHINES,
     CompatNote,
     ElfInfo,
@@ -112,7 +112,7 @@ def patch_section(data: bytes, name_or_index, **fields) -> bytes:
 
 
 def test_generator_reproduces_nvidia_fixture_sizes():
-    # nvidia-toolkit.md §5: 560 bytes (575, 590) and 488 bytes (Orin, invalid-json).
+    # docs/background.md "The NVIDIA toolkit": 560 bytes (575, 590) and 488 bytes (Orin, invalid-json).
     assert len(make_elf(note_json=NOTE_575, soname=None)) == 560
     assert len(make_elf(note_json=NOTE_590, machine="aarch64", soname=None)) == 560
     assert len(orin_overrun_elf()) == 488
@@ -141,7 +141,7 @@ def test_readelf_cross_checks_the_generator(tmp_path):
 
     sections = _readelf("-W", "-S", lib)
     fields = next(ln for ln in sections.stdout.splitlines() if ".note.cuda.fwd_compatibility" in ln).split()
-    # Type NOTE, then address, offset, size 0x8c, entsize 0, flag A, link 0, info 0, align 4 (cuda-compat.md §7).
+    # Type NOTE, then address, offset, size 0x8c, entsize 0, flag A, link 0, info 0, align 4 (docs/background.md "The ELF note").
     at = fields.index("NOTE")
     assert fields[at + 3 :] == ["00008c", "00", "A", "0", "0", "4"]
 
@@ -825,7 +825,7 @@ def test_module_imports_are_cheap():
     code = (
         "import sys, compat_hook\n"
         "before = set(sys.modules)\n"
-        "import compat_hook.elfnote\n"
+        "import compat_hook.facts.elfnote\n"
         "new = set(sys.modules) - before\n"
         "banned = {'elftools', 'typing', 'dataclasses', 're', 'json', 'subprocess'}\n"
         "print(sorted(m for m in new if m.split('.')[0] in banned))\n"
@@ -836,7 +836,7 @@ def test_module_imports_are_cheap():
 def test_elftools_is_not_imported_for_files_that_are_not_elf():
     code = (
         "import io, sys\n"
-        "from compat_hook.elfnote import inspect_elf\n"
+        "from compat_hook.facts.elfnote import inspect_elf\n"
         "a = inspect_elf(io.BytesIO(b''))\n"
         "b = inspect_elf(io.BytesIO(b'#!/bin/sh\\n'))\n"
         "print(a.error, '|', b.error, '|', 'elftools' in sys.modules)\n"
@@ -919,7 +919,7 @@ def test_real_debian_libcuda(version):
     assert info.elf_type == "ET_DYN"
     assert info.byte_order == "little"
     assert info.soname == "libcuda.so.1"
-    # Debian's 535/550/555 have no fwd-compat note (cuda-compat.md §13).
+    # Debian's 535/550/555 have no fwd-compat note (docs/background.md "The ELF note").
     assert info.note is None
     assert info.note_error is None
     assert info.loadable_for("EM_X86_64") is None

@@ -45,7 +45,8 @@ PY_PAYLOADS = {
     "site.py": "site", "sitecustomize.py": "sitecustomize", "usercustomize.py": "usercustomize",
     "encodings/__init__.py": "encodings", "elftools/__init__.py": "elftools",
     "elftools/elf/__init__.py": "elftools.elf", "compat_hook/__init__.py": "compat_hook",
-    "compat_hook/cli.py": "compat_hook.cli", "compat_hook/hook.py": "compat_hook.hook",
+    "compat_hook/cli.py": "compat_hook.cli",  # the stable entry point the boot code imports
+    "compat_hook/commands/cli.py": "compat_hook.commands.cli", "compat_hook/commands/hook.py": "compat_hook.commands.hook",
     "startup.py": "startup",
     ".local/lib/python3.11/site-packages/usercustomize.py": "user-site",
     ".local/lib/python3.11/site-packages/evil.pth": None,

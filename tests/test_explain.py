@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from compat_hook.explain import explain, render_text
+from compat_hook.commands.explain import explain, render_text
 from tests import test_decision as T
 from tests.conftest import Symlink, config_for, elf, snapshot_tree
 from tests.elfgen import NOTE_575, NOTE_590

@@ -47,7 +47,7 @@ ARGS = ("/bin/sh", "-c", "echo container-started")
 
 def _cli(python, site, *argv) -> subprocess.CompletedProcess:
     """``compat-hook ARGV`` run by ``python`` from the installation in ``site``."""
-    code = "import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.cli import main; sys.exit(main())"
+    code = "import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.commands.cli import main; sys.exit(main())"
     p = subprocess.run([str(python), "-I", "-c", code, str(site), *map(str, argv)], capture_output=True,
                        text=True, env=ENV, stdin=subprocess.DEVNULL, timeout=120)
     assert p.returncode == 0, (argv, p.stdout, p.stderr)

@@ -1,10 +1,10 @@
 """Property tests and fuzzing of the two parsers that read attacker-controlled bytes.
 
-* ``compat_hook.elfnote.inspect_elf`` (the image's libcuda candidate) never
+* ``compat_hook.facts.elfnote.inspect_elf`` (the image's libcuda candidate) never
   raises, whatever the bytes: every problem lands in ``error``/``note_error``,
   the result survives the cache round trip (``to_dict`` -> JSON ->
   ``from_dict``) and ``loadable_for`` answers.
-* ``compat_hook.oci.read_state`` (through a real pipe fd, as the hook reads
+* ``compat_hook.facts.oci.read_state`` (through a real pipe fd, as the hook reads
   stdin) and ``load_spec`` / ``rootfs_path`` (a real temp bundle) raise
   nothing but ``StateError``; what they accept is usable (an absolute,
   NUL-free bundle; a NUL-free rootfs path), and ``Request.from_spec`` takes
@@ -44,11 +44,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from compat_hook import elfgen, jsonfast
-from compat_hook.container import Request
-from compat_hook.elfnote import ElfInfo, inspect_elf
-from compat_hook.errors import StateError
-from compat_hook.oci import load_spec, read_state, rootfs_path
+from compat_hook.facts import elfgen
+from compat_hook.core import jsonfast
+from compat_hook.facts.container import Request
+from compat_hook.facts.elfnote import ElfInfo, inspect_elf
+from compat_hook.core.errors import StateError
+from compat_hook.facts.oci import load_spec, read_state, rootfs_path
 
 Path = pathlib.Path
 CORPUS = Path(__file__).with_name("fuzz_corpus")

@@ -19,7 +19,9 @@ import subprocess
 
 import pytest
 
-from compat_hook import elfgen, ldcache, registration
+from compat_hook.facts import elfgen
+from compat_hook.effects import ldcache
+from compat_hook.core import registration
 from tests.support import debs, hookenv, rootfs, runtimes as rt
 
 pytestmark = pytest.mark.containers

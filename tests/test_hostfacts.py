@@ -1,4 +1,4 @@
-"""compat_hook.hostfacts on fake host trees (cuda-compat.md §8, §11)."""
+"""compat_hook.facts.hostfacts on fake host trees (docs/background.md "Host facts")."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from compat_hook import hostfacts
-from compat_hook.hostfacts import BRAND_NAMES, brand_from_model, parse_proc_version
+from compat_hook.facts import hostfacts
+from compat_hook.facts.hostfacts import BRAND_NAMES, brand_from_model, parse_proc_version
 from tests.conftest import Symlink, config_for
 
 PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  515.76  Mon Sep 12 19:21:56 UTC 2022"

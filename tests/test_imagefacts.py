@@ -1,4 +1,4 @@
-"""compat_hook.imagefacts: the candidate rules, the resolved compat dir, the ELF cache."""
+"""compat_hook.facts.imagefacts: the candidate rules, the resolved compat dir, the ELF cache."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from compat_hook import hostfacts, imagefacts
-from compat_hook.decision import decide
-from compat_hook.rootfs import Root
+from compat_hook.facts import hostfacts, imagefacts
+from compat_hook.policy.decision import decide
+from compat_hook.facts.rootfs import Root
 from tests.conftest import Dir, Symlink, build_tree, config_for, elf, write_fake_host
 from tests.elfgen import NOTE_575, NOTE_590, NOTE_ORIN
 
@@ -336,13 +336,13 @@ def test_cache_hits_across_overlay_mounts(tmp_path):
     (a new st_dev every time): the same image layer must still be a hit."""
     import subprocess
 
-    from compat_hook.elfgen import NOTE_575, make_elf
-    from compat_hook.rootfs import Root
+    from compat_hook.facts.elfgen import NOTE_575, make_elf
+    from compat_hook.facts.rootfs import Root
 
     lower = tmp_path / "lower"
     (lower / "usr/local/cuda/compat").mkdir(parents=True)
     (lower / "usr/local/cuda/compat/libcuda.so.575.57.08").write_bytes(make_elf(note_json=NOTE_575))
-    from compat_hook.config import from_mapping
+    from compat_hook.core.config import from_mapping
 
     cfg = from_mapping({})
     state = str(tmp_path / "state")

@@ -4,7 +4,7 @@ imported into a live containerd, and the same images unpacked by ``umoci unpack`
 The differential check (:func:`check_same`): what the compat checks read
 through the reader's view (``imagefacts.gather``, ``compat_dropins``, our
 drop-in, ``host_lib_dir``, realpaths through the image's symlinks) equals
-what they read through :class:`~compat_hook.rootfs.Root` on the unpacked
+what they read through :class:`~compat_hook.facts.rootfs.Root` on the unpacked
 rootfs; every directory and symlink of the rootfs is in the view with the
 same type and target, every file the reader keeps has the same size and
 bytes, and the view holds nothing the rootfs does not.
@@ -31,9 +31,11 @@ import time
 
 import pytest
 
-from compat_hook import imagefacts, images, imagestores, ldcache
-from compat_hook.imagelayers import keep
-from compat_hook.rootfs import Root
+from compat_hook.facts import imagefacts
+from compat_hook.images import reader as images, stores as imagestores
+from compat_hook.effects import ldcache
+from compat_hook.images.layers import keep
+from compat_hook.facts.rootfs import Root
 from tests import elfgen
 from tests.conftest import Dir, Fifo, Symlink, build_tree, config_for, elf
 from tests.support import images as I
@@ -309,7 +311,8 @@ def test_layer_cache_is_bounded(built):
 def test_doctests_of_the_reader_modules():
     import doctest
 
-    from compat_hook import imagelayers, imageview, report
+    from compat_hook.images import layers as imagelayers, view as imageview
+    from compat_hook.commands import report
 
     for m in (images, imagestores, imagelayers, imageview, report):
         res = doctest.testmod(m)

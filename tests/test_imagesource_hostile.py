@@ -24,9 +24,10 @@ import zlib
 
 import pytest
 
-from compat_hook import imagefacts, images
-from compat_hook.errors import UnsafePath
-from compat_hook.rootfs import Root
+from compat_hook.facts import imagefacts
+from compat_hook.images import reader as images
+from compat_hook.core.errors import UnsafePath
+from compat_hook.facts.rootfs import Root
 from tests import elfgen
 from tests.conftest import config_for, elf
 from tests.support import images as I
@@ -406,8 +407,8 @@ def test_many_hostile_images_in_one_run_stay_small(tmp_path):
                                              for i in range(95_000)]))]), w)
     code = f"""
 import sys
-from compat_hook import images, imagefacts
-from compat_hook.config import from_mapping
+from compat_hook.images import reader as images; from compat_hook.facts import imagefacts
+from compat_hook.core.config import from_mapping
 cfg = from_mapping({{"log_file": None, "nvml": "off"}})
 r = images.Reader(images.Limits(max_layer_bytes=96 << 20))
 out = []

@@ -18,8 +18,8 @@ import pytest
 import tomlkit
 
 from compat_hook.install import containerd as ic
-from compat_hook.registration import hook_entry
-from compat_hook.runtime import render_wrapper
+from compat_hook.core.registration import hook_entry
+from compat_hook.install.wrapper import render_wrapper
 from tests.conftest import snapshot_tree
 from tests.support import engines
 from tests.support.toolkit import toolkit  # noqa: F401  (the NVIDIA toolkit's binaries, session fixture)

@@ -15,9 +15,10 @@ import tomllib
 
 import pytest
 
-from compat_hook import cli, registration
-from compat_hook.install import crio, docker, hooksd
-from compat_hook.registration import hook_entry
+from compat_hook.commands import cli
+from compat_hook.core import registration
+from compat_hook.install import common, crio, docker, hooksd
+from compat_hook.core.registration import hook_entry
 
 PY = "/usr/bin/python3"
 
@@ -25,8 +26,8 @@ PY = "/usr/bin/python3"
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch, tmp_path):
     # Keep the "is the wrapper still used elsewhere" scan and the dpkg ownership check off the real /etc, /var.
-    monkeypatch.setattr(hooksd, "ENGINE_FILES", (str(tmp_path / "none-ctrd.toml"),))
-    monkeypatch.setattr(hooksd, "DPKG_INFO", str(tmp_path / "dpkg-info"))
+    monkeypatch.setattr(common, "ENGINE_FILES", (str(tmp_path / "none-ctrd.toml"),))
+    monkeypatch.setattr(common, "DPKG_INFO", str(tmp_path / "dpkg-info"))
 
 
 def run(capsys, *argv) -> tuple:
@@ -369,7 +370,7 @@ def test_crio_bad_toml_is_left_alone(tmp_path, capsys):
 def test_shared_wrapper_survives_one_engines_uninstall(tmp_path, capsys, monkeypatch):
     daemon = tmp_path / "daemon.json"
     dropin = tmp_path / "crio.conf.d" / "99-compat-hook.toml"
-    monkeypatch.setattr(hooksd, "ENGINE_FILES", (str(daemon), str(dropin)))
+    monkeypatch.setattr(common, "ENGINE_FILES", (str(daemon), str(dropin)))
     assert _docker(capsys, tmp_path, "install")[0] == 0
     assert _crio(capsys, tmp_path, "install")[0] == 0
     w = tmp_path / "w" / "compat-hook-runtime"
@@ -399,7 +400,7 @@ def test_writes_are_atomic_renames(tmp_path, capsys):
 
 def test_cli_subprocess_exit_codes(tmp_path):
     """The real command line, as a user runs it (exit 0, then 0 with 'nothing changed')."""
-    argv = [PY, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.cli import main;"
+    argv = [PY, "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.commands.cli import main;"
             "sys.exit(main())", os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
             "install", "podman", "--hooks-dir", str(tmp_path)]
     p1 = subprocess.run(argv, capture_output=True, text=True)

@@ -179,7 +179,7 @@ def test_install_takes_an_options_object(tmp_path, capsys):
     assert "--state-dir" in (tmp_path / "h" / "50-compat-hook.json").read_text()
     assert run_install(Options(engine="podman", hooks_dir=str(tmp_path / "h")), uninstall=True) == 0
     assert not (tmp_path / "h" / "50-compat-hook.json").exists()
-    from compat_hook import cli as cli_mod
+    from compat_hook.commands import cli as cli_mod
 
     ns = cli_mod._parser().parse_args(["install", "docker", "--set-as-default"])
     assert Options.from_namespace(ns) == Options(engine="docker", set_as_default=True)
@@ -204,7 +204,7 @@ def test_the_wheel_brings_tomlkit_and_a_venv_registers_the_os_interpreter(tmp_pa
         assert "compat_hook/install/wrapper.py" in z.namelist()
     requires = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
     assert any(r.startswith("tomlkit") and "extra" not in r for r in requires), requires
-    assert "compat-hook = compat_hook.cli:main" in scripts and "compat-hook-runtime" in scripts
+    assert "compat-hook = compat_hook.commands.cli:main" in scripts and "compat-hook-runtime" in scripts
 
     venv = tmp_path / "venv"
     subprocess.run([PY, "-m", "venv", "--system-site-packages", str(venv)], check=True, env=ENV, timeout=120)

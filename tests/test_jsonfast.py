@@ -1,4 +1,4 @@
-"""compat_hook.jsonfast equals json.loads / json.dumps(separators=(",", ":"))."""
+"""compat_hook.core.jsonfast equals json.loads / json.dumps(separators=(",", ":"))."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from compat_hook import jsonfast
+from compat_hook.core import jsonfast
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -119,7 +119,7 @@ def test_first_error_without_json_loaded():
     # The C scanner needs json.decoder to build its error; jsonfast loads it
     # on the first syntax error. Checked in a fresh interpreter that never
     # imported json.
-    code = ("import sys\nsys.path.insert(0, %r)\nfrom compat_hook import jsonfast\n"
+    code = ("import sys\nsys.path.insert(0, %r)\nfrom compat_hook.core import jsonfast\n"
             "assert 'json' not in sys.modules and 're' not in sys.modules\n"
             "assert jsonfast.loads('{\"a\":[1,2.5,null]}') == {'a': [1, 2.5, None]}\n"
             "assert 'json' not in sys.modules\n"

@@ -156,7 +156,7 @@ def test_build_image_makes_a_valid_oci_layout(image, tmp_path):
     payload = root / "opt/compat-hook"
     stamp = (payload / "STAMP").read_text().strip()
     assert stamp.startswith(f"{VERSION}-") and len(stamp) == len(VERSION) + 13
-    for rel in ("lib/compat_hook/hook.py", "lib/compat_hook/install/containerd.py", "lib/yaml/__init__.py",
+    for rel in ("lib/compat_hook/commands/hook.py", "lib/compat_hook/install/containerd.py", "lib/yaml/__init__.py",
                 "lib/elftools/__init__.py", "lib/tomlkit/__init__.py", "share/config.yaml", "bin/compat-hook"):
         assert (payload / rel).is_file(), rel
     assert not list(payload.rglob("*.so")) and not list(payload.rglob("__pycache__"))

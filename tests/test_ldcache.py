@@ -1,4 +1,4 @@
-"""compat_hook.ldcache: the ldconfig child (timeout, rlimits, both start paths) and the plan."""
+"""compat_hook.effects.ldcache: the ldconfig child (timeout, rlimits, both start paths) and the plan."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from compat_hook import ldcache
+from compat_hook.effects import ldcache
 
 
 def script(tmp_path, body: str, name="ldconfig"):
@@ -82,7 +82,7 @@ def test_a_parent_that_used_more_cpu_than_the_limit_survives(tmp_path):
 
     exe = script(tmp_path, "true")
     code = ("import time, sys; sys.path.insert(0, %r)\n"
-            "from compat_hook import ldcache\n"
+            "from compat_hook.effects import ldcache\n"
             "t = time.process_time()\n"
             "while time.process_time() - t < 2.5: pass\n"
             "ldcache.run_ldconfig(%r, '/r', (), 0.5)\n"

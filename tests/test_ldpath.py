@@ -1,11 +1,11 @@
-"""compat_hook.ldpath: LD_LIBRARY_PATH rewriting (pure)."""
+"""compat_hook.core.ldpath: LD_LIBRARY_PATH rewriting (pure)."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from compat_hook.ldpath import is_compat_entry, rewrite, rewrite_env
+from compat_hook.core.ldpath import is_compat_entry, rewrite, rewrite_env
 
 ENABLE = "/usr/local/cuda-12.9/compat"
 

@@ -30,7 +30,7 @@ import subprocess
 
 import pytest
 
-from compat_hook import ldcache
+from compat_hook.effects import ldcache
 from tests.conftest import Symlink, build_tree, elf, snapshot_tree
 from tests.elfgen import NOTE_575
 
@@ -184,7 +184,7 @@ def _observed_hook_mounts(before: list, after: list, rootfs: pathlib.Path) -> li
 
 def _planned_hook_mounts(plan: dict, rootfs: pathlib.Path) -> list:
     """explain's ``effects.hook`` mount and mask lines, targets resolved in the rootfs (as the hook does)."""
-    from compat_hook.rootfs import Root
+    from compat_hook.facts.rootfs import Root
 
     out = []
     with Root(str(rootfs)) as root:
@@ -249,7 +249,7 @@ def test_explain_plans_what_the_wrapper_and_the_hook_do(tmp_path, image, host, m
     before = json.loads((wb / "config.json").read_text())
     env = {"PATH": "/usr/bin:/bin", "COMPAT_HOOK_CONFIG": str(conf),
            "COMPAT_HOOK_STATE_DIR": str(tmp_path / "state")}
-    w = _run([PYTHON, "-c", "import sys; from compat_hook.runtime import main; sys.exit(main())",
+    w = _run([PYTHON, "-c", "import sys; from compat_hook.commands.runtime import main; sys.exit(main())",
               "create", "--bundle", str(wb), "cid"], env=env)
     assert w.returncode == 0, w.stderr
     after = json.loads((wb / "config.json").read_text())

@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from compat_hook import registration
+from compat_hook.core import registration
 from tests.support import debs, hookenv, rootfs
 from tests.support import runtimes as rt
 from tests.support.images import skopeo, umoci

@@ -2,8 +2,7 @@
 
 A local image, built here as an OCI layout with umoci from the harness rootfs
 (tests/support/rootfs.py: busybox, glibc, the probe, the real compat
-libcuda 550 in /usr/local/cuda-12.4/compat), is loaded with ``podman load``
-(docs/oci-runtimes.md section 9.8). The "host driver" is a real host
+libcuda 550 in /usr/local/cuda-12.4/compat), is loaded with ``podman load``. The "host driver" is a real host
 libcuda bind-mounted with ``-v`` onto the container's
 /usr/lib/x86_64-linux-gnu/libcuda.so.1, as the NVIDIA toolkit does, and the
 hook reads a fake host tree (``/proc/driver/nvidia/version``) through
@@ -153,7 +152,7 @@ def fake_host(base: pathlib.Path, version: str) -> pathlib.Path:
 
 def install_podman(*argv, state_dir=None) -> int:
     """``compat-hook install|uninstall podman ARGV`` through the real argument parser."""
-    from compat_hook import cli
+    from compat_hook.commands import cli
     from compat_hook.install import run_install
 
     args = cli._parser().parse_args(list(argv))

@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from compat_hook import logjson
-from compat_hook.report import MAX_KEYS, MAX_PERIODS, parse_since, report
+from compat_hook.core import logjson
+from compat_hook.commands.report import MAX_KEYS, MAX_PERIODS, parse_since, report
 from tests.support import hostile as H
 
 PY = "/usr/bin/python3"
@@ -283,7 +283,7 @@ def test_big_log_in_constant_memory(tmp_path):
             f.write(json.dumps(line) + "\n")
     small.write_text(json.dumps(line) + "\n")
     assert big.stat().st_size > 90 << 20 and time.monotonic() - t0 < 60
-    code = ("import sys; from compat_hook.report import report; r = report([sys.argv[1]]); "
+    code = ("import sys; from compat_hook.commands.report import report; r = report([sys.argv[1]]); "
             "print(r['records'], len(r['periods'][0]['pods']), "
             "[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])")
     out = {}

@@ -1,6 +1,6 @@
-"""compat_hook.rootfs: the confined accessor.
+"""compat_hook.facts.rootfs: the confined accessor.
 
-NVIDIA's container-root_test table (nvidia-toolkit.md §6) mapped onto
+NVIDIA's container-root_test table (docs/background.md "The NVIDIA toolkit") mapped onto
 Root.mkdirs / open_regular / write_file / exists / listdir, then the escapes:
 relative and absolute symlinks out of the root, ``..`` beyond it, loops, and
 special files that must never be opened. A canary tree outside the root is
@@ -16,9 +16,9 @@ import threading
 
 import pytest
 
-from compat_hook import imagefacts
-from compat_hook.errors import UnsafePath
-from compat_hook.rootfs import MAX_SYMLINKS, Root
+from compat_hook.facts import imagefacts
+from compat_hook.core.errors import UnsafePath
+from compat_hook.facts.rootfs import MAX_SYMLINKS, Root
 from tests.conftest import CharDev, Dir, Fifo, Symlink, build_tree, snapshot_tree
 
 

@@ -27,9 +27,12 @@ import subprocess
 
 import pytest
 
-from compat_hook import runtime as rtw
-from compat_hook import specedit, store
-from compat_hook.registration import hook_entry
+from compat_hook.commands import runtime as rtw
+from compat_hook.core.realruntime import read_runtime_line
+from compat_hook.install.wrapper import render_wrapper
+from compat_hook.effects import specedit
+from compat_hook.commands import store
+from compat_hook.core.registration import hook_entry
 from tests.conftest import write_fake_host
 from tests.support import debs, rootfs, runtimes as rt
 
@@ -49,7 +52,7 @@ def render(path: pathlib.Path, config_path, *, python: str | None = None) -> pat
     """Write the rendered shell wrapper to ``path`` (mode 0755)."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(rtw.render_wrapper(str(config_path) if config_path else None, python=python))
+    path.write_text(render_wrapper(str(config_path) if config_path else None, python=python))
     path.chmod(0o755)
     return path
 
@@ -93,7 +96,7 @@ spec = json.load(open(p))
 if os.path.exists(sys.argv[2]):
     spec.setdefault("mounts", []).append({"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
         "type": "bind", "source": sys.argv[2], "options": ["rbind", "ro", "nosuid", "nodev"]})
-if sys.argv[3] == "1":  # CI machines lack CAP_SYS_RESOURCE (oci-runtimes.md section 8)
+if sys.argv[3] == "1":  # CI machines lack CAP_SYS_RESOURCE (docs/background.md "Test machines")
     spec["process"].pop("oomScoreAdj", None)
 json.dump(spec, open(p, "w"))
 ' "${bundle:-.}" @HOSTLIB@ @DROPOOM@ || exit 1
@@ -142,7 +145,7 @@ def _yaml_runtime(text: str):
     """What the Python config loader says the runtime is (``None``: the config is invalid)."""
     import yaml
 
-    from compat_hook.config import from_mapping
+    from compat_hook.core.config import from_mapping
 
     try:
         return from_mapping(yaml.safe_load(text)).runtime
@@ -206,7 +209,7 @@ def corpus() -> list:
 def test_python_line_reader_agrees_with_the_yaml_loader():
     checked_sure = 0
     for text in corpus():
-        quick, sure = rtw.read_runtime_line(text)
+        quick, sure = read_runtime_line(text)
         full = _yaml_runtime(text)
         if sure and full is not None:
             assert quick == full, (text, quick, full)
@@ -235,7 +238,7 @@ def test_shell_reader_agrees_with_python(tmp_path):
         results = out.stdout.splitlines()
         assert len(results) == len(batch), out
         for text, res in zip(batch, results):
-            quick, sure = rtw.read_runtime_line(text)
+            quick, sure = read_runtime_line(text)
             assert res == (f"runtime={quick}" if sure else "unsure"), (text, res, quick, sure)
             full = _yaml_runtime(text)
             if sure and full is not None:
@@ -319,7 +322,7 @@ def test_create_without_compat_hook_importable_fails_open(tmp_path):
     real = recorder(tmp_path / "real-runtime", log)
     cfg = write_config(tmp_path / "config.yaml", runtime=str(real))
     wrapper = tmp_path / "w.sh"
-    wrapper.write_text(rtw.render_wrapper(str(cfg), python=PY, paths=[str(tmp_path / "gone")]))
+    wrapper.write_text(render_wrapper(str(cfg), python=PY, paths=[str(tmp_path / "gone")]))
     wrapper.chmod(0o755)
     argv = ["--root", "/r", "create", "--bundle", str(tmp_path), "c1"]
     p = subprocess.run([str(wrapper), *argv], capture_output=True, text=True, env=ENV)

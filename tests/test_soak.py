@@ -12,7 +12,7 @@ hook or wrapper was killed, the next start after a fault fine, nothing
 written outside compat-hook's and the engine's own dirs, and the
 re-registration window at most 1 s.
 
-The watcher (compat_hook/watch.py) is also checked alone, on real inotify:
+The watcher (compat_hook/install/watch.py) is also checked alone, on real inotify:
 a config.toml deleted with its dirs and written anew is reported, and so is
 one written in place.
 """
@@ -44,10 +44,10 @@ def soak_faults() -> tuple:
 
 
 class Lines:
-    """``python3 -m compat_hook.watch ARGS`` and the lines it prints, read with a deadline."""
+    """``python3 -m compat_hook.install.watch ARGS`` and the lines it prints, read with a deadline."""
 
     def __init__(self, *args) -> None:
-        self.p = subprocess.Popen([PY, "-m", "compat_hook.watch", *map(str, args)], cwd=REPO,
+        self.p = subprocess.Popen([PY, "-m", "compat_hook.install.watch", *map(str, args)], cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         os.set_blocking(self.p.stdout.fileno(), False)
         self.buf = ""
@@ -111,7 +111,7 @@ def test_watch_polls_as_the_fallback_and_rejects_bad_usage(tmp_path):
     finally:
         w.close()
     for args in ([], ["--every"], ["--every", "0", "x"], ["--frequency", "1", "x"]):
-        p = subprocess.run([PY, "-m", "compat_hook.watch", *args], cwd=REPO, capture_output=True, text=True)
+        p = subprocess.run([PY, "-m", "compat_hook.install.watch", *args], cwd=REPO, capture_output=True, text=True)
         assert p.returncode == 2 and p.stderr.startswith("compat-hook watch: ") and "Traceback" not in p.stderr, \
             (args, p.stderr)
 

@@ -17,10 +17,12 @@ import subprocess
 
 import pytest
 
-from compat_hook import elfgen, store, storefacts
-from compat_hook.config import from_mapping
-from compat_hook.container import Request
-from compat_hook.hostfacts import HostFacts
+from compat_hook.facts import elfgen
+from compat_hook.commands import store
+from compat_hook.policy import storefacts
+from compat_hook.core.config import from_mapping
+from compat_hook.facts.container import Request
+from compat_hook.facts.hostfacts import HostFacts
 from tests.support import debs
 
 PY = "/usr/bin/python3"

@@ -22,7 +22,7 @@ compat-hook's host facts come from a fake host tree (``host_root``) whose
 ``/proc/driver/nvidia/version`` names the same version the toolkit is told and
 whose ``/proc/driver/nvidia/gpus/*/information`` names the GPU. The image's
 compat driver is Debian's 550.163.01, whose note lists branches 470/525/535
-and datacenter device classes (docs: nvidia-toolkit.md section 13).
+and datacenter device classes (docs/background.md "The NVIDIA toolkit").
 
 What is asserted is what the container's own probe loaded
 (``dlopen("libcuda.so.1")``), compat-hook's log line and the image's files.
@@ -41,8 +41,8 @@ import pathlib
 
 import pytest
 
-from compat_hook import registration
-from compat_hook.runtime import render_wrapper
+from compat_hook.core import registration
+from compat_hook.install.wrapper import render_wrapper
 from tests.conftest import write_fake_host
 from tests.support import debs, hookenv, rootfs, runtimes as rt
 from tests.support.toolkit import toolkit  # noqa: F401  (the session fixture)
@@ -159,7 +159,7 @@ def assert_loaded(res: rt.Result, lib: str, cuda: int) -> None:
     ("cuda-compat.conf", "compat"), ("zzz-cuda-compat.conf", "host"),
 ])
 def test_without_compat_hook_the_toolkit_loads(tmp_path, case, loads, libs, toolkit):
-    """The baseline the tests below change: the toolkit's trio alone (nvidia-toolkit.md section 13)."""
+    """The baseline the tests below change: the toolkit's trio alone (docs/background.md "The NVIDIA toolkit")."""
     kw = {"host": HOST_555, "gpu": DATACENTER}
     if case == "geforce":
         kw = {"host": HOST_535, "gpu": GEFORCE}
@@ -370,7 +370,7 @@ class Chain:
 def low_level(runtime: str, work: pathlib.Path) -> str:
     """The low-level runtime's path for the chain: runc, or crun the way tests/support/runtimes.py runs it.
 
-    crun refuses hybrid cgroups (docs/oci-runtimes.md section 9.3): there a
+    crun refuses hybrid cgroups (docs/background.md "Test machines"): there a
     script runs it in a private mount namespace without the cgroup2 mount;
     the toolkit and the wrapper exec it as they would exec crun.
     """

@@ -1,6 +1,6 @@
-"""compat_hook.toolkit, the model of what the NVIDIA Container Toolkit does, against the toolkit itself.
+"""compat_hook.policy.toolkit, the model of what the NVIDIA Container Toolkit does, against the toolkit itself.
 
-Differential tests: on small real trees (ELF stubs from compat_hook.elfgen,
+Differential tests: on small real trees (ELF stubs from compat_hook.facts.elfgen,
 which ldconfig accepts as libraries) the model says which ld.so.conf.d file
 first names the host driver's dir and which libcuda wins; the real
 ``nvidia-cdi-hook update-ldcache`` (v1.20.2, :mod:`tests.support.toolkit`)
@@ -14,7 +14,7 @@ host's real ``ldconfig``, and
   trusted dir).
 
 Likewise the real ``enable-cuda-compat`` with ``--host-cuda-version`` (the
-Tegra/CSV path) is compared with :func:`compat_hook.toolkit.would_enable`.
+Tegra/CSV path) is compared with :func:`compat_hook.policy.toolkit.would_enable`.
 
 ``update-ldcache`` pivots into the root, so each run gets a private mount
 namespace (``unshare -m``) in which the root is bind-mounted onto itself,
@@ -30,10 +30,11 @@ import subprocess
 
 import pytest
 
-from compat_hook import elfgen, imagefacts, toolkit as model
-from compat_hook.config import from_mapping
-from compat_hook.rootfs import Root
-from compat_hook.versions import parse_version
+from compat_hook.facts import elfgen, imagefacts
+from compat_hook.policy import toolkit as model
+from compat_hook.core.config import from_mapping
+from compat_hook.facts.rootfs import Root
+from compat_hook.core.versions import parse_version
 from tests.support.toolkit import toolkit  # noqa: F401  (the session fixture)
 
 pytestmark = pytest.mark.containers

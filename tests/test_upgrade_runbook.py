@@ -123,7 +123,7 @@ def test_every_runbook_command_runs_as_written(tmp_path):
     (w / "bin").mkdir()
     (w / "bin" / "compat-hook").write_text(
         f"#!/usr/bin/python3\nimport sys\nsys.path.insert(0, {str(REPO)!r})\n"
-        "from compat_hook.cli import main\nsys.exit(main())\n")
+        "from compat_hook.commands.cli import main\nsys.exit(main())\n")
     (w / "bin" / "compat-hook").chmod(0o755)
     compat = {"usr/local/cuda-12.9/compat/libcuda.so.575.57.08": elf(NOTE_575),
               "usr/local/cuda-12.9/compat/libcuda.so.1": Symlink("libcuda.so.575.57.08")}

@@ -1,12 +1,12 @@
-"""compat_hook.versions: parsing, formatting, the branch table (cuda-compat.md §1-2)."""
+"""compat_hook.core.versions: parsing, formatting, the branch table (docs/background.md "Branches and CUDA")."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, strategies as st
 
-from compat_hook.errors import InvalidVersion
-from compat_hook.versions import (BRANCH_MAX_CUDA, branch_max_cuda, decode_cuda_driver_version,
+from compat_hook.core.errors import InvalidVersion
+from compat_hook.core.versions import (BRANCH_MAX_CUDA, branch_max_cuda, decode_cuda_driver_version,
                                   format_version, parse_version, try_parse_version)
 
 
@@ -83,7 +83,7 @@ def test_decode_rejects_non_positive(value):
         decode_cuda_driver_version(value)
 
 
-# cuda-compat.md §2, verbatim.
+# The branch table (docs/background.md "Branches and CUDA").
 DOC_BRANCHES = {
     525: (12, 0), 530: (12, 1), 535: (12, 2), 545: (12, 3), 550: (12, 4), 555: (12, 5), 560: (12, 6),
     565: (12, 7), 570: (12, 8), 575: (12, 9), 580: (13, 0), 590: (13, 1), 595: (13, 2), 610: (13, 3),
@@ -116,7 +116,7 @@ def test_branch_between_or_outside(branch, cuda):
 
 
 def test_decoded_cuda_matches_branch_table():
-    # Debian libcuda builds return these values from cuDriverGetVersion (cuda-compat.md §13).
+    # Debian libcuda builds return these values from cuDriverGetVersion (docs/background.md "The ELF note").
     for branch, value in ((535, 12020), (550, 12040), (555, 12050)):
         assert decode_cuda_driver_version(value) == branch_max_cuda(branch)
 

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from compat_hook import oci
-from compat_hook.container import Request, parse_gpu_name
-from compat_hook.decision import select_gpus
-from compat_hook.hostfacts import Gpu
+from compat_hook.facts import oci
+from compat_hook.facts.container import Request, parse_gpu_name
+from compat_hook.policy.decision import select_gpus
+from compat_hook.facts.hostfacts import Gpu
 
 H100 = Gpu("0000:17:00.0", "NVIDIA H100 80GB HBM3", 14, "proc-model-name", index=0,
            uuid="GPU-5a1c0d3e-0000-4a4a-8b8b-000000000001", minor=2,

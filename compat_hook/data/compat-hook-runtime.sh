@@ -5,7 +5,7 @@
 #
 # Every verb but `create` and `run` execs the real runtime at once, without
 # starting Python. `create`/`run` go to compat-hook's Python wrapper
-# (compat_hook/runtime.py), which edits <bundle>/config.json and then execs
+# (compat_hook/commands/runtime.py), which edits <bundle>/config.json and then execs
 # the real runtime with the same arguments.
 #
 # The real runtime is the config key `runtime:` (runc, crun,
@@ -14,7 +14,7 @@
 # [A-Za-z0-9_./+-], and every line this reader cannot vouch for (flow or
 # multi-line values it cannot see the end of, anchors, tags, complex keys,
 # odd characters) hands the whole call to the Python wrapper, which reads the
-# file with PyYAML. compat_hook/runtime.py:read_runtime_line() is the same
+# file with PyYAML. compat_hook/core/realruntime.py:read_runtime_line() is the same
 # reader in Python; the tests check both against the YAML loader.
 #
 # compat-hook-installation: @INSTALLATION@

@@ -68,7 +68,7 @@ def run_install(opts, uninstall: bool = False) -> int:
     if not isinstance(opts, Options):
         opts = Options.from_namespace(opts)
     if opts.engine not in ENGINES:
-        from ..errors import UsageError
+        from ..core.errors import UsageError
 
         raise UsageError(f"unknown engine {opts.engine!r} (one of {', '.join(ENGINES)})")
     mod = importlib.import_module(f"compat_hook.install.{opts.engine.replace('-', '_')}")

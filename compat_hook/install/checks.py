@@ -19,7 +19,7 @@ CRI-O's runtime handler). :func:`problems` returns what would not work:
 yet means the defaults plus a note; one that does not validate is refused
 (exit 2), since every start would then fail open with an error line.
 
->>> from compat_hook.config import from_mapping
+>>> from compat_hook.core.config import from_mapping
 >>> problems(from_mapping({"mode": "env"}), "hook")[0][0]
 'warning'
 >>> problems(from_mapping({}), "wrapper")
@@ -34,15 +34,10 @@ __all__ = ["registered_config", "problems", "enforce"]
 
 
 def registered_config(hook_config: str | None):
-    """``(Config, note or None)`` for the file a registration names."""
-    from .. import config as _config
+    """``(Config, note or None)`` for the file a registration names (:func:`compat_hook.core.config.registered`)."""
+    from ..core import config as _config
 
-    path = os.path.abspath(hook_config) if hook_config else _config.DEFAULT_PATH
-    if not os.path.lexists(path):
-        note = (f"note: {path} is missing: the registered hook and wrapper use the defaults until it is written"
-                if hook_config else None)
-        return _config.from_mapping({}, None), note
-    return _config.load(path, environ={}), None
+    return _config.registered(hook_config)
 
 
 def problems(cfg, path: str, *, hook_elsewhere: bool = False) -> list:
@@ -64,7 +59,7 @@ def problems(cfg, path: str, *, hook_elsewhere: bool = False) -> list:
     if cfg.dry_run:
         out.append(("warning", "dry_run: true: decisions are logged, nothing is changed"))
     if path == "wrapper":
-        from ..runtime import RuntimeNotFound, resolve_runtime
+        from ..core.realruntime import RuntimeNotFound, resolve_runtime
 
         try:
             resolve_runtime(cfg.runtime)
@@ -79,7 +74,7 @@ def problems(cfg, path: str, *, hook_elsewhere: bool = False) -> list:
 
 def enforce(hook_config: str | None, path: str, say, *, hook_elsewhere: bool = False) -> None:
     """Print notes and warnings through ``say``; raise InstallError on an error."""
-    from .hooksd import InstallError
+    from .common import InstallError
 
     cfg, note = registered_config(hook_config)
     if note:

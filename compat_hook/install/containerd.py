@@ -56,7 +56,7 @@ import copy
 import os
 import sys
 
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CompatHookError
+from ..core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CompatHookError
 
 __all__ = ["install", "uninstall", "plan_install", "plan_uninstall", "DEFAULT_CONFIG",
            "DROPIN_NAME", "CRI_PLUGIN", "InstallError"]
@@ -267,7 +267,7 @@ def _read(path: str):
 
 
 def _state_of(dropin_text: str | None) -> dict:
-    from .. import jsonfast
+    from ..core import jsonfast
 
     for line in (dropin_text or "").splitlines():
         if line.startswith(STATE_TAG):
@@ -312,8 +312,8 @@ class Plan:
 
 
 def plan_install(opts) -> Plan:
-    from .. import jsonfast
-    from ..config import DEFAULT_PATH
+    from ..core import jsonfast
+    from ..core.config import DEFAULT_PATH
     from .checks import enforce
     from .files import Change
     from .wrapper import fail_closed, wrapper_for
@@ -488,7 +488,7 @@ def record_path(main_path: str) -> str:
 
 
 def _read_record(path: str) -> dict:
-    from .. import jsonfast
+    from ..core import jsonfast
 
     text = _read(path)
     if not text:
@@ -585,7 +585,7 @@ def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, ol
     the GPU Operator's toolkit, an admin) edits the file that holds our runtime,
     and a drop-in rendered from config.toml copies it along: nothing hides it.
     """
-    from .. import jsonfast
+    from ..core import jsonfast
     from .files import Change
 
     tomlkit = _tomlkit()
@@ -881,7 +881,7 @@ def _plain_value(item):
 def _base_spec_text(hook_config: str, state_dir: str | None = None, fail_closed: bool = False) -> str:
     import json
 
-    from ..registration import hook_entry
+    from ..core.registration import hook_entry
 
     ctr = _which("ctr")
     if ctr is None:
@@ -891,7 +891,7 @@ def _base_spec_text(hook_config: str, state_dir: str | None = None, fail_closed:
     except ValueError as e:
         raise InstallError(f"ctr oci spec printed no JSON: {e}") from None
     hooks = spec.setdefault("hooks", {})
-    from ..registration import registered_log_file
+    from ..core.registration import registered_log_file
 
     entry = hook_entry(stage="createContainer", config=hook_config, state_dir=state_dir, fail_closed=fail_closed,
                        log_file=registered_log_file(hook_config))

@@ -101,7 +101,7 @@ def _target(path: str) -> str:
 
 
 def _fsync_dir(d: str) -> None:
-    from ..atomic import fsync_dir
+    from ..core.atomic import fsync_dir
 
     fsync_dir(d)
 
@@ -130,7 +130,7 @@ def write_atomic(path: str, text: str, mode: int | None = None, backup: bool = T
     os.makedirs(d, mode=0o755, exist_ok=True)
     bak = _copy_aside(path) if (backup and st is not None and not same) else None
     want = mode if mode is not None else (st.st_mode & 0o7777 if st is not None else 0o644)
-    from ..atomic import replace
+    from ..core.atomic import replace
 
     replace(path, data, want, owner=(st.st_uid, st.st_gid) if st is not None else None, fsync=True)
     return bak

@@ -15,13 +15,13 @@ container, and Podman sets none for ``--device nvidia.com/gpu=...``. So the
 hook fires for every container and skips non-GPU containers itself: its fast
 path decides ``no_gpu_request`` from config.json without reading any host or
 image fact (one interpreter start, ~17 ms on the CI machine kind, see
-docs/oci-runtimes.md section 10).
+docs/background.md "Test machines").
 
 The stage is ``createContainer``: it runs in the container's mount namespace
 before pivot_root with the host filesystem visible, which the ldconfig mode
 and the host-store bind mount need.
 
-The hook entry is :func:`compat_hook.registration.hook_entry` (``-I -S``, an
+The hook entry is :func:`compat_hook.core.registration.hook_entry` (``-I -S``, an
 explicit ``env``, the fail-open boot code; ``--fail-closed`` when the
 configuration says ``on_error: fail``). An interpreter that is
 ``/usr/bin/python3.11`` because ``/usr/bin/python3`` links to it is written as
@@ -36,9 +36,9 @@ is never rewritten or removed by these commands (that is dpkg's job).
 from __future__ import annotations
 
 import os
-import sys
 
-from ..errors import CompatHookError, UsageError
+from ..core.errors import UsageError
+from .common import ENGINE_FILES, InstallError, packaged, say  # noqa: F401  (the engines import them from here)
 
 __all__ = ["DEFAULT_DIR", "OVERRIDE_DIR", "FILE_NAME", "InstallError", "document", "render",
            "target_path", "is_ours", "packaged", "changes", "removals", "install", "uninstall",
@@ -48,29 +48,16 @@ __all__ = ["DEFAULT_DIR", "OVERRIDE_DIR", "FILE_NAME", "InstallError", "document
 DEFAULT_DIR = "/usr/share/containers/oci/hooks.d"
 OVERRIDE_DIR = "/etc/containers/oci/hooks.d"
 FILE_NAME = "50-compat-hook.json"
-#: Where dpkg lists the files of installed packages (tests point it elsewhere).
-DPKG_INFO = "/var/lib/dpkg/info"
-PACKAGE = "compat-hook"
 STAGE = "createContainer"
 _MARK = "compat_hook.cli"
-
-
-class InstallError(CompatHookError):
-    """A registration cannot be done safely (exit status 1)."""
-
-    code = "install_failed"
-
-
-def say(msg: str) -> None:
-    sys.stdout.write(msg + "\n")
 
 
 # --------------------------------------------------------------------------- the document
 
 
 def stable_interpreter(exe: str) -> str:
-    """See :func:`compat_hook.registration.stable_interpreter`."""
-    from ..registration import stable_interpreter as _stable
+    """See :func:`compat_hook.core.registration.stable_interpreter`."""
+    from ..core.registration import stable_interpreter as _stable
 
     return _stable(exe)
 
@@ -80,7 +67,7 @@ def document(opts, *, log_file=None) -> dict:
 
     ``log_file``: where a failed start is logged (default: the configuration's ``log_file``, read now).
     """
-    from ..registration import hook_entry, hooksd_document, registered_log_file
+    from ..core.registration import hook_entry, hooksd_document, registered_log_file
     from .wrapper import fail_closed
 
     entry = hook_entry(stage=STAGE, config=opts.hook_config, state_dir=opts.state_dir,
@@ -92,7 +79,7 @@ def document(opts, *, log_file=None) -> dict:
 def package_document(python: str = "/usr/bin/python3",
                      paths=("/usr/lib/python3/dist-packages",), config: str | None = None) -> dict:
     """The document the Debian package ships (the installed locations, not this tree's)."""
-    from ..registration import hook_entry, hooksd_document
+    from ..core.registration import hook_entry, hooksd_document
 
     return hooksd_document(hook_entry(stage=STAGE, config=config, python=python, paths=list(paths),
                                       log_file="/var/log/compat-hook.log"), stages=[STAGE])
@@ -126,24 +113,9 @@ def target_path(opts) -> str:
     return os.path.join(os.path.abspath(opts.hooks_dir or DEFAULT_DIR), FILE_NAME)
 
 
-def packaged(path: str) -> bool:
-    """True when dpkg lists ``path`` as a file of the compat-hook package."""
-    try:
-        with open(os.path.join(DPKG_INFO, PACKAGE + ".list"), encoding="utf-8",
-                  errors="replace") as f:
-            return any(line.rstrip("\n") == path for line in f)
-    except OSError:
-        return False
-
-
 # --------------------------------------------------------------------------- the runtime wrapper
 # Docker and CRI-O register the same wrapper as containerd (compat_hook.install.wrapper).
 from .wrapper import WRAPPER_MARK  # noqa: E402  (the mark a rendered wrapper starts with)
-
-#: Where the other engines' registrations name the wrapper (read to tell whether it is shared).
-ENGINE_FILES = ("/etc/containerd/config.toml.compat-hook-install",
-                "/etc/containerd/conf.d/99-zz-compat-hook.toml", "/etc/docker/daemon.json",
-                "/etc/crio/crio.conf.d/99-compat-hook.toml")
 
 
 def wrapper_change(opts) -> list:

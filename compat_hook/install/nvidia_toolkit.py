@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from .hooksd import InstallError, say
 
 __all__ = ["DEFAULT_CONFIG", "OPERATOR_CONFIG", "CONFIG_ENV", "install", "uninstall", "config_path",
@@ -103,7 +103,7 @@ def _tomlkit():
         import tomlkit
     except ImportError:
         raise InstallError("tomlkit is not installed (apt-get install python3-tomlkit, "
-                           "or pip install 'compat-hook[install]')") from None
+                           "or pip install tomlkit)") from None
     return tomlkit
 
 
@@ -173,7 +173,7 @@ def problems(s: dict, path: str) -> list:
 
 
 def _state_of(item) -> dict:
-    from .. import jsonfast
+    from ..core import jsonfast
 
     comment = getattr(getattr(item, "trivia", None), "comment", "") or ""
     body = comment.lstrip("#").strip()
@@ -204,7 +204,7 @@ def _is_ours(entry, wrapper: str | None) -> bool:
 
 
 def _resolve(name: str) -> str | None:
-    from ..runtime import RuntimeNotFound, resolve_runtime
+    from ..core.realruntime import RuntimeNotFound, resolve_runtime
 
     try:
         p = resolve_runtime(name, SAFE_PATH)
@@ -223,7 +223,7 @@ def _sha(text: str | None) -> str | None:
 
 
 def _hook_config_path(opts) -> str:
-    from ..config import DEFAULT_PATH
+    from ..core.config import DEFAULT_PATH
 
     return os.path.abspath(opts.hook_config) if opts.hook_config else DEFAULT_PATH
 
@@ -234,14 +234,14 @@ def _runtime_of(path: str, text: str | None) -> tuple:
     ``sure``: the line reader the shell wrapper uses vouches for the file, so
     a line appended to it is read the same way by the wrapper and by YAML.
     """
-    from ..runtime import read_runtime_line
+    from ..core.realruntime import read_runtime_line
 
     if text is None:
         return "runc", False, True
     rt, sure = read_runtime_line(text)
     if sure:
         return rt, any(line.startswith("runtime:") for line in text.split("\n")), True
-    from .. import config as _config
+    from ..core import config as _config
 
     cfg = _config.load(path, environ={})  # a bad file is refused here (exit 2)
     return cfg.runtime, None, False
@@ -337,7 +337,7 @@ def _runtimes_item(doc, path: str):
 
 def _render_install(text: str, path: str, wrapper: str, extra_state: dict):
     """``(new text, state, toolkit runtimes before compat-hook)`` for ``text`` with ``wrapper`` first."""
-    from .. import jsonfast
+    from ..core import jsonfast
 
     tomlkit = _tomlkit()
     doc = _parse(text, path)

@@ -5,7 +5,7 @@ paths filled in (:func:`render_wrapper`): a runc-compatible runtime for
 containerd's ``BinaryName``, Docker's ``runtimes.<name>.path`` and CRI-O's
 ``runtime_path``. Every verb but ``create``/``run`` execs the real runtime
 from shell builtins (~1 ms); those two start Python through
-:func:`compat_hook.registration.boot_code` (``target="runtime"``).
+:func:`compat_hook.core.registration.boot_code` (``target="runtime"``).
 
 **One wrapper per node.** ``install containerd|docker|crio`` name the same
 file, rendered the same way, so installing for several engines never
@@ -36,7 +36,7 @@ installation it runs (``# compat-hook-installation: <python> <dir>``). An
 ``install`` from another installation takes it over with a message saying
 so; an ``uninstall`` from another installation leaves it alone.
 
-The pip console script ``compat-hook-runtime`` (``compat_hook.runtime:main``)
+The pip console script ``compat-hook-runtime`` (``compat_hook.commands.runtime:main``)
 does the same job in Python, starting an interpreter on every runtime verb
 (+15-20 ms each): it is for trying the wrapper by hand, never what ``install``
 registers.
@@ -89,8 +89,8 @@ def render_wrapper(config_path: str | None = None, *, python: str | None = None,
     """
     import shlex
 
-    from ..config import DEFAULT_PATH
-    from ..registration import boot_code, interpreter, python_paths, registered_log_file
+    from ..core.config import DEFAULT_PATH
+    from ..core.registration import boot_code, interpreter, python_paths, registered_log_file
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(here, "data", "compat-hook-runtime.sh"), encoding="utf-8") as f:
@@ -116,7 +116,7 @@ def this_installation(python: str | None = None, paths: list | None = None) -> s
     >>> this_installation("/usr/bin/python3", ["/usr/lib/python3/dist-packages", "/x"])
     '/usr/bin/python3 /usr/lib/python3/dist-packages'
     """
-    from ..registration import interpreter, python_paths
+    from ..core.registration import interpreter, python_paths
 
     paths = paths if paths is not None else python_paths()
     return f"{python or interpreter()} {paths[0] if paths else '?'}"
@@ -163,20 +163,20 @@ def fail_closed(hook_config: str | None) -> bool:
 
 
 def _hook_config(opts) -> str:
-    from ..config import DEFAULT_PATH
+    from ..core.config import DEFAULT_PATH
 
     return os.path.abspath(opts.hook_config) if opts.hook_config else DEFAULT_PATH
 
 
 def _packaged_wrapper() -> bool:
-    from . import hooksd
+    from .common import packaged
 
-    return os.path.isfile(PACKAGED_WRAPPER_PATH) and hooksd.packaged(PACKAGED_WRAPPER_PATH)
+    return os.path.isfile(PACKAGED_WRAPPER_PATH) and packaged(PACKAGED_WRAPPER_PATH)
 
 
 def wrapper_for(opts) -> tuple:
     """``(path, text or None)``: the wrapper a registration names and, unless it is the packaged one, its text."""
-    from .hooksd import InstallError
+    from .common import InstallError
 
     cfg = _hook_config(opts)
     closed = fail_closed(opts.hook_config)
@@ -195,7 +195,7 @@ def wrapper_for(opts) -> tuple:
                 f"(--hook-config, --state-dir or on_error: fail): add --wrapper-path PATH to write it there")
         mine = this_installation()
         if mine != this_installation(PACKAGED_PYTHON, list(PACKAGED_PATHS)):
-            from .hooksd import say
+            from .common import say
 
             say(f"note: registering the compat-hook package's wrapper {PACKAGED_WRAPPER_PATH}: containers run "
                 f"the package's compat-hook ({this_installation(PACKAGED_PYTHON, list(PACKAGED_PATHS))}), not "
@@ -207,7 +207,7 @@ def wrapper_for(opts) -> tuple:
 def wrapper_change(opts) -> list:
     """The :class:`~compat_hook.install.files.Change` writing the wrapper (mode 0755); ``[]``: the packaged one."""
     from .files import Change
-    from .hooksd import InstallError
+    from .common import InstallError
 
     path, text = wrapper_for(opts)
     if text is None:
@@ -219,7 +219,7 @@ def wrapper_change(opts) -> list:
         raise InstallError(f"{path} exists and is not compat-hook's runtime wrapper; "
                            f"move it away or use --wrapper-path")
     if change.old is not None and change.changed:
-        from .hooksd import say
+        from .common import say
 
         theirs, mine = installation_of(change.old), installation_of(text)
         if is_pass_through(change.old):
@@ -242,23 +242,23 @@ def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=
     of the containers still created through it (:func:`users`); when any is
     left, the wrapper is replaced by :func:`render_pass_through` instead.
     """
-    from . import hooksd
+    from . import common
     from .files import Change
 
     if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isfile(path) or path == keep:
         return []
-    if hooksd.packaged(path):
+    if common.packaged(path):
         return []
     change = Change(path, None, ours=True, prune=True)
     if not is_wrapper(change.old):
-        hooksd.say(f"note: left {path} alone: it is not compat-hook's runtime wrapper")
+        common.say(f"note: left {path} alone: it is not compat-hook's runtime wrapper")
         return []
     theirs = installation_of(change.old)
     if theirs is not None and theirs != this_installation() and not is_pass_through(change.old):
-        hooksd.say(f"note: left {path} alone: it runs another compat-hook installation ({theirs}); "
+        common.say(f"note: left {path} alone: it runs another compat-hook installation ({theirs}); "
                    f"uninstall with that one, or delete the file")
         return []
-    for other in hooksd.ENGINE_FILES:
+    for other in common.ENGINE_FILES:
         if os.path.abspath(other) == os.path.abspath(own_config):
             continue
         text = None
@@ -268,13 +268,13 @@ def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=
         except OSError:
             pass
         if text and path in text:
-            hooksd.say(f"note: kept {path}: {other} still uses it")
+            common.say(f"note: kept {path}: {other} still uses it")
             return []
     left = users_of(path) if users_of is not None else []
     if left:
         runtime = _real_runtime(change.old)
         shown = ", ".join(left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
-        hooksd.say(f"note: {len(left)} container(s) created through {path} still exist ({shown}): it stays as a "
+        common.say(f"note: {len(left)} container(s) created through {path} still exist ({shown}): it stays as a "
                    f"pass-through to {runtime} (no compat-hook) so they can be stopped and removed; once they are "
                    f"gone, run `compat-hook uninstall {engine}` again to remove it")
         if is_pass_through(change.old):
@@ -285,17 +285,17 @@ def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=
 
 def pass_through_cleanup(path: str, users_of, engine: str) -> list:
     """A pass-through left at ``path`` by an earlier uninstall: removed once :func:`users` finds nobody."""
-    from . import hooksd
+    from . import common
     from .files import Change
 
-    if not (os.path.isabs(path) and os.path.isfile(path)) or hooksd.packaged(path):
+    if not (os.path.isabs(path) and os.path.isfile(path)) or common.packaged(path):
         return []
     change = Change(path, None, ours=True, prune=True)
     if not is_pass_through(change.old):
         return []
     left = users_of(path)
     if left:
-        hooksd.say(f"note: kept the pass-through {path}: {len(left)} container(s) created through it still exist "
+        common.say(f"note: kept the pass-through {path}: {len(left)} container(s) created through it still exist "
                    f"({', '.join(left[:10])})")
         return []
     return [change]
@@ -305,7 +305,7 @@ def _real_runtime(wrapper_text: str) -> str:
     """The runtime a wrapper (or pass-through) execs, as an absolute path (``runc`` resolved when unsure)."""
     import shlex
 
-    from ..runtime import RuntimeNotFound, read_runtime_line, resolve_runtime
+    from ..core.realruntime import RuntimeNotFound, read_runtime_line, resolve_runtime
 
     if is_pass_through(wrapper_text):
         last = [ln for ln in wrapper_text.splitlines() if ln.startswith("exec ")]

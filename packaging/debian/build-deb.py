@@ -96,9 +96,10 @@ def put(stage: pathlib.Path, rel: str, data: bytes, mode: int = 0o644) -> pathli
 
 
 def python_files() -> list:
-    """The files setuptools would install (pyproject: compat_hook, compat_hook.install, data/*)."""
+    """The files setuptools would install (pyproject.toml [tool.setuptools] packages, data/*)."""
     out = []
-    for pkg in ("compat_hook", "compat_hook/install"):
+    for pkg in ("compat_hook", "compat_hook/commands", "compat_hook/core", "compat_hook/effects",
+                "compat_hook/facts", "compat_hook/images", "compat_hook/install", "compat_hook/policy"):
         out += sorted((REPO / pkg).glob("*.py"))
     data = REPO / "compat_hook" / "data"
     if data.is_dir():
@@ -111,7 +112,7 @@ def config_text() -> bytes:
     if src.is_file():
         return src.read_bytes()
     p = subprocess.run([SYSTEM_PYTHON, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
-                        "from compat_hook.cli import main; sys.exit(main(['config']))", str(REPO)],
+                        "from compat_hook.commands.cli import main; sys.exit(main(['config']))", str(REPO)],
                        capture_output=True, check=True)
     return p.stdout
 
@@ -162,10 +163,10 @@ def build(out: pathlib.Path, stage: pathlib.Path) -> pathlib.Path:
     # Console scripts (pyproject [project.scripts]).
     put(stage, "usr/bin/compat-hook", SCRIPT.format(
         name="compat-hook", pkg=PKG, what="explain, install/uninstall, store, the OCI hook",
-        module="compat_hook.cli", func="main").encode(), 0o755)
+        module="compat_hook.commands.cli", func="main").encode(), 0o755)
     put(stage, "usr/bin/compat-hook-runtime", SCRIPT.format(
         name="compat-hook-runtime", pkg=PKG, what="the runtime wrapper (execs the real OCI runtime)",
-        module="compat_hook.runtime", func="main").encode(), 0o755)
+        module="compat_hook.commands.runtime", func="main").encode(), 0o755)
     if (REPO / WRAPPER_SRC).is_file():
         put(stage, WRAPPER_DST, wrapper_text(), 0o755)
 

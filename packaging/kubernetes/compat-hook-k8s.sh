@@ -36,7 +36,7 @@
 #      toolkit container rewrites that file from scratch whenever it starts
 #      (nvidia-ctk-installer deletes /usr/local/nvidia/toolkit first), so
 #      `run` registers again when it changed: woken by inotify the moment it
-#      is written (python3 -m compat_hook.watch on the node), and every
+#      is written (python3 -m compat_hook.install.watch on the node), and every
 #      $TOOLKIT_RECHECK seconds as well (the fallback, and all there is where
 #      the watcher cannot run). The durable setting is the operator's own: ClusterPolicy
 #      spec.toolkit.env NVIDIA_CONTAINER_RUNTIME_RUNTIMES=
@@ -261,13 +261,13 @@ sync_containerd() {
     containerd_sum | md5sum > "$TOOLKIT_STATE.containerd"
 }
 
-# sync_toolkit on every line of the watcher (compat_hook/watch.py: "ready" once armed,
+# sync_toolkit on every line of the watcher (compat_hook/install/watch.py: "ready" once armed,
 # "change" at a change, "poll" every $TOOLKIT_RECHECK s); returns when the watcher stops.
 watch_toolkit() {
     dest=$1
     # shellcheck disable=SC2086 # TOOLKIT_CONFIGS is a list of paths on purpose
     host_env "$HOST_PYTHON" -I -c \
-        'import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.watch import main; sys.exit(main())' \
+        'import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.install.watch import main; sys.exit(main())' \
         "$dest/lib" --every "$TOOLKIT_RECHECK" $TOOLKIT_CONFIGS |
         while read -r _; do sync_toolkit "$dest"; sync_containerd "$dest"; rotate_log; done
 }

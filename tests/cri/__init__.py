@@ -1,7 +1,7 @@
 """A minimal CRI client for the tests (grpcio + our own ``cri.proto``).
 
 containerd has no gRPC reflection and Debian ships no CRI proto or crictl
-(../shared/docs/oci-runtimes.md §8, §9.7), so the tests generate Python code
+(docs/background.md "Test machines"), so the tests generate Python code
 from ``tests/cri/cri.proto`` with ``grpc_tools.protoc`` into a temp dir at
 test time (nothing generated is committed) and talk to containerd's socket.
 Needs the Debian packages python3-grpcio and python3-grpc-tools.

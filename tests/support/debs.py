@@ -1,6 +1,6 @@
 """Real NVIDIA ``libcuda.so`` builds from Debian's ``libcuda1`` packages.
 
-docs/cuda-compat.md section 13 (shared docs):
+docs/background.md "The ELF note":
 
 =============  =========================  ======================
 version        suite/component            cuDriverGetVersion

@@ -3,7 +3,7 @@
 * :class:`Containerd`: Debian's containerd 1.6 (``/usr/bin``) or containerd 2.x
   (:func:`containerd2`: Debian sid's package, fetched with a private apt state
   and unpacked with ``dpkg-deb -x`` into ``<cache>/containerd2/``; its
-  binaries link only libc and run on Debian 12, docs/oci-runtimes.md §11.2);
+  binaries link only libc and run on Debian 12, docs/background.md "Test machines");
 * :class:`Dockerd`: Debian's docker.io with its own data, exec root, socket
   and pidfile, ``--iptables=false --bridge=none --storage-driver=vfs`` (§11.1);
 * :func:`crictl`: cri-tools' crictl, built from the Go module proxy into
@@ -50,7 +50,7 @@ UNSHARE = rt.UNSHARE
 MIRROR = "http://deb.debian.org/debian"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
-#: containerd 2.x from Debian sid (docs/oci-runtimes.md §11.2); any 2.x there is taken when this one is gone.
+#: containerd 2.x from Debian sid (docs/background.md "Test machines"); any 2.x there is taken when this one is gone.
 CONTAINERD2_VERSION = "2.1.9+ds1-5"
 CRICTL_VERSION = "v1.37.0"
 #: The Go toolchain module fetched when no Go >= 1.21 is installed (cri-tools v1.37.0 needs go >= 1.26.6).
@@ -251,7 +251,7 @@ class Containerd(Daemon):
 
 # The node's main config (the tests' own root, state, socket, CNI dir, runc root).
 # restrict_oom_score_adj: the sandbox's oomScoreAdj -998 needs CAP_SYS_RESOURCE, which
-# root lacks on the CI machine kind (docs/oci-runtimes.md §8); this clamps it to
+# root lacks on the CI machine kind (docs/background.md "Test machines"); this clamps it to
 # containerd's own score, as on a rootless node. It is containerd's setting, not compat-hook's.
 MAIN_V2 = """\
 version = 2

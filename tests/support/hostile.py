@@ -43,7 +43,7 @@ import subprocess
 import threading
 import time
 
-from compat_hook import elfgen
+from compat_hook.facts import elfgen
 
 Path = pathlib.Path
 
@@ -356,7 +356,7 @@ def base_rootfs(root: Path, *, compat: bool = True, ld_so_conf: bool = True) -> 
 
 
 def busybox_rootfs(root: Path, *, compat: bool = True) -> Path:
-    """:func:`base_rootfs` plus a static busybox, enough for ``runc run`` (oci-runtimes.md 9.1)."""
+    """:func:`base_rootfs` plus a static busybox, enough for ``runc run``."""
     base_rootfs(root, compat=compat)
     (root / "bin").mkdir(exist_ok=True)
     dst = root / "bin/busybox"

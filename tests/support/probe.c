@@ -5,7 +5,7 @@
  * SONAME, so LD_LIBRARY_PATH and /etc/ld.so.cache decide), asks the loaded
  * library for its CUDA version and reports which file the dynamic loader
  * actually mapped.  It never calls cuInit(): that needs a GPU and, as root,
- * mknod()s /dev/nvidiactl (docs/cuda-compat.md section 13).
+ * mknod()s /dev/nvidiactl (docs/background.md "The ELF note").
  *
  * Output on success (exit 0), exactly two lines:
  *   cuDriverGetVersion=<int>

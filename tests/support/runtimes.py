@@ -6,7 +6,7 @@
   the state dir.  crun refuses hybrid cgroups on the CI machine kind
   (``/sys/fs/cgroup/unified`` is a cgroup2 mount with ``hugetlb`` in
   ``cgroup.controllers``), so it runs inside ``unshare -m --propagation
-  private`` with that mount removed (docs/oci-runtimes.md section 9.3); the
+  private`` with that mount removed (docs/background.md "Test machines"); the
   host's mounts are untouched.  Where no hybrid mount exists crun runs directly.
 * :func:`nvidia_standin_hook` is a stand-in for the NVIDIA Container Toolkit
   legacy prestart hook: it bind-mounts a "host" libcuda into the container's
@@ -213,7 +213,7 @@ def _runtime_argv(runtime: str, state: Path, *verb: str) -> list[str]:
         if cgroup_hybrid():
             # crun 1.8.1 refuses hybrid cgroups ("cgroups in hybrid mode not supported, drop all
             # controllers from cgroupv2"); without the cgroup2 mount it picks legacy mode. The
-            # umount happens in a private mount namespace only (docs/oci-runtimes.md section 9.3).
+            # umount happens in a private mount namespace only (docs/background.md "Test machines").
             argv = [UNSHARE, "-m", "--propagation", "private", "sh", "-c",
                     f'umount {CGROUP2_HYBRID} && exec "$@"', "sh", *argv]
         return argv

@@ -273,7 +273,7 @@ if pytest is not None:
 
 SYS_DIR = "/usr/lib/x86_64-linux-gnu"
 CDI_KIND = "nvidia.com/gpu"
-#: ``[nvidia-container-runtime]`` in ``cdi`` mode reading specs from one dir (nvidia-toolkit.md section 13).
+#: ``[nvidia-container-runtime]`` in ``cdi`` mode reading specs from one dir (docs/background.md "The NVIDIA toolkit").
 CDI_MODE_CONFIG = """\
 [nvidia-container-runtime]
 debug = "{log}"
@@ -316,7 +316,7 @@ def oci_mount(m: dict) -> dict:
 
 
 #: The note of NVIDIA's 550 compat packages (branches 470/525/535, datacenter device classes);
-#: Debian's libcuda builds carry none (cuda-compat.md section 13), so :func:`noted_compat_lib` adds it.
+#: Debian's libcuda builds carry none (docs/background.md "The ELF note"), so :func:`noted_compat_lib` adds it.
 NOTE_550 = {"format": 1, "CUDA version": "12.4", "driver": [470, 525, 535],
             "device": [1, 2, 7, 8, 9, 10, 11, 12, 13, 14]}
 
@@ -325,7 +325,7 @@ def noted_compat_lib(lib: Path, dest_dir: Path, note: dict = NOTE_550) -> Path:
     """A copy of the real libcuda ``lib`` in ``dest_dir`` with ``.note.cuda.fwd_compatibility`` (objcopy)."""
     import json
 
-    from compat_hook import elfgen
+    from compat_hook.facts import elfgen
 
     d = Path(dest_dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -345,7 +345,7 @@ def write_cdi_spec(spec_dir: Path, tk: Toolkit, lib: Path, version: str) -> Path
     """``<spec_dir>/nvidia.json``: device ``nvidia.com/gpu=all`` whose edits are the host lib mount and the hooks.
 
     A CDI device needs no device node: an env edit makes it a device the
-    runtime applies (nvidia-toolkit.md section 13), so no GPU is needed.
+    runtime applies (docs/background.md "The NVIDIA toolkit"), so no GPU is needed.
     """
     import json
 

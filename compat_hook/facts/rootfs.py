@@ -1,0 +1,394 @@
+"""A container root filesystem behind one confined object.
+
+Every path of the image is resolved *inside* the root, the way
+``openat2(RESOLVE_IN_ROOT)`` does it: ``..`` at the root stays at the root, an
+absolute symlink restarts at the root, and nothing can lead outside, however
+the image's symlinks are arranged. The walk is done one component at a time on
+``O_PATH`` file descriptors, so a directory renamed or replaced while we walk
+cannot move us out either: ``..`` is never looked up on disk, it pops our own
+stack of already-opened directories.
+
+Files are only ever opened after the inode they resolve to has been checked
+to be a regular file (on an ``O_PATH`` descriptor, which opens nothing), and
+reopened through ``/proc/self/fd`` so the checked inode is the one read; a
+FIFO, a device node or a directory in its place is never opened. Files are
+created with ``O_CREAT|O_EXCL|O_NOFOLLOW`` relative to a confined directory
+descriptor and renamed into place, so a symlink planted by the image is
+replaced, never followed.
+
+>>> import tempfile, os
+>>> d = tempfile.mkdtemp()
+>>> os.symlink("../../../..", os.path.join(d, "up"))
+>>> os.symlink("/up/up/lib", os.path.join(d, "usr")); os.mkdir(os.path.join(d, "lib"))
+>>> with Root(d) as r:
+...     r.realpath("up"), r.realpath("/usr/../up/usr"), r.exists("/up/etc/passwd")
+('/', '/lib', False)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as _stat
+
+from ..core.errors import UnsafePath
+
+__all__ = ["Root", "UnsafePath", "MAX_SYMLINKS"]
+
+#: Like Linux's limit for one path lookup (ELOOP after 40 links).
+MAX_SYMLINKS = 40
+
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+_PATH_FLAGS = _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def _split(path: str) -> list:
+    return [c for c in path.split("/") if c and c != "."]
+
+
+class _Walk:
+    """The result of a lookup: an ``O_PATH`` fd, its stat and its in-root path."""
+
+    __slots__ = ("fd", "st", "parts")
+
+    def __init__(self, fd: int, st: os.stat_result, parts: list) -> None:
+        self.fd = fd
+        self.st = st
+        self.parts = parts
+
+    @property
+    def path(self) -> str:
+        return "/" + "/".join(self.parts)
+
+
+class Root:
+    """A confined view of the directory ``path`` (a container rootfs).
+
+    Paths given to its methods are container paths: absolute or relative,
+    both taken from the root. Methods raise ``FileNotFoundError`` /
+    ``NotADirectoryError`` / ``OSError`` as the system would, and
+    :class:`UnsafePath` where a path exists but is of a type that must not be
+    used (a FIFO where a regular file is required, say).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.host_path = os.fspath(path)
+        self._fd = os.open(self.host_path, _DIR_FLAGS)
+
+    # -- lifetime ---------------------------------------------------------
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "Root":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- the walk -----------------------------------------------------------
+    def _walk(self, path: str, follow: bool = True, missing_ok: bool = False):
+        """Resolve ``path`` inside the root; returns a :class:`_Walk`.
+
+        With ``follow=False`` a symlink in the last component is returned
+        itself. With ``missing_ok`` a missing last component returns
+        ``(parent_walk, name)`` instead of raising, for creates.
+        """
+        # stack[i] is an O_PATH fd of the directory named by names[:i].
+        stack = [os.dup(self._fd)]
+        names: list = []
+        todo = _split(path)
+        todo.reverse()
+        links = 0
+        try:
+            while todo:
+                name = todo.pop()
+                if name == "..":
+                    if len(stack) > 1:
+                        os.close(stack.pop())
+                        names.pop()
+                    continue
+                try:
+                    fd = os.open(name, _PATH_FLAGS, dir_fd=stack[-1])
+                except FileNotFoundError:
+                    if missing_ok and not todo:
+                        pfd = stack.pop()
+                        return _Walk(pfd, os.fstat(pfd), list(names)), name
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+                st = os.fstat(fd)
+                if _stat.S_ISLNK(st.st_mode) and (todo or follow):
+                    links += 1
+                    if links > MAX_SYMLINKS:
+                        os.close(fd)
+                        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+                    # readlinkat(fd, "") reads the link the O_PATH fd pins, so
+                    # the target read is the link just checked (no swap race).
+                    try:
+                        target = os.readlink("", dir_fd=fd)
+                    finally:
+                        os.close(fd)
+                    if target.startswith("/"):
+                        while len(stack) > 1:
+                            os.close(stack.pop())
+                        del names[:]
+                    if not target:
+                        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+                    more = _split(target)
+                    more.reverse()
+                    todo.extend(more)
+                    continue
+                if todo and not _stat.S_ISDIR(st.st_mode):
+                    os.close(fd)
+                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+                if todo:
+                    stack.append(fd)
+                    names.append(name)
+                    continue
+                # Last component.
+                names.append(name)
+                for extra in stack:
+                    os.close(extra)
+                stack = []
+                return _Walk(fd, st, names)
+            # Path was the root itself (or collapsed to it).
+            fd = stack.pop()
+            for extra in stack:
+                os.close(extra)
+            stack = []
+            if missing_ok:
+                raise IsADirectoryError(errno.EISDIR, "the root itself", path)
+            return _Walk(fd, os.fstat(fd), names)
+        finally:
+            for fd in stack:
+                os.close(fd)
+
+    # -- queries ------------------------------------------------------------
+    def realpath(self, path: str) -> str:
+        """The canonical in-root path ``path`` resolves to (it must exist)."""
+        w = self._walk(path)
+        os.close(w.fd)
+        return w.path
+
+    def lstat(self, path: str) -> os.stat_result:
+        """``lstat`` of ``path`` resolved in the root (last symlink not followed)."""
+        w = self._walk(path, follow=False)
+        os.close(w.fd)
+        return w.st
+
+    def stat(self, path: str) -> os.stat_result:
+        w = self._walk(path)
+        os.close(w.fd)
+        return w.st
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+            return True
+        except OSError:
+            return False
+
+    def is_dir(self, path: str) -> bool:
+        try:
+            return _stat.S_ISDIR(self.stat(path).st_mode)
+        except OSError:
+            return False
+
+    def listdir(self, path: str) -> list:
+        """Entries of a directory as ``(name, kind)``; kind is ``"file"``,
+        ``"dir"``, ``"symlink"`` or ``"other"``, never following links."""
+        w = self._walk(path)
+        try:
+            if not _stat.S_ISDIR(w.st.st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+            dfd = os.open(f"/proc/self/fd/{w.fd}", _DIR_FLAGS & ~os.O_NOFOLLOW)
+        finally:
+            os.close(w.fd)
+        try:
+            out = []
+            with os.scandir(dfd) as it:
+                for e in it:
+                    # d_type answers these without a stat; files first, the
+                    # common case in a compat dir.
+                    if e.is_file(follow_symlinks=False):
+                        kind = "file"
+                    elif e.is_symlink():
+                        kind = "symlink"
+                    elif e.is_dir(follow_symlinks=False):
+                        kind = "dir"
+                    else:
+                        kind = "other"
+                    out.append((e.name, kind))
+            return out
+        finally:
+            os.close(dfd)
+
+    def open_regular(self, path: str, follow: bool = True):
+        """Open a regular file read-only; anything else is :class:`UnsafePath`.
+
+        Returns a binary file object. The type is checked on the ``O_PATH``
+        descriptor before anything is opened, and the reopen goes through that
+        descriptor, so a FIFO or device node is never opened.
+        """
+        w = self._walk(path, follow=follow)
+        try:
+            if not _stat.S_ISREG(w.st.st_mode):
+                raise UnsafePath(f"not a regular file: {w.path} ({_kind(w.st.st_mode)})")
+            fd = os.open(f"/proc/self/fd/{w.fd}",
+                         os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+        finally:
+            os.close(w.fd)
+        st = os.fstat(fd)
+        if not _stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (w.st.st_dev, w.st.st_ino):
+            os.close(fd)
+            raise UnsafePath(f"file changed while opening: {w.path}")
+        return os.fdopen(fd, "rb", buffering=0)
+
+    def open_path(self, path: str) -> tuple:
+        """``(fd, resolved)``: an ``O_PATH`` descriptor of ``path`` resolved in the root.
+
+        For operations that need a descriptor rather than a name (a bind
+        mount through ``/proc/self/fd/N``, which no image symlink can
+        redirect); the caller closes it.
+        """
+        w = self._walk(path)
+        return w.fd, w.path
+
+    def read_file(self, path: str, limit: int = 1 << 20) -> bytes:
+        """Read at most ``limit`` bytes of a regular file (:meth:`open_regular`)."""
+        with self.open_regular(path) as f:
+            return f.read(limit)
+
+    # -- changes ------------------------------------------------------------
+    def mkdirs(self, path: str, mode: int = 0o755) -> str:
+        """Create a directory and its parents inside the root; returns its in-root path.
+
+        Existing symlinks along the way are followed inside the root; a
+        dangling one is refused (it would create a directory where the image
+        pointed, which is how root-escape tricks start).
+        """
+        parts = _split(path)
+        for i in range(len(parts)):
+            sub = "/" + "/".join(parts[: i + 1])
+            try:
+                w = self._walk(sub)
+            except FileNotFoundError:
+                try:
+                    lw = self._walk(sub, follow=False)
+                except FileNotFoundError:
+                    lw = None
+                if lw is not None:
+                    os.close(lw.fd)
+                    raise UnsafePath(f"refusing to create through a dangling symlink: {lw.path}")
+                got = self._walk(sub, missing_ok=True)
+                if isinstance(got, _Walk):
+                    # It appeared since the lookups above (a swap racing us):
+                    # check what is there now like any existing entry.
+                    w = got
+                else:
+                    parent, name = got
+                    try:
+                        os.mkdir(name, mode, dir_fd=parent.fd)
+                    except FileExistsError:
+                        pass
+                    finally:
+                        os.close(parent.fd)
+                    continue
+            try:
+                if not _stat.S_ISDIR(w.st.st_mode):
+                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), w.path)
+            finally:
+                os.close(w.fd)
+        return self.realpath(path) if parts else "/"
+
+    def _parent_dir_fd(self, path: str):
+        """An ``O_RDONLY`` directory fd of the confined parent, and the last name."""
+        parts = _split(path)
+        if not parts or parts[-1] == "..":
+            raise UnsafePath(f"not a file name: {path!r}")
+        parent = "/" + "/".join(parts[:-1])
+        w = self._walk(parent)
+        try:
+            if not _stat.S_ISDIR(w.st.st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), w.path)
+            dfd = os.open(f"/proc/self/fd/{w.fd}", _DIR_FLAGS & ~os.O_NOFOLLOW)
+        finally:
+            os.close(w.fd)
+        return dfd, parts[-1], w.path
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> str:
+        """Atomically create or replace the file ``path`` (its parent must exist).
+
+        The bytes go to a fresh ``O_EXCL|O_NOFOLLOW`` temp file in the same
+        confined directory, then ``rename`` puts it in place: a symlink or
+        file already at ``path`` is replaced as a directory entry, never
+        written through. Returns the in-root path written.
+        """
+        dfd, name, parent = self._parent_dir_fd(path)
+        try:
+            try:
+                existing = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                existing = None
+            if existing is not None and _stat.S_ISDIR(existing.st_mode):
+                raise UnsafePath(f"a directory is in the way: {parent.rstrip('/')}/{name}")
+            # A random temp name: the image cannot pre-plant it to make the
+            # O_EXCL create fail (a denial of compat, not an escape).
+            for _ in range(8):
+                tmp = f".{name}.compat-hook.{os.urandom(6).hex()}.tmp"
+                try:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 mode, dir_fd=dfd)
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise UnsafePath(f"cannot create a temp file beside {parent.rstrip('/')}/{name}")
+            try:
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+                raise
+        finally:
+            os.close(dfd)
+        return parent.rstrip("/") + "/" + name
+
+    def unlink(self, path: str) -> bool:
+        """Remove a non-directory entry (a symlink itself, never its target).
+
+        Returns False when there was nothing to remove.
+        """
+        dfd, name, _ = self._parent_dir_fd(path)
+        try:
+            os.unlink(name, dir_fd=dfd)
+            return True
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(dfd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((_stat.S_ISDIR, "directory"), (_stat.S_ISLNK, "symlink"),
+                       (_stat.S_ISFIFO, "FIFO"), (_stat.S_ISCHR, "character device"),
+                       (_stat.S_ISBLK, "block device"), (_stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "unknown type"

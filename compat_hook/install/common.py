@@ -1,0 +1,42 @@
+"""What every engine's installer shares: the error, the output line, dpkg's file list, the engines' files.
+
+>>> InstallError("x").code
+'install_failed'
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..core.errors import CompatHookError
+
+__all__ = ["InstallError", "say", "packaged", "ENGINE_FILES", "DPKG_INFO", "PACKAGE"]
+
+#: Where dpkg lists the files of installed packages (tests point it elsewhere).
+DPKG_INFO = "/var/lib/dpkg/info"
+PACKAGE = "compat-hook"
+#: Where the other engines' registrations name the wrapper (read to tell whether it is shared).
+ENGINE_FILES = ("/etc/containerd/config.toml.compat-hook-install",
+                "/etc/containerd/conf.d/99-zz-compat-hook.toml", "/etc/docker/daemon.json",
+                "/etc/crio/crio.conf.d/99-compat-hook.toml")
+
+
+class InstallError(CompatHookError):
+    """A registration cannot be done safely (exit status 1)."""
+
+    code = "install_failed"
+
+
+def say(msg: str) -> None:
+    sys.stdout.write(msg + "\n")
+
+
+def packaged(path: str) -> bool:
+    """True when dpkg lists ``path`` as a file of the compat-hook package."""
+    try:
+        with open(os.path.join(DPKG_INFO, PACKAGE + ".list"), encoding="utf-8",
+                  errors="replace") as f:
+            return any(line.rstrip("\n") == path for line in f)
+    except OSError:
+        return False

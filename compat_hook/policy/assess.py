@@ -1,0 +1,414 @@
+"""The one assessment: a container, host facts and the config in; facts, the decision and
+every actor's planned effects out, as plain data.
+
+The hook, the runtime wrapper, ``explain`` and ``plan`` all call
+:func:`assess` and then only carry out (or print) what it planned, so what
+``explain`` shows is by construction what the hook and the wrapper do.
+
+Actors and their effects:
+
+* **hook** (files in the rootfs, :mod:`compat_hook.effects.ldcache`): our drop-in
+  ``/etc/ld.so.conf.d/00-00-compat-hook.conf`` naming the compat dir (the
+  decision enables), or the dir holding the host driver's library (compat
+  is wrong here: the decision's ``effect`` is ``"host"``), or none (removed
+  if an earlier start left one); then the ld cache refresh. A host-store
+  package is bind-mounted by the hook only at createContainer
+  (:mod:`compat_hook.effects.mounts`). Where compat is wrong but the host driver's
+  library cannot be named (it is in the container only as ``libcuda.so.1``,
+  not ``libcuda.so.<version>``, and no spec mount says where), the compat
+  dirs the image's ld.so.conf.d drop-ins name are hidden instead (an empty
+  read-only tmpfs, createContainer only) and the cache rebuilt; outside the
+  container's mount namespace the log says so and how to fix it.
+* **wrapper** (edits of ``config.json``, :mod:`compat_hook.effects.specedit`):
+  ``LD_LIBRARY_PATH`` (env mode: the compat dir first; effect ``host``:
+  compat dirs taken off), the host-store mount, and compat-hook's
+  createContainer hook when the ld cache must change (``wrapper_add_hook``).
+
+Policy that belongs to no single actor lives here once: which decisions
+leave the container alone (:attr:`Decision.effect`), the env-mode rule,
+store decisions seen at their container path, the warnings.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Assessment", "assess", "hook_in_spec"]
+
+#: The hook's drop-in is written for these effects (env mode leaves an image
+#: compat dir to the wrapper's LD_LIBRARY_PATH).
+_HOST_DRIVER_SOURCES = ("/proc/driver/nvidia/version", "/sys/module/nvidia/version",
+                        "libcuda.so.X.Y[.Z] in driver_lib_dirs")
+
+
+class Assessment:
+    """What :func:`assess` found and planned. Plain data; :meth:`to_dict` for JSON."""
+
+    __slots__ = ("request", "host", "image", "decision", "image_decision", "store", "effect",
+                 "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "hook_refresh",
+                 "existing_dropin", "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins",
+                 "ld_compat_entries", "toolkit", "actors")
+
+    def __init__(self) -> None:
+        self.request = None
+        self.host = None            # HostFacts, or None (opt-out / no GPU: not read)
+        self.image = None           # ImageFacts, or None
+        self.decision = None        # the Decision that takes effect
+        self.image_decision = None  # the decision on the image's own compat driver
+        self.store = None           # the host-store Decision, when one was asked
+        self.effect = "leave"       # compat | host | leave
+        self.hook_target = None     # the dir our drop-in must name, or None
+        self.hook_purpose = "compat"
+        self.hook: list = []        # ldcache actions: [(action, arg)]
+        self.hook_mount = None      # (host dir, container target) the hook bind-mounts
+        self.hook_masks: list = []  # container dirs the hook hides under an empty read-only tmpfs
+        self.hook_refresh = False   # the ld cache must be rebuilt after the masks (it points into them)
+        self.existing_dropin = None
+        self.wrapper: dict = {}     # keyword arguments of specedit.plan
+        self.spec_edits: list = []  # what specedit.plan reports it would change
+        self.new_spec = None        # the spec with those edits (the original is never modified)
+        self.warnings: list = []
+        self.notes: list = []
+        self.dropins: list = []     # compat drop-ins the image (or the toolkit) put in ld.so.conf.d
+        self.ld_compat_entries: list = []  # compat dirs on the image's LD_LIBRARY_PATH
+        self.toolkit = None         # what the NVIDIA toolkit alone would do (explain, plan)
+        self.actors: tuple = ()
+
+    def replan_hook(self, existing: str | None) -> list:
+        """The hook's ld cache actions given the drop-in found now (under the lock)."""
+        from ..effects.ldcache import plan_for
+
+        return plan_for(self.hook_target is not None, self.hook_target, existing, self.hook_purpose,
+                        self.hook_refresh)
+
+    def log_fields(self) -> dict:
+        """The decision's fields of the one JSON log line."""
+        d, img, host, req = self.decision, self.image, self.host, self.request
+        out: dict = {}
+        if req is not None:
+            out.update(req.labels)
+        if host is not None:
+            out["host_driver_version"] = host.to_dict()["driver_version"]
+            out["host_driver_source"] = host.driver_source
+            if host.driver_version is None:
+                out["host_driver_tried"] = ([host.driver_source] if host.driver_source else
+                                            list(_HOST_DRIVER_SOURCES)) + list(host.notes)
+        if img is not None:
+            out["candidate"] = img.candidate
+            out["elf_source"] = img.elf_source
+        out.update(decision=d.action, reason=d.reason, effect=self.effect, compat_dir=d.compat_dir,
+                   compat_version=d.compat_version or (img.compat_version_text if img is not None else None))
+        if self.store is not None:
+            out["store"] = {"decision": self.store.action, "reason": self.store.reason,
+                            "version": self.store.compat_version}
+        if self.hook_purpose == "host" and self.hook_target:
+            out["host_lib_dir"] = self.hook_target
+        checked = d.details.get("gpus_checked") if isinstance(d.details, dict) else None
+        if checked:
+            out["gpus_checked"] = checked
+        if self.dropins:
+            out["compat_dropins"] = [f"{x['file']} ({x['by']})" for x in self.dropins]
+        if self.ld_compat_entries:
+            out["ld_library_path_compat"] = list(self.ld_compat_entries)
+        has_compat = img is not None and img.status in ("found", "ambiguous")
+        if self.effect == "leave" and (d.reason == "opt_out" or has_compat or self.dropins
+                                       or self.ld_compat_entries):
+            # Said whether or not the toolkit's hook ran before us: it may run after.
+            out["left_alone"] = (f"{d.reason}: compat-hook leaves whatever the image and the NVIDIA toolkit "
+                                 "set up for compat as it is")
+        warnings = list(d.warnings) + self.warnings
+        if warnings:
+            out["warnings"] = warnings
+        return out
+
+    def effects(self) -> dict:
+        """Each actor's planned effects as the lines its log would carry."""
+        from ..effects.ldcache import DROPIN_PATH
+
+        hook = []
+        for action, arg in self.hook:
+            if action == "write_dropin":
+                what = "the host driver's dir" if self.hook_purpose == "host" else "the compat dir"
+                hook.append(f"write {DROPIN_PATH} naming {arg} ({what})")
+            elif action == "remove_dropin":
+                hook.append(f"remove {DROPIN_PATH}")
+            elif action == "ldconfig":
+                hook.append("refresh the container's ld cache (ldconfig -r)")
+        for d in reversed(self.hook_masks):
+            hook.insert(0, f"mask {d} with an empty read-only tmpfs (createContainer)")
+        if self.hook_mount is not None:
+            hook.insert(0, f"bind-mount {self.hook_mount[0]} at {self.hook_mount[1]} (ro, createContainer)")
+        return {"hook": hook, "wrapper": list(self.spec_edits)}
+
+    def to_dict(self) -> dict:
+        d = self.decision
+        img = self.image
+        return {
+            "decision": d.action, "reason": d.reason, "message": d.message, "effect": self.effect,
+            "compat_dir": d.compat_dir,
+            "compat_version": d.compat_version or (img.compat_version_text if img is not None else None),
+            "source": d.source, "warnings": list(d.warnings) + self.warnings, "details": d.details,
+            "notes": list(self.notes),
+            "store": self.store.to_dict() if self.store is not None else None,
+            "effects": self.effects(), "hook_actions": [list(a) for a in self.hook],
+            "hook_target": self.hook_target, "hook_purpose": self.hook_purpose,
+            "compat_dropins": list(self.dropins), "ld_library_path_compat": list(self.ld_compat_entries),
+            "toolkit": self.toolkit,
+        }
+
+
+def hook_in_spec(spec) -> bool:
+    """Whether the spec already runs compat-hook's hook (hooks.d, CDI or an earlier wrapper)."""
+    hooks = spec.get("hooks") if isinstance(spec, dict) else None
+    for entries in hooks.values() if isinstance(hooks, dict) else ():
+        for h in entries if isinstance(entries, list) else ():
+            args = h.get("args") if isinstance(h, dict) else None
+            if isinstance(args, list) and "hook" in args and any(
+                    isinstance(a, str) and ("compat_hook" in a or a.endswith("compat-hook")) for a in args):
+                return True
+    return False
+
+
+def _ld_entries(request, known) -> list:
+    from ..core.ldpath import is_compat_entry
+
+    value = request.env.get("LD_LIBRARY_PATH") if request is not None else None
+    return [e for e in value.split(":") if is_compat_entry(e, known)] if value else []
+
+
+def assess(config, request, root, *, spec=None, host=None, state_dir=None,
+           actors=("hook", "wrapper"), mount_ns: bool = True, stage: str | None = None,
+           toolkit: bool = False, hook_entry=None, full: bool = False) -> Assessment:
+    """Assess one container start.
+
+    ``request``: :class:`~compat_hook.facts.container.Request`; ``root``: the
+    container filesystem (:class:`~compat_hook.facts.rootfs.Root` or an image view
+    with the same reading methods); ``spec``: the parsed config.json (a dict;
+    needed for the wrapper's plan); ``host``: given
+    :class:`~compat_hook.facts.hostfacts.HostFacts` (a hypothetical host for
+    ``plan``), else read; ``state_dir``: the ELF cache (None: not used);
+    ``actors``: whose effects to plan; ``mount_ns``: the hook runs in the
+    container's mount namespace (createContainer), so it can bind-mount a
+    store package; ``stage``: the hook's stage at a real container start, which
+    decides ``mount_ns`` instead (a GPU container's hook, in the container's
+    mount namespace: :func:`compat_hook.effects.mounts.in_container_mount_ns`);
+    ``toolkit``: also work out what the NVIDIA toolkit alone
+    would do; ``hook_entry``: a callable returning the hook entry the wrapper
+    adds; ``full``: gather every fact even where rule 1 alone decides (explain).
+    """
+    from .decision import decide, decide_request
+
+    if stage is not None:
+        from ..effects.mounts import in_container_mount_ns
+
+        mount_ns = bool(request.gpu_requested and not request.disabled and in_container_mount_ns(stage))
+    a = Assessment()
+    a.request = request
+    a.actors = tuple(actors)
+    first = decide_request(request, config)
+    known = set(config.compat_dirs) | {config.store_target}
+    if first is not None and not full:
+        # Fast path: an opted-out or non-GPU container needs no facts.
+        a.decision = a.image_decision = first
+    else:
+        from ..facts import hostfacts, imagefacts
+
+        a.image = imagefacts.gather(root, config, state_dir=state_dir)
+        a.host = host if host is not None else hostfacts.gather(config)
+        a.decision = a.image_decision = decide(a.host, a.image, request, config)
+        for d in a.image.dirs_checked:
+            if d.get("resolved"):
+                known.add(d["resolved"])
+        if a.image.status == "none" and config.store_inject:
+            from . import storefacts
+
+            a.store = storefacts.decide_for(a.host, request, config)
+            if a.store.enable:
+                if spec is not None and _mount_at(spec, config.store_target):
+                    a.notes.append(f"store package not used: the spec mounts something at "
+                                   f"{config.store_target} already")
+                elif "wrapper" not in a.actors and not mount_ns:
+                    a.notes.append("store package not used: the hook mounts one only in the container's "
+                                   "mount namespace (register it at createContainer, or use the wrapper)")
+                else:
+                    a.decision = a.store.mounted_at(config.store_target)
+        if a.image.status != "none" or toolkit or full:
+            # Without a compat libcuda in the image no drop-in of it can matter;
+            # a GPU container without compat libs is the common start (hot path).
+            a.dropins, notes = imagefacts.compat_dropins(root)
+            a.notes.extend(notes)
+            a.ld_compat_entries = _ld_entries(request, known)
+    a.effect = a.decision.effect
+    _plan_hook(a, config, root, mount_ns)
+    if "wrapper" in a.actors:
+        _plan_wrapper(a, config, spec, known, hook_entry)
+    if a.effect == "host" and a.ld_compat_entries and "wrapper" not in a.actors and mount_ns and root is not None:
+        # A hook cannot take the entry off the environment, but in the container's mount
+        # namespace it can make the dir empty: the loader then finds no libcuda there and
+        # falls back to the ld cache, where the host driver's dir comes first.
+        _plan_masks(a, root, a.ld_compat_entries, "LD_LIBRARY_PATH entry")
+    elif a.effect == "host" and a.ld_compat_entries and "wrapper" not in a.actors:
+        a.warnings.append(
+            f"the image's LD_LIBRARY_PATH names {', '.join(a.ld_compat_entries)}, a compat dir that must not "
+            "be used on this host (error 803/804), and a hook outside the container's mount namespace "
+            "(prestart, createRuntime) can neither change the environment nor hide the dir: register the "
+            "hook at createContainer, or compat-hook's runtime wrapper (compat-hook install "
+            "containerd|docker|crio), which takes it off, or remove it from the image")
+    if toolkit:
+        _toolkit_view(a, root)
+    return a
+
+
+def _plan_masks(a: Assessment, root, entries, what: str) -> list:
+    """Add the compat dirs ``entries`` name (resolved in the rootfs) to the hook's masks."""
+    from ..core.ldpath import is_compat_entry
+
+    added = []
+    for e in entries:
+        try:
+            d = root.realpath(e)
+        except OSError:
+            continue
+        # Only a dir that still is a compat dir once resolved: an image linking the
+        # compat dir to /etc must not get its /etc hidden (and our drop-in with it).
+        if root.is_dir(d) and is_compat_entry(d):
+            if d not in a.hook_masks:
+                a.hook_masks.append(d)
+                added.append(d)
+        elif d not in a.hook_masks:
+            a.notes.append(f"{what} {e} resolves to {d}, not a compat dir: not masked")
+    return added
+
+
+def _mounted_host_lib_dir(root, request, driver_text):
+    """``(dir, path)``: where the spec bind-mounts the host driver's libcuda, or ``(None, None)``.
+
+    A hand-written runtime config, a CDI spec or a device plugin may mount it
+    as ``libcuda.so.1`` alone: the spec's mount names it where the rootfs
+    only shows a placeholder (prestart) or a bind-mounted file of any name.
+    Only a dir outside every compat dir counts, resolved in the rootfs.
+    """
+    if request is None:
+        return None, None
+    from ..core.ldpath import is_compat_entry
+
+    names = ("libcuda.so.1",) + ((f"libcuda.so.{driver_text}",) if driver_text else ())
+    for dest in request.libcuda_mounts():
+        parent, _, name = dest.rpartition("/")
+        if name not in names:
+            continue
+        try:
+            resolved = root.realpath(parent or "/")
+        except OSError:
+            continue
+        if not is_compat_entry(resolved) and "/compat" not in resolved and root.is_dir(resolved):
+            return resolved, dest
+    return None, None
+
+
+def _mount_at(spec, target):
+    from ..effects.specedit import mount_at
+
+    return mount_at(spec, target) if isinstance(spec, dict) else None
+
+
+def _plan_hook(a: Assessment, config, root, mount_ns: bool) -> None:
+    from ..effects import ldcache
+
+    d = a.decision
+    if a.effect == "compat":
+        if d.source == "store":
+            # The wrapper mounts it (a spec mount) and puts it on LD_LIBRARY_PATH;
+            # the hook alone mounts it itself and names it in the drop-in.
+            if "wrapper" not in a.actors:
+                a.hook_mount = (d.details.get("host_dir"), d.compat_dir)
+                a.hook_target = d.compat_dir
+        elif config.mode != "env":
+            a.hook_target = d.compat_dir
+        # env mode: the compat dir goes on LD_LIBRARY_PATH (the wrapper's job).
+    elif a.effect == "host" and a.image is not None and a.image.status in ("found", "ambiguous"):
+        from ..facts.imagefacts import host_lib_dir
+
+        a.hook_purpose = "host"
+        drv = a.host.driver_text if a.host is not None else None
+        a.hook_target = host_lib_dir(root, drv)
+        if a.hook_target is None and root is not None:
+            a.hook_target, dest = _mounted_host_lib_dir(root, a.request, drv)
+            if dest is not None:
+                a.notes.append(f"the spec bind-mounts the host driver's library at {dest}: its dir goes first")
+        if a.hook_target is None and a.dropins and "hook" in a.actors:
+            # The ld cache cannot be made to prefer a library we cannot name, and the
+            # image's drop-in keeps the compat dir first: the dir itself must go.
+            dirs = [d for x in a.dropins for d in x["dirs"]]
+            files = ", ".join(f"/etc/ld.so.conf.d/{x['file']}" for x in a.dropins)
+            if mount_ns and root is not None:
+                if _plan_masks(a, root, dirs, "drop-in entry"):
+                    a.hook_refresh = True
+                else:
+                    a.warnings.append(
+                        f"{files} names {', '.join(dirs)}, which must not be used on this host (error "
+                        f"803/804), but resolves to no compat dir compat-hook may hide, and the host "
+                        f"driver's library is not in the container as libcuda.so.{drv or '<version>'}: "
+                        "mount the host library under its versioned name, or remove the drop-in from the image")
+            elif "wrapper" not in a.actors:
+                a.warnings.append(
+                    f"{files} names {', '.join(dirs)}, a compat dir that must not be used on this host "
+                    f"(error 803/804), and the host driver's library is not in the container as "
+                    f"libcuda.so.{drv or '<version>'} (nor bind-mounted by the spec), so the ld cache "
+                    "cannot be made to prefer it; a hook outside the container's mount namespace "
+                    "(prestart, createRuntime) cannot hide the dir either: register the hook at "
+                    "createContainer, or use compat-hook's runtime wrapper (compat-hook install "
+                    "containerd|docker|crio), or mount the host library as libcuda.so.<version>")
+        elif a.hook_target is None:
+            a.notes.append(f"no libcuda.so.{drv or '?'} of the host driver in "
+                           "the container's library dirs: nothing to put first (it is mounted at "
+                           "createContainer by the NVIDIA runtime)")
+    if root is not None:
+        a.existing_dropin = ldcache.current_dropin(root)
+        a.hook = a.replan_hook(a.existing_dropin)
+
+
+def _plan_wrapper(a: Assessment, config, spec, known, hook_entry) -> None:
+    from ..effects import specedit
+
+    d = a.decision
+    kw: dict = {"known": sorted(known), "drop_oom": config.wrapper_drop_oom_score_adj}
+    hook_work = a.effect == "host" or a.existing_dropin is not None
+    if a.effect == "compat" and d.source == "store":
+        kw["mounts"] = [specedit.store_mount(d.details.get("host_dir"), d.compat_dir)]
+        kw["ld_dir"] = d.compat_dir
+    elif a.effect == "compat":
+        if config.mode in ("env", "both"):
+            kw["ld_dir"] = d.compat_dir
+        hook_work = hook_work or config.mode != "env"
+    elif a.effect == "host":
+        kw["strip"] = True
+    if (hook_work and config.wrapper_add_hook and hook_entry is not None and isinstance(spec, dict)
+            and not hook_in_spec(spec)):
+        kw["hooks"] = [("createContainer", hook_entry())]
+    a.wrapper = kw
+    if isinstance(spec, dict):
+        a.new_spec, a.spec_edits = specedit.plan(spec, **kw)
+
+
+def _toolkit_view(a: Assessment, root) -> None:
+    from . import toolkit
+
+    drv = a.host.driver_version if a.host is not None else None
+    # No driver version: the toolkit's Tegra (CSV) path passes NVML's CUDA version instead.
+    cuda = a.host.cuda_version if a.host is not None and drv is None else None
+    enables, why = toolkit.would_enable(a.image, drv, cuda) if a.image is not None else (False, "not assessed")
+    has_compat = a.image is not None and a.image.status in ("found", "ambiguous")
+    conf = toolkit.ld_conf(root) if root is not None else {"files": [], "debian_like": False, "arch": None}
+    from ..facts.imagefacts import host_lib_dir
+
+    host_dir = (host_lib_dir(root, a.host.driver_text if a.host is not None else None) if root is not None
+                else None) or toolkit.default_host_dir(conf)
+    common = dict(has_compat=has_compat, toolkit_enables=enables, dropins=a.dropins,
+                  ld_library_path=a.ld_compat_entries, host_first=toolkit.host_dir_first(conf, host_dir))
+    alone = toolkit.effective(hook_effect=None, wrapper_strips=False, **common)
+    # effect "host" counts even where the host library is not in the rootfs
+    # yet (explain on a bare rootfs): the NVIDIA runtime mounts it at start.
+    hook_eff = a.effect
+    hook_only = toolkit.effective(hook_effect=hook_eff, wrapper_strips=False, **common)
+    with_wrapper = toolkit.effective(hook_effect=hook_eff, wrapper_strips=a.effect == "host", **common)
+    a.toolkit = {"enables": enables, "why": why, "alone": alone, "with_hook": hook_only,
+                 "with_wrapper": with_wrapper}

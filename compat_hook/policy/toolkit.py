@@ -1,0 +1,312 @@
+"""What the NVIDIA Container Toolkit does about compat on its own (v1.20 rules), and what wins.
+
+Pure functions over facts already gathered (and :func:`ld_conf`, which
+reads the image's ld.so.conf.d); used by ``explain`` (both sides of a start)
+and ``plan`` (what the toolkit alone gives after a driver upgrade). The
+rules are ``nvidia-cdi-hook enable-cuda-compat``'s
+(NVIDIA/nvidia-container-toolkit, cmd/nvidia-cdi-hook/cudacompat):
+
+* it looks only in ``/usr/local/cuda/compat`` for one regular
+  ``libcuda.so.*.*`` (resolved in the root);
+* with a note and both driver versions: the host branch must be in the
+  note's ``driver`` list and the compat driver strictly newer;
+* with a note but no host driver version (the Tegra/CSV path passes only
+  ``--host-cuda-version``, NVML's CUDA version): the note's CUDA version must
+  be strictly newer than the host's;
+* without a note (no section, not ELF, bad JSON): with a host CUDA version,
+  never; else the compat branch must be newer than the host's;
+* the note's ``device`` list, the ELF class and machine are not checked;
+* no host version at all: it does nothing.
+
+Which library wins is ldconfig's order (checked against the real
+``ldconfig -r`` in tests/test_toolkit_model.py): for one soname the
+directory met **first** wins, and ldconfig meets the directories of
+``/etc/ld.so.conf`` and its ``include /etc/ld.so.conf.d/*.conf`` (in file
+name order) before its own built-in trusted dirs (``/lib``, ``/usr/lib``
+plus the multiarch dirs on Debian and Ubuntu, ``/lib64``, ``/usr/lib64`` on
+RHEL and Fedora). Those built-ins are the *host's*: the toolkit's
+``update-ldcache`` and compat-hook both run the host's ldconfig on the
+container root. So ``update-ldcache --folder <host lib dir>`` writes two
+drop-ins that fix the order for the image:
+
+* ``00-nvcr-<random>.conf``: the folders neither a drop-in nor the image's
+  system dirs name (the host lib dir of a RHEL host in a Debian image, or of
+  a Debian host in a RHEL image);
+* ``zz-nvcr-<random>.conf``: the image's own system dirs (Debian-like when
+  ``/etc/debian_version`` is a file: ``/lib/<triplet>``,
+  ``/usr/lib/<triplet>``, ``/lib``, ``/usr/lib``; else ``/lib``, ``/usr/lib``,
+  ``/lib64``, ``/usr/lib64``), sorting after nearly every drop-in.
+
+The host libcuda is mounted at its *host* path: ``/usr/lib/<triplet>`` on
+Debian and Ubuntu hosts, ``/usr/lib64`` on RHEL hosts. :func:`host_dir_first`
+finds the first drop-in naming that dir; :func:`effective` sets the compat
+drop-ins (the toolkit's ``00-compat-<uuid>.conf``, the image's own,
+compat-hook's ``00-00-compat-hook.conf``) against it, and puts
+``LD_LIBRARY_PATH`` (which beats the cache) before both.
+
+>>> from compat_hook.facts.imagefacts import ImageFacts
+>>> img = ImageFacts(); img.status = "found"; img.configured_dir = "/usr/local/cuda/compat"
+>>> img.compat_dir = "/usr/local/cuda-12.4/compat"; img.compat_version = (550, 54, 15)
+>>> would_enable(img, (535, 183, 1))
+(True, 'no note: the compat branch 550 is newer than the host branch 535')
+>>> would_enable(img, (555, 42, 2))[0]
+False
+>>> would_enable(img, None, host_cuda_version=(12, 2, 0))
+(False, 'no note and a host CUDA version (Tegra): the toolkit never uses compat')
+"""
+
+from __future__ import annotations
+
+__all__ = ["COMPAT_ROOT", "OUR_DROPIN", "would_enable", "effective", "ld_conf", "system_dirs",
+           "host_dir_first", "default_host_dir"]
+
+#: ``--cuda-compat-container-root``'s default, the only dir the toolkit looks in.
+COMPAT_ROOT = "/usr/local/cuda/compat"
+#: compat-hook's own drop-in (ldcache.DROPIN_PATH's file name).
+OUR_DROPIN = "00-00-compat-hook.conf"
+#: The sort keys of the toolkit's drop-ins (``<prefix><random>.conf``).
+TOOLKIT_COMPAT = "00-compat-"
+NVCR_FOLDERS = "00-nvcr-"
+NVCR_SYSTEM = "zz-nvcr-"
+#: Debian multiarch triplets by machine (the name of the image's multiarch drop-in, ``<triplet>.conf``).
+TRIPLETS = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
+#: At most this many ld.so.conf.d files are read (an image can plant thousands).
+MAX_CONF = 512
+
+
+def _cuda(note) -> tuple | None:
+    from ..core.versions import try_parse_version
+
+    return try_parse_version(note.cuda_version) if note is not None and note.cuda_version else None
+
+
+def _fmt(v: tuple) -> str:
+    return ".".join(str(x) for x in v)
+
+
+def would_enable(image, host_driver, host_cuda_version=None) -> tuple:
+    """``(uses_compat, why)``: whether ``enable-cuda-compat`` writes its drop-in.
+
+    ``image``: :class:`~compat_hook.facts.imagefacts.ImageFacts`; ``host_driver``:
+    the host version tuple (``--host-driver-version``, the CDI path), or
+    ``None``; ``host_cuda_version``: ``(major, minor, 0)`` given as
+    ``--host-cuda-version`` (the Tegra/CSV path, which passes no driver
+    version), or ``None``.
+
+    >>> from compat_hook.facts.imagefacts import ImageFacts
+    >>> from compat_hook.facts.elfnote import CompatNote, ElfInfo
+    >>> img = ImageFacts(); img.status = "found"; img.configured_dir = COMPAT_ROOT
+    >>> img.compat_version = (1, 1, 0)   # Orin's libcuda.so.1.1
+    >>> img.elf = ElfInfo(note=CompatNote(format=1, cuda_version="13.2"))
+    >>> would_enable(img, None, host_cuda_version=(13, 1, 0))
+    (True, 'the note says CUDA 13.2, newer than the host CUDA 13.1 (no host driver version: Tegra path)')
+    >>> would_enable(img, None, host_cuda_version=(13, 2, 0))[0]
+    False
+    >>> would_enable(img, None)
+    (False, "no host driver or CUDA version: the toolkit's hook does nothing")
+    """
+    if host_driver is None and host_cuda_version is None:
+        return False, "no host driver or CUDA version: the toolkit's hook does nothing"
+    if image is None or image.status != "found" or image.configured_dir != COMPAT_ROOT:
+        if image is not None and image.status == "ambiguous" and image.configured_dir == COMPAT_ROOT:
+            return False, "several libcuda.so.*.* in the compat dir: the toolkit does nothing"
+        return False, f"no libcuda.so.*.* in {COMPAT_ROOT}"
+    compat = image.compat_version
+    elf = image.elf
+    note = elf.note if elf is not None else None
+    if note is not None and (compat is None or host_driver is None):
+        # UseCompat: without both driver versions only the CUDA versions count.
+        cuda = _cuda(note)
+        if host_cuda_version is None:
+            return False, "a note but no host CUDA version and no usable driver versions: never"
+        if cuda is None:
+            return False, "the note's CUDA version does not parse: never"
+        if cuda > tuple(host_cuda_version):
+            return True, (f"the note says CUDA {note.cuda_version}, newer than the host CUDA "
+                          f"{_fmt(host_cuda_version[:2])} (no host driver version: Tegra path)")
+        return False, f"the note says CUDA {note.cuda_version}, not newer than the host CUDA {_fmt(host_cuda_version[:2])}"
+    if note is not None:
+        if not note.driver:
+            return False, "the note lists no driver branches: never"
+        if host_driver[0] not in note.driver:
+            return False, f"the note's driver list lacks the host branch {host_driver[0]}"
+        if not compat > host_driver:
+            return False, "the compat driver is not newer than the host's"
+        return True, f"the note lists branch {host_driver[0]} and the compat driver is newer"
+    if host_cuda_version is not None:
+        return False, "no note and a host CUDA version (Tegra): the toolkit never uses compat"
+    if compat is None:
+        return False, "the compat file name carries no version the toolkit parses"
+    if compat[0] > host_driver[0]:
+        return True, f"no note: the compat branch {compat[0]} is newer than the host branch {host_driver[0]}"
+    return False, f"no note: the compat branch {compat[0]} is not newer than the host branch {host_driver[0]}"
+
+
+# --------------------------------------------------------------------------- ldconfig's order
+
+
+def _conf_dirs(text: str) -> list:
+    out = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("include") and line.startswith("/"):
+            out.append(line.rstrip("/") or "/")
+    return out
+
+
+def ld_conf(root, limit: int = MAX_CONF) -> dict:
+    """The image's ld.so.conf.d as ldconfig reads it: ``{"files", "debian_like", "arch", "notes"}``.
+
+    ``files``: ``[(name, [dir, ...]), ...]`` in file name order (the glob of
+    ``include /etc/ld.so.conf.d/*.conf``), dirs resolved in the root where
+    they exist (ldconfig skips a dir it met before under another name: on a
+    merged-/usr image ``/lib/x86_64-linux-gnu`` *is* ``/usr/lib/x86_64-linux-gnu``);
+    ``debian_like``: ``/etc/debian_version`` is a regular file (the toolkit's
+    own test); ``arch``: the machine of the image's multiarch drop-in
+    (``aarch64-linux-gnu.conf``: ``aarch64``), else ``None``. Only regular
+    files are read, at most 4 KiB each, confined to the root.
+    """
+    import stat as _stat
+
+    notes: list = []
+    try:
+        entries = root.listdir("/etc/ld.so.conf.d")
+    except OSError:
+        entries = []
+    names = sorted(n for n, kind in entries if n.endswith(".conf") and kind in ("file", "symlink"))
+    if len(names) > limit:
+        notes.append(f"{len(names)} drop-ins in /etc/ld.so.conf.d: only the first {limit} read")
+        names = names[:limit]
+    files = []
+    for n in names:
+        try:
+            text = root.read_file("/etc/ld.so.conf.d/" + n, 4096).decode("utf-8", "replace")
+        except OSError:
+            continue
+        files.append((n, [_resolved(root, d) for d in _conf_dirs(text)]))
+    try:
+        debian_like = _stat.S_ISREG(root.stat("/etc/debian_version").st_mode)
+    except (OSError, AttributeError):
+        debian_like = False
+    arch = next((m for m, t in TRIPLETS.items() if (t + ".conf") in names), None)
+    return {"files": files, "debian_like": debian_like, "arch": arch, "notes": notes}
+
+
+def _resolved(root, path: str) -> str:
+    try:
+        return root.realpath(path)
+    except (OSError, ValueError):
+        return path
+
+
+def _machine(arch: str | None) -> str:
+    if arch:
+        return arch
+    import os
+
+    m = os.uname().machine
+    return {"arm64": "aarch64", "amd64": "x86_64"}.get(m, m)
+
+
+def system_dirs(debian_like: bool, arch: str | None = "x86_64") -> list:
+    """The image's system dirs as ``update-ldcache`` writes them to ``zz-nvcr-*.conf``.
+
+    >>> system_dirs(True, "aarch64")
+    ['/lib/aarch64-linux-gnu', '/usr/lib/aarch64-linux-gnu', '/lib', '/usr/lib']
+    >>> system_dirs(False, "x86_64")
+    ['/lib', '/usr/lib', '/lib64', '/usr/lib64', '/libx32', '/usr/libx32']
+    """
+    m = _machine(arch)
+    if debian_like:
+        t = TRIPLETS.get(m)
+        return ([f"/lib/{t}", f"/usr/lib/{t}"] if t else []) + ["/lib", "/usr/lib"]
+    return ["/lib", "/usr/lib"] + {"x86_64": ["/lib64", "/usr/lib64", "/libx32", "/usr/libx32"],
+                                   "aarch64": ["/lib64", "/usr/lib64"]}.get(m, [])
+
+
+def default_host_dir(conf: dict) -> str:
+    """Where the toolkit mounts the host libcuda when the rootfs does not show it yet.
+
+    It mounts it at its host path; this assumes a Debian or Ubuntu host
+    (``/usr/lib/<triplet>``). A RHEL host's is ``/usr/lib64``: the
+    container's own view (:func:`compat_hook.facts.imagefacts.host_lib_dir`) is
+    used whenever the library is already there.
+    """
+    t = TRIPLETS.get(_machine(conf.get("arch")), "x86_64-linux-gnu")
+    return f"/usr/lib/{t}"
+
+
+def host_dir_first(conf: dict, host_dir: str, *, update_ldcache: bool = True) -> tuple:
+    """``(file, why)``: the first ld.so.conf.d file naming ``host_dir``, or ``(None, why)``.
+
+    ``None``: no drop-in names it, so ldconfig meets it (if at all) only
+    among its trusted dirs, after every drop-in. ``update_ldcache``: the
+    toolkit's ``update-ldcache --folder host_dir`` runs at this start (the CDI
+    trio) and adds ``00-nvcr-*`` or ``zz-nvcr-*``; the file it writes is named
+    by its prefix (the random part only breaks ties among its own files).
+
+    >>> deb = {"files": [("x86_64-linux-gnu.conf", ["/usr/lib/x86_64-linux-gnu"])], "debian_like": True}
+    >>> host_dir_first(deb, "/usr/lib/x86_64-linux-gnu")[0]
+    'x86_64-linux-gnu.conf'
+    >>> host_dir_first(deb, "/usr/lib64")[0]    # a RHEL host's dir in a Debian image
+    '00-nvcr-'
+    >>> rhel = {"files": [], "debian_like": False}
+    >>> host_dir_first(rhel, "/usr/lib64")[0], host_dir_first(rhel, "/usr/lib64", update_ldcache=False)[0]
+    ('zz-nvcr-', None)
+    """
+    for name, dirs in conf["files"]:
+        if host_dir in dirs:
+            return name, f"/etc/ld.so.conf.d/{name} names {host_dir}"
+    if not update_ldcache:
+        return None, f"no drop-in names {host_dir}: ldconfig meets it after every drop-in, if at all"
+    if host_dir in system_dirs(conf["debian_like"], conf.get("arch")):
+        return NVCR_SYSTEM, (f"{host_dir} is a system dir of the image: update-ldcache names it in "
+                             f"{NVCR_SYSTEM}*.conf")
+    return NVCR_FOLDERS, f"update-ldcache names {host_dir} in {NVCR_FOLDERS}*.conf"
+
+
+def effective(*, has_compat: bool, toolkit_enables: bool, dropins: list, ld_library_path: list,
+              hook_effect: str | None, wrapper_strips: bool, host_first: tuple = (None, "")) -> dict:
+    """Which libcuda the container loads: ``{"result": "compat"|"host", "by": ...}``.
+
+    ``has_compat``: the image carries a compat libcuda; ``toolkit_enables``:
+    :func:`would_enable`; ``dropins``: the image's (and stale toolkit)
+    compat drop-ins (:func:`compat_hook.facts.imagefacts.compat_dropins`);
+    ``ld_library_path``: compat dirs on the image's ``LD_LIBRARY_PATH``;
+    ``hook_effect``: compat-hook's ``compat``/``host``/``leave`` where its
+    hook runs (``None``: not registered); ``wrapper_strips``: the wrapper
+    takes compat dirs off ``LD_LIBRARY_PATH``; ``host_first``:
+    :func:`host_dir_first` (``(None, ...)``: no drop-in names the host
+    driver's dir).
+
+    >>> effective(has_compat=True, toolkit_enables=True, dropins=[], ld_library_path=[],
+    ...           hook_effect="host", wrapper_strips=False)
+    {'result': 'host', 'by': "compat-hook's drop-in naming the host driver's dir sorts first"}
+
+    An arm64 Debian image's multiarch drop-in sorts *before* ``cuda-compat.conf``:
+
+    >>> arm = ("aarch64-linux-gnu.conf", "/etc/ld.so.conf.d/aarch64-linux-gnu.conf names /usr/lib/aarch64-linux-gnu")
+    >>> img = [{"file": "cuda-compat.conf", "dirs": ["/usr/local/cuda/compat"]}]
+    >>> effective(has_compat=True, toolkit_enables=False, dropins=img, ld_library_path=[],
+    ...           hook_effect=None, wrapper_strips=False, host_first=arm)["result"]
+    'host'
+    """
+    if not has_compat:
+        return {"result": "host", "by": "the image carries no compat libcuda"}
+    if ld_library_path and not wrapper_strips:
+        return {"result": "compat", "by": f"LD_LIBRARY_PATH names {ld_library_path[0]} (beats the ld cache)"}
+    host_at, host_why = host_first
+    compat = [(d["file"], f"/etc/ld.so.conf.d/{d['file']} names {d['dirs'][0]}") for d in dropins]
+    if toolkit_enables:
+        compat.append((TOOLKIT_COMPAT, "the toolkit's enable-cuda-compat drop-in (00-compat-*.conf)"))
+    if hook_effect == "compat":
+        compat.append((OUR_DROPIN, "compat-hook's drop-in names the compat dir and sorts first"))
+    elif hook_effect == "host" and (host_at is None or OUR_DROPIN < host_at):
+        host_at, host_why = OUR_DROPIN, "compat-hook's drop-in naming the host driver's dir sorts first"
+    first = min(compat) if compat else None
+    # A tie (one file naming both) is left to the host: ldconfig's line order is not modelled.
+    if first is not None and (host_at is None or first[0] < host_at):
+        return {"result": "compat", "by": first[1]}
+    if host_at is None:
+        return {"result": "host", "by": "nothing puts the compat dir first"}
+    return {"result": "host", "by": host_why}
