@@ -153,7 +153,7 @@ def test_short_soak_meets_the_targets(tmp_path):
 TORN = r"""
 import os, sys
 sys.path.insert(0, sys.argv[2])
-from compat_hook import logjson
+from compat_hook.core import logjson
 d = sys.argv[1]
 log = os.path.join(d, "compat-hook.log")
 logjson.write_line(log, {"event": "hook", "pad": "a" * 3800})  # the page's tail: ~240 bytes left
