@@ -8,7 +8,7 @@ libcuda 535/550/555) is fetched into ``.cache/`` as ``make test`` does
 (``$COMPAT_HOOK_TEST_CACHE`` overrides the place). The machine is not changed:
 the soak re-runs itself in a private mount namespace where ``/etc``, ``/usr``
 and ``/var/lib`` are overlays (what is written there lands in the work dir)
-and ``/var/log`` is a 512 KiB tmpfs (the full-disk fault); the parent lists
+and ``/var/log`` is a 1 MiB tmpfs (the full-disk fault); the parent lists
 ``/etc``, ``/usr`` and ``/var/lib`` before and after and reports any change.
 
 **The node.** containerd 2.x (tests/support/engines.py: own root, state,
@@ -23,7 +23,8 @@ and the RuntimeClass handler ``cuda-compat``, one at a time, each with the
 host's ``libcuda.so.<driver>`` bind-mounted as the NVIDIA runtime would. The
 NVIDIA toolkit's ``config.toml`` (at its GPU Operator path, under the work
 dir) is kept registered by the DaemonSet's own re-registration loop,
-``packaging/kubernetes/compat-hook-k8s.sh watch``, run with busybox sh.
+``packaging/kubernetes/compat-hook-k8s.sh watch``, run with busybox sh; the same loop
+rotates the log past 32 KiB here (its own default is 50 MB), as it does on a node.
 
 **Each start** picks an image and a GPU: ``nogpu`` (no GPU request),
 ``base`` (GPU request, no compat library), ``compat`` (compat libcuda 550 in
@@ -54,21 +55,32 @@ and ``cache-truncate`` (every state-cache entry, config and ELF, damaged
 before the start), ``config-invalid`` (config.yaml replaced with invalid YAML
 for two starts, then put back), ``kill-hook`` and ``kill-wrapper`` (SIGKILL
 to that start's hook or runtime wrapper, at a random 0-60 ms after it
-appears), ``install-race`` (``compat-hook install containerd`` again, during
+appears), ``kill-before-ldconfig`` and ``kill-before-exec`` (issue item 4: for
+one start the config's ``ldconfig:`` names a static program that notes whether
+our drop-in is in the rootfs and SIGKILLs its parent, the hook; or its
+``runtime:`` names a script that SIGKILLs itself, i.e. the wrapper's process
+after it edited config.json, where it would exec runc; the snapshots and
+bundles added are counted, and the next start is the same image),
+``install-race`` (``compat-hook install containerd`` again, during
 the start), ``two-installs`` (two installs at once, during the start) and
-``uninstall-race`` (uninstall then install, during the start).
+``uninstall-race`` (uninstall then install, during the start; a failed
+racing install, which refuses an invalid config.yaml, is run again once the
+config is fixed, as an admin would).
 
 **Figures** (printed, and written with every start's record to ``--json``):
 starts attempted / succeeded / failed (with why, and whether the fault
 allowed it: only a kill of that start's own hook or wrapper does), wrong
-libcuda, corrupted files (the engine config failing to parse, a compat-hook
+libcuda (starts while config.yaml is invalid, and starts that raced an
+uninstall and have no line of compat-hook, are counted apart: compat-hook
+stands aside there), corrupted files (the engine config failing to parse, a compat-hook
 drop-in in a container that is not one absolute path per line, a cache entry
 neither valid nor absent at the end), leftovers (temp files, locks and
 backups beside the engine config, in the state dir, beside the log; a
 compat-hook drop-in seen by a container that should have none), lost
 decision lines (a start whose container has no decision line in the log or
 its rotated copies, while the log was writable and the config valid), NUL
-bytes in the log (what a copytruncate does to a writer without O_APPEND),
+bytes in the log (what a copytruncate does to a writer without O_APPEND), torn or
+non-JSON lines,
 the starts right after a fault that failed, and the re-registration window
 in ms (each measurement and the maximum).
 """
