@@ -262,14 +262,19 @@ sync_containerd() {
 }
 
 # sync_toolkit on every line of the watcher (compat_hook/install/watch.py: "ready" once armed,
-# "change" at a change, "poll" every $TOOLKIT_RECHECK s); returns when the watcher stops.
+# "change" at a change, "poll" every $TOOLKIT_RECHECK s), and at "ready" and "poll" the
+# containerd check and the log's rotation too; returns when the watcher stops.
 watch_toolkit() {
     dest=$1
     # shellcheck disable=SC2086 # TOOLKIT_CONFIGS is a list of paths on purpose
     host_env "$HOST_PYTHON" -I -c \
         'import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.install.watch import main; sys.exit(main())' \
         "$dest/lib" --every "$TOOLKIT_RECHECK" $TOOLKIT_CONFIGS |
-        while read -r _; do sync_toolkit "$dest"; sync_containerd "$dest"; rotate_log; done
+        while read -r what; do
+            sync_toolkit "$dest"
+            # a change of a toolkit config: nothing else to do then, the next one may follow at once
+            [ "$what" = change ] || { sync_containerd "$dest"; rotate_log; }
+        done
 }
 
 # The node's decision log, bounded: past LOG_MAX_BYTES it is renamed to .1 (the hook and the
