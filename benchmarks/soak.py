@@ -8,7 +8,7 @@ libcuda 535/550/555) is fetched into ``.cache/`` as ``make test`` does
 (``$COMPAT_HOOK_TEST_CACHE`` overrides the place). The machine is not changed:
 the soak re-runs itself in a private mount namespace where ``/etc``, ``/usr``
 and ``/var/lib`` are overlays (what is written there lands in the work dir)
-and ``/var/log`` is a 1 MiB tmpfs (the full-disk fault); the parent lists
+and ``/var/log`` is an 8 MiB tmpfs (the full-disk fault); the parent lists
 ``/etc``, ``/usr`` and ``/var/lib`` before and after and reports any change.
 
 **The node.** containerd 2.x (tests/support/engines.py: own root, state,
@@ -181,7 +181,7 @@ int main(int argc, char **argv)
 """.replace("@DROPIN@", OUR_DROPIN)
 LISTED = ("/etc", "/usr", "/var/lib")
 ENGINE_DIRS = ("/var/lib/containerd", "/var/lib/docker", "/var/lib/containers", "/var/lib/cni")
-LOG_FS_SIZE = "1m"
+LOG_FS_SIZE = "8m"
 #: The DaemonSet loop rotates the log past this (its own default is 50 MB): several times a full run;
 #: it keeps 1000 copies here (8 by default) so that every line can still be counted at the end.
 LOG_ROTATE_BYTES = 32768
