@@ -909,12 +909,14 @@ def point_kills(fig: dict) -> str:
         left = r.get("left_after_kill")
         if left is None:
             continue
-        nxt = next((x for x in starts[n + 1:] if not set(x["faults"]) & set(KILLS)), None)
-        right = bool(nxt and nxt["ok"] and nxt.get("loaded") == nxt["expected"] and nxt["kind"] == r["kind"])
+        # the next start with no fault of its own (a driver flip aside)
+        nxt = next((x for x in starts[n + 1:] if not set(x["faults"]) - {"flip"}), None)
+        right = bool(nxt and nxt["ok"] and nxt.get("loaded") == nxt["expected"])
+        other = bool(nxt and nxt["kind"] != r["kind"])
         out.append(f"#{r['i']} {r['faults'][-1]}: {left.get('at_kill', 'config.json edited')}, "
                    f"next start #{nxt['i'] if nxt else '-'}: "
                    f"{len(left['snapshots_added'])} snapshot(s) and {len(left['bundles_added'])} bundle(s) left, "
-                   f"next start {'right' if right else 'NOT right'}")
+                   f"next start {'right' if right else 'NOT right'}{' (another image)' if other else ''}")
     return "; ".join(out) or "none"
 
 
