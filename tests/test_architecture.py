@@ -1,6 +1,6 @@
 """The layers hold: import-linter's contracts (pyproject.toml) pass, and no compat_hook modules import each other in a circle.
 
-Layers, high to low (docs/design.md): commands > install > policy >
+Layers, high to low (docs/design.md): commands > cluster | install > policy >
 effects | images > facts > core. A module imports only from its own layer and
 the layers below; effects and images never import each other.
 

@@ -58,6 +58,8 @@ BAD = {
     "wrapper_add_hook": ["no", None],
     "wrapper_drop_oom_score_adj": [0],
     "annotations": ["a=b", ["a"], {"a": 1}, {1: "a"}],
+    "cluster": ["yes", ["a"], {"gate": True}, {"gate_upgrade": "yes"}, {"label_prefix": "Bad_Prefix"},
+                {"label_prefix": "a..b"}, {"label_prefix": "x" * 254}, {"textfile": "rel/x.prom"}],
 }
 
 
@@ -69,7 +71,7 @@ def test_every_key_has_bad_values():
 def test_bad_value_names_the_key(key, value):
     with pytest.raises(ConfigError) as e:
         from_mapping({key: value})
-    assert str(e.value).startswith(f"{key}") and str(e.value)[len(key)] in ":[", str(e.value)
+    assert str(e.value).startswith(f"{key}") and str(e.value)[len(key)] in ":[.", str(e.value)
 
 
 def test_list_index_in_key_path():

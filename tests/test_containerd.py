@@ -10,7 +10,7 @@ shims are gone, and nothing is left mounted under the work dir.
 
 How the "host driver" gets into the container: the compat-hook config chains
 (``runtime:``) to a stand-in for nvidia-container-runtime (see
-tests/test_runtime_wrapper.py:standin_runtime) that records its argv and, on
+tests/support/wrapperenv.py:standin_runtime) that records its argv and, on
 create, bind-mounts the current fake host's libcuda at
 ``/usr/lib/x86_64-linux-gnu/libcuda.so.1``, as the NVIDIA toolkit would. The
 fake host (``<work>/host``, a symlink switched per test to a 535 or a 555
@@ -28,20 +28,17 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
-import signal
-import subprocess
 import time
 
 import pytest
-import tomlkit
 
 from compat_hook.commands import store
 from compat_hook.commands.runtime import find_verb
 from tests import cri
-from tests.support import debs, rootfs, runtimes as rt
-from tests.test_runtime_wrapper import (C550, H535, H555, fake_host, log_records, probe_of, standin_calls,
-                                        standin_runtime, write_config)
+from tests.support import debs, engines, rootfs
+from tests.support.engines import build_image, config_dump as dump, sh
+from tests.support.versions import COMPAT_550 as C550, HOST_535 as H535, HOST_555 as H555
+from tests.support.wrapperenv import fake_host, log_records, probe_of, standin_calls, standin_runtime, write_config
 
 pytestmark = pytest.mark.containers
 
@@ -50,88 +47,17 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 CRI = "io.containerd.grpc.v1.cri"
 RUNTIME = "cuda-compat"
 IMAGE = "docker.io/library/bb"
-ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
 COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{C550}"
 HOST_LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
 STORE_LIB = f"/usr/local/cuda/compat/libcuda.so.{C550}"
 
 
-def sh(*argv, check=True, timeout=120, **kw) -> subprocess.CompletedProcess:
-    p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=ENV, timeout=timeout,
-                       stdin=subprocess.DEVNULL, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{argv}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
-    return p
+class Containerd(engines.DirectContainerd):
+    """The support harness's containerd with compat-hook's wrapper registered as the runtime ``cuda-compat``."""
 
-
-def dump(main) -> dict:
-    tree = tomlkit.parse(sh("containerd", "--config", main, "config", "dump").stdout).unwrap()
-    tree["imports"] = sorted(tree["imports"])
-    return tree
-
-
-MAIN = """\
-# containerd for compat-hook's tests: own socket, root and state
-version = 2
-root = "@W@/root"
-state = "@W@/state"
-oom_score = 0
-
-[grpc]
-  address = "@W@/containerd.sock"
-
-[ttrpc]
-  address = ""
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "docker.io/library/bb:pause"
-  stream_server_address = "127.0.0.1"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "@W@/cni"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        Root = "@W@/runc"
-        SystemdCgroup = false
-"""
-
-
-def build_image(work: pathlib.Path, libs: dict) -> pathlib.Path:
-    """The OCI layout (tags root, pause, base, compat, stale) as a tar for ``ctr images import``."""
-    lay = work / "img"
-    sh("umoci", "init", "--layout", lay)
-    sh("umoci", "new", "--image", f"{lay}:root")
-    sh("umoci", "unpack", "--image", f"{lay}:root", work / "u1")
-    shutil.rmtree(work / "u1" / "rootfs")
-    rootfs.build_rootfs(work / "u1" / "rootfs")
-    sh("umoci", "repack", "--image", f"{lay}:root", work / "u1")
-    sh("umoci", "config", "--image", f"{lay}:root", "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin")
-    sh("umoci", "config", "--image", f"{lay}:root", "--tag", "pause", "--config.cmd", "sleep", "--config.cmd", "3600")
-    sh("umoci", "config", "--image", f"{lay}:root", "--tag", "base", "--config.env", "NVIDIA_VISIBLE_DEVICES=all",
-       "--config.env", "CUDA_VERSION=12.4.1", "--config.cmd", "/usr/local/bin/probe")
-    sh("umoci", "unpack", "--image", f"{lay}:base", work / "u2")
-    r = work / "u2" / "rootfs"
-    rootfs.install_libcuda(r, libs[C550], "usr/local/cuda-12.4/compat")
-    os.symlink("cuda-12.4", r / "usr/local/cuda")
-    sh("umoci", "repack", "--image", f"{lay}:compat", work / "u2")
-    sh("umoci", "config", "--image", f"{lay}:compat", "--tag", "stale",
-       "--config.env", "LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/lib")
-    shutil.rmtree(work / "u1")
-    shutil.rmtree(work / "u2")
-    tar = work / "bb-oci.tar"
-    sh("tar", "-C", lay, "-cf", tar, ".")
-    return tar
-
-
-class Containerd:
     def __init__(self, work: pathlib.Path, libs: dict) -> None:
-        self.work = work
+        super().__init__(work)
         self.libs = libs
-        self.sock = work / "containerd.sock"
-        self.main = work / "containerd" / "config.toml"
         self.wrapper = work / "bin" / "compat-hook-runtime"
         self.hook_config = work / "compat-hook.yaml"
         self.log = work / "compat-hook.log"
@@ -139,16 +65,12 @@ class Containerd:
         self.calls = work / "standin-argv.log"
         self.host = work / "host"
         self.store = work / "store"
-        self.proc = None
         self.timings: dict = {}
 
     # -- set-up ---------------------------------------------------------------
     def prepare(self) -> None:
         w = self.work
-        (w / "containerd").mkdir()
-        (w / "cni").mkdir()
         (w / "bin").mkdir()
-        self.main.write_text(MAIN.replace("@W@", str(w)))
         self.dump_before = dump(self.main)
         t = time.monotonic()
         p = sh(PY, "-m", "compat_hook", "install", "containerd", "--engine-config", self.main,
@@ -181,78 +103,13 @@ class Containerd:
 
     def start(self, images: bool = True) -> None:
         t = time.monotonic()
-        out = open(self.work / "containerd.log", "wb")
-        env = dict(ENV, COMPAT_HOOK_STATE_DIR=str(self.work / "compat-hook-state"))
-        self.proc = subprocess.Popen(["containerd", "--config", str(self.main)], stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        out.close()
-        deadline = time.monotonic() + 30
-        while self.ctr("version", check=False).returncode != 0:
-            assert self.proc.poll() is None, (self.work / "containerd.log").read_text()
-            assert time.monotonic() < deadline, "containerd did not come up"
-            time.sleep(0.05)
+        super().start()
         self.timings["start"] = time.monotonic() - t
-        plugins = self.ctr("plugins", "ls").stdout
-        cri_line = [ln for ln in plugins.splitlines() if ln.split()[:2] == ["io.containerd.grpc.v1", "cri"]]
-        assert cri_line and cri_line[0].split()[-1] == "ok", (cri_line, (self.work / "containerd.log").read_text())
         if images:
             t = time.monotonic()
             for ns in ("default", "k8s.io"):
                 self.ctr("-n", ns, "images", "import", "--base-name", IMAGE, self.image_tar)
             self.timings["import"] = time.monotonic() - t
-
-    def ctr(self, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
-        return sh("ctr", "-a", self.sock, *args, check=check, timeout=timeout)
-
-    # -- tear-down --------------------------------------------------------------
-    def shims(self) -> list:
-        """PIDs of processes started for this containerd (their argv names our socket or work dir)."""
-        pids = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit() or int(d) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if any(str(self.work).encode() in a for a in argv) and argv and b"containerd-shim" in argv[0]:
-                pids.append(int(d))
-        return pids
-
-    def stop(self) -> dict:
-        """Stop everything; returns what was left behind (for the final test)."""
-        left = {"containers": [], "shims": [], "mounts": [], "runc": []}
-        if self.proc is not None and self.proc.poll() is None:
-            for ns in ("default", "k8s.io"):
-                for cid in self.ctr("-n", ns, "containers", "ls", "-q", check=False).stdout.split():
-                    left["containers"].append(f"{ns}/{cid}")
-                    self.ctr("-n", ns, "tasks", "kill", "-s", "KILL", cid, check=False)
-                    self.ctr("-n", ns, "tasks", "delete", "-f", cid, check=False)
-                    self.ctr("-n", ns, "containers", "rm", cid, check=False)
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-        for pid in self.shims():
-            left["shims"].append(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for ns_root in (self.work / "runc", self.work / "runc-ctr"):
-            for ns in (ns_root.iterdir() if ns_root.is_dir() else ()):
-                out = sh(rt.RUNC, "--root", ns, "list", "-q", check=False).stdout.split()
-                left["runc"] += [f"{ns}/{c}" for c in out]
-                for c in out:
-                    sh(rt.RUNC, "--root", ns, "delete", "--force", c, check=False)
-        left["mounts"] = rt.mounts_under(self.work)
-        for mp in sorted(left["mounts"], key=len, reverse=True):
-            sh("umount", "-l", mp, check=False)
-        return left
 
 
 @pytest.fixture(scope="module")

@@ -21,11 +21,13 @@ import subprocess
 
 import pytest
 
-from tests.conftest import write_fake_host
+from tests.support.trees import write_fake_host
 from tests.support import debs
+from tests.support.debpkg import deb  # noqa: F401  (the module-scoped .deb fixture)
 from tests.support.steps import sections as _sections
-from tests.test_podman import (COMPAT_550, COMPAT_LIB, HOST_535, IMAGE, RUN_FLAGS, SYS_LIB, build_image_tar,
-                               start_podman)
+from tests.support.engines import PODMAN_IMAGE as IMAGE, RUN_FLAGS, build_image_tar, start_podman
+from tests.support.rootfs import COMPAT_LIBCUDA as COMPAT_LIB, HOST_LIBCUDA as SYS_LIB
+from tests.support.versions import COMPAT_550, HOST_535
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "HOME": "/root"}
@@ -38,15 +40,6 @@ def _run(argv, *, timeout=300, check=True, **kw):
     if check and p.returncode != 0:
         raise AssertionError(f"{argv}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p
-
-
-@pytest.fixture(scope="module")
-def deb(tmp_path_factory) -> pathlib.Path:
-    out = tmp_path_factory.mktemp("dist")
-    _run(["make", "-C", REPO, "deb", f"DEB_OUT={out}", "PY=/usr/bin/python3"])
-    got = out / f"compat-hook_{VERSION}_all.deb"
-    assert got.is_file(), list(out.iterdir())
-    return got
 
 
 def _field(deb, name):

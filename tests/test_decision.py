@@ -25,6 +25,7 @@ from compat_hook.facts.rootfs import Root
 from compat_hook.core.versions import parse_version, try_parse_version
 from tests.conftest import HOST_ARCH, Symlink, config_for, elf
 from tests.elfgen import NOTE_575, NOTE_590, NOTE_ORIN, make_elf, orin_overrun_elf
+from tests.support.measured import ELF575, ELF590, NOELF590, TESTDATA_575, measured_rootfs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OTHER_ARCH = "aarch64" if HOST_ARCH == "x86_64" else "x86_64"
@@ -353,9 +354,6 @@ def _e2e(make_rootfs, fake_host, entries, *, driver=None, cuda=None, gpus=None, 
     return decide(facts, img, request, config), img, facts
 
 
-TESTDATA_575 = {"compat/575.57.08/libcuda.so.575.57.08": elf(NOTE_575, soname=None)}
-
-
 @pytest.mark.parametrize("driver, cuda, action, reason", [
     (None, "12.8", "enable", "compat_cuda_newer"),
     (None, "12.9", "skip", "compat_cuda_not_newer"),
@@ -378,40 +376,9 @@ def test_nvidia_compat_libs_with_elf_header(make_rootfs, fake_host, driver, cuda
     assert img.elf.note.cuda_version == "12.9"
 
 
-# -- The measured table (docs/background.md "The NVIDIA toolkit"), v1.20.0 column ---------------
-#
-# W = enable, '-' = skip. The fixtures are x86-64 here (NVIDIA's elf590 is
-# AArch64): our decision refuses a library the host loader cannot load.
-
-def _measured_rootfs(data):
-    return {"usr/local/cuda-13.1/compat/libcuda.so.590.44.01": data,
-            "usr/local/cuda-13.1/compat/libcuda.so.1": Symlink("libcuda.so.590.44.01"),
-            "usr/local/cuda": Symlink("cuda-13.1")}
-
-
-ELF590 = [
-    ("535.183.01", None, "enable", "compat_newer_supported"),
-    ("550.54.15", None, "enable", "compat_newer_supported"),
-    ("570.133.20", None, "enable", "compat_newer_supported"),
-    ("575.51.03", None, "enable", "compat_newer_supported"),
-    ("575.57.08", None, "enable", "compat_newer_supported"),
-    ("580.65.06", None, "enable", "compat_newer_supported"),
-    ("560.35.03", None, "skip", "host_branch_unsupported"),
-    ("590.30.01", None, "enable", "compat_newer_supported"),  # same major, older: W on v1.20.0
-    ("590.44.01", None, "skip", "compat_not_newer"),
-    ("590.48.01", None, "skip", "compat_not_newer"),
-    ("600.10", None, "skip", "compat_not_newer"),
-    ("abc", None, "skip", "host_driver_unknown"),
-    (None, "12.8", "enable", "compat_cuda_newer"),
-    (None, "13.0", "enable", "compat_cuda_newer"),
-    (None, "13.1", "skip", "compat_cuda_not_newer"),
-    (None, "13.2", "skip", "compat_cuda_not_newer"),
-]
-
-
 @pytest.mark.parametrize("driver, cuda, action, reason", ELF590)
 def test_measured_elf590(make_rootfs, fake_host, driver, cuda, action, reason):
-    d, img, facts = _e2e(make_rootfs, fake_host, _measured_rootfs(elf(NOTE_590)), driver=driver, cuda=cuda)
+    d, img, facts = _e2e(make_rootfs, fake_host, measured_rootfs(elf(NOTE_590)), driver=driver, cuda=cuda)
     assert (d.action, d.reason) == (action, reason), d.to_dict()
     if action == "enable":
         # The resolved dir, as NVIDIA's e2e tests expect (/usr/local/cuda-13.1/compat).
@@ -419,22 +386,6 @@ def test_measured_elf590(make_rootfs, fake_host, driver, cuda, action, reason):
         assert d.compat_version == "590.44.01"
     if driver == "abc":
         assert facts.driver_version is None and any("abc" in n for n in facts.notes)
-
-
-ELF575 = [
-    ("535.183.01", None, "enable", "compat_newer_supported"),
-    ("550.54.15", None, "enable", "compat_newer_supported"),
-    ("560.35.03", None, "enable", "compat_newer_supported"),
-    ("570.133.20", None, "enable", "compat_newer_supported"),
-    ("575.51.03", None, "enable", "compat_newer_supported"),  # v1.20.0/HEAD only
-    ("575.57.08", None, "skip", "compat_not_newer"),
-    ("580.65.06", None, "skip", "compat_not_newer"),
-    ("590.44.01", None, "skip", "compat_not_newer"),
-    ("600.10", None, "skip", "compat_not_newer"),
-    (None, "12.8", "enable", "compat_cuda_newer"),
-    (None, "13.0", "skip", "compat_cuda_not_newer"),
-    (None, "13.1", "skip", "compat_cuda_not_newer"),
-]
 
 
 @pytest.mark.parametrize("driver, cuda, action, reason", ELF575)
@@ -447,26 +398,9 @@ def test_measured_elf575(make_rootfs, fake_host, driver, cuda, action, reason):
         assert d.compat_dir == "/usr/local/cuda-12.9/compat"
 
 
-NOELF590 = [
-    ("535.183.01", None, "enable", "compat_major_newer"),
-    ("550.54.15", None, "enable", "compat_major_newer"),
-    ("560.35.03", None, "enable", "compat_major_newer"),  # no note: no branch list to refuse it
-    ("570.133.20", None, "enable", "compat_major_newer"),
-    ("575.57.08", None, "enable", "compat_major_newer"),
-    ("580.65.06", None, "enable", "compat_major_newer"),
-    ("590.30.01", None, "skip", "compat_major_not_newer"),
-    ("590.44.01", None, "skip", "compat_not_newer"),
-    ("590.48.01", None, "skip", "compat_not_newer"),
-    ("600.10", None, "skip", "compat_not_newer"),
-    (None, "12.8", "skip", "note_cuda_missing"),
-    (None, "13.0", "skip", "note_cuda_missing"),
-    (None, "13.2", "skip", "note_cuda_missing"),
-]
-
-
 @pytest.mark.parametrize("driver, cuda, action, reason", NOELF590)
 def test_measured_noelf590(make_rootfs, fake_host, driver, cuda, action, reason):
-    d, img, _ = _e2e(make_rootfs, fake_host, _measured_rootfs(elf(None)), driver=driver, cuda=cuda)
+    d, img, _ = _e2e(make_rootfs, fake_host, measured_rootfs(elf(None)), driver=driver, cuda=cuda)
     assert img.elf.note is None and img.elf.error is None
     assert (d.action, d.reason) == (action, reason), d.to_dict()
 
@@ -481,7 +415,7 @@ def test_measured_garbage590(make_rootfs, fake_host, driver, cuda, nvidia_writes
     # Stricter than NVIDIA on purpose: v1.20.0 applies its major rule to a
     # non-ELF file and *would enable* the 535-580 rows (nvidia_writes). A file
     # the loader cannot load is never worth a drop-in for us.
-    d, img, _ = _e2e(make_rootfs, fake_host, _measured_rootfs(garbage), driver=driver, cuda=cuda)
+    d, img, _ = _e2e(make_rootfs, fake_host, measured_rootfs(garbage), driver=driver, cuda=cuda)
     assert img.elf.error is not None
     assert (d.action, d.reason) == ("skip", "not_elf"), d.to_dict()
 

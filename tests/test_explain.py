@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from compat_hook.commands.explain import explain, render_text
-from tests import test_decision as T
+from tests.support import measured as T
 from tests.conftest import Symlink, config_for, elf, snapshot_tree
 from tests.elfgen import NOTE_575, NOTE_590
 
@@ -60,7 +60,7 @@ def _explain_rows(make_rootfs, fake_host, tmp_path, entries, rows, **config):
 
 
 def test_explain_measured_elf590(make_rootfs, fake_host, tmp_path):
-    _explain_rows(make_rootfs, fake_host, tmp_path, T._measured_rootfs(elf(NOTE_590)), T.ELF590)
+    _explain_rows(make_rootfs, fake_host, tmp_path, T.measured_rootfs(elf(NOTE_590)), T.ELF590)
 
 
 def test_explain_measured_elf575(make_rootfs, fake_host, tmp_path):
@@ -69,13 +69,13 @@ def test_explain_measured_elf575(make_rootfs, fake_host, tmp_path):
 
 
 def test_explain_measured_noelf590(make_rootfs, fake_host, tmp_path):
-    _explain_rows(make_rootfs, fake_host, tmp_path, T._measured_rootfs(elf(None)), T.NOELF590)
+    _explain_rows(make_rootfs, fake_host, tmp_path, T.measured_rootfs(elf(None)), T.NOELF590)
 
 
 def test_explain_measured_garbage590(make_rootfs, fake_host, tmp_path):
     # NVIDIA would enable the 535-580 rows (major rule on a non-ELF file); we skip: not_elf.
     rows = [(d, None, "skip", "not_elf") for d in ("535.183.01", "550.54.15", "580.65.06", "590.30.01")]
-    _explain_rows(make_rootfs, fake_host, tmp_path, T._measured_rootfs(b"garbage\n"), rows)
+    _explain_rows(make_rootfs, fake_host, tmp_path, T.measured_rootfs(b"garbage\n"), rows)
 
 
 def test_explain_nvidia_elf_header_table(make_rootfs, fake_host, tmp_path):

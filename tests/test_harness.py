@@ -17,11 +17,9 @@ import time
 import pytest
 
 from tests.support import debs, rootfs, runtimes as rt
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
 RUNTIMES = pytest.mark.parametrize("runtime", ["runc", "crun"])
-HOST_535 = "535.261.03"
-COMPAT_550 = "550.163.01"
-HOST_555 = "555.58.02"
 SYS_DIR = "/usr/lib/x86_64-linux-gnu"
 COMPAT_DIR = "/usr/local/cuda-12.4/compat"
 PROBE = "/usr/local/bin/probe"

@@ -23,13 +23,11 @@ from compat_hook.facts import elfgen
 from compat_hook.effects import ldcache
 from compat_hook.core import registration
 from tests.support import debs, hookenv, rootfs, runtimes as rt
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
 pytestmark = pytest.mark.containers
 RUNTIMES = pytest.mark.parametrize("runtime", ["runc", "crun"])
 
-HOST_535 = "535.261.03"
-COMPAT_550 = "550.163.01"
-HOST_555 = "555.58.02"
 SYS_DIR = "/usr/lib/x86_64-linux-gnu"
 COMPAT_DIR = "/usr/local/cuda-12.4/compat"
 COMPAT_LIB = f"{COMPAT_DIR}/libcuda.so.{COMPAT_550}"

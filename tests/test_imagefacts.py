@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from compat_hook.facts import hostfacts, imagefacts
 from compat_hook.policy.decision import decide
 from compat_hook.facts.rootfs import Root
-from tests.conftest import Dir, Symlink, build_tree, config_for, elf, write_fake_host
+from tests.conftest import Dir, Symlink, build_tree, config_for, elf
+from tests.support.trees import write_fake_host
 from tests.elfgen import NOTE_575, NOTE_590, NOTE_ORIN
 
 C = "usr/local/cuda-12.4/compat"

@@ -123,6 +123,9 @@ def check_same(view, rootfs) -> None:
             assert _outcome(lambda: view.realpath(p)) == _outcome(lambda: real.realpath(p)), p
             assert _outcome(lambda: stat.S_IFMT(view.lstat(p).st_mode)) == \
                 _outcome(lambda: stat.S_IFMT(real.lstat(p).st_mode)), p
+        if not hasattr(view, "walk_entries"):
+            _same_tree(view, real, rootfs)
+            return
         seen = set()
         for path, node in view.walk_entries():
             seen.add(path)
@@ -143,6 +146,19 @@ def check_same(view, rootfs) -> None:
                     "file" if stat.S_ISREG(st.st_mode) else "other"
                 if keep(rel, kind) is not None:
                     assert "/" + rel in seen, f"{rel} ({kind}) is missing from the view"
+
+
+def _same_tree(view, real, rootfs) -> None:
+    """Layer dirs read merged (compat_hook.images.unpacked) against the rootfs umoci unpacked: every entry,
+    its type, every file's bytes, every directory's listing (whiteouts and opaque dirs applied)."""
+    for dirpath, dirnames, filenames in os.walk(rootfs):
+        rel = "/" + os.path.relpath(dirpath, rootfs).lstrip(".")
+        assert sorted(view.listdir(rel)) == sorted(real.listdir(rel)), rel
+        for n in dirnames + filenames:
+            p = f"{rel.rstrip('/')}/{n}"
+            assert stat.S_IFMT(view.lstat(p).st_mode) == stat.S_IFMT(real.lstat(p).st_mode), p
+            if stat.S_ISREG(real.lstat(p).st_mode):
+                assert view.read_file(p, 1 << 24) == real.read_file(p, 1 << 24), p
 
 
 @pytest.mark.parametrize("tag", ["base", "two", "three"])
@@ -324,16 +340,13 @@ def test_doctests_of_the_reader_modules():
 
 @pytest.fixture(scope="module")
 def ctrd(tmp_path_factory):
-    """A private containerd (the one of test_containerd: own socket, root and state)."""
-    from tests.test_containerd import MAIN, Containerd
+    """A private containerd (tests/support/engines.py's DirectContainerd: own socket, root and state)."""
+    from tests.support.engines import DirectContainerd
 
     w = tmp_path_factory.mktemp("ctrd-img")
-    c = Containerd(w, {})
-    (w / "containerd").mkdir()
-    (w / "cni").mkdir()
-    c.main.write_text(MAIN.replace("@W@", str(w)))
+    c = DirectContainerd(w)
     try:
-        c.start(images=False)
+        c.start()
         yield c
     finally:
         c.stop()
@@ -353,15 +366,20 @@ def test_containerd_content_store(built, ctrd, tmp_path):
     ctrd.ctr("-n", "k8s.io", "images", "import", "--base-name", "docker.io/library/multi",
              multi.tar(tmp_path / "multi.tar"))
     addr = str(ctrd.sock)
+    # the blobs, then the layer dirs the snapshotter unpacked (the default)
+    for unpacked, via in ((False, "blobs"), (True, "snapshot")):
+        with images.Reader(images.Limits(unpacked=unpacked)) as reader:
+            for tag in ("two", "three"):
+                t0 = time.monotonic()
+                with reader.open(f"containerd:imgtest:{tag}", address=addr, namespace="k8s.io") as img:
+                    assert img.name == f"docker.io/library/imgtest:{tag}"
+                    assert img.read_via == via
+                    check_same(img.root, built["unpacked"][tag])
+                assert time.monotonic() - t0 < 30
     with images.Reader() as reader:
-        for tag in ("two", "three"):
-            t0 = time.monotonic()
-            img = reader.open(f"containerd:imgtest:{tag}", address=addr, namespace="k8s.io")
-            assert img.name == f"docker.io/library/imgtest:{tag}"
-            check_same(img.root, built["unpacked"][tag])
-            assert time.monotonic() - t0 < 30
         img = reader.open("containerd:docker.io/library/multi:multi", address=addr)
         assert img.env == [f"ARCH={mine}"] and img.root.read_file("/etc/ld.so.conf.d/arch.conf") == mine.encode()
+        assert img.read_via == "snapshot"  # through the index's label and the host platform
         listed = reader.expand("containerd:", address=addr, namespace="k8s.io")
         assert {f"containerd:docker.io/library/imgtest:{t}" for t in ("base", "two", "three", "three-zstd")} \
             <= set(listed)

@@ -30,7 +30,7 @@ import pytest
 from compat_hook.install import Options, run_install
 from tests.conftest import snapshot_tree
 from tests.support.steps import sections
-from tests.test_deb import deb  # noqa: F401  (the module-scoped .deb fixture)
+from tests.support.debpkg import deb  # noqa: F401  (the module-scoped .deb fixture)
 
 PY = "/usr/bin/python3"
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ import pytest
 
 from compat_hook.install.files import backups_of
 from compat_hook.install.wrapper import is_wrapper
-from tests.conftest import write_fake_host
+from tests.support.trees import write_fake_host
 from tests.support import debs, hookenv, rootfs, runtimes as rt
 from tests.support.toolkit import create_start, noted_compat_lib, toolkit, write_cdi_spec  # noqa: F401
 

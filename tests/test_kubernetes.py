@@ -28,7 +28,7 @@ import yaml
 
 from tests.support.cache import cache_dir, locked
 from tests.support.steps import sections as _sections
-from tests.test_podman import RUN_FLAGS, start_podman
+from tests.support.engines import RUN_FLAGS, start_podman
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 K8S = REPO / "packaging" / "kubernetes"
@@ -107,8 +107,13 @@ def test_daemonset_shape():
     assert c["image"].endswith(f":{VERSION}")
     (vol,) = pod["volumes"]
     assert vol["hostPath"]["path"] == "/" and c["volumeMounts"][0]["mountPath"] == env["HOST_ROOT"]
-    kinds = {d["kind"] for m in MANIFESTS for d in _docs(m)}
+    # Only the chart's agent (compat-hook.yaml) talks to the API server, with the minimal ClusterRole.
+    kinds = {d["kind"] for m in MANIFESTS if m.name != "compat-hook.yaml" for d in _docs(m)}
     assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ServiceAccount"}
+    [role] = [d for d in _docs(K8S / "compat-hook.yaml") if d["kind"] == "ClusterRole"]
+    assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"]] == [
+        ([""], ["nodes"], ["get", "patch"]), ([""], ["pods"], ["list"]), ([""], ["events"], ["create"]),
+        (["nvidia.com"], ["clusterpolicies", "nvidiadrivers"], ["get", "list", "watch"])]
 
 
 def test_runtime_names_agree():

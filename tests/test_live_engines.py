@@ -41,14 +41,14 @@ import time
 import pytest
 
 from tests.support import debs, engines
-from tests.test_containerd import build_image
-from tests.test_podman import RUN_FLAGS, Podman
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
+from tests.support.engines import RUN_FLAGS, Podman
 
 pytestmark = pytest.mark.containers
 
 PY = "/usr/bin/python3"
 REPO = pathlib.Path(__file__).resolve().parents[1]
-OLD, COMPAT, NEW = "535.261.03", "550.163.01", "555.58.02"
+OLD, COMPAT, NEW = HOST_535, COMPAT_550, HOST_555
 CUDA = {OLD: "12020", COMPAT: "12040", NEW: "12050"}
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT}"
@@ -153,7 +153,7 @@ def libs() -> dict:
 def image(tmp_path_factory, libs) -> dict:
     """The OCI layout (tags root, pause, base, compat, stale) and its tar (tests/test_containerd.py)."""
     work = tmp_path_factory.mktemp("image")
-    tar = build_image(work, libs)
+    tar = engines.build_image(work, libs)
     return {"layout": work / "img", "tar": tar, "work": work}
 
 
@@ -299,7 +299,7 @@ def test_docker_run_with_the_runtime(docker, libs):
 
 
 class PodmanNode(Node):
-    """Podman with private storage (tests/test_podman.py), each run in a driver namespace whose
+    """Podman with private storage (tests/support/engines.py), each run in a driver namespace whose
     /usr/share/containers shows an overlay: the default hooks.d dir, written by ``install podman``."""
 
     def __init__(self, work: pathlib.Path, pm: Podman) -> None:

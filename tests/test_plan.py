@@ -178,7 +178,8 @@ def test_text_table_and_unreadable_source(world):
     # the row says unreadable; the error is on a line of its own, not in the TOOLKIT ALONE column
     assert lines[2].split()[1:] == ["-", "unreadable", "-", "-", "-"] and "missing" in lines[2]
     assert lines[3] == f"unreadable: {world['tmp'] / 'missing'}: {world['tmp'] / 'missing'}: not a directory, " \
-                       "nor oci:..., oci-archive:..., docker-archive:..., containerd:..."
+                       "nor oci:..., oci-archive:..., docker-archive:..., containerd:..., docker:..., " \
+                       "containers-storage:..."
     assert lines[-1].startswith("2 image(s): 0 broken after the upgrade, 1 change outcome, 1 unreadable")
     ok = plan(str(world["img"]), str(world["tmp"] / "missing"), "--driver", "580.65.06", "--config", world["conf"],
               "--allow-unreadable")
@@ -199,7 +200,7 @@ def test_nothing_read_is_exit_4_not_a_green_gate(world, fail_on):
     r = json.loads(out.stdout)
     [row] = r["images"]
     assert row["error"] == "/nonexistent: not a directory, nor oci:..., oci-archive:..., docker-archive:..., " \
-                           "containerd:..." and row["error_code"] == "usage"
+                           "containerd:..., docker:..., containers-storage:..." and row["error_code"] == "usage"
     assert row["toolkit_only_after"] is None and r["summary"]["read"] == 0
     allowed = plan(*args, "--allow-unreadable")
     assert allowed.returncode == 0 and allowed.stderr == "" and json.loads(allowed.stdout)["allow_unreadable"]

@@ -14,68 +14,22 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 import subprocess
 
 import pytest
 
 from compat_hook.core import registration
-from tests.support import debs, hookenv, rootfs
+from tests.support import hookenv
 from tests.support import runtimes as rt
-from tests.support.images import skopeo, umoci
-from tests.support.toolkit import noted_compat_lib
+from tests.support.images import umoci
+from tests.support.planimages import GEFORCE, H100, images  # noqa: F401  (the module-scoped images fixture)
+from tests.support.trees import write_fake_host
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
 pytestmark = pytest.mark.containers
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 COMPAT_DIR = "/usr/local/cuda-12.4/compat"
-HOST_535, HOST_555, COMPAT_550 = "535.261.03", "555.58.02", "550.163.01"
-GEFORCE = "NVIDIA GeForce RTX 4090"
-H100 = "NVIDIA H100 80GB HBM3"
-
-
-def _layout(work: pathlib.Path, name: str, compat_lib) -> pathlib.Path:
-    """A runnable rootfs as a two-layer OCI image (the cuda symlink and a whiteout in layer 2)."""
-    src = rootfs.build_rootfs(work / f"{name}-src", compat_lib=compat_lib, cuda_symlink=False,
-                              extra_files={"etc/removed-later": "x"})
-    lay = work / name
-    umoci("init", "--layout", lay)
-    umoci("new", "--image", f"{lay}:v1")
-    b = work / f"{name}-bundle"
-    umoci("unpack", "--image", f"{lay}:v1", b)
-    shutil.rmtree(b / "rootfs")
-    shutil.copytree(src, b / "rootfs", symlinks=True)
-    umoci("repack", "--image", f"{lay}:v1", b)
-    (b / "rootfs" / "etc" / "removed-later").unlink()                    # a whiteout in layer 2
-    if compat_lib is not None:
-        (b / "rootfs" / "usr/local/cuda").symlink_to("cuda-12.4")        # set after the libs
-    umoci("repack", "--image", f"{lay}:v1", b)
-    umoci("config", "--image", f"{lay}:v1", "--config.env", "CUDA_VERSION=12.4.1",
-          "--config.env", "NVIDIA_VISIBLE_DEVICES=all", "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin")
-    shutil.rmtree(b)
-    return lay
-
-
-@pytest.fixture(scope="module")
-def images(tmp_path_factory) -> dict:
-    work = tmp_path_factory.mktemp("plan-images")
-    libs = {v: debs.libcuda(v) for v in debs.VERSIONS}
-    noted = noted_compat_lib(libs[COMPAT_550], work / "noted")
-    out = {"libs": libs, "work": work}
-    for name, lib in (("compat", noted), ("plain", None)):
-        lay = _layout(work, name, lib)
-        arch = work / f"{name}.tar"
-        skopeo("copy", f"oci:{lay}:v1", f"docker-archive:{arch}:localhost/{name}:v1")
-        out[name] = {"oci": f"oci:{lay}:v1", "docker": f"docker-archive:{arch}", "layout": lay}
-    return out
-
-
-def _host(tmp: pathlib.Path, version: str, gpu: str) -> pathlib.Path:
-    h = hookenv.fake_host(tmp / "host", version)
-    info = h / "proc/driver/nvidia/gpus/0000:17:00.0/information"
-    info.parent.mkdir(parents=True)
-    info.write_text(f"Model: \t\t {gpu}\nBus Location: \t 0000:17:00.0\n")
-    return h
 
 
 def _plan(images, tmp, name, version, gpu) -> dict:
@@ -120,7 +74,7 @@ def _run(images, tmp, name, version) -> dict:
     ("plain", HOST_555, H100, "host", "no_candidate"),
 ], ids=["enable", "newer-host", "geforce", "no-compat-old-host", "no-compat-new-host"])
 def test_plan_predicts_what_the_container_loads(images, tmp_path, name, version, gpu, outcome, reason):
-    _host(tmp_path, version, gpu)
+    write_fake_host(tmp_path / "host", version=version, gpus={"0000:17:00.0": gpu})
     predicted = _plan(images, tmp_path, name, version, gpu)
     assert (predicted["outcome"], predicted["reason"]) == (outcome, reason), predicted
     ran = _run(images, tmp_path, name, version)

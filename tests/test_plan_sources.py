@@ -111,24 +111,20 @@ def test_image_without_cuda_version_is_predicted_broken_on_535(image, tmp_path):
     rows = json.loads(out.stdout)["images"]
     for row in rows:
         _check_row(row)
-    assert len({json.dumps({k: v for k, v in r.items() if k != "image"}, sort_keys=True) for r in rows}) == 1
+    assert [r["read_via"] for r in rows] == ["dir", "blobs", "blobs"]
+    assert len({json.dumps({k: v for k, v in r.items() if k not in ("image", "read_via")}, sort_keys=True)
+                for r in rows}) == 1
 
 
 @pytest.fixture
 def k3s_containerd(image, tmp_path_factory):
     """A real containerd whose socket is where k3s and RKE2 put theirs, under a test host root."""
-    from tests.test_containerd import MAIN, Containerd
+    from tests.support.engines import DirectContainerd
 
     w = tmp_path_factory.mktemp("k3s")
-    c = Containerd(w, {})
-    c.sock = w / "host/run/k3s/containerd/containerd.sock"
-    c.sock.parent.mkdir(parents=True)
-    (w / "containerd").mkdir()
-    (w / "cni").mkdir()
-    c.main.write_text(MAIN.replace('address = "@W@/containerd.sock"', f'address = "{c.sock}"')
-                      .replace("@W@", str(w)))
+    c = DirectContainerd(w, sock=w / "host/run/k3s/containerd/containerd.sock")
     try:
-        c.start(images=False)
+        c.start()
         c.ctr("-n", "k8s.io", "images", "import", "--base-name", "docker.io/library/rt", image["tar"])
         yield c
     finally:

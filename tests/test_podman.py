@@ -32,111 +32,16 @@ import time
 
 import pytest
 
-from tests.conftest import write_fake_host
-from tests.support import debs, rootfs
+from tests.support.trees import write_fake_host
+from tests.support import debs
 from tests.support import runtimes as rt
+from tests.support.engines import PODMAN, PODMAN_IMAGE as IMAGE, RUN_FLAGS, build_image_tar, sh, start_podman
+from tests.support.rootfs import COMPAT_LIBCUDA as COMPAT_LIB, HOST_LIBCUDA as SYS_LIB
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
-HOST_535 = "535.261.03"
-COMPAT_550 = "550.163.01"
-HOST_555 = "555.58.02"
-SYS_LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
-COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT_550}"
-PODMAN = shutil.which("podman", path="/usr/bin:/bin") or "/usr/bin/podman"
-UMOCI = shutil.which("umoci", path="/usr/bin:/bin") or "/usr/bin/umoci"
-IMAGE = "localhost/compat-hook-test:latest"
 REPO = pathlib.Path(__file__).resolve().parents[1]
-RUN_FLAGS = ["--network=none", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
-ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "HOME": "/root"}
 
 pytestmark = pytest.mark.containers
-
-
-def sh(argv, *, timeout=120, check=True, **kw) -> subprocess.CompletedProcess:
-    p = subprocess.run([str(a) for a in argv], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                       timeout=timeout, env=kw.pop("env", ENV), **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{argv}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
-    return p
-
-
-def build_image_tar(work: pathlib.Path, *, compat_lib=None) -> pathlib.Path:
-    """An OCI layout (umoci) of the harness rootfs, as a tar ``podman load`` takes; tag ``latest``."""
-    layout, bundle = work / "layout", work / "unpacked"
-    sh([UMOCI, "init", "--layout", layout])
-    sh([UMOCI, "new", "--image", f"{layout}:latest"])
-    sh([UMOCI, "unpack", "--image", f"{layout}:latest", bundle])
-    rootfs.build_rootfs(bundle / "rootfs", compat_lib=compat_lib)
-    sh([UMOCI, "repack", "--image", f"{layout}:latest", bundle])
-    sh([UMOCI, "config", "--image", f"{layout}:latest", "--config.cmd", "/usr/local/bin/probe",
-        "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin"])
-    shutil.rmtree(bundle)
-    tar = work / "image.tar"
-    sh(["tar", "-C", layout, "-cf", tar, "."])
-    return tar
-
-
-class Podman:
-    """podman with private storage under ``base``; every call gets the same global flags."""
-
-    def __init__(self, base: pathlib.Path, driver: str = "overlay") -> None:
-        self.base = base
-        self.driver = driver
-        # Everything of this instance is private, so concurrent test runs (and their
-        # `system reset`) cannot touch each other: podman refuses a runroot longer than 50
-        # characters (pytest's tmp paths are longer), its default tmpdir /run/libpod and
-        # its SHM lock segment /dev/shm/libpod_lock are shared by every podman on the
-        # machine, hence --tmpdir and file locks (lock_type, from a private containers.conf).
-        self.private = pathlib.Path(tempfile.mkdtemp(prefix="chpm-", dir="/tmp"))
-        self.runroot = self.private / "run"
-        self.tmpdir = self.private / "tmp"
-        self.conf = self.private / "containers.conf"
-        self.conf.write_text('[engine]\nlock_type = "file"\n')
-
-    def argv(self, *args, hooks_dir=None) -> list:
-        g = ["/usr/bin/env", f"CONTAINERS_CONF={self.conf}", PODMAN, "--root", self.base / "storage",
-             "--runroot", self.runroot, "--tmpdir", self.tmpdir,
-             "--cgroup-manager=cgroupfs", "--events-backend=file", "--runtime=/usr/sbin/runc",
-             f"--storage-driver={self.driver}"]
-        if hooks_dir is not None:
-            g += ["--hooks-dir", hooks_dir]
-        return g + list(args)
-
-    def __call__(self, *args, hooks_dir=None, check=True, timeout=120, env=None):
-        return sh(self.argv(*args, hooks_dir=hooks_dir), check=check, timeout=timeout, env=env or ENV)
-
-    def load(self, tar: pathlib.Path, tag: str = IMAGE) -> None:
-        out = self("load", "-i", tar).stdout
-        loaded = [ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Loaded image")]
-        assert loaded, out
-        self("tag", loaded[0], tag)
-
-    def run(self, *args, hooks_dir=None, env=None) -> rt.Result:
-        t0 = time.monotonic()
-        p = self("run", "--rm", *RUN_FLAGS, *args, hooks_dir=hooks_dir, check=False, timeout=120, env=env)
-        return rt.Result(p.returncode, p.stdout, p.stderr, "podman", "", time.monotonic() - t0)
-
-    def reset(self) -> None:
-        sh(self.argv("system", "reset", "-f"), check=False, timeout=120)
-        leftover = rt.mounts_under(self.base) + rt.mounts_under(self.private)
-        for mp in sorted(leftover, key=len, reverse=True):
-            subprocess.run(["umount", "-l", mp], capture_output=True)
-        shutil.rmtree(self.base, ignore_errors=True)
-        shutil.rmtree(self.private, ignore_errors=True)
-        assert leftover == [], f"mounts left under {self.base}: {leftover}"
-
-
-def start_podman(base: pathlib.Path, tar: pathlib.Path) -> Podman:
-    """Load ``tar`` into private storage: overlay, or vfs where overlay cannot be mounted."""
-    pm = Podman(base, "overlay")
-    try:
-        pm.load(tar)
-    except AssertionError as e:
-        pm.reset()
-        if "overlay" not in str(e).lower() and "mount" not in str(e).lower():
-            raise
-        pm = Podman(base, "vfs")
-        pm.load(tar)
-    return pm
 
 
 def hook_config(path: pathlib.Path, host_root: pathlib.Path, log: pathlib.Path) -> pathlib.Path:
@@ -297,7 +202,7 @@ class DebianPodman:
 
     def sh(self, *argv, check=True, timeout=120) -> subprocess.CompletedProcess:
         # joining a mount namespace resets the cwd to its root: name the checkout (python3 -m compat_hook)
-        return sh(["nsenter", f"--mount={self.ns}", f"--wd={REPO}", "--", *argv], check=check, timeout=timeout)
+        return sh("nsenter", f"--mount={self.ns}", f"--wd={REPO}", "--", *argv, check=check, timeout=timeout)
 
     def podman(self, *args, check=True) -> subprocess.CompletedProcess:
         return self.sh(PODMAN, *args, check=check)

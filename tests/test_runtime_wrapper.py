@@ -11,8 +11,8 @@
   driver" is a fake host root (its /proc/driver/nvidia/version) plus the
   harness's NVIDIA-toolkit stand-in hook that bind-mounts the host libcuda.
 
-Helpers here (``render``, ``write_config``, ``standin_runtime``...) are shared
-with tests/test_containerd.py.
+The helpers shared with tests/test_containerd.py (``write_config``,
+``standin_runtime``...) are in tests/support/wrapperenv.py.
 """
 
 from __future__ import annotations
@@ -33,19 +33,20 @@ from compat_hook.install.wrapper import render_wrapper
 from compat_hook.effects import specedit
 from compat_hook.commands import store
 from compat_hook.core.registration import hook_entry
-from tests.conftest import write_fake_host
+from tests.support.wrapperenv import (SYS_LIB, fake_host, log_records, probe_of, standin_calls,  # noqa: F401
+                                      standin_runtime, write_config)
 from tests.support import debs, rootfs, runtimes as rt
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
 PY = "/usr/bin/python3"
 RUNC = rt.RUNC
-H535, C550, H555 = "535.261.03", "550.163.01", "555.58.02"
+H535, C550, H555 = HOST_535, COMPAT_550, HOST_555
 COMPAT_DIR = "/usr/local/cuda-12.4/compat"
 PROBE = "/usr/local/bin/probe"
-SYS_LIB = "/usr/lib/x86_64-linux-gnu"
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
 
 
-# --------------------------------------------------------------------------- helpers (shared)
+# --------------------------------------------------------------------------- helpers
 
 
 def render(path: pathlib.Path, config_path, *, python: str | None = None) -> pathlib.Path:
@@ -55,81 +56,6 @@ def render(path: pathlib.Path, config_path, *, python: str | None = None) -> pat
     path.write_text(render_wrapper(str(config_path) if config_path else None, python=python))
     path.chmod(0o755)
     return path
-
-
-def write_config(path: pathlib.Path, **values) -> pathlib.Path:
-    """A config file of ``key: <JSON value>`` lines (JSON is YAML)."""
-    values.setdefault("nvml", "off")
-    path = pathlib.Path(path)
-    path.write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in values.items()))
-    return path
-
-
-def fake_host(base: pathlib.Path, version: str, lib: pathlib.Path | None = None) -> pathlib.Path:
-    """A host root whose kernel driver is ``version``; with ``lib``, its libcuda.so.1 links to it."""
-    h = write_fake_host(base, version_line=f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {version}  "
-                                           "Release Build  (dvs-builder@U16)  Mon Sep 1 2025")
-    if lib is not None:
-        d = h / SYS_LIB.lstrip("/")
-        os.symlink(str(lib), d / f"libcuda.so.{version}")
-        os.symlink(f"libcuda.so.{version}", d / "libcuda.so.1")
-    return h
-
-
-_STANDIN = r"""#!/bin/sh
-# Stand-in for nvidia-container-runtime (a second runtime in compat-hook's
-# `runtime:` chain): records its argv, on `create` adds the host libcuda bind
-# mount the NVIDIA toolkit would add, then execs runc with the same argv.
-printf '%s\037' "$@" >> @LOG@
-printf '\n' >> @LOG@
-bundle=; prev=; verb=
-for a do
-    case $prev in --bundle|-b) bundle=$a ;; esac
-    case $a in --bundle=*) bundle=${a#--bundle=} ;; create|run) [ -n "$verb" ] || verb=$a ;; esac
-    prev=$a
-done
-if [ -n "$verb" ]; then
-    /usr/bin/python3 -I -S -c '
-import json, os, sys
-p = sys.argv[1] + "/config.json"
-spec = json.load(open(p))
-if os.path.exists(sys.argv[2]):
-    spec.setdefault("mounts", []).append({"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-        "type": "bind", "source": sys.argv[2], "options": ["rbind", "ro", "nosuid", "nodev"]})
-if sys.argv[3] == "1":  # CI machines lack CAP_SYS_RESOURCE (docs/background.md "Test machines")
-    spec["process"].pop("oomScoreAdj", None)
-json.dump(spec, open(p, "w"))
-' "${bundle:-.}" @HOSTLIB@ @DROPOOM@ || exit 1
-fi
-exec @RUNC@ "$@"
-"""
-
-
-def standin_runtime(path: pathlib.Path, log: pathlib.Path, host_lib, *, drop_oom: bool = False) -> pathlib.Path:
-    """The stand-in second runtime; ``host_lib``: the host path it mounts (resolved at run time);
-    ``drop_oom``: also drop process.oomScoreAdj (for runs without compat-hook's wrapper)."""
-    text = (_STANDIN.replace("@LOG@", str(log)).replace("@HOSTLIB@", str(host_lib))
-            .replace("@RUNC@", RUNC).replace("@DROPOOM@", "1" if drop_oom else "0"))
-    path = pathlib.Path(path)
-    path.write_text(text)
-    path.chmod(0o755)
-    return path
-
-
-def standin_calls(log: pathlib.Path) -> list:
-    if not log.exists():
-        return []
-    return [line.split("\x1f")[:-1] for line in log.read_text().splitlines() if line]
-
-
-def log_records(log: pathlib.Path, event: str = "runtime") -> list:
-    if not log.exists():
-        return []
-    return [r for r in map(json.loads, log.read_text().splitlines()) if r.get("event") == event]
-
-
-def probe_of(stdout: str) -> dict:
-    return {k: v for k, _, v in (ln.partition("=") for ln in stdout.splitlines()) if k}
 
 
 def spec_diff(before: dict, after: dict) -> dict:

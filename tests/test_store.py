@@ -24,10 +24,11 @@ from compat_hook.core.config import from_mapping
 from compat_hook.facts.container import Request
 from compat_hook.facts.hostfacts import HostFacts
 from tests.support import debs
+from tests.support.versions import COMPAT_550
 
 PY = "/usr/bin/python3"
 REPO = pathlib.Path(__file__).resolve().parents[1]
-V550 = "550.163.01"
+V550 = COMPAT_550
 COMPAT_REL = "usr/local/cuda-12.4/compat"
 
 

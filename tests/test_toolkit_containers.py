@@ -43,8 +43,9 @@ import pytest
 
 from compat_hook.core import registration
 from compat_hook.install.wrapper import render_wrapper
-from tests.conftest import write_fake_host
+from tests.support.trees import write_fake_host
 from tests.support import debs, hookenv, rootfs, runtimes as rt
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 from tests.support.toolkit import toolkit  # noqa: F401  (the session fixture)
 from tests.support.toolkit import (CDI_KIND, CDI_MODE_CONFIG, cdi_hooks, cdi_mounts, create_start, noted_compat_lib,
                                    oci_hook, oci_mount, write_cdi_spec)
@@ -53,9 +54,6 @@ pytestmark = pytest.mark.containers
 RUNTIMES = pytest.mark.parametrize("runtime", ["runc", "crun"])
 ORDERS = pytest.mark.parametrize("order", ["before", "after"])
 
-HOST_535 = "535.261.03"
-COMPAT_550 = "550.163.01"
-HOST_555 = "555.58.02"
 CUDA = {HOST_535: 12020, COMPAT_550: 12040, HOST_555: 12050}
 SYS_DIR = "/usr/lib/x86_64-linux-gnu"
 COMPAT_DIR = "/usr/local/cuda-12.4/compat"

@@ -90,7 +90,8 @@ def _parser():
     pl = sub.add_parser("plan", help="predict each image's outcome on a target driver before an upgrade")
     pl.add_argument("sources", nargs="+", metavar="SOURCE",
                     help="a rootfs or OCI bundle dir, oci:DIR[:TAG], oci-archive:FILE[:TAG], "
-                         "docker-archive:FILE, containerd:REF or containerd: (every image)")
+                         "docker-archive:FILE, containerd:REF or containerd: (every image), docker:REF or "
+                         "docker:, containers-storage:REF or containers-storage: (unpacked layers read in place)")
     tgt = pl.add_mutually_exclusive_group(required=True)
     tgt.add_argument("--driver", metavar="VERSION", help="the target driver version (550.54.15)")
     tgt.add_argument("--manifest", metavar="FILE",
@@ -134,6 +135,10 @@ def _parser():
     he.add_argument("--state-dir", metavar="DIR")
     he.add_argument("--format", default="oci", choices=("oci", "cdi", "hooks.d"),
                     help="oci: a config.json hooks entry; cdi: a CDI containerEdits hook; hooks.d: a whole hooks.d file")
+
+    cl = sub.add_parser("cluster", add_help=False,
+                        help="the cluster side: `cluster agent` (per node, in the DaemonSet), `cluster status`")
+    cl.add_argument("cluster_args", nargs=argparse.REMAINDER)
 
     d = sub.add_parser("demo", help="show the main job on a built-in example")
     d.add_argument("--no-containers", action="store_true", help="explain only, even when runc is present")
@@ -284,9 +289,9 @@ def _version_arg(flag: str, value):
 def _print(report: dict, as_json: bool, render) -> None:
     """One JSON object (``--json``) or the command's text rendering, on stdout."""
     if as_json:
-        from ..core import jsonfast
+        import json
 
-        sys.stdout.write(jsonfast.dumps(report, indent=2) + "\n")
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
         sys.stdout.write(render(report))
 
@@ -335,7 +340,7 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_hook_entry(args) -> int:
-    from ..core import jsonfast
+    import json
     from ..core.registration import hook_entry, hooksd_document
 
     from ..install.wrapper import fail_closed
@@ -351,8 +356,15 @@ def _cmd_hook_entry(args) -> int:
         doc = hooksd_document(entry, stages=[args.stage])
     else:
         doc = entry
-    sys.stdout.write(jsonfast.dumps(doc, indent=2) + "\n")
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     return EXIT_OK
+
+
+def _cmd_cluster(args) -> int:
+    # Parsed and imported only here: the Kubernetes client never loads on any other command's path.
+    from ..cluster.cli import main as cluster_main
+
+    return cluster_main(args.cluster_args)
 
 
 def _cmd_demo(args) -> int:
@@ -365,7 +377,7 @@ def _cmd_config(args) -> int:
     from ..core import config as _config
 
     if args.check:
-        from ..core import jsonfast
+        import json
 
         try:
             cfg = _config.load(args.check)
@@ -376,7 +388,7 @@ def _cmd_config(args) -> int:
                 prefix = "" if msg.startswith(args.check + ": ") else args.check + ": "
                 sys.stderr.write(f"compat-hook: {prefix}{msg}\n")
             return EXIT_USAGE
-        sys.stdout.write(jsonfast.dumps(cfg.to_dict(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(cfg.to_dict(), indent=2) + "\n")
         # What install would say: settings that cannot take effect on a registration path.
         from ..install.checks import problems
 
@@ -393,7 +405,7 @@ def _cmd_config(args) -> int:
 
 
 def _cmd_store(args) -> int:
-    from ..core import jsonfast
+    import json
     from . import store
 
     if args.store_command is None:
@@ -412,7 +424,7 @@ def _cmd_store(args) -> int:
     else:
         store.remove(cfg.store_dir, args.version)
         out = {"removed": args.version} if args.json else f"removed {args.version}"
-    sys.stdout.write((jsonfast.dumps(out, indent=2) if args.json else out) + "\n")
+    sys.stdout.write((json.dumps(out, indent=2) if args.json else out) + "\n")
     return EXIT_OK
 
 

@@ -93,6 +93,8 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
     ``environ`` is only for in-process callers that pass one explicitly.
     """
     t0 = time.monotonic()
+    from ..core.logjson import fail_open, finish
+
     env = {} if environ is None else environ
     record = {"event": "hook", "container_id": None, "stage": None}
     config = None
@@ -107,7 +109,7 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
         msg = one_line(str(e))
         record.update(decision="error", reason=e.code, error=msg)
         sys.stderr.write(f"compat-hook: {msg}\n")
-        _finish(record, _config_for_log(argv, env), t0)
+        finish(record, _config_for_log(argv, env), t0)
         return EXIT_USAGE, record
     record["stage"] = opts["stage"]
     state_dir = opts["state_dir"] or env.get("COMPAT_HOOK_STATE_DIR") or None
@@ -127,10 +129,12 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
         _hook(opts, config, state_dir, stdin_fd, record)
         status = EXIT_OK
     except Exception as e:  # last line of defence: never a traceback, never a broken container
-        status = _failed(record, config, *describe(e))
+        status = EXIT_FAILED if fail_open(record, config, *describe(e), prog="compat-hook",
+                                          stopped="container stopped",
+                                          goes_on="container starts without compat") else EXIT_OK
         if config is None:  # the config failed: stdin is unread, name the container from it
             _identify(record, stdin_fd)
-    _finish(record, config, t0)
+    finish(record, config, t0)
     return status, record
 
 
@@ -167,25 +171,6 @@ def _config_for_log(argv: list, env):
         return _config.load(path, environ=env)
     except Exception:
         return None
-
-
-def _failed(record: dict, config, code: str, message: str) -> int:
-    fail = config is not None and config.on_error == "fail"
-    record.update(decision="error", reason=code, error=message,
-                  outcome="container stopped (on_error: fail)" if fail
-                  else "container starts without compat (on_error: continue)")
-    if fail:
-        sys.stderr.write(f"compat-hook: {message}\n")
-        return EXIT_FAILED
-    return EXIT_OK
-
-
-def _finish(record: dict, config, t0: float) -> None:
-    from ..core.logjson import write_line
-
-    record["duration_ms"] = round((time.monotonic() - t0) * 1000, 2)
-    path = config.log_file if config is not None else "/var/log/compat-hook.log"
-    write_line(path, record)
 
 
 def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> None:

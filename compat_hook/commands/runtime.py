@@ -203,19 +203,14 @@ def _create(argv, idx, verb, config, cfg_error, cfg_path, real, t0):
         _edit(config, record)
     except Exception as e:  # fail open: never a traceback, never a broken start
         from ..core.errors import describe
+        from ..core.logjson import fail_open
 
-        code, msg = describe(e)
-        fail = config is not None and config.on_error == "fail"
-        record.update(decision="error", reason=code, error=msg,
-                      outcome="container not created (on_error: fail)" if fail
-                      else "spec unchanged, the runtime runs (on_error: continue)")
-        if fail:
-            sys.stderr.write(f"compat-hook-runtime: {msg}\n")
+        if fail_open(record, config, *describe(e), prog="compat-hook-runtime",
+                     stopped="container not created", goes_on="spec unchanged, the runtime runs"):
             status = 1
-    from ..core.logjson import write_line
+    from ..core.logjson import finish
 
-    record["duration_ms"] = round((time.monotonic() - t0) * 1000, 2)
-    write_line(config.log_file if config is not None else "/var/log/compat-hook.log", record)
+    finish(record, config, t0)
     return status
 
 

@@ -64,7 +64,7 @@ def add(store_dir: str, path: str, config) -> dict:
     import shutil
     import tempfile
 
-    from ..core import jsonfast
+    import json
     from ..facts.elfnote import inspect_elf, machine_for_arch
     from ..core.logjson import timestamp
 
@@ -132,7 +132,7 @@ def add(store_dir: str, path: str, config) -> dict:
             raise StoreError(f"compat driver {version} is already stored (store remove {version} first)")
         meta_tmp = os.path.join(work, "meta.json")
         with open(meta_tmp, "w") as f:
-            f.write(jsonfast.dumps(entry, indent=2) + "\n")
+            f.write(json.dumps(entry, indent=2) + "\n")
         os.rename(stage, final)
         os.rename(meta_tmp, final + ".json")
         return entry

@@ -125,6 +125,32 @@ def _opt_str_map(v, where):
     return dict(v)
 
 
+_CLUSTER_KEYS = {"gate_upgrade": _bool, "label_prefix": None, "nfd_features_file": _opt_abs_path,
+                 "textfile": _opt_abs_path}
+
+
+def _cluster(v, where):
+    """``cluster:`` settings of ``compat-hook cluster agent`` (defaults filled in by compat_hook.cluster)."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    out = {}
+    for k, x in v.items():
+        if k not in _CLUSTER_KEYS:
+            raise ConfigError(f"{where}.{k}: unknown key (one of {', '.join(_CLUSTER_KEYS)})")
+        if k == "label_prefix":
+            ok = isinstance(x, str) and 0 < len(x) <= 253 and all(
+                p and len(p) <= 63 and p[0].isalnum() and p[-1].isalnum() and p.isascii()
+                and all(c.isalnum() and not c.isupper() or c == "-" for c in p) for p in x.split("."))
+            if not ok:
+                raise ConfigError(f"{where}.{k}: must be a DNS subdomain (compat-hook.io), got {x!r}")
+            out[k] = x
+        else:
+            out[k] = _CLUSTER_KEYS[k](x, f"{where}.{k}")
+    return out
+
+
 # key -> (default, validator, comment). The comment is what `compat-hook
 # config` prints above each key (render_default_yaml); config/compat-hook.yaml
 # carries the same text.
@@ -157,6 +183,8 @@ SCHEMA = {
     "wrapper_add_hook": (True, _bool, "wrapper: add compat-hook's createContainer hook to the spec when the ld cache must change (compat on in ldconfig mode, or a compat dir the image or the NVIDIA toolkit set up must lose); false only when the hook is registered another way"),
     "wrapper_drop_oom_score_adj": (False, _bool, "wrapper: drop process.oomScoreAdj (hosts without CAP_SYS_RESOURCE)"),
     "annotations": ({}, _opt_str_map, "extra annotations to treat as set on every container (testing)"),
+    "cluster": ({}, _cluster, "compat-hook cluster agent: gate_upgrade (false), label_prefix (compat-hook.io), "
+                              "nfd_features_file, textfile (null: not written)"),
 }
 
 
@@ -297,7 +325,7 @@ def load(path: str | None = None, *, state_dir: str | None = None, environ=None)
 
 def render_default_yaml() -> str:
     """The default configuration as commented YAML (config/compat-hook.yaml)."""
-    from . import jsonfast
+    import json
 
     lines = [f"# compat-hook {__version__} configuration. Every key is optional;",
              "# the values shown are the defaults.", ""]
@@ -313,7 +341,7 @@ def render_default_yaml() -> str:
         elif isinstance(default, bool):
             lines.append(f"{k}: {'true' if default else 'false'}")
         elif isinstance(default, str):
-            lines.append(f"{k}: {jsonfast.dumps(default) if ':' in default else default}")
+            lines.append(f"{k}: {json.dumps(default) if ':' in default else default}")
         else:
             lines.append(f"{k}: {default}")
         lines.append("")

@@ -23,7 +23,10 @@ import time
 
 from . import jsonfast
 
-__all__ = ["write_line", "timestamp"]
+__all__ = ["write_line", "timestamp", "fail_open", "finish", "DEFAULT_LOG"]
+
+#: The log file when no configuration could be read (config.py's ``log_file`` default).
+DEFAULT_LOG = "/var/log/compat-hook.log"
 
 
 def timestamp() -> str:
@@ -97,3 +100,34 @@ def _complain(path: str, e: OSError) -> None:
         sys.stderr.write(f"compat-hook: cannot write log {path}: {e.strerror or e}\n")
     except Exception:
         pass
+
+
+def fail_open(record: dict, config, code: str, message: str, *, prog: str, stopped: str, goes_on: str) -> bool:
+    """Record a failed run in ``record``; True when the operator chose fail-closed.
+
+    The one fail-open rule of the hook and the runtime wrapper: a failure is
+    one log record (``decision: error``, its reason code, the message, what
+    happens to the container) and the container starts as if compat-hook were
+    not there, unless the configuration says ``on_error: fail``; then one line
+    goes to stderr (``prog: message``, which the runtime shows) and the caller
+    returns its failure status. Without a configuration (it was the failure),
+    the run fails open.
+
+    >>> rec = {}
+    >>> fail_open(rec, None, "bad_config", "mode: bad", prog="compat-hook", stopped="stopped",
+    ...           goes_on="starts"), rec["outcome"]
+    (False, 'starts (on_error: continue)')
+    """
+    fail = config is not None and config.on_error == "fail"
+    record.update(decision="error", reason=code, error=message,
+                  outcome=f"{stopped} (on_error: fail)" if fail else f"{goes_on} (on_error: continue)")
+    if fail:
+        sys.stderr.write(f"{prog}: {message}\n")
+    return fail
+
+
+def finish(record: dict, config, t0: float) -> bool:
+    """Write a run's ``record`` with its ``duration_ms`` since ``t0`` (``time.monotonic()``) to the
+    configured log (the default log when there is no configuration)."""
+    record["duration_ms"] = round((time.monotonic() - t0) * 1000, 2)
+    return write_line(config.log_file if config is not None else DEFAULT_LOG, record)

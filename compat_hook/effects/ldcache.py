@@ -316,8 +316,12 @@ def _spawn_limited(exe: str, argv: list, env: dict, w: int, limits) -> int:
                     # below what we have used, the kernel would kill *us*
                     # (SIGXCPU). The child starts counting at 0, so it gets the
                     # configured seconds plus what we had used (~0.03 s in a hook).
+                    # The kernel checks its tick-sampled CPU time, which can run
+                    # ahead of getrusage's (scaled to the precise runtime) by
+                    # more than a second in a process that has run for minutes:
+                    # a pytest run was killed so. Hence a margin that grows with it.
                     ru = resource.getrusage(resource.RUSAGE_SELF)
-                    val += int(ru.ru_utime + ru.ru_stime) + 1
+                    val += int((ru.ru_utime + ru.ru_stime) * 1.25) + 2
                 soft, hard = resource.getrlimit(res)
                 cap = val if hard == resource.RLIM_INFINITY else min(val, hard)
                 if soft == resource.RLIM_INFINITY or soft > cap:

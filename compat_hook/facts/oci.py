@@ -29,8 +29,8 @@ MAX_SPEC_BYTES = 64 << 20
 
 
 def _read_limited(fd: int, limit: int, what: str) -> bytes:
-    chunks = []
-    total = 0
+    from ..core.bounded import read_all
+
     # A regular file is read in one call of its size (+1 to see EOF): a 1 MB
     # config.json in 64 KiB chunks costs ~0.5 ms more in copies and syscalls.
     step = 1 << 16
@@ -40,18 +40,8 @@ def _read_limited(fd: int, limit: int, what: str) -> bytes:
             step = min(st.st_size, limit) + 1
     except OSError:
         pass
-    while True:
-        try:
-            b = os.read(fd, step)
-        except InterruptedError:  # pragma: no cover
-            continue
-        if not b:
-            break
-        total += len(b)
-        if total > limit:
-            raise StateError(f"{what} is larger than {limit >> 20} MiB")
-        chunks.append(b)
-    return b"".join(chunks)
+    return read_all(lambda n: os.read(fd, n), limit, step,
+                    lambda: StateError(f"{what} is larger than {limit >> 20} MiB"))
 
 
 def read_state(fd: int = 0) -> dict:

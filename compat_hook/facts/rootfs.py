@@ -31,7 +31,9 @@ import errno
 import os
 import stat as _stat
 
+from ..core.atomic import replace_at
 from ..core.errors import UnsafePath
+from .surface import Surface, not_regular
 
 __all__ = ["Root", "UnsafePath", "MAX_SYMLINKS"]
 
@@ -62,7 +64,7 @@ class _Walk:
         return "/" + "/".join(self.parts)
 
 
-class Root:
+class Root(Surface):
     """A confined view of the directory ``path`` (a container rootfs).
 
     Paths given to its methods are container paths: absolute or relative,
@@ -188,19 +190,6 @@ class Root:
         os.close(w.fd)
         return w.st
 
-    def exists(self, path: str) -> bool:
-        try:
-            self.stat(path)
-            return True
-        except OSError:
-            return False
-
-    def is_dir(self, path: str) -> bool:
-        try:
-            return _stat.S_ISDIR(self.stat(path).st_mode)
-        except OSError:
-            return False
-
     def listdir(self, path: str) -> list:
         """Entries of a directory as ``(name, kind)``; kind is ``"file"``,
         ``"dir"``, ``"symlink"`` or ``"other"``, never following links."""
@@ -240,7 +229,7 @@ class Root:
         w = self._walk(path, follow=follow)
         try:
             if not _stat.S_ISREG(w.st.st_mode):
-                raise UnsafePath(f"not a regular file: {w.path} ({_kind(w.st.st_mode)})")
+                raise not_regular(w.path, w.st.st_mode)
             fd = os.open(f"/proc/self/fd/{w.fd}",
                          os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
         finally:
@@ -260,11 +249,6 @@ class Root:
         """
         w = self._walk(path)
         return w.fd, w.path
-
-    def read_file(self, path: str, limit: int = 1 << 20) -> bytes:
-        """Read at most ``limit`` bytes of a regular file (:meth:`open_regular`)."""
-        with self.open_regular(path) as f:
-            return f.read(limit)
 
     # -- changes ------------------------------------------------------------
     def mkdirs(self, path: str, mode: int = 0o755) -> str:
@@ -339,33 +323,11 @@ class Root:
                 existing = None
             if existing is not None and _stat.S_ISDIR(existing.st_mode):
                 raise UnsafePath(f"a directory is in the way: {parent.rstrip('/')}/{name}")
-            # A random temp name: the image cannot pre-plant it to make the
+            # Random temp names: the image cannot pre-plant them to make the
             # O_EXCL create fail (a denial of compat, not an escape).
-            for _ in range(8):
-                tmp = f".{name}.compat-hook.{os.urandom(6).hex()}.tmp"
-                try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 mode, dir_fd=dfd)
-                    break
-                except FileExistsError:
-                    continue
-            else:
+            tmps = (f".{name}.compat-hook.{os.urandom(6).hex()}.tmp" for _ in range(8))
+            if replace_at(dfd, name, data, mode, tmps) is None:
                 raise UnsafePath(f"cannot create a temp file beside {parent.rstrip('/')}/{name}")
-            try:
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fchmod(fd, mode)
-                finally:
-                    os.close(fd)
-                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            except BaseException:
-                try:
-                    os.unlink(tmp, dir_fd=dfd)
-                except OSError:
-                    pass
-                raise
         finally:
             os.close(dfd)
         return parent.rstrip("/") + "/" + name
@@ -383,12 +345,3 @@ class Root:
             return False
         finally:
             os.close(dfd)
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((_stat.S_ISDIR, "directory"), (_stat.S_ISLNK, "symlink"),
-                       (_stat.S_ISFIFO, "FIFO"), (_stat.S_ISCHR, "character device"),
-                       (_stat.S_ISBLK, "block device"), (_stat.S_ISSOCK, "socket")):
-        if test(mode):
-            return name
-    return "unknown type"

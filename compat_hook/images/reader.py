@@ -15,7 +15,18 @@ Sources, named like skopeo's transports (:data:`TRANSPORTS`):
   its ``RepoTags`` (or ``@N``);
 * ``containerd:REF`` - an image in a live containerd's content store, through
   ``ctr -a ADDRESS -n NAMESPACE`` (namespace ``k8s.io`` by default);
-  ``containerd:`` alone stands for every image there (:func:`expand_sources`).
+  ``containerd:`` alone stands for every image there (:func:`expand_sources`);
+  an image the snapshotter unpacked is read from its layer dirs instead
+  (:mod:`compat_hook.images.snapshots`; ``Limits.unpacked``);
+* ``docker:REF`` / ``docker:`` - Docker's image store, through ``docker``:
+  overlay2's layer dirs from ``docker image inspect``, else (vfs, the
+  containerd image store) ``docker save``'s stream;
+* ``containers-storage:REF`` / ``containers-storage:`` (also
+  ``containers-storage:[DRIVER@ROOT+RUNROOT]REF``, as skopeo writes it) -
+  Podman's and CRI-O's store, through ``podman`` the same way.
+
+Layer dirs are read as one merged tree with overlay's rules
+(:mod:`compat_hook.images.unpacked`), confined to them.
 
 A multi-platform index gives the ``linux/<this machine>`` image. Layers are
 read as streams (:mod:`compat_hook.images.layers`), applied in order to an
@@ -46,7 +57,7 @@ from ..core.errors import ImageError
 __all__ = ["ImageError", "Limits", "Reader", "Image", "open_image", "expand_sources", "is_image_source",
            "default_reader", "TRANSPORTS"]
 
-TRANSPORTS = ("oci:", "oci-archive:", "docker-archive:", "containerd:")
+TRANSPORTS = ("oci:", "oci-archive:", "docker-archive:", "containerd:", "docker:", "containers-storage:")
 
 
 class Limits:
@@ -85,6 +96,11 @@ class Limits:
     ctr_timeout_s = 600.0
     #: "auto" (the zstd binary, else python-zstandard), "binary" or "module"
     zstd = "auto"
+    #: read what the node already unpacked (containerd's snapshotter, Docker's and
+    #: containers/storage's layer dirs) before the blobs; False: the blobs only
+    unpacked = True
+    #: seconds to read one image from unpacked layer dirs, the checks included
+    unpacked_deadline_s = 120.0
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -113,6 +129,8 @@ class Image:
         self.env: list = []
         self.layers: list = []
         self.root = None
+        self.read_via = "blobs"
+        self.read_via_reason = None
         self.stats: dict = {"layers_read": 0, "layers_cached": 0, "bytes": 0, "entries": 0, "seconds": 0.0}
 
     def close(self) -> None:
@@ -290,6 +308,15 @@ class Reader:
         if kind == "docker-archive":
             path, sel = _split_ref(rest, os.path.isfile)
             return kind, self._store(kind, os.path.realpath(path), lambda: st.DockerArchive(path, lim)), sel
+        if kind in ("docker", "containers-storage"):
+            from .snapshots import Engine
+
+            spec = None
+            if kind == "containers-storage" and rest.startswith("["):
+                spec, close, rest = rest[1:].partition("]")
+                if not close:
+                    raise ImageError(f"{source}: no ] after [DRIVER@ROOT+RUNROOT")
+            return kind, self._store(kind, spec, lambda: Engine(kind, spec, lim)), rest or None
         ns = namespace or "k8s.io"
         return kind, self._store(kind, (address, ns), lambda: st.Containerd(address, ns, lim)), rest or None
 
@@ -303,6 +330,8 @@ class Reader:
         kind, store, sel = self._parse(source, address, namespace)
         if sel is not None:
             return [source]
+        if kind in ("docker", "containers-storage"):
+            return [f"{store.prefix}{ref}" for ref, _ in store.images()]
         if kind == "containerd":
             best: dict = {}
             for ref, digest in store.images():
@@ -326,19 +355,36 @@ class Reader:
 
     def open(self, source: str, *, address: str | None = None, namespace: str = "k8s.io") -> Image:
         """Read the image ``source`` names; raises :class:`ImageError`."""
-        from .view import Tree
-
         if self.closed:
             raise ImageError("the image reader is closed")
         t0 = time.monotonic()
         lim = self.limits
-        deadline = t0 + lim.deadline_s if lim.deadline_s else None
         kind, store, sel = self._parse(source, address, namespace)
+        why = None
+        if kind == "containerd" and lim.unpacked:
+            from .snapshots import NotUnpacked
+
+            try:
+                return self._containerd_unpacked(store, sel, source, t0)
+            except NotUnpacked as e:
+                why = str(e)
+        if kind in ("docker", "containers-storage"):
+            return self._engine(store, sel, source, t0)
         img = Image(source)
+        img.read_via_reason = why
         if kind == "docker-archive":
             layers = self._docker(store, sel, img, source)
         else:
             layers = self._oci(kind, store, sel, img, source)
+        self._apply(img, layers, source, t0)
+        return img
+
+    def _apply(self, img: Image, layers: list, source: str, t0: float) -> None:
+        """Read ``layers`` (blobs or a stream) into ``img``'s in-memory tree."""
+        from .view import Tree
+
+        lim = self.limits
+        deadline = t0 + lim.deadline_s if lim.deadline_s else None
         cfg = img.config
         env = cfg.get("Env") if isinstance(cfg.get("Env"), list) else []
         img.env = [e for e in env if isinstance(e, str)]
@@ -358,6 +404,128 @@ class Reader:
         img.stats["entries"] = tree.entries
         img.root = tree.view(_Unkept(applied))
         img.stats["seconds"] = round(time.monotonic() - t0, 3)
+
+    # -- unpacked ------------------------------------------------------------
+    def _containerd_unpacked(self, store, sel, source: str, t0: float) -> Image:
+        """The image from containerd's snapshotter (:mod:`compat_hook.images.snapshots`); NotUnpacked: read the blobs."""
+        from . import snapshots as sn
+        from .stores import check_digest, host_platform, pick_platform, read_json, resolve
+
+        lim = self.limits
+        if sel is None:
+            raise ImageError("containerd: name an image (containerd:REF), or expand containerd: first")
+        ref, digest = store.lookup(sel)
+        labels = store.content_labels()
+        d, config_digest = digest, None
+        for _ in range(lim.max_index_depth + 1):
+            lab = labels.get(d) or {}
+            if lab.get("containerd.io/gc.ref.content.config"):
+                config_digest = check_digest(lab["containerd.io/gc.ref.content.config"], f"{source}: config")
+                break
+            if not any(k.startswith("containerd.io/gc.ref.content.m.") for k in lab):
+                break
+            index = read_json(store.open(d, None, f"{source}: index {d}"), lim.max_json_bytes, f"{source}: index {d}")
+            ms = index.get("manifests")
+            if not isinstance(ms, list) or not all(isinstance(m, dict) for m in ms):
+                raise ImageError(f"{source}: index {d} has no valid manifests list")
+            d = check_digest(pick_platform(ms, host_platform(), f"{source}: index {d}").get("digest"), source)
+        if config_digest is not None:
+            config = read_json(store.open(config_digest, None, f"{source}: config"), lim.max_json_bytes,
+                               f"{source}: config {config_digest}")
+        else:  # containerd keeps no labels here: the manifests, read (and checked) as for the blobs
+            r = resolve(store, {"digest": digest, "size": None}, lim, source)
+            config, config_digest, d = r.config, r.config_digest, r.digest
+        rootfs = config.get("rootfs") if isinstance(config.get("rootfs"), dict) else {}
+        diff_ids = rootfs.get("diff_ids")
+        if not isinstance(diff_ids, list) or not diff_ids:
+            raise sn.NotUnpacked(f"{source}: the config lists no diff_ids")
+        for x in diff_ids:
+            check_digest(x, f"{source}: config diff_id")
+        chain = sn.chain_id(diff_ids)
+        names = sn.snapshotters_of(labels.get(config_digest) or {}, chain)
+        if not names:
+            if labels:
+                raise sn.NotUnpacked(f"{source}: not unpacked in any snapshotter")
+            names = ["overlayfs"]  # no labels to tell: containerd's default
+        deadline = t0 + (lim.deadline_s or lim.unpacked_deadline_s)
+
+        def use(dirs: list):
+            from .unpacked import Layers
+
+            try:
+                return Layers(dirs, what=source, max_dir_entries=lim.max_entries, deadline=deadline)
+            except ImageError as e:
+                raise sn.NotUnpacked(str(e)) from None
+
+        why = []
+        for name in names:
+            try:
+                root = sn.with_view(store, name, chain, use, source)
+            except sn.NotUnpacked as e:
+                why.append(str(e))
+                continue
+            img = Image(source)
+            img.name, img.digest, img.read_via = ref, d, "snapshot"
+            self._config(img, config, source)
+            env = img.config.get("Env") if isinstance(img.config.get("Env"), list) else []
+            img.env = [e for e in env if isinstance(e, str)]
+            img.layers = list(diff_ids)
+            img.root = root
+            img.stats.update(snapshotter=name, layer_dirs=len(root.paths), seconds=round(time.monotonic() - t0, 3))
+            return img
+        raise sn.NotUnpacked("; ".join(why))
+
+    def _engine(self, store, sel, source: str, t0: float) -> Image:
+        """Docker's or containers/storage's image: its graph driver's layer dirs, else its save stream."""
+        from .snapshots import NotUnpacked, graph_dirs
+
+        lim = self.limits
+        if sel is None:
+            raise ImageError(f"{source}: name an image ({source}REF), or expand {source} first")
+        info = store.inspect(sel)
+        why = "not read unpacked (Limits.unpacked is off)"
+        if lim.unpacked:
+            try:
+                dirs = graph_dirs(info)
+            except NotUnpacked as e:
+                why = str(e)
+            else:
+                from .unpacked import Layers
+
+                img = Image(source)
+                img.root = Layers(dirs, what=source, max_dir_entries=lim.max_entries,
+                                  deadline=t0 + (lim.deadline_s or lim.unpacked_deadline_s))
+                img.read_via = "snapshot"
+                cfg = info.get("Config") if isinstance(info.get("Config"), dict) else {}
+                self._config(img, {"config": cfg, "os": info.get("Os"), "architecture": info.get("Architecture"),
+                                   "variant": info.get("Variant")}, source)
+                env = cfg.get("Env") if isinstance(cfg.get("Env"), list) else []
+                img.env = [e for e in env if isinstance(e, str)]
+                img.name, img.digest = sel, info.get("Id") if isinstance(info.get("Id"), str) else None
+                rootfs = info.get("RootFS") if isinstance(info.get("RootFS"), dict) else {}
+                img.layers = [x for x in rootfs.get("Layers") or [] if isinstance(x, str)]
+                img.stats.update(graph_driver=(info.get("GraphDriver") or {}).get("Name"), layer_dirs=len(dirs),
+                                 seconds=round(time.monotonic() - t0, 3))
+                return img
+        # The stream: what the engine exports, read like any docker-archive, from the private temp
+        # dir (unlinked once open: the archive's descriptor is what the reads use).
+        from .stores import DockerArchive
+
+        tar = os.path.join(self.spool.dir, f"save-{os.urandom(6).hex()}.tar")
+        try:
+            store.save(sel, tar)
+            archive = DockerArchive(tar, lim)
+        finally:
+            try:
+                os.unlink(tar)
+            except FileNotFoundError:
+                pass
+        self._stores[("stream", tar)] = archive
+        img = Image(source)
+        img.read_via, img.read_via_reason = "stream", why
+        layers = self._docker(archive, None, img, source)
+        img.name = sel
+        self._apply(img, layers, source, t0)
         return img
 
     # -- images -------------------------------------------------------------

@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 
 from ..core.errors import UsageError
+from .reader import TRANSPORTS  # the one list: images/reader opens them
 
 __all__ = ["open_source", "open_dir", "expand", "TRANSPORTS"]
-
-TRANSPORTS = ("oci:", "oci-archive:", "docker-archive:", "containerd:")
 
 
 def open_source(source: str, config=None, *, address: str | None = None, namespace: str = "k8s.io"):
@@ -29,7 +28,8 @@ def open_source(source: str, config=None, *, address: str | None = None, namespa
 
 
 def expand(source: str, *, address: str | None = None, namespace: str = "k8s.io") -> list:
-    """One source per image: ``containerd:`` lists every image, a layout or archive every tag."""
+    """One source per image: ``containerd:``, ``docker:`` and ``containers-storage:`` list every image,
+    a layout or archive every tag."""
     if source.startswith(TRANSPORTS):
         from . import reader as images
 

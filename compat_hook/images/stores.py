@@ -164,19 +164,13 @@ def read_json(blob: Blob, limit: int, what: str) -> dict:
     """Read a whole small blob (at most ``limit`` bytes), check it, parse a JSON object."""
     import json
 
-    parts, n = [], 0
+    from ..core.bounded import read_all
+
     with blob:
-        while True:
-            b = blob.read(_CHUNK)
-            if not b:
-                break
-            n += len(b)
-            if n > limit:
-                raise _error(f"{what}: larger than {limit} bytes")
-            parts.append(b)
+        data = read_all(blob.read, limit, _CHUNK, lambda: _error(f"{what}: larger than {limit} bytes"))
         blob.finish()
     try:
-        doc = json.loads(b"".join(parts))
+        doc = json.loads(data)
     except (ValueError, RecursionError) as e:
         raise _error(f"{what}: not valid JSON ({str(e)[:80]})") from None
     if not isinstance(doc, dict):
@@ -457,6 +451,11 @@ class Containerd(_Store):
         self.limits = limits
         self.name = f"containerd:{self.namespace}"
         self._images = None
+        self._labels = None
+        #: views that could not be removed (``snapshots.with_view``), for the caller to report
+        self.leftover: list = []
+        #: snapshotters whose stale views of ours this run looked for (:mod:`compat_hook.images.snapshots`)
+        self.swept: set = set()
 
     def _argv(self, *args) -> list:
         return [self.ctr, "-a", self.address, "-n", self.namespace, *args]
@@ -481,6 +480,36 @@ class Containerd(_Store):
             if len(f) >= 3 and f[2].startswith("sha"):
                 out.append((f[0], f[2]))
         self._images = out
+        return out
+
+    def content_labels(self) -> dict:
+        """``{digest: {label: value}}`` of every blob, from one ``ctr content ls`` (cached; {} when it fails).
+
+        containerd's own bookkeeping: a manifest's ``containerd.io/gc.ref.content.config``, an index's
+        ``...content.m.N``, a config's ``containerd.io/gc.ref.snapshot.<snapshotter>`` (its top snapshot).
+        """
+        import subprocess
+
+        if self._labels is not None:
+            return self._labels
+        out: dict = {}
+        try:
+            p = subprocess.run(self._argv("content", "ls"), capture_output=True, text=True,
+                               timeout=self.limits.ctr_timeout_s, stdin=subprocess.DEVNULL)
+            lines = p.stdout.splitlines()[1:] if p.returncode == 0 else []
+        except subprocess.TimeoutExpired:
+            lines = []
+        for line in lines:
+            f = line.split("\t")
+            if len(f) < 4 or not f[0].startswith("sha"):
+                continue
+            labels = {}
+            for kv in f[-1].split(","):
+                k, eq, v = kv.strip().partition("=")
+                if eq:
+                    labels[k] = v
+            out[f[0].strip()] = labels
+        self._labels = out
         return out
 
     def lookup(self, ref: str) -> tuple:

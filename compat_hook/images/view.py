@@ -38,6 +38,7 @@ import os
 import stat as _stat
 
 from ..core.errors import UnsafePath
+from ..facts.surface import Surface, not_regular
 
 __all__ = ["Node", "Link", "Tree", "View", "Spooled", "Lazy", "Unreadable", "split_path", "MAX_SYMLINKS"]
 
@@ -338,7 +339,7 @@ class Tree:
         return View(self.root, resolver)
 
 
-class View:
+class View(Surface):
     """Read-only, :class:`~compat_hook.facts.rootfs.Root`-compatible access to a :class:`Tree`.
 
     Paths are container paths; the same exceptions as ``Root``:
@@ -384,19 +385,6 @@ class View:
     def stat(self, path: str) -> os.stat_result:
         return self._walk(path)[0].stat()
 
-    def exists(self, path: str) -> bool:
-        try:
-            self._walk(path)
-            return True
-        except OSError:
-            return False
-
-    def is_dir(self, path: str) -> bool:
-        try:
-            return self._walk(path)[0].children is not None
-        except OSError:
-            return False
-
     def listdir(self, path: str) -> list:
         """Entries of a directory as ``(name, kind)``, never following links.
 
@@ -412,9 +400,7 @@ class View:
         node, names = self._walk(path, follow)
         where = "/" + "/".join(names)
         if not _stat.S_ISREG(node.mode):
-            from ..facts.rootfs import _kind
-
-            raise UnsafePath(f"not a regular file: {where} ({_kind(node.mode)})")
+            raise not_regular(where, node.mode)
         content = node.content
         if isinstance(content, Lazy):
             content = node.content = content.fetcher(content.member, content.spool)
@@ -426,11 +412,6 @@ class View:
         if isinstance(content, Unreadable):
             raise OSError(content.errno, content.reason, where)
         raise OSError(errno.EIO, "content not kept by the image reader", where)
-
-    def read_file(self, path: str, limit: int = 1 << 20) -> bytes:
-        """Read at most ``limit`` bytes of a regular file (:meth:`open_regular`)."""
-        with self.open_regular(path) as f:
-            return f.read(limit)
 
     def walk_entries(self):
         """Every kept entry as ``(path, node)``, parents first (for tests and reports)."""

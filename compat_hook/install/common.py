@@ -1,7 +1,10 @@
-"""What every engine's installer shares: the error, the output line, dpkg's file list, the engines' files.
+"""What every engine's installer shares: the error, the output line, dpkg's file list, the engines' files,
+tomlkit and its values as plain Python.
 
 >>> InstallError("x").code
 'install_failed'
+>>> plain(tomlkit_module().parse('a = [1, {b = "c"}]')["a"])
+[1, {'b': 'c'}]
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import sys
 
 from ..core.errors import CompatHookError
 
-__all__ = ["InstallError", "say", "packaged", "ENGINE_FILES", "DPKG_INFO", "PACKAGE"]
+__all__ = ["InstallError", "say", "packaged", "tomlkit_module", "plain", "ENGINE_FILES", "DPKG_INFO", "PACKAGE"]
 
 #: Where dpkg lists the files of installed packages (tests point it elsewhere).
 DPKG_INFO = "/var/lib/dpkg/info"
@@ -40,3 +43,30 @@ def packaged(path: str) -> bool:
             return any(line.rstrip("\n") == path for line in f)
     except OSError:
         return False
+
+
+def tomlkit_module():
+    """The ``tomlkit`` module (imported on demand: only the installers that edit TOML need it).
+
+    Raises InstallError naming the packages when it is not installed.
+    """
+    try:
+        import tomlkit
+    except ImportError:
+        raise InstallError("tomlkit is not installed (apt-get install python3-tomlkit, "
+                           "or pip install tomlkit)") from None
+    return tomlkit
+
+
+def plain(item):
+    """A tomlkit document, table or value as plain Python (dicts, lists, str...); anything else as it is.
+
+    A tomlkit older than ``unwrap()`` (0.11) gives its tables as dict copies.
+    """
+    if hasattr(item, "unwrap"):
+        return item.unwrap()
+    if isinstance(item, dict):
+        import copy
+
+        return copy.deepcopy(dict(item))
+    return item

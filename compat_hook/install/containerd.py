@@ -71,15 +71,7 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 from .hooksd import InstallError  # noqa: E402  (one error class for every engine: exit 1)
-
-
-def _tomlkit():
-    try:
-        import tomlkit
-    except ImportError:
-        raise InstallError("tomlkit is not installed (apt-get install python3-tomlkit, "
-                           "or pip install tomlkit)") from None
-    return tomlkit
+from .common import plain, tomlkit_module  # noqa: E402
 
 
 def _which(name: str):
@@ -128,15 +120,11 @@ def _major(binary: str) -> int | None:
 # -- reading configs --------------------------------------------------------
 
 def _parse(text: str, path: str):
-    tomlkit = _tomlkit()
+    tomlkit = tomlkit_module()
     try:
         return tomlkit.parse(text)
     except Exception as e:  # tomlkit.exceptions.ParseError and friends
         raise InstallError(f"{path}: not valid TOML: {e}") from None
-
-
-def _plain(doc) -> dict:
-    return doc.unwrap() if hasattr(doc, "unwrap") else copy.deepcopy(dict(doc))
 
 
 def _load_plain(text: str, path: str) -> dict:
@@ -144,7 +132,7 @@ def _load_plain(text: str, path: str) -> dict:
     try:
         import tomllib
     except ImportError:  # Python < 3.11
-        return _plain(_parse(text, path))
+        return plain(_parse(text, path))
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -233,7 +221,7 @@ def _merged_from_dump(binary: str, main_path: str, main_text: str, main: dict, e
     """``containerd config dump`` of the main file with our own drop-in left out."""
     import tempfile
 
-    tomlkit = _tomlkit()
+    tomlkit = tomlkit_module()
     doc = _parse(main_text, main_path)
     imp = main.get("imports")
     entries = _expand_imports([x for x in imp if isinstance(x, str)] if isinstance(imp, list) else [],
@@ -267,12 +255,12 @@ def _read(path: str):
 
 
 def _state_of(dropin_text: str | None) -> dict:
-    from ..core import jsonfast
+    import json
 
     for line in (dropin_text or "").splitlines():
         if line.startswith(STATE_TAG):
             try:
-                st = jsonfast.loads(line[len(STATE_TAG):])
+                st = json.loads(line[len(STATE_TAG):])
             except ValueError:
                 return {}
             return st if isinstance(st, dict) else {}
@@ -312,13 +300,13 @@ class Plan:
 
 
 def plan_install(opts) -> Plan:
-    from ..core import jsonfast
+    import json
     from ..core.config import DEFAULT_PATH
     from .checks import enforce
     from .files import Change
     from .wrapper import fail_closed, wrapper_for
 
-    tomlkit = _tomlkit()
+    tomlkit = tomlkit_module()
     plan = Plan()
     main_path = os.path.abspath(opts.config or DEFAULT_CONFIG)
     name = opts.runtime_name if opts.runtime_name is not None else "cuda-compat"
@@ -334,7 +322,7 @@ def plan_install(opts) -> Plan:
         raise InstallError("--config-source command: containerd is not installed")
     main_text = _read(main_path)
     doc = _parse(main_text or "", main_path)
-    main = _plain(doc)
+    main = plain(doc)
     version = _version(main_text, main, main_path, binary)
     conf_d = os.path.join(os.path.dirname(main_path), "conf.d")
     dropin = os.path.join(conf_d, DROPIN_NAME)
@@ -365,9 +353,9 @@ def plan_install(opts) -> Plan:
         doc["version"] = version
         state["version_added"] = edited = True
     imports = doc.get("imports")
-    if imports is not None and not isinstance(_plain_value(imports), list):
+    if imports is not None and not isinstance(plain(imports), list):
         raise InstallError(f"{main_path}: 'imports' is not a list")
-    entries = [x for x in (_plain_value(imports) or []) if isinstance(x, str)]
+    entries = [x for x in (plain(imports) or []) if isinstance(x, str)]
     base_dir = os.path.dirname(main_path)
     if not any(_covers(e, base_dir, dropin) for e in entries):
         glob_entry = os.path.join(conf_d, "*.toml")
@@ -463,7 +451,7 @@ def plan_install(opts) -> Plan:
         f"settings in {main_path}.",
     ) if version == 2 else ()):
         out.add(tomlkit.comment(line))
-    out.add(tomlkit.comment(STATE_TAG[2:] + jsonfast.dumps(state, sort_keys=True)))
+    out.add(tomlkit.comment(STATE_TAG[2:] + json.dumps(state, sort_keys=True, separators=(",", ":"))))
     out.add(tomlkit.nl())
     out["version"] = version
     plugins = tomlkit.table(is_super_table=True)
@@ -488,13 +476,13 @@ def record_path(main_path: str) -> str:
 
 
 def _read_record(path: str) -> dict:
-    from ..core import jsonfast
+    import json
 
     text = _read(path)
     if not text:
         return {}
     try:
-        rec = jsonfast.loads(text)
+        rec = json.loads(text)
     except ValueError:
         raise InstallError(f"{path}: not compat-hook's install record (not JSON); move it away") from None
     return rec if isinstance(rec, dict) else {}
@@ -585,14 +573,14 @@ def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, ol
     the GPU Operator's toolkit, an admin) edits the file that holds our runtime,
     and a drop-in rendered from config.toml copies it along: nothing hides it.
     """
-    from ..core import jsonfast
+    import json
     from .files import Change
 
-    tomlkit = _tomlkit()
+    tomlkit = tomlkit_module()
     main_path, plugin = plan.main_path, CRI_PLUGIN[2]
     rec_path = plan.record_path
     imports = doc.get("imports")
-    if imports is not None and not isinstance(_plain_value(imports), list):
+    if imports is not None and not isinstance(plain(imports), list):
         raise InstallError(f"{main_path}: 'imports' is not a list")
     prev = _read_record(rec_path)
     exclude = os.path.normpath(dropin)
@@ -603,7 +591,7 @@ def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, ol
     # The legacy drop-in of an earlier install goes; what it added to the main file goes with it.
     if legacy:
         added = legacy.get("imports_added")
-        if isinstance(added, str) and imports is not None and added in list(_plain_value(imports)):
+        if isinstance(added, str) and imports is not None and added in list(plain(imports)):
             imports.remove(added)
             if len(imports) == 0 and legacy.get("imports_key_added"):
                 del doc["imports"]
@@ -620,7 +608,7 @@ def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, ol
         doc = _parse(tomlkit.dumps(doc).rstrip("\n") + "\n", main_path)  # no blank line left per re-install
         prev.update(original=tomlkit.dumps(doc), original_sha256=_sha(tomlkit.dumps(doc)))
     base_text = tomlkit.dumps(doc)
-    base = _plain(doc)
+    base = plain(doc)
 
     if _hiding_dropins(main_path, base, exclude, plugin) and not _ours_in_hiding(main_path, base, exclude,
                                                                                    plugin, name):
@@ -708,7 +696,7 @@ def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, ol
         ctrd["runtimes"] = tomlkit.table(is_super_table=True)
         runtimes = ctrd["runtimes"]
         added.append("runtimes")
-    if not isinstance(_plain_value(runtimes), dict):
+    if not isinstance(plain(runtimes), dict):
         raise InstallError(f"{main_path}: containerd.runtimes is not a table")
     if name in runtimes:
         raise InstallError(f"{main_path} already has a runtime {name!r} that compat-hook did not write; "
@@ -719,7 +707,7 @@ def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, ol
     if opts.set_as_default:
         _nvidia_chain(cri_now, name, opts, plan)
         if "default_before" not in state:
-            state["default_before"] = _plain_value(ctrd.get("default_runtime_name"))
+            state["default_before"] = plain(ctrd.get("default_runtime_name"))
         ctrd["default_runtime_name"] = name
     else:
         state.pop("default_before", None)
@@ -739,7 +727,7 @@ def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, ol
     if new_main != main_text:
         plan.changes.insert(0, Change(main_path, new_main, mode=None))
     plan.changes.insert(1 if new_main != main_text else 0,
-                        Change(rec_path, jsonfast.dumps(state, sort_keys=True, indent=1) + "\n", mode=0o600,
+                        Change(rec_path, json.dumps(state, sort_keys=True, indent=1) + "\n", mode=0o600,
                                ours=True))
     plan.notes.append(f"restart containerd to load the runtime {name!r} ({main_path}, edited in place); pods "
                       f"select it with runtimeClassName (a RuntimeClass whose handler is {name!r}: "
@@ -761,7 +749,7 @@ def _copies_removal(main_path: str, main_text: str | None, name: str, rec: dict)
         text = _read(p)
         doc = _parse(text or "", p)
         rts = (((doc.get("plugins") or {}).get(plugin) or {}).get("containerd") or {}).get("runtimes")
-        rt = _plain_value(rts.get(name)) if rts is not None and name in rts else None
+        rt = plain(rts.get(name)) if rts is not None and name in rts else None
         if not isinstance(rt, dict):
             continue
         opts = rt.get("options") if isinstance(rt.get("options"), dict) else {}
@@ -769,13 +757,13 @@ def _copies_removal(main_path: str, main_text: str | None, name: str, rec: dict)
                 rec.get("base_spec") and rt.get("base_runtime_spec") == rec["base_spec"]):
             del rts[name]
             ctrd = doc["plugins"][plugin]["containerd"]
-            if _plain_value(ctrd.get("default_runtime_name")) == name:
+            if plain(ctrd.get("default_runtime_name")) == name:
                 before = rec.get("default_before")
                 if before is None:
                     del ctrd["default_runtime_name"]
                 else:
                     ctrd["default_runtime_name"] = before
-            out.append(Change(p, _tomlkit().dumps(doc)))
+            out.append(Change(p, tomlkit_module().dumps(doc)))
     return out
 
 
@@ -819,7 +807,7 @@ def _remove_in_place(doc, name: str, rec: dict) -> bool:
     added = rec.get("tables_added") or []
     if runtimes is not None and "runtimes" in added and len(runtimes) == 0:
         del ctrd["runtimes"]
-    if ctrd is not None and "default_before" in rec and _plain_value(ctrd.get("default_runtime_name")) == name:
+    if ctrd is not None and "default_before" in rec and plain(ctrd.get("default_runtime_name")) == name:
         if rec["default_before"] is None:
             del ctrd["default_runtime_name"]
         else:
@@ -835,7 +823,7 @@ def _plan_uninstall_in_place(opts, plan, rec: dict) -> Plan:
     from .files import Change
     from .wrapper import users, wrapper_removal
 
-    tomlkit = _tomlkit()
+    tomlkit = tomlkit_module()
     main_path, name = plan.main_path, rec.get("runtime") or opts.runtime_name
     plan.runtime_name = name
     main_text = _read(main_path)
@@ -872,10 +860,6 @@ def _plan_uninstall_in_place(opts, plan, rec: dict) -> Plan:
 
         plan.changes.extend(_hook_config_undo(rec))
     return plan
-
-
-def _plain_value(item):
-    return item.unwrap() if hasattr(item, "unwrap") else item
 
 
 def _base_spec_text(hook_config: str, state_dir: str | None = None, fail_closed: bool = False) -> str:
@@ -923,7 +907,7 @@ def _is_ours(key: str, path: str) -> bool:
 def plan_uninstall(opts) -> Plan:
     from .files import Change
 
-    tomlkit = _tomlkit()
+    tomlkit = tomlkit_module()
     plan = Plan()
     main_path = os.path.abspath(opts.config or DEFAULT_CONFIG)
     dropin = os.path.join(os.path.dirname(main_path), "conf.d", DROPIN_NAME)

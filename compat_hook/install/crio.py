@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 
 from . import hooksd
+from .common import tomlkit_module
 from .hooksd import InstallError
 
 __all__ = ["DEFAULT_DROPIN", "install", "uninstall", "render_dropin"]
@@ -42,17 +43,8 @@ HEADER = ("compat-hook: the runtime wrapper as a CRI-O runtime handler "
           "(compat-hook install crio; removed by compat-hook uninstall crio)")
 
 
-def _tomlkit():
-    try:
-        import tomlkit
-    except ImportError:
-        raise InstallError("install crio needs tomlkit (apt install python3-tomlkit, "
-                           "or pip install tomlkit)") from None
-    return tomlkit
-
-
 def _parse(path: str, text: str | None):
-    tomlkit = _tomlkit()
+    tomlkit = tomlkit_module()
     if text is None:
         doc = tomlkit.document()
         doc.add(tomlkit.comment(HEADER))
@@ -76,7 +68,7 @@ def _table(parent, key: str, tomlkit):
 def render_dropin(text: str | None, path: str, *, name: str, wrapper: str | None,
                   set_default: bool, remove: bool) -> str | None:
     """The new drop-in text (None: delete the file)."""
-    tomlkit = _tomlkit()
+    tomlkit = tomlkit_module()
     doc = _parse(path, text)
     if remove:
         crio = doc.get("crio")

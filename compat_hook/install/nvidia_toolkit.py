@@ -66,6 +66,7 @@ from __future__ import annotations
 import os
 
 from ..core.errors import UsageError
+from .common import plain, tomlkit_module
 from .hooksd import InstallError, say
 
 __all__ = ["DEFAULT_CONFIG", "OPERATOR_CONFIG", "CONFIG_ENV", "install", "uninstall", "config_path",
@@ -98,24 +99,11 @@ def config_path(opts, environ=None) -> tuple:
     return DEFAULT_CONFIG, None
 
 
-def _tomlkit():
-    try:
-        import tomlkit
-    except ImportError:
-        raise InstallError("tomlkit is not installed (apt-get install python3-tomlkit, "
-                           "or pip install tomlkit)") from None
-    return tomlkit
-
-
 def _parse(text: str, path: str):
     try:
-        return _tomlkit().parse(text)
+        return tomlkit_module().parse(text)
     except Exception as e:  # tomlkit's ParseError and friends
         raise InstallError(f"{path}: not valid TOML ({e}); fix it first, nothing was changed") from None
-
-
-def _plain(item):
-    return item.unwrap() if hasattr(item, "unwrap") else item
 
 
 def settings(doc: dict) -> dict:
@@ -173,14 +161,14 @@ def problems(s: dict, path: str) -> list:
 
 
 def _state_of(item) -> dict:
-    from ..core import jsonfast
+    import json
 
     comment = getattr(getattr(item, "trivia", None), "comment", "") or ""
     body = comment.lstrip("#").strip()
     if not body.startswith(STATE_TAG):
         return {}
     try:
-        st = jsonfast.loads(body[len(STATE_TAG):])
+        st = json.loads(body[len(STATE_TAG):])
     except ValueError:
         return {}
     return st if isinstance(st, dict) else {}
@@ -330,23 +318,23 @@ def _runtimes_item(doc, path: str):
     if table is not None and not isinstance(table, dict):
         raise InstallError(f"{path}: {TABLE!r} is not a table")
     item = table.get("runtimes") if table is not None else None
-    if item is not None and not (isinstance(_plain(item), list) and all(isinstance(x, str) for x in _plain(item))):
+    if item is not None and not (isinstance(plain(item), list) and all(isinstance(x, str) for x in plain(item))):
         raise InstallError(f"{path}: {TABLE}.runtimes is not a list of strings")
     return table, item
 
 
 def _render_install(text: str, path: str, wrapper: str, extra_state: dict):
     """``(new text, state, toolkit runtimes before compat-hook)`` for ``text`` with ``wrapper`` first."""
-    from ..core import jsonfast
+    import json
 
-    tomlkit = _tomlkit()
+    tomlkit = tomlkit_module()
     doc = _parse(text, path)
     table, item = _runtimes_item(doc, path)
     prev = _state_of(item)
     if prev:  # a re-install: what was there before the first one stays the record
         state = {k: prev[k] for k in ("previous", "comment", "table_added", "super_table", "original_sha256")
                  if k in prev}
-        before = list(DEFAULT_RUNTIMES) if item is None else [x for x in _plain(item) if not _is_ours(x, wrapper)]
+        before = list(DEFAULT_RUNTIMES) if item is None else [x for x in plain(item) if not _is_ours(x, wrapper)]
     else:
         state = {"original_sha256": _sha(text)}
         if item is None:
@@ -355,7 +343,7 @@ def _render_install(text: str, path: str, wrapper: str, extra_state: dict):
         else:
             state["previous"] = item.as_string()
             state["comment"] = [item.trivia.comment_ws, item.trivia.comment]
-            before = [x for x in _plain(item) if not _is_ours(x, wrapper)]
+            before = [x for x in plain(item) if not _is_ours(x, wrapper)]
         if table is None:
             state["table_added"] = True
         elif table.is_super_table():
@@ -370,20 +358,20 @@ def _render_install(text: str, path: str, wrapper: str, extra_state: dict):
     table["runtimes"] = value
     new_item = table["runtimes"]
     new_item.trivia.comment_ws = " "
-    new_item.trivia.comment = "# " + STATE_TAG + jsonfast.dumps(state, sort_keys=True)
+    new_item.trivia.comment = "# " + STATE_TAG + json.dumps(state, sort_keys=True, separators=(",", ":"))
     return tomlkit.dumps(doc), state, before
 
 
 def _render_uninstall(text: str, path: str) -> tuple:
     """``(new text or None when nothing of ours is there, state)``."""
-    tomlkit = _tomlkit()
+    tomlkit = tomlkit_module()
     doc = _parse(text, path)
     table, item = _runtimes_item(doc, path)
     if item is None:
         return None, {}
     state = _state_of(item)
     wrapper = state.get("wrapper") if isinstance(state.get("wrapper"), str) else None
-    values = _plain(item)
+    values = plain(item)
     rest = [x for x in values if not _is_ours(x, wrapper)]
     if not state and rest == values:
         return None, {}
@@ -392,7 +380,7 @@ def _render_uninstall(text: str, path: str) -> tuple:
             del table["runtimes"]
             if state.get("table_added") and len(table) == 0:
                 del doc[TABLE]
-            elif state.get("super_table") and all(isinstance(_plain(v), dict) for v in table.values()):
+            elif state.get("super_table") and all(isinstance(plain(v), dict) for v in table.values()):
                 table._is_super_table = True  # tomlkit 0.11 has no public setter; back to no [header]
         else:
             table["runtimes"] = tomlkit.parse("k = " + state["previous"] + "\n")["k"]
@@ -416,7 +404,7 @@ def _previous_values(state: dict, path: str) -> list:
     if prev is None:
         return list(DEFAULT_RUNTIMES)
     try:
-        return list(_plain(_tomlkit().parse("k = " + prev + "\n")["k"]))
+        return list(plain(tomlkit_module().parse("k = " + prev + "\n")["k"]))
     except Exception:  # a hand-edited record
         return []
 
@@ -483,7 +471,7 @@ def install(opts) -> int:
     if note:
         say(note)
     text, doc = _read_toolkit_config(path)
-    s = settings(_plain(doc))
+    s = settings(plain(doc))
     _, item = _runtimes_item(doc, path)
     prev = _state_of(item)
     wrapper = wrapper_for(opts)[0]

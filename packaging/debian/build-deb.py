@@ -98,8 +98,9 @@ def put(stage: pathlib.Path, rel: str, data: bytes, mode: int = 0o644) -> pathli
 def python_files() -> list:
     """The files setuptools would install (pyproject.toml [tool.setuptools] packages, data/*)."""
     out = []
-    for pkg in ("compat_hook", "compat_hook/commands", "compat_hook/core", "compat_hook/effects",
-                "compat_hook/facts", "compat_hook/images", "compat_hook/install", "compat_hook/policy"):
+    for pkg in ("compat_hook", "compat_hook/cluster", "compat_hook/commands", "compat_hook/core",
+                "compat_hook/effects", "compat_hook/facts", "compat_hook/images", "compat_hook/install",
+                "compat_hook/policy"):
         out += sorted((REPO / pkg).glob("*.py"))
     data = REPO / "compat_hook" / "data"
     if data.is_dir():

@@ -29,14 +29,15 @@ import sys
 import tempfile
 
 from tests.support.cache import cache_dir, ensure_dir, locked
+from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
 Path = pathlib.Path
 
 #: upstream version -> (Debian suite, expected cuDriverGetVersion)
 VERSIONS: dict[str, tuple[str, int]] = {
-    "535.261.03": ("bookworm", 12020),
-    "550.163.01": ("trixie", 12040),
-    "555.58.02": ("experimental", 12050),
+    HOST_535: ("bookworm", 12020),
+    COMPAT_550: ("trixie", 12040),
+    HOST_555: ("experimental", 12050),
 }
 EXPECTED_CUDA = {v: cuda for v, (_, cuda) in VERSIONS.items()}
 

@@ -1,11 +1,17 @@
 """Live container engines for the tests, each started by the tests on private sockets and dirs.
 
+* :class:`DirectContainerd`: Debian's containerd 1.6 started directly (no driver
+  namespace), for tests whose host is a fake host root; :func:`build_image`, the
+  ``bb`` image it imports; :func:`config_dump`, ``containerd config dump`` as dicts;
 * :class:`Containerd`: Debian's containerd 1.6 (``/usr/bin``) or containerd 2.x
   (:func:`containerd2`: Debian sid's package, fetched with a private apt state
   and unpacked with ``dpkg-deb -x`` into ``<cache>/containerd2/``; its
   binaries link only libc and run on Debian 12, docs/background.md "Test machines");
 * :class:`Dockerd`: Debian's docker.io with its own data, exec root, socket
   and pidfile, ``--iptables=false --bridge=none --storage-driver=vfs`` (§11.1);
+* :class:`Podman`: Debian's podman with private storage, runroot, tmpdir and
+  containers.conf (:func:`start_podman` loads an image, overlay or vfs);
+  :func:`build_image_tar`, the harness rootfs as an image tar;
 * :func:`crictl`: cri-tools' crictl, built from the Go module proxy into
   ``<cache>/crictl/`` (Debian has no cri-tools); the Go toolchain is the one
   installed when it is 1.21 or newer (it fetches the version cri-tools needs
@@ -40,8 +46,9 @@ import threading
 import time
 import zipfile
 
-from tests.support import runtimes as rt
+from tests.support import rootfs, runtimes as rt
 from tests.support.cache import cache_dir, ensure_dir, locked
+from tests.support.versions import COMPAT_550, CONTAINERD2_VERSION, CRICTL_VERSION  # noqa: F401  (engines.* names kept)
 
 Path = pathlib.Path
 
@@ -50,9 +57,6 @@ UNSHARE = rt.UNSHARE
 MIRROR = "http://deb.debian.org/debian"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 
-#: containerd 2.x from Debian sid (docs/background.md "Test machines"); any 2.x there is taken when this one is gone.
-CONTAINERD2_VERSION = "2.1.9+ds1-5"
-CRICTL_VERSION = "v1.37.0"
 #: The Go toolchain module fetched when no Go >= 1.21 is installed (cri-tools v1.37.0 needs go >= 1.26.6).
 GO_TOOLCHAIN = "go1.26.6"
 GO_TOOLCHAIN_SHA256 = "6347bdd1fdc7c659d955d8034cd82ec23a5b776bf48b9dfc3a75088d2dacfe0e"
@@ -321,6 +325,173 @@ imports = ["@W@/etc/conf.d/*.toml"]
 """
 
 
+# containerd 1.6 started directly (no driver namespace): the host driver is a fake host root that
+# compat-hook's ``host_root:`` names. Own socket, root, state, runc root and CNI dir.
+MAIN_DIRECT = """\
+# containerd for compat-hook's tests: own socket, root and state
+version = 2
+root = "@W@/root"
+state = "@W@/state"
+oom_score = 0
+
+[grpc]
+  address = "@W@/containerd.sock"
+
+[ttrpc]
+  address = ""
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "docker.io/library/bb:pause"
+  stream_server_address = "127.0.0.1"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "@W@/cni"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = "@W@/runc"
+        SystemdCgroup = false
+"""
+
+
+def config_dump(main) -> dict:
+    """``containerd config dump`` of the config file ``main`` as plain dicts (``imports`` sorted)."""
+    import tomlkit
+
+    tree = tomlkit.parse(sh("containerd", "--config", main, "config", "dump").stdout).unwrap()
+    tree["imports"] = sorted(tree["imports"])
+    return tree
+
+
+def build_image(work: Path, libs: dict) -> Path:
+    """The OCI layout (tags root, pause, base, compat, stale) as a tar for ``ctr images import``.
+
+    ``libs``: ``{version: libcuda path}`` (tests/support/debs.py); ``compat`` and
+    ``stale`` carry :data:`~tests.support.versions.COMPAT_550` in
+    ``/usr/local/cuda-12.4/compat``, ``stale`` also names it on ``LD_LIBRARY_PATH``.
+    """
+    lay = work / "img"
+    sh("umoci", "init", "--layout", lay)
+    sh("umoci", "new", "--image", f"{lay}:root")
+    sh("umoci", "unpack", "--image", f"{lay}:root", work / "u1")
+    shutil.rmtree(work / "u1" / "rootfs")
+    rootfs.build_rootfs(work / "u1" / "rootfs")
+    sh("umoci", "repack", "--image", f"{lay}:root", work / "u1")
+    sh("umoci", "config", "--image", f"{lay}:root", "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin")
+    sh("umoci", "config", "--image", f"{lay}:root", "--tag", "pause", "--config.cmd", "sleep", "--config.cmd", "3600")
+    sh("umoci", "config", "--image", f"{lay}:root", "--tag", "base", "--config.env", "NVIDIA_VISIBLE_DEVICES=all",
+       "--config.env", "CUDA_VERSION=12.4.1", "--config.cmd", "/usr/local/bin/probe")
+    sh("umoci", "unpack", "--image", f"{lay}:base", work / "u2")
+    r = work / "u2" / "rootfs"
+    rootfs.install_libcuda(r, libs[COMPAT_550], "usr/local/cuda-12.4/compat")
+    os.symlink("cuda-12.4", r / "usr/local/cuda")
+    sh("umoci", "repack", "--image", f"{lay}:compat", work / "u2")
+    sh("umoci", "config", "--image", f"{lay}:compat", "--tag", "stale",
+       "--config.env", "LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/lib")
+    shutil.rmtree(work / "u1")
+    shutil.rmtree(work / "u2")
+    tar = work / "bb-oci.tar"
+    sh("tar", "-C", lay, "-cf", tar, ".")
+    return tar
+
+
+class DirectContainerd(Daemon):
+    """Debian's containerd started directly, not in a driver namespace, on :data:`MAIN_DIRECT`.
+
+    For tests whose host driver is a fake host root (compat-hook's ``host_root:``).
+    compat-hook's state dir is ``<work>/compat-hook-state`` (containerd's environment,
+    which reaches the wrapper through the shims). :meth:`stop` returns what it had to
+    clean up: ``{"containers": [...], "shims": [...], "mounts": [...], "runc": [...]}``.
+    """
+
+    name = "containerd"
+    #: The runc roots under the work dir: the CRI's (MAIN_DIRECT) and ``ctr run --runc-root``'s.
+    RUNC_ROOTS = ("runc", "runc-ctr")
+
+    def __init__(self, work: Path, *, sock: Path | None = None, main_text: str = MAIN_DIRECT) -> None:
+        super().__init__(work)
+        self.sock = Path(sock) if sock is not None else self.work / "containerd.sock"
+        self.sock.parent.mkdir(parents=True, exist_ok=True)
+        self.main = self.work / "containerd" / "config.toml"
+        self.main.parent.mkdir(exist_ok=True)
+        (self.work / "cni").mkdir(exist_ok=True)
+        self.main.write_text(main_text.replace('address = "@W@/containerd.sock"', f'address = "{self.sock}"')
+                             .replace("@W@", str(self.work)))
+        self.state_dir = self.work / "compat-hook-state"
+        # containerd's own output (``log`` is free for a subclass's compat-hook log).
+        self.daemon_log = self.work / "containerd.log"
+
+    def start(self) -> None:
+        env = dict(ENV, COMPAT_HOOK_STATE_DIR=str(self.state_dir))
+        out = open(self.daemon_log, "wb")
+        try:
+            self.proc = subprocess.Popen(["containerd", "--config", str(self.main)], stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                         start_new_session=True)
+        finally:
+            out.close()
+        deadline = time.monotonic() + 30
+        while self.ctr("version", check=False).returncode != 0:
+            assert self.proc.poll() is None, self.daemon_log.read_text()
+            assert time.monotonic() < deadline, "containerd did not come up"
+            time.sleep(0.05)
+        plugins = self.ctr("plugins", "ls").stdout
+        cri_line = [ln for ln in plugins.splitlines() if ln.split()[:2] == ["io.containerd.grpc.v1", "cri"]]
+        assert cri_line and cri_line[0].split()[-1] == "ok", (cri_line, self.daemon_log.read_text())
+
+    def ctr(self, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
+        return sh("ctr", "-a", self.sock, *args, check=check, timeout=timeout)
+
+    def shims(self) -> list:
+        """PIDs of the shims started for this containerd (their argv names the work dir)."""
+        pids = []
+        for pid in self.children():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv0 = f.read().split(b"\0")[0]
+            except OSError:
+                continue
+            if b"containerd-shim" in argv0:
+                pids.append(pid)
+        return pids
+
+    def stop(self) -> dict:
+        """Stop everything; returns what was left behind (see the class docstring)."""
+        left = {"containers": [], "shims": [], "mounts": [], "runc": []}
+        if self.proc is not None and self.proc.poll() is None:
+            for ns in ("default", "k8s.io"):
+                for cid in self.ctr("-n", ns, "containers", "ls", "-q", check=False).stdout.split():
+                    left["containers"].append(f"{ns}/{cid}")
+                    self.ctr("-n", ns, "tasks", "kill", "-s", "KILL", cid, check=False)
+                    self.ctr("-n", ns, "tasks", "delete", "-f", cid, check=False)
+                    self.ctr("-n", ns, "containers", "rm", cid, check=False)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        for pid in self.shims():
+            left["shims"].append(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for ns_root in (self.work / r for r in self.RUNC_ROOTS):
+            for ns in (ns_root.iterdir() if ns_root.is_dir() else ()):
+                out = sh(rt.RUNC, "--root", ns, "list", "-q", check=False).stdout.split()
+                left["runc"] += [f"{ns}/{c}" for c in out]
+                for c in out:
+                    sh(rt.RUNC, "--root", ns, "delete", "--force", c, check=False)
+        left["mounts"] = rt.mounts_under(self.work)
+        for mp in sorted(left["mounts"], key=len, reverse=True):
+            sh("umount", "-l", mp, check=False)
+        return left
+
+
 class Dockerd(Daemon):
     """Debian's dockerd (and the containerd it starts) on private roots, recipe §11.1."""
 
@@ -329,8 +500,9 @@ class Dockerd(Daemon):
     #: The package's client (a newer one may be first on PATH and speak a newer API).
     DOCKER = "/usr/bin/docker"
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, storage_driver: str = "vfs") -> None:
         super().__init__(work)
+        self.storage_driver = storage_driver
         self.config = self.work / "daemon.json"
         self.sock = self.work / "docker.sock"
         # Its roots in daemon.json (not flags), where compat-hook's uninstall looks for Docker's containers.
@@ -348,7 +520,7 @@ class Dockerd(Daemon):
         self.version = version
         self._spawn([self.DOCKERD, "--config-file", self.config, "-H", f"unix://{self.sock}",
                      "--pidfile", self.work / "dockerd.pid", "--iptables=false", "--ip-masq=false",
-                     "--bridge=none", "--storage-driver=vfs"], version, ENV,
+                     "--bridge=none", f"--storage-driver={self.storage_driver}"], version, ENV,
                     overlays=[("/etc/docker", upper, ovl)], tmpfs=["/run"])
         self._wait_ready(lambda: self.docker("version", check=False).returncode == 0)
 
@@ -595,3 +767,93 @@ class Crictl:
                 self("rm", "-f", cid, check=False)
             self("stopp", pod_id, check=False)
             self("rmp", "-f", pod_id, check=False)
+
+
+# --------------------------------------------------------------------------- Podman
+
+PODMAN = shutil.which("podman", path="/usr/bin:/bin") or "/usr/bin/podman"
+UMOCI = shutil.which("umoci", path="/usr/bin:/bin") or "/usr/bin/umoci"
+#: The tag :meth:`Podman.load` gives the image it loads.
+PODMAN_IMAGE = "localhost/compat-hook-test:latest"
+#: ``podman run`` flags every test uses: no network; nofile/nproc limits the CI machine kind allows.
+RUN_FLAGS = ["--network=none", "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+
+
+def build_image_tar(work: Path, *, compat_lib=None) -> Path:
+    """An OCI layout (umoci) of the harness rootfs, as a tar ``podman load`` takes; tag ``latest``."""
+    layout, bundle = work / "layout", work / "unpacked"
+    sh(UMOCI, "init", "--layout", layout)
+    sh(UMOCI, "new", "--image", f"{layout}:latest")
+    sh(UMOCI, "unpack", "--image", f"{layout}:latest", bundle)
+    rootfs.build_rootfs(bundle / "rootfs", compat_lib=compat_lib)
+    sh(UMOCI, "repack", "--image", f"{layout}:latest", bundle)
+    sh(UMOCI, "config", "--image", f"{layout}:latest", "--config.cmd", "/usr/local/bin/probe",
+       "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin")
+    shutil.rmtree(bundle)
+    tar = work / "image.tar"
+    sh("tar", "-C", layout, "-cf", tar, ".")
+    return tar
+
+
+class Podman:
+    """podman with private storage under ``base``; every call gets the same global flags."""
+
+    def __init__(self, base: Path, driver: str = "overlay") -> None:
+        self.base = base
+        self.driver = driver
+        # Everything of this instance is private, so concurrent test runs (and their
+        # `system reset`) cannot touch each other: podman refuses a runroot longer than 50
+        # characters (pytest's tmp paths are longer), its default tmpdir /run/libpod and
+        # its SHM lock segment /dev/shm/libpod_lock are shared by every podman on the
+        # machine, hence --tmpdir and file locks (lock_type, from a private containers.conf).
+        self.private = Path(tempfile.mkdtemp(prefix="chpm-", dir="/tmp"))
+        self.runroot = self.private / "run"
+        self.tmpdir = self.private / "tmp"
+        self.conf = self.private / "containers.conf"
+        self.conf.write_text('[engine]\nlock_type = "file"\n')
+
+    def argv(self, *args, hooks_dir=None) -> list:
+        g = ["/usr/bin/env", f"CONTAINERS_CONF={self.conf}", PODMAN, "--root", self.base / "storage",
+             "--runroot", self.runroot, "--tmpdir", self.tmpdir,
+             "--cgroup-manager=cgroupfs", "--events-backend=file", "--runtime=/usr/sbin/runc",
+             f"--storage-driver={self.driver}"]
+        if hooks_dir is not None:
+            g += ["--hooks-dir", hooks_dir]
+        return g + list(args)
+
+    def __call__(self, *args, hooks_dir=None, check=True, timeout=120, env=None):
+        return sh(*self.argv(*args, hooks_dir=hooks_dir), check=check, timeout=timeout, env=env or ENV)
+
+    def load(self, tar: Path, tag: str = PODMAN_IMAGE) -> None:
+        out = self("load", "-i", tar).stdout
+        loaded = [ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Loaded image")]
+        assert loaded, out
+        self("tag", loaded[0], tag)
+
+    def run(self, *args, hooks_dir=None, env=None) -> rt.Result:
+        t0 = time.monotonic()
+        p = self("run", "--rm", *RUN_FLAGS, *args, hooks_dir=hooks_dir, check=False, timeout=120, env=env)
+        return rt.Result(p.returncode, p.stdout, p.stderr, "podman", "", time.monotonic() - t0)
+
+    def reset(self) -> None:
+        sh(*self.argv("system", "reset", "-f"), check=False, timeout=120)
+        leftover = rt.mounts_under(self.base) + rt.mounts_under(self.private)
+        for mp in sorted(leftover, key=len, reverse=True):
+            subprocess.run(["umount", "-l", mp], capture_output=True)
+        shutil.rmtree(self.base, ignore_errors=True)
+        shutil.rmtree(self.private, ignore_errors=True)
+        assert leftover == [], f"mounts left under {self.base}: {leftover}"
+
+
+def start_podman(base: Path, tar: Path) -> Podman:
+    """Load ``tar`` into private storage: overlay, or vfs where overlay cannot be mounted."""
+    pm = Podman(base, "overlay")
+    try:
+        pm.load(tar)
+    except AssertionError as e:
+        pm.reset()
+        if "overlay" not in str(e).lower() and "mount" not in str(e).lower():
+            raise
+        pm = Podman(base, "vfs")
+        pm.load(tar)
+    return pm

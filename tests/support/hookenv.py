@@ -1,7 +1,8 @@
 """Helpers for running the real compat-hook in real containers.
 
 * :func:`fake_host` writes a fake host root whose ``/proc/driver/nvidia/version``
-  names a driver version (what hostfacts reads under ``host_root``).
+  names a driver version (what hostfacts reads under ``host_root``), with
+  :func:`tests.support.trees.write_fake_host`.
 * :func:`write_config` writes a YAML config for the hook (host_root, log_file,
   state dir, extras) and returns its path.
 * :func:`read_log` returns the hook's JSON log lines.
@@ -16,10 +17,11 @@ import json
 import os
 import pathlib
 
+from tests.support.trees import VERSION_LINE, write_fake_host
+
 Path = pathlib.Path
 
-PROC_VERSION = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  {v}  Mon Jan  6 12:00:00 UTC 2025\n"
-                "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+PROC_VERSION = VERSION_LINE + "\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
 
 
 def set_host_version(host_root: Path, version: str) -> None:
@@ -29,11 +31,8 @@ def set_host_version(host_root: Path, version: str) -> None:
 
 
 def fake_host(dest: Path, version: str) -> Path:
-    """A host root with only ``/proc/driver/nvidia/version`` for ``version``."""
-    root = Path(dest)
-    root.mkdir(parents=True, exist_ok=True)
-    set_host_version(root, version)
-    return root.resolve()
+    """A host root whose ``/proc/driver/nvidia/version`` names ``version`` (resolved)."""
+    return write_fake_host(dest, version=version).resolve()
 
 
 def write_config(path: Path, *, host_root: Path, log_file: Path, **extra) -> Path:

@@ -44,13 +44,14 @@ import threading
 import time
 
 from compat_hook.facts import elfgen
+from tests.support.versions import HOST_535
 
 Path = pathlib.Path
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK_PYTHON = "/usr/bin/python3"
 BUSYBOX = "/bin/busybox"
-HOST_DRIVER = "535.261.03"
+HOST_DRIVER = HOST_535
 HOST_VERSION_LINE = (f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {HOST_DRIVER}  "
                      "Wed Jul  2 13:16:27 UTC 2025\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
 COMPAT_VERSION = "590.44.01"

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 
 from tests.support.cache import cache_dir, ensure_dir
+from tests.support.versions import COMPAT_550
 
 Path = pathlib.Path
 
@@ -39,6 +40,9 @@ HOST_MULTIARCH = Path("/lib/x86_64-linux-gnu")
 GLIBC_LIBS = ("ld-linux-x86-64.so.2", "libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
 LDCONFIG = Path("/sbin/ldconfig")
 DEFAULT_COMPAT_DIR = "usr/local/cuda-12.4/compat"
+#: In the container: the host library an engine mounts, and the compat library the images carry.
+HOST_LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
+COMPAT_LIBCUDA = f"/{DEFAULT_COMPAT_DIR}/libcuda.so.{COMPAT_550}"
 LD_SO_CONF = "include /etc/ld.so.conf.d/*.conf\n"
 MULTIARCH_CONF = "# Multiarch support\n/usr/local/lib\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n"
 

@@ -1,0 +1,149 @@
+"""Go-built binaries for the control-plane tests, each built once into the test cache.
+
+* ``kube_apiserver()``: kube-apiserver ``KUBE_VERSION`` from the ``k8s.io/kubernetes`` module.
+  That module's go.mod replaces its staging modules (``k8s.io/api``, ``k8s.io/apiserver`` ...)
+  with ``./staging/...`` paths, so ``go install`` refuses it; a throwaway module requires it and
+  replaces each staging module with the published ``v0.X.Y`` of the same release (~10 min on 2 cores).
+* ``kwok()``: the simulated kubelets, ``sigs.k8s.io/kwok/cmd/kwok@KWOK_VERSION``, with the stage files
+  that ship in its own module.
+* ``helm()``: ``helm.sh/helm/v4/cmd/helm@HELM_VERSION``.
+* ``upgrade_harness()``: tests/upgrade_harness, which runs NVIDIA's own upgrade state machine.
+
+All share one GOPATH/GOCACHE under the cache (``go-k8s/``) so module downloads and compiled
+packages are reused between them; each final binary lands in its own directory by rename
+(:func:`tests.support.cache.ensure_dir`). ``python3 -m tests.support.kubebuild`` builds them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+from tests.support.cache import cache_dir, ensure_dir
+from tests.support.engines import ENV, GO_PROXY, go_command
+
+KUBE_VERSION = "v1.34.2"
+KWOK_VERSION = "v0.8.0"
+HELM_VERSION = "v4.3.2"
+HARNESS = pathlib.Path(__file__).resolve().parents[1] / "upgrade_harness"
+Path = pathlib.Path
+
+
+def go_env() -> dict:
+    """One GOPATH and build cache for all of these builds (module downloads are shared)."""
+    root = cache_dir() / "go-k8s"
+    root.mkdir(exist_ok=True)
+    return dict(ENV, GOPATH=str(root / "path"), GOCACHE=str(root / "build"), GOFLAGS="-modcacherw",
+                CGO_ENABLED="0", GOTOOLCHAIN="auto", GOPROXY=f"{GO_PROXY},direct", GOTMPDIR=str(root),
+                HOME=str(root))
+
+
+def _go(*args, cwd=None, timeout=1800) -> str:
+    p = subprocess.run([go_command(), *args], cwd=cwd, env=go_env(), stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"go {' '.join(args)}: exit {p.returncode}\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+    return p.stdout
+
+
+def staging_replaces(gomod: str, version: str) -> list:
+    """``replace k8s.io/X => k8s.io/X v0.M.P`` for every ``=> ./staging/`` line of kubernetes' go.mod.
+
+    >>> staging_replaces("replace (\\n\\tk8s.io/api => ./staging/src/k8s.io/api\\n)\\n", "v1.34.2")
+    ['k8s.io/api => k8s.io/api v0.34.2']
+    """
+    minor_patch = "v0." + version.split(".", 1)[1]
+    out = []
+    for line in gomod.splitlines():
+        parts = line.replace("replace", "").split()
+        if len(parts) == 3 and parts[1] == "=>" and parts[2].startswith("./staging/"):
+            out.append(f"{parts[0]} => {parts[0]} {minor_patch}")
+    return out
+
+
+def kube_apiserver() -> Path:
+    final = cache_dir() / "kube-apiserver" / KUBE_VERSION
+
+    def build(tmp: Path) -> None:
+        info = json.loads(_go("mod", "download", "-json", f"k8s.io/kubernetes@{KUBE_VERSION}"))
+        replaces = staging_replaces(Path(info["GoMod"]).read_text(), KUBE_VERSION)
+        work = tmp / "mod"
+        work.mkdir()
+        (work / "go.mod").write_text(
+            "module example.invalid/apiserver\n\ngo 1.25\n\n"
+            f"require k8s.io/kubernetes {KUBE_VERSION}\n\nreplace (\n"
+            + "".join(f"\t{r}\n" for r in replaces) + ")\n")
+        (work / "tools.go").write_text('//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n')
+        env_flags = ("-mod=mod",)
+        _go("build", *env_flags, "-o", str(tmp / "kube-apiserver"), "k8s.io/kubernetes/cmd/kube-apiserver",
+            cwd=work, timeout=3600)
+        shutil.rmtree(work)
+
+    ensure_dir(final, build, lock="kube-apiserver")
+    return final / "kube-apiserver"
+
+
+def kwok() -> tuple:
+    """(kwok binary, [stage files]) for KWOK_VERSION."""
+    final = cache_dir() / "kwok" / KWOK_VERSION
+
+    def build(tmp: Path) -> None:
+        env = go_env()
+        p = subprocess.run([go_command(), "install", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+                           env=dict(env, GOBIN=str(tmp)), capture_output=True, text=True, timeout=1800,
+                           stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise RuntimeError(f"go install kwok: {p.stderr[-4000:]}")
+        stage = Path(env["GOPATH"]) / "pkg" / "mod" / f"sigs.k8s.io/kwok@{KWOK_VERSION}" / "kustomize" / "stage"
+        (tmp / "stages").mkdir()
+        for rel in ("node/fast/node-initialize.yaml", "node/heartbeat/node-heartbeat.yaml",
+                    "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml"):
+            shutil.copyfile(stage / rel, tmp / "stages" / rel.replace("/", "-"))
+
+    ensure_dir(final, build, lock="kwok")
+    return final / "kwok", sorted((final / "stages").glob("*.yaml"))
+
+
+def helm() -> Path:
+    final = cache_dir() / "helm" / HELM_VERSION
+
+    def build(tmp: Path) -> None:
+        p = subprocess.run([go_command(), "install", f"helm.sh/helm/v4/cmd/helm@{HELM_VERSION}"],
+                           env=dict(go_env(), GOBIN=str(tmp)), capture_output=True, text=True, timeout=1800,
+                           stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise RuntimeError(f"go install helm: {p.stderr[-4000:]}")
+
+    ensure_dir(final, build, lock="helm")
+    return final / "helm"
+
+
+def upgrade_harness() -> Path:
+    """tests/upgrade_harness built once per content hash of its sources."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(HARNESS.iterdir()):
+        if f.is_file():
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    final = cache_dir() / "upgrade-harness" / h.hexdigest()[:16]
+
+    def build(tmp: Path) -> None:
+        work = tmp / "src"
+        shutil.copytree(HARNESS, work)
+        _go("build", "-mod=mod", "-o", str(tmp / "upgrade-harness"), ".", cwd=work, timeout=1800)
+        shutil.rmtree(work)
+
+    ensure_dir(final, build, lock="upgrade-harness")
+    return final / "upgrade-harness"
+
+
+if __name__ == "__main__":  # pragma: no cover - a convenience for warming the cache
+    which = sys.argv[1:] or ["kube-apiserver", "kwok", "helm", "harness"]
+    fns = {"kube-apiserver": kube_apiserver, "kwok": kwok, "helm": helm, "harness": upgrade_harness}
+    for name in which:
+        print(name, fns[name](), flush=True)

@@ -1,0 +1,75 @@
+"""The cluster side without a cluster: the Kubernetes client stays off every other path, and the
+command lines fail with one clear line (the control-plane tests are tests/test_cluster.py)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "compat_hook", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_no_other_command_imports_the_kubernetes_client_or_the_cluster_package():
+    code = ("import sys\nbefore = set(sys.modules)\n"
+            "import compat_hook.cli, compat_hook.commands.hook, compat_hook.runtime, compat_hook.commands.plan, compat_hook.commands.explain\n"
+            "compat_hook.cli.main(['config'])\n"
+            "new = set(sys.modules) - before\n"
+            "bad = sorted(m for m in new if m.split('.')[0] in ('kubernetes', 'urllib3') or m.startswith('compat_hook.cluster'))\n"
+            "print('BAD', bad)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "BAD []", p.stdout
+
+
+def test_nothing_outside_the_cluster_package_imports_it_but_the_cli_dispatch():
+    hits = []
+    for f in (REPO / "compat_hook").rglob("*.py"):
+        if "cluster" in f.relative_to(REPO / "compat_hook").parts:
+            continue
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if "import" in line and ("from .cluster" in line or "from ..cluster" in line
+                                     or "compat_hook.cluster" in line):
+                hits.append(f"{f.relative_to(REPO)}:{n}")
+    assert len(hits) == 1 and hits[0].startswith("compat_hook/commands/cli.py:"), hits
+
+
+@pytest.mark.parametrize("args, want", [
+    (["cluster"], "usage: compat-hook cluster"),
+    (["cluster", "agent"], "the following arguments are required: --node"),
+    (["cluster", "agent", "--node", "n", "--interval", "0"], "--interval: at least 1 second"),
+    (["cluster", "agent", "--node", "../../api/v1/secrets?x=", "--once"], "--node: not a node name"),
+    (["cluster", "agent", "--node", "n", "--once", "--driver", "sha256:abc"], "image digest"),
+    (["cluster", "agent", "--node", "n", "--once", "--host-root", "/nonexistent-dir"], "no such directory"),
+])
+def test_bad_usage_is_one_line_exit_2(args, want):
+    p = _run(*args)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert want in p.stdout + p.stderr and "Traceback" not in p.stderr
+
+
+def test_no_credentials_is_one_line_exit_1(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C"}
+    p = _run("cluster", "status", "--kubeconfig", str(tmp_path / "missing"), env=env)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1 and "no cluster credentials" in p.stderr, p.stderr
+    p = _run("cluster", "agent", "--node", "n", "--once", "--kubeconfig", str(tmp_path / "missing"),
+             "--state-dir", str(tmp_path / "state"), env=env)
+    assert p.returncode == 1 and '"event":"cluster_error"' in p.stdout and "no cluster credentials" in p.stdout, p
+    assert "Traceback" not in p.stderr
+
+
+def test_unreachable_api_server_is_one_line(tmp_path):
+    kc = tmp_path / "kc"
+    kc.write_text('{"apiVersion": "v1", "kind": "Config", "current-context": "t", '
+                  '"clusters": [{"name": "t", "cluster": {"server": "https://127.0.0.1:1"}}], '
+                  '"users": [{"name": "u", "user": {"token": "x"}}], '
+                  '"contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}]}')
+    p = _run("cluster", "status", "--kubeconfig", str(kc))
+    assert p.returncode == 1 and "unreachable" in p.stderr and p.stderr.count("\n") == 1, p.stderr
