@@ -67,7 +67,7 @@ def test_control_and_contents(deb):
         assert "/usr/libexec/compat-hook/compat-hook-runtime" in files
     x = pathlib.Path(str(deb) + ".ctl")
     _run(["dpkg-deb", "-e", deb, x])
-    assert (x / "conffiles").read_text() == "/etc/compat-hook/config.yaml\n"
+    assert (x / "conffiles").read_text() == "/etc/compat-hook/config.yaml\n/etc/logrotate.d/compat-hook\n"
     for script in ("postinst", "prerm", "postrm"):
         text = (x / script).read_text()
         for word in ("systemctl", "service ", "invoke-rc.d", "restart", "reload"):
@@ -86,6 +86,10 @@ def test_control_and_contents(deb):
     src_cfg = REPO / "config/compat-hook.yaml"
     if src_cfg.is_file():
         assert (tree / "etc/compat-hook/config.yaml").read_bytes() == src_cfg.read_bytes()
+    # the log is rotated by rename (the hook reopens it at every start: benchmarks/soak.py)
+    rot = (tree / "etc/logrotate.d/compat-hook").read_text()
+    assert "/var/log/compat-hook.log {" in rot and "copytruncate" not in rot.split("{", 1)[1], rot
+    assert {"maxsize 50M", "rotate 8", "missingok", "compress"} <= {ln.strip() for ln in rot.splitlines()}, rot
     assert (tree / "usr/bin/compat-hook").read_text().startswith("#!/usr/bin/python3 -I\n")
     shutil.rmtree(tree)
 

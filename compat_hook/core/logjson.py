@@ -2,8 +2,10 @@
 
 runc discards a successful hook's output, so the log file is where every
 decision is told. A line is written with a single ``write`` on an
-``O_APPEND`` descriptor, so concurrent hooks never interleave within a line.
-Logging never fails the hook: any error is reported once on stderr.
+``O_APPEND`` descriptor, so concurrent hooks never interleave within a line,
+and only when it fits: on a full filesystem the line is left out whole
+(reported on stderr) rather than torn. Logging never fails the hook: any
+error is reported once on stderr.
 
 >>> import tempfile, os
 >>> p = os.path.join(tempfile.mkdtemp(), "log")
@@ -57,13 +59,40 @@ def write_line(path: str | None, record: dict) -> bool:
         _complain(path, e)
         return False
     try:
-        os.write(fd, data)
+        if not _room(fd, len(data)):
+            raise OSError(28, "No space left on device")  # ENOSPC: no torn line (below)
+        n = os.write(fd, data)
+        if n != len(data):
+            # Filled up between the check and the write: end the fragment so that the next
+            # start's line begins on a line of its own (best effort: it may not fit either).
+            try:
+                os.write(fd, b"\n")
+            except OSError:
+                pass
+            raise OSError(28, "No space left on device")
         return True
     except OSError as e:
         _complain(path, e)
         return False
     finally:
         os.close(fd)
+
+
+def _room(fd: int, size: int) -> bool:
+    """Whether ``size`` more bytes fit: the free space plus what the file's last block has left.
+
+    A write that runs out of space mid-line leaves a fragment without its newline, and the next
+    line appended to it is lost with it (benchmarks/soak.py's full log filesystem showed it).
+    Two syscalls (~2 us); a filesystem that cannot say is taken to have room.
+    """
+    try:
+        vfs = os.fstatvfs(fd)
+        if vfs.f_bavail * vfs.f_frsize >= size:
+            return True
+        st = os.fstat(fd)
+        return vfs.f_bavail * vfs.f_frsize + max(0, st.st_blocks * 512 - st.st_size) >= size
+    except OSError:
+        return True
 
 
 def _complain(path: str, e: OSError) -> None:

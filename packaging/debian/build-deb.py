@@ -14,6 +14,7 @@ The package is a staged tree turned into a .deb with ``dpkg-deb --build
 /usr/libexec/compat-hook/compat-hook-runtime            the shell runtime wrapper, rendered for the above
 /usr/share/containers/oci/hooks.d/50-compat-hook.json   the Podman/CRI-O hook (``/usr/bin/python3 -I -S``)
 /etc/compat-hook/config.yaml                            conffile (config/compat-hook.yaml)
+/etc/logrotate.d/compat-hook                            conffile (packaging/debian/logrotate)
 /usr/share/man/man8/compat-hook.8.gz                    packaging/man/compat-hook.8 (+ compat-hook-runtime.8)
 /usr/share/doc/compat-hook/{copyright,changelog.gz}     packaging/debian/
 =====================================================  ==============================================
@@ -41,6 +42,7 @@ PKG = "compat-hook"
 DIST_PACKAGES = "usr/lib/python3/dist-packages"
 SYSTEM_PYTHON = "/usr/bin/python3"
 CONFFILE = "etc/compat-hook/config.yaml"
+LOGROTATE = "etc/logrotate.d/compat-hook"
 HOOKSD = "usr/share/containers/oci/hooks.d/50-compat-hook.json"
 WRAPPER_SRC = "compat_hook/data/compat-hook-runtime.sh"
 WRAPPER_DST = "usr/libexec/compat-hook/compat-hook-runtime"
@@ -171,6 +173,7 @@ def build(out: pathlib.Path, stage: pathlib.Path) -> pathlib.Path:
 
     # Configuration, hook, man pages, docs.
     put(stage, CONFFILE, config_text())
+    put(stage, LOGROTATE, (HERE / "logrotate").read_bytes())
     put(stage, HOOKSD, hooksd_text())
     put(stage, "usr/share/man/man8/compat-hook.8.gz", gz((REPO / "packaging/man/compat-hook.8").read_bytes()))
     put(stage, "usr/share/man/man8/compat-hook-runtime.8.gz", gz(b".so man8/compat-hook.8\n"))
@@ -183,7 +186,7 @@ def build(out: pathlib.Path, stage: pathlib.Path) -> pathlib.Path:
     control = (HERE / "control").read_text().replace("@VERSION@", ver).replace(
         "@INSTALLED_SIZE@", str(installed_size_kib(stage)))
     put(stage, "DEBIAN/control", control.encode())
-    put(stage, "DEBIAN/conffiles", f"/{CONFFILE}\n".encode())
+    put(stage, "DEBIAN/conffiles", f"/{CONFFILE}\n/{LOGROTATE}\n".encode())
     for script in ("postinst", "prerm", "postrm"):
         put(stage, f"DEBIAN/{script}", (HERE / script).read_bytes(), 0o755)
     sums = []

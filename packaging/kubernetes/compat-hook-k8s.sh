@@ -2,6 +2,7 @@
 # compat-hook-k8s: the DaemonSet's installer (packaging/kubernetes/compat-hook.yaml).
 #
 #   compat-hook-k8s run        install, then wait (the container's command)
+#   compat-hook-k8s watch      the re-registration loop of `run` alone (after an install)
 #   compat-hook-k8s install    install once and exit
 #   compat-hook-k8s uninstall  remove the containerd registration (the preStop hook)
 #   compat-hook-k8s plan       `compat-hook plan containerd: --driver $TARGET_DRIVER --json` on the
@@ -34,8 +35,10 @@
 #      through the NVIDIA runtime go through the same wrapper. The operator's
 #      toolkit container rewrites that file from scratch whenever it starts
 #      (nvidia-ctk-installer deletes /usr/local/nvidia/toolkit first), so
-#      `run` checks it every $TOOLKIT_RECHECK seconds and registers again
-#      when it changed. The durable setting is the operator's own: ClusterPolicy
+#      `run` registers again when it changed: woken by inotify the moment it
+#      is written (python3 -m compat_hook.install.watch on the node), and every
+#      $TOOLKIT_RECHECK seconds as well (the fallback, and all there is where
+#      the watcher cannot run). The durable setting is the operator's own: ClusterPolicy
 #      spec.toolkit.env NVIDIA_CONTAINER_RUNTIME_RUNTIMES=
 #      "$HOST_PREFIX/bin/compat-hook-runtime,runc,crun" (docs/engines.md);
 #   5. `run` also re-runs `compat-hook install containerd` whenever containerd's
@@ -60,6 +63,9 @@
 #   CONFIG_SOURCE []  RESTART_CONTAINERD [false]  RESTART_COMMAND [see above]
 #   UNINSTALL_ON_STOP [true]  READY_FILE [/tmp/compat-hook-ready]
 #   TOOLKIT_CONFIGS [the two paths in 4.]  TOOLKIT_RECHECK [30]
+#   LOG_FILE [/var/log/compat-hook.log]  LOG_MAX_BYTES [52428800]  LOG_KEEP [8]: the node's
+#   decision log (the config's log_file) is rotated like the Debian package's logrotate file does:
+#   checked at every TOOLKIT_RECHECK, renamed to .1 past LOG_MAX_BYTES, older copies gzipped
 # Only POSIX sh and busybox applets are used.
 set -eu
 
@@ -78,6 +84,9 @@ READY_FILE=${READY_FILE:-/tmp/compat-hook-ready}
 TOOLKIT_CONFIGS=${TOOLKIT_CONFIGS:-/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml /etc/nvidia-container-runtime/config.toml}
 TOOLKIT_RECHECK=${TOOLKIT_RECHECK:-30}
 TOOLKIT_STATE=${TOOLKIT_STATE:-/tmp/compat-hook-toolkit}
+LOG_FILE=${LOG_FILE:-/var/log/compat-hook.log}
+LOG_MAX_BYTES=${LOG_MAX_BYTES:-52428800}
+LOG_KEEP=${LOG_KEEP:-8}
 
 log() { echo "compat-hook-k8s: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -252,6 +261,54 @@ sync_containerd() {
     containerd_sum | md5sum > "$TOOLKIT_STATE.containerd"
 }
 
+# sync_toolkit on every line of the watcher (compat_hook/install/watch.py: "ready" once armed,
+# "change" at a change, "poll" every $TOOLKIT_RECHECK s), and at "ready" and "poll" the
+# containerd check and the log's rotation too; returns when the watcher stops.
+watch_toolkit() {
+    dest=$1
+    # shellcheck disable=SC2086 # TOOLKIT_CONFIGS is a list of paths on purpose
+    host_env "$HOST_PYTHON" -I -c \
+        'import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.install.watch import main; sys.exit(main())' \
+        "$dest/lib" --every "$TOOLKIT_RECHECK" $TOOLKIT_CONFIGS |
+        while read -r what; do
+            sync_toolkit "$dest"
+            # a change of a toolkit config: nothing else to do then, the next one may follow at once
+            [ "$what" = change ] || { sync_containerd "$dest"; rotate_log; }
+        done
+}
+
+# The node's decision log, bounded: past LOG_MAX_BYTES it is renamed to .1 (the hook and the
+# wrapper open it anew at every start with O_APPEND, so no line is lost: benchmarks/soak.py),
+# older copies move up and are gzipped one generation late (a start that opened the file just
+# before the rename finishes its line in .1), LOG_KEEP copies kept.
+rotate_log() {
+    f=$HOST_ROOT$LOG_FILE
+    [ -f "$f" ] && [ "$(wc -c < "$f")" -gt "$LOG_MAX_BYTES" ] || return 0
+    n=$LOG_KEEP
+    rm -f "$f.$n.gz"
+    while [ "$n" -gt 2 ]; do
+        n=$((n - 1))
+        if [ -f "$f.$n.gz" ]; then mv "$f.$n.gz" "$f.$((n + 1)).gz" || true; fi
+    done
+    if [ -f "$f.1" ]; then mv "$f.1" "$f.2" && gzip -f "$f.2" || true; fi
+    mv "$f" "$f.1" && log "rotated $LOG_FILE ($LOG_MAX_BYTES bytes)" || true
+}
+
+# The re-registration loop: the watcher, and plain polling whenever it is not running.
+toolkit_loop() {
+    trap 'kill "$wpid" 2>/dev/null; exit 0' TERM INT
+    sync_containerd "$(cat "$READY_FILE")"
+    while :; do
+        watch_toolkit "$(cat "$READY_FILE")" & wpid=$!
+        wait "$wpid" || true
+        log "warning: the toolkit config watcher stopped; checking every ${TOOLKIT_RECHECK}s"
+        sleep "$TOOLKIT_RECHECK" & wait $! || true
+        sync_toolkit "$(cat "$READY_FILE")"
+        sync_containerd "$(cat "$READY_FILE")"
+        rotate_log
+    done
+}
+
 do_uninstall() {
     if ! is_true "$UNINSTALL_ON_STOP"; then
         log "UNINSTALL_ON_STOP=$UNINSTALL_ON_STOP: leaving the registration in place"
@@ -305,13 +362,10 @@ do_plan() {
 case ${1:-run} in
     run)
         do_install
-        trap 'exit 0' TERM INT
-        sync_containerd "$(cat "$READY_FILE")"
-        while :; do
-            sleep "$TOOLKIT_RECHECK" & wait $! || true
-            sync_toolkit "$(cat "$READY_FILE")"
-            sync_containerd "$(cat "$READY_FILE")"
-        done ;;
+        toolkit_loop ;;
+    watch)
+        [ -s "$READY_FILE" ] || die "no $READY_FILE: run install first"
+        toolkit_loop ;;
     install) do_install ;;
     plan)
         do_plan
@@ -319,6 +373,6 @@ case ${1:-run} in
         while :; do sleep 3600 & wait $! || true; done ;;
     plan-once) do_plan ;;
     uninstall) do_uninstall ;;
-    help|-h|--help) sed -n '2,30p' "$0" ;;
-    *) die "unknown command '$1' (run, install, uninstall, plan, plan-once, help)" ;;
+    help|-h|--help) sed -n '2,31p' "$0" ;;
+    *) die "unknown command '$1' (run, watch, install, uninstall, plan, plan-once, help)" ;;
 esac
