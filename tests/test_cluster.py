@@ -15,70 +15,26 @@ rendered manifests in packaging/kubernetes).
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import pathlib
-import shutil
 import subprocess
-import tarfile
 import time
 
 import pytest
 import yaml
 
 from tests.support import debs, hookenv, rootfs
+from tests.support.gpucluster import (CP, DS, H100, R470, R535, R570, RENDERED, SKIP, STATE, agent_rbac,
+                                      build_store, gpu_node, gpu_operator, gpu_pod, ref, revision_hash, tar_dir)
 from tests.support.images import Layout, gz
-from tests.support.kube import (ADMIN_TOKEN, AGENT_TOKEN, AGENT_USER, NAMESPACE, NOBODY_TOKEN, ApiError,
-                                ControlPlane)
+from tests.support.kube import ADMIN_TOKEN, AGENT_TOKEN, NAMESPACE, NOBODY_TOKEN, ApiError, ControlPlane
 from tests.support.toolkit import noted_compat_lib
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-RENDERED = REPO / "packaging" / "kubernetes" / "compat-hook.yaml"
-R535, R570, R470 = "535.261.03", "570.195.03", "470.256.02"
-H100 = "NVIDIA H100 80GB HBM3"
-STATE = "nvidia.com/gpu-driver-upgrade-state"
-SKIP = "nvidia.com/gpu-driver-upgrade.skip"
-DS = "nvidia-driver-daemonset"
 #: node -> the image of its GPU pod: a compat image, a CUDA 11.8 one, a CUDA 12.4 one without compat
 NODES = {"gpu-a": "train", "gpu-b": "legacy", "gpu-c": "infer"}
-IMAGES = {"train": "12.4.1", "legacy": "11.8.0", "infer": "12.4.1"}
-CP = "/apis/nvidia.com/v1/clusterpolicies/cluster-policy"
-
-
-def _tar_dir(root: pathlib.Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for p in sorted(root.rglob("*")):
-            tf.add(p, arcname=str(p.relative_to(root)), recursive=False)
-    return buf.getvalue()
-
-
-def ref(name: str) -> str:
-    return f"registry.test/apps/{name}:1"
-
-
-def build_store(dest: pathlib.Path, names, libs) -> pathlib.Path:
-    """An OCI layout holding ``names``, each a one-layer image of a real rootfs (CUDA_VERSION in its env)."""
-    lay = Layout(dest)
-    for name in names:
-        r = rootfs.build_rootfs(dest.parent / f"{dest.name}-{name}-root",
-                                compat_lib=libs["noted"] if name == "train" else None)
-        desc = lay.image([gz(_tar_dir(r))], env=[f"CUDA_VERSION={IMAGES[name]}", "PATH=/usr/bin:/bin"])
-        lay.tag(desc, ref(name))
-        shutil.rmtree(r)
-    return dest
-
-
-def revision_hash(version: str) -> str:
-    """The harness names a driver template's ControllerRevision by this."""
-    return hashlib.sha256(version.encode()).hexdigest()[:10]
-
-
-def rendered_docs() -> list:
-    return [d for d in yaml.safe_load_all(RENDERED.read_text()) if d]
 
 
 class World:
@@ -165,37 +121,6 @@ class World:
         self.admin.merge(CP, patch)
 
 
-def _rbac(cp: ControlPlane) -> None:
-    """The agent's ServiceAccount, ClusterRole and binding from the rendered manifests (the tests' agent
-    token authenticates as that ServiceAccount)."""
-    for d in rendered_docs():
-        if d["kind"] == "ServiceAccount":
-            cp.admin.create(f"/api/v1/namespaces/{d['metadata']['namespace']}/serviceaccounts", d)
-        elif d["kind"] == "ClusterRole":
-            cp.admin.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", d)
-        elif d["kind"] == "ClusterRoleBinding":
-            assert d["subjects"] == [{"kind": "ServiceAccount", "name": "compat-hook", "namespace": "compat-hook"}]
-            assert AGENT_USER == "system:serviceaccount:compat-hook:compat-hook"
-            cp.admin.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", d)
-
-
-def gpu_node(name: str, deploy_driver: bool = True) -> dict:
-    labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": H100.replace(" ", "-"),
-              "nvidia.com/cuda.driver-version.full": R535, "kubernetes.io/hostname": name}
-    if deploy_driver:
-        labels["nvidia.com/gpu.deploy.driver"] = "true"
-    return {"metadata": {"name": name, "labels": labels, "annotations": {"kwok.x-k8s.io/node": "fake"}},
-            "spec": {},
-            "status": {"capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"},
-                       "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"}}}
-
-
-def gpu_pod(name: str, node: str, image: str, ns: str = "apps") -> dict:
-    return {"metadata": {"name": name, "namespace": ns},
-            "spec": {"nodeName": node, "containers": [{"name": "main", "image": image,
-                                                       "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     work = tmp_path_factory.mktemp("cluster")
@@ -204,22 +129,11 @@ def world(tmp_path_factory):
     try:
         cp.start()  # inside the try: a failed start still stops what it started
         cp.start_kwok()
-        _rbac(cp)
+        agent_rbac(cp)
         a = cp.admin
         for n in NODES:
             a.create("/api/v1/nodes", gpu_node(n))
-        a.create(f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets", {
-            "metadata": {"name": DS, "labels": {"app": DS}},
-            "spec": {"selector": {"matchLabels": {"app": DS}}, "updateStrategy": {"type": "OnDelete"},
-                     "template": {"metadata": {"labels": {"app": DS}},
-                                  "spec": {"nodeSelector": {"nvidia.com/gpu.deploy.driver": "true"},
-                                           "containers": [{"name": "nvidia-driver-ctr",
-                                                           "image": "nvcr.io/nvidia/driver:535"}]}}}})
-        a.create("/apis/nvidia.com/v1/clusterpolicies", {
-            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
-            "spec": {"driver": {"version": R535, "upgradePolicy": {
-                "autoUpgrade": True, "maxParallelUpgrades": 0, "maxUnavailable": "100%",
-                "drain": {"enable": False}}}}})
+        gpu_operator(a, R535)
         for n, image in NODES.items():
             a.create("/api/v1/namespaces/apps/pods", gpu_pod(f"{image}-{n}", n, ref(image)))
         w = World(cp, work, libs)
@@ -527,7 +441,7 @@ def test_pass_cost_50_pods_20_images(world, tmp_path):
     libs = {"noted": None}
     store = Layout(tmp_path / "store")
     r = rootfs.build_rootfs(tmp_path / "root", compat_lib=None)
-    layer = gz(_tar_dir(r))
+    layer = gz(tar_dir(r))
     for i in range(20):
         desc = store.image([layer], env=[f"CUDA_VERSION=12.{i % 9}.0", "PATH=/usr/bin:/bin"])
         store.tag(desc, f"registry.test/bench/app{i}:1")
