@@ -292,7 +292,9 @@ def _installed_on_host() -> bool:
 
 # --------------------------------------------------------------------------- apt remove while a container runs
 
-REMOVE_LIVE = r"""
+# A node in a private overlay: the package installed, containerd registered by the install command,
+# containerd started and one task running through the package's wrapper.
+LIVE_START = r"""
 set -eu
 T={tmp}
 for d in usr etc var; do
@@ -315,6 +317,9 @@ ctr -a "$W/containerd.sock" run -d --runtime io.containerd.runc.v2 \
     --runc-binary /usr/libexec/compat-hook/compat-hook-runtime --runc-root "$W/runc-ctr" \
     docker.io/library/bb:root live sleep 600
 ctr -a "$W/containerd.sock" task ls
+"""
+
+REMOVE_LIVE = LIVE_START + r"""
 step remove
 dpkg -r compat-hook 2>&1
 step after-remove
@@ -335,11 +340,8 @@ step end
 """
 
 
-@pytest.mark.containers
-def test_apt_remove_with_a_running_container_leaves_a_pass_through(deb, tmp_path):  # noqa: F811
-    """``apt remove`` while a container created through the package's wrapper runs (containerd 1.6, ``ctr``):
-    the wrapper's path becomes a pass-through to runc, so ``ctr task kill`` and ``task rm`` work after the
-    package is gone; ``apt purge`` removes the pass-through once no task names it."""
+def _run_live(script_text: str, deb, tmp_path) -> tuple:
+    """Run a LIVE_START-based script in a private mount namespace: ``(process, sections)``."""
     from tests.support import engines, images, rootfs as rfs
 
     lay = tmp_path / "img"
@@ -357,11 +359,19 @@ def test_apt_remove_with_a_running_container_leaves_a_pass_through(deb, tmp_path
     main = tmp_path / "config.toml"
     main.write_text(engines.MAIN_V2.replace("@W@", str(work / "ctrd")).replace("@PAUSE@", "docker.io/library/bb:root"))
     script = tmp_path / "inside.sh"
-    script.write_text(REMOVE_LIVE.format(tmp=shlex.quote(str(work)), deb=shlex.quote(str(deb)),
+    script.write_text(script_text.format(tmp=shlex.quote(str(work)), deb=shlex.quote(str(deb)),
                                          main=shlex.quote(str(main)), image=shlex.quote(str(tar))))
     p = subprocess.run(["unshare", "-m", "--propagation", "private", "/bin/sh", str(script)], capture_output=True,
                        text=True, env=ENV, timeout=300, stdin=subprocess.DEVNULL)
-    out = sections(p.stdout)
+    return p, sections(p.stdout)
+
+
+@pytest.mark.containers
+def test_apt_remove_with_a_running_container_leaves_a_pass_through(deb, tmp_path):  # noqa: F811
+    """``apt remove`` while a container created through the package's wrapper runs (containerd 1.6, ``ctr``):
+    the wrapper's path becomes a pass-through to runc, so ``ctr task kill`` and ``task rm`` work after the
+    package is gone; ``apt purge`` removes the pass-through once no task names it."""
+    p, out = _run_live(REMOVE_LIVE, deb, tmp_path)
     assert p.returncode == 0 and "end" in out, p.stdout + p.stderr
     assert "live" in out["start"] and "RUNNING" in out["start"], out["start"]
     assert "still exist (default/live)" in out["remove"], out["remove"]
@@ -370,3 +380,49 @@ def test_apt_remove_with_a_running_container_leaves_a_pass_through(deb, tmp_path
     assert "No such file or directory" in out["after-remove"]  # the package's Python is gone
     assert "kill=0" in out["stop"] and "task-rm=0" in out["stop"] and "rm=0" in out["stop"], p.stdout + p.stderr
     assert "No such file or directory" in out["purge"], out["purge"]  # the pass-through went with the purge
+
+
+UPGRADE_LIVE = LIVE_START + r"""
+step upgrade
+dpkg -i {deb} 2>&1
+step registered
+grep -c compat-hook-runtime /etc/containerd/config.toml
+step after-upgrade
+ctr -a "$W/containerd.sock" run -d --runtime io.containerd.runc.v2 \
+    --runc-binary /usr/libexec/compat-hook/compat-hook-runtime --runc-root "$W/runc-ctr" \
+    docker.io/library/bb:root second sleep 600
+ctr -a "$W/containerd.sock" task ls
+step log
+tail -n 1 /var/log/compat-hook.log
+step stop
+for c in live second; do
+    ctr -a "$W/containerd.sock" task kill -s KILL $c && echo kill-$c=0
+done
+i=0
+while ctr -a "$W/containerd.sock" task ls | grep -q RUNNING; do i=$((i+1)); [ $i -lt 100 ] || break; sleep 0.1; done
+for c in live second; do
+    ctr -a "$W/containerd.sock" task rm -f $c && ctr -a "$W/containerd.sock" containers rm $c && echo rm-$c=0
+done
+kill "$(cat "$T/containerd.pid")"
+step end
+"""
+
+
+@pytest.mark.containers
+def test_package_upgrade_under_a_running_container(deb, tmp_path):  # noqa: F811
+    """``apt install`` of the package over itself (dpkg's upgrade path: prerm upgrade, unpack, postinst)
+    while a container created through its wrapper runs: the registration stays, the running task keeps
+    running and can be stopped and removed, and a new container starts through the upgraded wrapper and
+    is logged."""
+    p, out = _run_live(UPGRADE_LIVE, deb, tmp_path)
+    assert p.returncode == 0 and "end" in out, p.stdout + p.stderr
+    assert "live" in out["start"] and "RUNNING" in out["start"], out["start"]
+    assert "still exist" not in out["upgrade"], out["upgrade"]  # an upgrade is not a removal
+    assert int(out["registered"].strip()) >= 1, out["registered"]  # containerd's config still names it
+    after = out["after-upgrade"]
+    assert after.count("RUNNING") == 2 and "live" in after and "second" in after, after  # old and new task
+    rec = json.loads(out["log"].strip().splitlines()[-1])
+    assert rec["container_id"] == "second" and rec["event"] == "runtime", rec
+    assert "kill-live=0" in out["stop"] and "kill-second=0" in out["stop"], out["stop"]
+    assert "rm-live=0" in out["stop"] and "rm-second=0" in out["stop"], p.stdout + p.stderr
+
