@@ -187,3 +187,37 @@ def test_a_full_log_filesystem_never_leaves_a_torn_line(tmp_path):
     assert "cannot write log" in p.stderr and "Traceback" not in p.stderr, p.stderr
     lines = out[2:]
     assert [json.loads(ln).get("container_id") for ln in lines] == [None, "after"], lines  # whole lines only
+
+
+ROTATE = r"""
+set -eu
+mount -t tmpfs -o size=8m,mode=0755 tmpfs /var/log   # root-owned 0755, as on a node
+write() {{ PYTHONPATH={repo} /usr/bin/python3 -I -c "import sys; sys.path.insert(0, '{repo}')
+from compat_hook.core import logjson
+for i in range($1):
+    logjson.write_line('/var/log/compat-hook.log', {{'event': 'hook', 'container_id': 'c%d' % i,
+                       'decision': 'skip', 'reason': 'no_gpu_request'}})"; }}
+write 3
+logrotate -f -s {state} {conf}
+write 2
+logrotate -f -s {state} {conf}
+write 1
+ls /var/log
+cd {repo} && /usr/bin/python3 -m compat_hook report --log /var/log/compat-hook.log --json
+"""
+
+
+@pytest.mark.containers
+def test_the_shipped_logrotate_file_rotates_and_report_reads_every_copy(tmp_path):
+    """The package's /etc/logrotate.d/compat-hook, run by the real logrotate twice over the default log:
+    the live file, ``.1`` and ``.2.gz`` (delaycompress) hold every line, none torn, and ``report``
+    reads the rotated copies with the live file (6 records)."""
+    script = tmp_path / "rotate.sh"
+    script.write_text(ROTATE.format(repo=REPO, state=tmp_path / "state", conf=REPO / "packaging/debian/logrotate"))
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "/bin/sh", str(script)],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout + p.stderr
+    listing, _, report = p.stdout.partition("{")
+    assert listing.split() == ["compat-hook.log", "compat-hook.log.1", "compat-hook.log.2.gz"], listing
+    doc = json.loads("{" + report)
+    assert doc["records"] == 6 and doc["bad_lines"] == 0, doc
