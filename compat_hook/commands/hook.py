@@ -15,7 +15,6 @@ needs it (see benchmarks/).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 

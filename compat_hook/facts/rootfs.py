@@ -33,7 +33,7 @@ import stat as _stat
 
 from ..core.atomic import replace_at
 from ..core.errors import UnsafePath
-from .surface import Surface, not_regular
+from .surface import Surface, dirent_kind, not_regular
 
 __all__ = ["Root", "UnsafePath", "MAX_SYMLINKS"]
 
@@ -204,17 +204,7 @@ class Root(Surface):
             out = []
             with os.scandir(dfd) as it:
                 for e in it:
-                    # d_type answers these without a stat; files first, the
-                    # common case in a compat dir.
-                    if e.is_file(follow_symlinks=False):
-                        kind = "file"
-                    elif e.is_symlink():
-                        kind = "symlink"
-                    elif e.is_dir(follow_symlinks=False):
-                        kind = "dir"
-                    else:
-                        kind = "other"
-                    out.append((e.name, kind))
+                    out.append((e.name, dirent_kind(e)))
             return out
         finally:
             os.close(dfd)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import stat as _stat
 
-__all__ = ["Surface", "kind_name", "not_regular"]
+__all__ = ["Surface", "kind_name", "not_regular", "dirent_kind"]
 
 
 def kind_name(mode: int) -> str:
@@ -31,6 +31,21 @@ def kind_name(mode: int) -> str:
         if test(mode):
             return name
     return "unknown type"
+
+
+def dirent_kind(entry) -> str:
+    """``file``, ``symlink``, ``dir`` or ``other`` for an ``os.DirEntry``, as ``listdir`` names them.
+
+    d_type answers without a stat and never follows a link; files first, the
+    common case in a compat dir.
+    """
+    if entry.is_file(follow_symlinks=False):
+        return "file"
+    if entry.is_symlink():
+        return "symlink"
+    if entry.is_dir(follow_symlinks=False):
+        return "dir"
+    return "other"
 
 
 def not_regular(where: str, mode: int):

@@ -60,7 +60,7 @@ import stat as _stat
 import time
 
 from ..core.errors import UnsafePath
-from ..facts.surface import Surface, not_regular
+from ..facts.surface import Surface, dirent_kind, not_regular
 
 __all__ = ["Layers", "MAX_SYMLINKS", "OPAQUE_XATTRS"]
 
@@ -330,13 +330,8 @@ class Layers(Surface):
                             n = e.name
                             if n in seen or n in hidden:
                                 continue
-                            if e.is_file(follow_symlinks=False):
-                                kind = "file"
-                            elif e.is_symlink():
-                                kind = "symlink"
-                            elif e.is_dir(follow_symlinks=False):
-                                kind = "dir"
-                            else:
+                            kind = dirent_kind(e)
+                            if kind == "other":
                                 try:
                                     st = os.stat(n, dir_fd=fd, follow_symlinks=False)
                                 except OSError:
@@ -344,7 +339,6 @@ class Layers(Surface):
                                 if is_whiteout(st):
                                     hidden.add(n)
                                     continue
-                                kind = "other"
                             seen[n] = kind
                 finally:
                     os.close(dfd)

@@ -37,7 +37,6 @@ import io
 import os
 import stat as _stat
 
-from ..core.errors import UnsafePath
 from ..facts.surface import Surface, not_regular
 
 __all__ = ["Node", "Link", "Tree", "View", "Spooled", "Lazy", "Unreadable", "split_path", "MAX_SYMLINKS"]

@@ -304,7 +304,6 @@ def plan_install(opts) -> Plan:
     from ..core.config import DEFAULT_PATH
     from .checks import enforce
     from .files import Change
-    from .wrapper import fail_closed, wrapper_for
 
     tomlkit = tomlkit_module()
     plan = Plan()
@@ -407,25 +406,9 @@ def plan_install(opts) -> Plan:
     options = rt.setdefault("options", {})
     state["copied_from"] = src_name if isinstance(src, dict) else None
 
-    base_spec = os.path.join(os.path.dirname(main_path), BASE_SPEC_NAME)
-    if via == "wrapper":
-        from .wrapper import wrapper_change
-
-        wrapper = wrapper_for(opts)[0]
-        options["BinaryName"] = wrapper
-        state["wrapper"] = wrapper
-        plan.changes.extend(wrapper_change(opts))
-    else:
-        rt["base_runtime_spec"] = base_spec
-        state["base_spec"] = base_spec
-        plan.changes.append(Change(base_spec, _base_spec_text(hook_config, state_dir, fail_closed(opts.hook_config)),
-                                   mode=0o644, ours=True))
-
+    plan.changes.extend(_route(rt, options, via, opts, main_path, hook_config, state_dir, state))
     # Switching --via (or --wrapper-path): what the previous install wrote goes.
-    for key in ("wrapper", "base_spec"):
-        old_path = prev.get(key)
-        if isinstance(old_path, str) and old_path != state.get(key) and _is_ours(key, old_path):
-            plan.changes.append(Change(old_path, None, ours=True, prune=_own_dir(old_path)))
+    plan.changes.extend(_replaced(state, prev))
 
     if version == 2:
         # The complete CRI section (1.6/1.7 replace it whole), plus our runtime.
@@ -468,6 +451,40 @@ def plan_install(opts) -> Plan:
 
 
 RECORD_SUFFIX = ".compat-hook-install"
+
+
+def _route(rt: dict, options: dict, via: str, opts, main_path: str, hook_config, state_dir, state: dict) -> list:
+    """Point runtime table ``rt`` at compat-hook; the changes that takes, ``state`` told what it names.
+
+    ``wrapper``: the runtime wrapper as ``options.BinaryName``; ``base-spec``: a
+    ``base_runtime_spec`` beside the main file carrying compat-hook's hook.
+    """
+    from .files import Change
+    from .wrapper import fail_closed, wrapper_change, wrapper_for
+
+    if via == "wrapper":
+        wrapper = wrapper_for(opts)[0]
+        options["BinaryName"] = wrapper
+        state["wrapper"] = wrapper
+        return list(wrapper_change(opts))
+    base_spec = os.path.join(os.path.dirname(main_path), BASE_SPEC_NAME)
+    rt["base_runtime_spec"] = base_spec
+    state["base_spec"] = base_spec
+    return [Change(base_spec, _base_spec_text(hook_config, state_dir, fail_closed(opts.hook_config)),
+                   mode=0o644, ours=True)]
+
+
+def _replaced(state: dict, *earlier: dict) -> list:
+    """Removals of the wrapper or base spec an earlier install (``earlier`` records) wrote and ``state`` no longer names."""
+    from .files import Change
+
+    out = []
+    for key in ("wrapper", "base_spec"):
+        for rec in earlier:
+            old = rec.get(key)
+            if isinstance(old, str) and old != state.get(key) and _is_ours(key, old):
+                out.append(Change(old, None, ours=True, prune=_own_dir(old)))
+    return out
 
 
 def record_path(main_path: str) -> str:
@@ -634,25 +651,10 @@ def _plan_in_place(opts, plan, *, doc, main_text, main, binary, mode, dropin, ol
         raise InstallError(f"{main_path}: plugins.{plugin!r} is not a table")
     rt, copied = _runtime_source(cri_now, name)
 
-    from .wrapper import fail_closed, wrapper_change, wrapper_for
-
-    base_spec = os.path.join(os.path.dirname(main_path), BASE_SPEC_NAME)
     state = {"mode": "in-place", "main": main_path, "runtime": name, "via": via, "copied_from": copied,
              "source": source, "version": 2}
-    if via == "wrapper":
-        wrapper = wrapper_for(opts)[0]
-        rt["options"]["BinaryName"] = wrapper
-        state["wrapper"] = wrapper
-        plan.changes.extend(wrapper_change(opts))
-    else:
-        rt["base_runtime_spec"] = base_spec
-        state["base_spec"] = base_spec
-        plan.changes.append(Change(base_spec, _base_spec_text(hook_config, state_dir, fail_closed(opts.hook_config)),
-                                   mode=0o644, ours=True))
-    for key in ("wrapper", "base_spec"):
-        for old in (prev.get(key), legacy.get(key)):
-            if isinstance(old, str) and old != state.get(key) and _is_ours(key, old):
-                plan.changes.append(Change(old, None, ours=True, prune=_own_dir(old)))
+    plan.changes.extend(_route(rt, rt["options"], via, opts, main_path, hook_config, state_dir, state))
+    plan.changes.extend(_replaced(state, prev, legacy))
 
     # What the main file had before the first install (kept across re-installs).
     for k in ("original", "original_sha256", "main_created", "version_added", "cri_added", "tables_added",
