@@ -24,7 +24,7 @@ import pytest
 from tests.support.trees import write_fake_host
 from tests.support import debs
 from tests.support.debpkg import deb  # noqa: F401  (the module-scoped .deb fixture)
-from tests.support.steps import sections as _sections
+from tests.support.steps import NODE_OVERLAY, sections as _sections
 from tests.support.engines import PODMAN_IMAGE as IMAGE, RUN_FLAGS, build_image_tar, start_podman
 from tests.support.rootfs import COMPAT_LIBCUDA as COMPAT_LIB, HOST_LIBCUDA as SYS_LIB
 from tests.support.versions import COMPAT_550, HOST_535
@@ -104,14 +104,7 @@ def test_lintian_reports_no_errors(deb):
     assert p.returncode == 0 and not errors, p.stdout + p.stderr
 
 
-INSIDE = r"""
-set -eu
-T={tmp}
-for d in usr etc var; do
-    mkdir -p "$T/upper/$d" "$T/work/$d"
-    mount -t overlay overlay -o "lowerdir=/$d,upperdir=$T/upper/$d,workdir=$T/work/$d" "/$d"
-done
-step() {{ echo "=== $1"; }}
+INSIDE = NODE_OVERLAY + r"""
 step install
 dpkg -i {deb} >"$T/dpkg-install.log" 2>&1 || {{ cat "$T/dpkg-install.log"; exit 1; }}
 dpkg-query -W -f '${{Status}} ${{Version}}\n' compat-hook

@@ -29,7 +29,7 @@ import pytest
 
 from compat_hook.install import Options, run_install
 from tests.conftest import snapshot_tree
-from tests.support.steps import sections
+from tests.support.steps import NODE_OVERLAY, sections
 from tests.support.debpkg import deb  # noqa: F401  (the module-scoped .deb fixture)
 
 PY = "/usr/bin/python3"
@@ -224,14 +224,7 @@ def test_the_wheel_brings_tomlkit_and_a_venv_registers_the_os_interpreter(tmp_pa
 # --------------------------------------------------------------------------- the Debian package
 
 
-INSIDE = r"""
-set -eu
-T={tmp}
-for d in usr etc var; do
-    mkdir -p "$T/upper/$d" "$T/work/$d"
-    mount -t overlay overlay -o "lowerdir=/$d,upperdir=$T/upper/$d,workdir=$T/work/$d" "/$d"
-done
-step() {{ echo "=== $1"; }}
+INSIDE = NODE_OVERLAY + r"""
 mkdir -p /etc/containerd /etc/docker
 [ -f /etc/containerd/config.toml ] || printf 'version = 2\n' > /etc/containerd/config.toml
 cp /etc/containerd/config.toml "$T/config.toml.before"
@@ -294,14 +287,7 @@ def _installed_on_host() -> bool:
 
 # A node in a private overlay: the package installed, containerd registered by the install command,
 # containerd started and one task running through the package's wrapper.
-LIVE_START = r"""
-set -eu
-T={tmp}
-for d in usr etc var; do
-    mkdir -p "$T/upper/$d" "$T/work/$d"
-    mount -t overlay overlay -o "lowerdir=/$d,upperdir=$T/upper/$d,workdir=$T/work/$d" "/$d"
-done
-step() {{ echo "=== $1"; }}
+LIVE_START = NODE_OVERLAY + r"""
 W=$T/ctrd
 mkdir -p /etc/containerd "$W"
 cp {main} /etc/containerd/config.toml

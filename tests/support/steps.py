@@ -14,3 +14,18 @@ def sections(out: str) -> dict:
         elif cur is not None:
             res[cur].append(line)
     return {k: "\n".join(v) for k, v in res.items()}
+
+
+#: The start of a script run under ``unshare -m``: the machine's /usr, /etc and /var behind overlays in
+#: ``{tmp}`` (so a package or a registration can be installed for real and nothing of the machine
+#: changes), and ``step NAME`` printing the headers :func:`sections` splits on. A ``str.format``
+#: template: ``{tmp}`` is filled in, braces of the shell are doubled.
+NODE_OVERLAY = r"""
+set -eu
+T={tmp}
+for d in usr etc var; do
+    mkdir -p "$T/upper/$d" "$T/work/$d"
+    mount -t overlay overlay -o "lowerdir=/$d,upperdir=$T/upper/$d,workdir=$T/work/$d" "/$d"
+done
+step() {{ echo "=== $1"; }}
+"""
