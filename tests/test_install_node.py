@@ -311,6 +311,7 @@ dpkg -r compat-hook 2>&1
 step after-remove
 head -n 2 /usr/libexec/compat-hook/compat-hook-runtime
 tail -n 1 /usr/libexec/compat-hook/compat-hook-runtime
+grep "^# engine-process: containerd " /usr/libexec/compat-hook/compat-hook-runtime | cut -d' ' -f4
 ls /usr/lib/python3/dist-packages/compat_hook 2>&1 || true
 step stop
 ctr -a "$W/containerd.sock" task kill -s KILL live && echo kill=0
@@ -318,10 +319,13 @@ i=0
 while ctr -a "$W/containerd.sock" task ls | grep -q RUNNING; do i=$((i+1)); [ $i -lt 100 ] || break; sleep 0.1; done
 ctr -a "$W/containerd.sock" task rm -f live && echo task-rm=0
 ctr -a "$W/containerd.sock" containers rm live && echo rm=0
+step restart
+# containerd stopped (as by a restart): the registration it held in memory is gone with it
+kill "$(cat "$T/containerd.pid")"
+i=0; while kill -0 "$(cat "$T/containerd.pid")" 2>/dev/null; do i=$((i+1)); [ $i -lt 100 ] || break; sleep 0.1; done
 step purge
 dpkg --purge compat-hook >/dev/null 2>&1
 ls /usr/libexec/compat-hook 2>&1 || true
-kill "$(cat "$T/containerd.pid")"
 step end
 """
 
@@ -356,7 +360,8 @@ def _run_live(script_text: str, deb, tmp_path) -> tuple:
 def test_apt_remove_with_a_running_container_leaves_a_pass_through(deb, tmp_path):  # noqa: F811
     """``apt remove`` while a container created through the package's wrapper runs (containerd 1.6, ``ctr``):
     the wrapper's path becomes a pass-through to runc, so ``ctr task kill`` and ``task rm`` work after the
-    package is gone; ``apt purge`` removes the pass-through once no task names it."""
+    package is gone; ``apt purge`` removes the pass-through once no task names it and containerd has
+    restarted (stopped here)."""
     p, out = _run_live(REMOVE_LIVE, deb, tmp_path)
     assert p.returncode == 0 and "end" in out, p.stdout + p.stderr
     assert "live" in out["start"] and "RUNNING" in out["start"], out["start"]
@@ -364,6 +369,11 @@ def test_apt_remove_with_a_running_container_leaves_a_pass_through(deb, tmp_path
     assert "# compat-hook-runtime pass-through:" in out["after-remove"], out["after-remove"]
     assert 'exec /usr/sbin/runc "$@"' in out["after-remove"] or 'exec /usr/bin/runc "$@"' in out["after-remove"]
     assert "No such file or directory" in out["after-remove"]  # the package's Python is gone
+    # containerd, running since before the removal, keeps the registration in memory: the pass-through
+    # names that very process, so a purge removes it only once containerd has restarted.
+    pid = (tmp_path / "ovl" / "containerd.pid").read_text().strip()
+    assert f"containerd (pid {pid}) runs with its registration in memory" in out["remove"], out["remove"]
+    assert pid in out["after-remove"].splitlines(), out["after-remove"]  # its "# engine-process:" line
     assert "kill=0" in out["stop"] and "task-rm=0" in out["stop"] and "rm=0" in out["stop"], p.stdout + p.stderr
     assert "No such file or directory" in out["purge"], out["purge"]  # the pass-through went with the purge
 

@@ -411,26 +411,33 @@ def _passthrough(node) -> str:
     return text
 
 
-def test_uninstall_containerd_leaves_running_pods_stoppable(ctrd16, crictl_build):
-    """``uninstall containerd`` with a CRI pod of the runtime running: the pod stops and goes (crictl stopp,
-    which runs the registered BinaryName); the pass-through left for it goes with the next uninstall."""
-    node, daemon = ctrd16
-    crictl = engines.Crictl(crictl_build.result(), daemon.sock, node.work)
-    pod_dir = node.work / "pods" / "live"
+def _pod_files(node, name: str, command=("sleep", "600")):
+    pod_dir = node.work / "pods" / name
     pod_dir.mkdir(parents=True, exist_ok=True)
     ns = {"network": 2, "pid": 1}
     (pod_dir / "pod.json").write_text(json.dumps({
-        "metadata": {"name": "live", "namespace": "compat-hook-tests", "uid": "uid-live", "attempt": 0},
+        "metadata": {"name": name, "namespace": "compat-hook-tests", "uid": f"uid-{name}", "attempt": 0},
         "log_directory": str(pod_dir), "linux": {"security_context": {"namespace_options": ns}}}))
     (pod_dir / "ctr.json").write_text(json.dumps({
-        "metadata": {"name": "live"}, "image": {"image": f"{IMAGE}:root"}, "log_path": "live.log",
-        "command": ["sleep", "600"], "linux": {"security_context": {"namespace_options": ns}}}))
-    pod = crictl("runp", "--runtime", RUNTIME, pod_dir / "pod.json").stdout.strip()
-    cid = crictl("create", "--no-pull", pod, pod_dir / "ctr.json", pod_dir / "pod.json").stdout.strip()
+        "metadata": {"name": name}, "image": {"image": f"{IMAGE}:root"}, "log_path": f"{name}.log",
+        "command": list(command), "linux": {"security_context": {"namespace_options": ns}}}))
+    return pod_dir / "pod.json", pod_dir / "ctr.json"
+
+
+def test_uninstall_containerd_leaves_running_pods_stoppable(ctrd16, crictl_build):
+    """``uninstall containerd`` with a CRI pod of the runtime running: the pod stops and goes (crictl stopp,
+    which runs the registered BinaryName); the pass-through left for it and for containerd itself (which
+    keeps the runtime in memory) goes with the uninstall after containerd restarted."""
+    node, daemon = ctrd16
+    crictl = engines.Crictl(crictl_build.result(), daemon.sock, node.work)
+    pod_json, ctr_json = _pod_files(node, "live")
+    pod = crictl("runp", "--runtime", RUNTIME, pod_json).stdout.strip()
+    cid = crictl("create", "--no-pull", pod, ctr_json, pod_json).stdout.strip()
     crictl("start", cid)
     try:
         out = compat_hook("uninstall", "containerd", "--config", daemon.main)
         assert "pass-through" in out and pod[:12] in out, out  # the sandbox's task is named
+        assert f"containerd (pid {daemon.pid}) still runs with compat-hook's runtime in memory" in out, out
         _passthrough(node)
         # A second uninstall keeps it while the pod lives.
         out = compat_hook("uninstall", "containerd", "--config", daemon.main, "--wrapper-path", node.wrapper)
@@ -442,17 +449,56 @@ def test_uninstall_containerd_leaves_running_pods_stoppable(ctrd16, crictl_build
         crictl("rmp", pod)
     finally:
         crictl("rmp", "-f", pod, check=False)
+    # The pod is gone, but this containerd has not restarted: it would still start the runtime's pods there.
+    out = compat_hook("uninstall", "containerd", "--config", daemon.main, "--wrapper-path", node.wrapper)
+    assert f"containerd (pid {daemon.pid}) has not restarted" in out and node.wrapper.exists(), out
+    daemon.restart()
     out = compat_hook("uninstall", "containerd", "--config", daemon.main, "--wrapper-path", node.wrapper)
     assert f"removed {node.wrapper}" in out and not node.wrapper.exists(), out
-    # Registered again for what follows (no restart: containerd still runs the runtime it loaded).
+    # Registered again for what follows, and loaded.
     compat_hook("install", "containerd", "--config", daemon.main, "--hook-config", node.config,
                 "--state-dir", node.state, "--wrapper-path", node.wrapper)
+    daemon.restart()
+    assert _registered_wrapper(daemon) == str(node.wrapper)
+
+
+def test_uninstall_containerd_racing_a_pod_start(ctrd16, crictl_build):
+    """Pods the kubelet starts after ``uninstall containerd`` but before containerd restarts: containerd
+    still routes the runtime handler to the wrapper's path, which the uninstall left as a pass-through,
+    so they start (with the real runtime, nothing of compat-hook). Before, the wrapper was gone and the
+    sandbox failed: ``fork/exec <wrapper>: no such file or directory``."""
+    node, daemon = ctrd16
+    crictl = engines.Crictl(crictl_build.result(), daemon.sock, node.work)
+    out = compat_hook("uninstall", "containerd", "--config", daemon.main)
+    assert f"containerd (pid {daemon.pid}) still runs" in out and "created through" not in out, out
+    text = _passthrough(node)
+    assert f"# engine-process: containerd {daemon.pid} " in text, text
+    node.log.mark()
+    pod_json, ctr_json = _pod_files(node, "racing", ("/bin/sh", "-c", "echo started"))
+    pod = crictl("runp", "--runtime", RUNTIME, pod_json).stdout.strip()
+    try:
+        cid = crictl("create", "--no-pull", pod, ctr_json, pod_json).stdout.strip()
+        crictl("start", cid)
+        deadline = time.monotonic() + 30
+        while "started" not in (node.work / "pods" / "racing" / "racing.log").read_text(errors="replace"):
+            assert time.monotonic() < deadline, "the racing pod's container did not run"
+            time.sleep(0.1)
+        # It ran without compat-hook: no decision line was added for it.
+        assert node.log.since(pod) == [] and node.log.since(cid) == [], node.log.since()
+    finally:
+        crictl("rmp", "-f", pod, check=False)
+    # install replaces the pass-through with the wrapper: containerd (not restarted) uses it again at once.
+    out = compat_hook("install", "containerd", "--config", daemon.main, "--hook-config", node.config,
+                      "--state-dir", node.state, "--wrapper-path", node.wrapper)
+    assert "was the pass-through an uninstall left" in out, out
+    assert node.wrapper.read_text().startswith("#!/bin/sh\n# compat-hook-runtime:"), node.wrapper.read_text()[:100]
 
 
 def test_uninstall_docker_keeps_its_containers_usable(docker):
     """``uninstall docker`` with one container of the runtime running and one created: the running one
     stops and goes; Docker, restarted, still knows the runtime, so the created one starts; once both are
-    gone, ``uninstall docker`` again takes the entry and the pass-through out."""
+    gone, ``uninstall docker`` again takes the entry out, and the pass-through once dockerd has restarted
+    without the entry."""
     node, daemon = docker
     running = daemon.docker("run", "-d", "--runtime", RUNTIME, "--network", "none", f"{IMAGE}:root",
                             "sleep", "600").stdout.strip()
@@ -473,6 +519,12 @@ def test_uninstall_docker_keeps_its_containers_usable(docker):
         daemon.docker("rm", "-f", running, created, check=False)
     out = compat_hook("uninstall", "docker", "--config", daemon.config)
     assert RUNTIME not in json.loads(daemon.config.read_text()).get("runtimes", {}), out
+    # The restarted dockerd loaded the entry kept for the created container: it still knows the runtime
+    # until its next restart, so the pass-through stays for it.
+    assert f"dockerd (pid {daemon.pid}) still runs" in out and node.wrapper.exists(), out
+    assert f"`compat-hook uninstall docker --wrapper-path {node.wrapper}` again" in out, out
+    daemon.restart()
+    out = compat_hook("uninstall", "docker", "--config", daemon.config, "--wrapper-path", node.wrapper)
     assert not node.wrapper.exists(), out
     compat_hook("install", "docker", "--config", daemon.config, "--hook-config", node.config,
                 "--state-dir", node.state, "--wrapper-path", node.wrapper)

@@ -822,6 +822,7 @@ def _remove_in_place(doc, name: str, rec: dict) -> bool:
 
 def _plan_uninstall_in_place(opts, plan, rec: dict) -> Plan:
     """Undo an in-place install: byte for byte when the main file is what install wrote, else our tables only."""
+    from .daemons import running
     from .files import Change
     from .wrapper import users, wrapper_removal
 
@@ -853,7 +854,8 @@ def _plan_uninstall_in_place(opts, plan, rec: dict) -> Plan:
     wrapper = rec.get("wrapper")
     if isinstance(wrapper, str):
         plan.changes.extend(wrapper_removal(wrapper, plan.record_path, engine="containerd",
-                                            users_of=lambda p: users(p, containerd_states=[state_dir])))
+                                            users_of=lambda p: users(p, containerd_states=[state_dir]),
+                                            daemons=running("containerd", main_path)))
     spec = rec.get("base_spec")
     if isinstance(spec, str) and _is_ours("base_spec", spec):
         plan.changes.append(Change(spec, None, ours=True))
@@ -935,11 +937,13 @@ def plan_uninstall(opts) -> Plan:
         p = state.get(key)
         if isinstance(p, str) and os.path.isabs(p) and os.path.isfile(p):
             if key == "wrapper":
+                from .daemons import running
                 from .wrapper import users, wrapper_removal
 
                 state_dir = _containerd_state(_load_plain(_read(main_path) or "", main_path))
                 plan.changes.extend(wrapper_removal(p, dropin, engine="containerd",
-                                                    users_of=lambda w: users(w, containerd_states=[state_dir])))
+                                                    users_of=lambda w: users(w, containerd_states=[state_dir]),
+                                                    daemons=running("containerd", main_path)))
             elif _is_ours(key, p):
                 plan.changes.append(Change(p, None, ours=True))
             else:

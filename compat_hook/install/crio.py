@@ -144,7 +144,12 @@ def install(opts) -> int:
     wrapper = hooksd.wrapper_change(opts)
     dropin = _dropin_change(opts, remove=False, wrapper=path)
     old = _runtime_path(dropin.old, dropin.path, opts.runtime_name)
-    wrapper += hooksd.wrapper_removal(old, dropin.path, keep=path)
+    from .daemons import running
+    from .wrapper import users
+
+    # The running crio and conmon still name the old one until a restart / their containers' end.
+    wrapper += hooksd.wrapper_removal(old, dropin.path, keep=path, engine="crio", users_of=lambda p: users(p),
+                                      daemons=running("crio", os.path.dirname(dropin.path)))
     hooksd.run([(hooks + wrapper + [dropin], False)], opts, "crio", verb="registered",
                after=f"crio: hook {hooks[0].path} (used by new containers at once) and runtime handler "
                      f"{opts.runtime_name!r} -> {path} in {dropin.path}; restart CRI-O to load "
@@ -168,10 +173,11 @@ def uninstall(opts) -> int:
     else:
         groups.append(([dropin], False))
         wrapper = _runtime_path(dropin.old, dropin.path, opts.runtime_name)
+        from .daemons import running
         from .wrapper import users
 
-        groups.append((hooksd.wrapper_removal(wrapper, dropin.path, engine="crio", users_of=lambda p: users(p)),
-                       False))
+        groups.append((hooksd.wrapper_removal(wrapper, dropin.path, engine="crio", users_of=lambda p: users(p),
+                                              daemons=running("crio", os.path.dirname(dropin.path))), False))
     hooksd.run(groups, opts, "crio", verb="unregistered",
                after="crio: unregistered; restart CRI-O to drop the runtime handler "
                      "(systemctl restart crio)")

@@ -125,8 +125,12 @@ def _only_ours(text: str | None, path: str, name: str) -> bool:
 RECORD_SUFFIX = ".compat-hook-install"
 
 
-def _users_of(data: dict, name: str):
-    """``f(path)``: Docker's containers still created through runtime ``name`` / binary ``path``."""
+def _users_of(data: dict, name: str | None):
+    """``f(path)``: Docker's containers still created through runtime ``name`` / binary ``path``.
+
+    ``name`` ``None``: the container tasks running ``path`` only (a runtime entry moved to another path: a
+    container created with that name runs the new path once it starts again).
+    """
     from .wrapper import users
 
     data_root = data.get("data-root") if isinstance(data.get("data-root"), str) else "/var/lib/docker"
@@ -172,7 +176,16 @@ def _plan(opts, remove: bool):
         users_of = _users_of(data, name)
         left = users_of(old_wrapper or "") if old_wrapper else []
         keep_entry = bool([u for u in left if u.startswith("docker/")])
-        wrappers = hooksd.wrapper_removal(old_wrapper, path, engine="docker", users_of=users_of)
+        from .daemons import running
+
+        if old_wrapper:
+            wrappers = hooksd.wrapper_removal(old_wrapper, path, engine="docker", users_of=users_of,
+                                              daemons=running("docker", path))
+        else:  # unregistered already: a pass-through an earlier uninstall left goes once nothing needs it
+            from .wrapper import DEFAULT_WRAPPER_PATH, pass_through_cleanup
+
+            wrappers = pass_through_cleanup(os.path.abspath(opts.wrapper_path or DEFAULT_WRAPPER_PATH),
+                                            users_of, "docker")
         if keep_entry:
             say(f"note: kept runtimes.{name} in {path} (naming {old_wrapper}): Docker refuses to start a container "
                 f"whose runtime it does not know")
@@ -187,7 +200,11 @@ def _plan(opts, remove: bool):
         new_path = wrapper_for(opts)[0]
         wrappers = hooksd.wrapper_change(opts)
         # A registration moving to another wrapper (e.g. the Debian package's) drops the old one.
-        wrappers += hooksd.wrapper_removal(old_wrapper, path, keep=new_path)
+        # The running dockerd and the containers' shims still name the old one until a restart / their end.
+        from .daemons import running
+
+        wrappers += hooksd.wrapper_removal(old_wrapper, path, keep=new_path, engine="docker",
+                                           users_of=_users_of(data, None), daemons=running("docker", path))
         previous = data.get("default-runtime")
         prev = runtimes.get(previous) if isinstance(previous, str) else None
         real = prev.get("path") if isinstance(prev, dict) and isinstance(prev.get("path"), str) else previous

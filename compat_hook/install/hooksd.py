@@ -125,11 +125,12 @@ def wrapper_change(opts) -> list:
     return _change(opts)
 
 
-def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=None, engine: str = "ENGINE") -> list:
+def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=None, engine: str = "ENGINE",
+                    daemons=()) -> list:
     """See :func:`compat_hook.install.wrapper.wrapper_removal`."""
     from .wrapper import wrapper_removal as _removal
 
-    return _removal(path, own_config, keep=keep, users_of=users_of, engine=engine)
+    return _removal(path, own_config, keep=keep, users_of=users_of, engine=engine, daemons=daemons)
 
 
 # --------------------------------------------------------------------------- commands

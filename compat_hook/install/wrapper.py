@@ -49,7 +49,7 @@ import os
 __all__ = ["render_wrapper", "DEFAULT_WRAPPER_PATH", "PACKAGED_WRAPPER_PATH", "WRAPPER_MARK", "is_wrapper",
            "wrapper_for", "wrapper_change", "wrapper_removal", "fail_closed", "PASSTHROUGH_MARK", "is_pass_through",
            "render_pass_through", "installation_of", "this_installation", "users", "pass_through_cleanup",
-           "package_pass_through", "PACKAGE_STASH"]
+           "package_pass_through", "PACKAGE_STASH", "waiting_for"]
 
 #: Where ``install`` writes the wrapper when neither --wrapper-path nor the Debian package say otherwise.
 DEFAULT_WRAPPER_PATH = "/usr/local/libexec/compat-hook/compat-hook-runtime"
@@ -134,20 +134,42 @@ def is_pass_through(text: str | None) -> bool:
     return bool(text) and text.startswith(PASSTHROUGH_MARK)
 
 
-def render_pass_through(runtime: str, engine: str) -> str:
+def render_pass_through(runtime: str, engine: str, daemons=()) -> str:
     """The pass-through uninstall leaves at the wrapper's path: the real runtime, nothing else.
 
-    >>> t = render_pass_through("/usr/sbin/runc", "containerd")
-    >>> is_pass_through(t) and t.rstrip().endswith('exec /usr/sbin/runc "$@"')
-    True
+    ``daemons``: the engine processes (:class:`~compat_hook.install.daemons.Daemon`)
+    that still had the registration in memory at the uninstall, one record line
+    each; the pass-through goes once they are gone (:func:`waiting_for`).
+
+    >>> from compat_hook.install.daemons import Daemon
+    >>> t = render_pass_through("/usr/sbin/runc", "containerd", [Daemon("containerd", 7, 99, "b")])
+    >>> is_pass_through(t) and t.rstrip().endswith('exec /usr/sbin/runc "$@"'), waiting_for(t)
+    (True, [Daemon(engine='containerd', pid=7, start=99, boot='b')])
     """
     import shlex
 
+    from .daemons import RECORD_TAG
+
+    records = "".join(f"{RECORD_TAG}{d.record()}\n" for d in daemons)
     return (f"{PASSTHROUGH_MARK} left by `compat-hook uninstall {engine}` because containers\n"
-            "# created through compat-hook's runtime wrapper still exist: their engine runs this path to\n"
-            "# stop and delete them. It runs the real runtime and nothing of compat-hook. Once they are\n"
-            f"# gone, `compat-hook uninstall {engine}` (again) removes it; `compat-hook install` replaces it.\n"
-            f"exec {shlex.quote(runtime)} \"$@\"\n")
+            "# created through compat-hook's runtime wrapper still exist, or the engine still runs with\n"
+            "# compat-hook's runtime in memory (until it restarts, new pods of that runtime start here).\n"
+            "# It runs the real runtime and nothing of compat-hook. Once both are over (the engine\n"
+            f"# restarted), `compat-hook uninstall {engine}` (again) removes it; `compat-hook install` replaces it.\n"
+            f"{records}exec {shlex.quote(runtime)} \"$@\"\n")
+
+
+def waiting_for(text: str | None) -> list:
+    """The engine processes a pass-through was left for (its record lines)."""
+    from .daemons import RECORD_TAG, Daemon
+
+    found = []
+    for line in (text or "").splitlines()[:64]:
+        if line.startswith(RECORD_TAG):
+            d = Daemon.parse(line[len(RECORD_TAG):])
+            if d is not None:
+                found.append(d)
+    return found
 
 
 def is_wrapper(text: str | None) -> bool:
@@ -232,15 +254,17 @@ def wrapper_change(opts) -> list:
 
 
 def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=None,
-                    engine: str = "ENGINE") -> list:
+                    engine: str = "ENGINE", daemons=()) -> list:
     """Remove the wrapper at ``path`` unless another engine's registration still names it.
 
     ``keep``: the wrapper the registration now names (a re-install moving from
     one wrapper to another removes the old one only). The packaged wrapper is
     dpkg's and never removed here; a wrapper of another installation
     (:func:`installation_of`) is that one's. ``users_of``: ``f(path) -> list``
-    of the containers still created through it (:func:`users`); when any is
-    left, the wrapper is replaced by :func:`render_pass_through` instead.
+    of the containers still created through it (:func:`users`); ``daemons``:
+    the engine processes running now with the registration in memory
+    (:func:`compat_hook.install.daemons.running`). When either is left, the
+    wrapper is replaced by :func:`render_pass_through` instead.
     """
     from . import common
     from .files import Change
@@ -270,22 +294,47 @@ def wrapper_removal(path, own_config: str, *, keep: str | None = None, users_of=
         if text and path in text:
             common.say(f"note: kept {path}: {other} still uses it")
             return []
-    left = users_of(path) if users_of is not None else []
+    return _pass_through_or_removal(path, change, users_of(path) if users_of is not None else [], list(daemons),
+                                    engine)
+
+
+def _pass_through_or_removal(path: str, change, left: list, daemons: list, engine: str) -> list:
+    """The removal ``change`` when nothing needs ``path`` any more, else the pass-through (records merged)."""
+    from . import common
+    from .daemons import alive
+    from .files import Change
+
+    waiting = list(dict.fromkeys(alive(waiting_for(change.old)) + daemons))
+    if not left and not waiting:
+        return [change]
+    runtime = _real_runtime(change.old)
     if left:
-        runtime = _real_runtime(change.old)
         shown = ", ".join(left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
         common.say(f"note: {len(left)} container(s) created through {path} still exist ({shown}): it stays as a "
-                   f"pass-through to {runtime} (no compat-hook) so they can be stopped and removed; once they are "
-                   f"gone, run `compat-hook uninstall {engine}` again to remove it")
-        if is_pass_through(change.old):
-            return []
-        return [Change(path, render_pass_through(runtime, engine), mode=0o755, backup=False, ours=True)]
-    return [change]
+                   f"pass-through to {runtime} (no compat-hook) so they can be stopped and removed")
+    if waiting:
+        names = ", ".join(str(d) for d in waiting)
+        common.say(f"note: {names} still runs with compat-hook's runtime in memory and starts new containers of it "
+                   f"through {path} until it restarts: it stays as a pass-through to {runtime} (no compat-hook) "
+                   f"so they start")
+    flag = "" if path == DEFAULT_WRAPPER_PATH else f" --wrapper-path {path}"
+    common.say(f"note: once {'they are gone and ' if left else ''}the engine has restarted, run "
+               f"`compat-hook uninstall {engine}{flag}` again to remove {path}")
+    text = render_pass_through(runtime, engine, waiting)
+    if text == change.old:
+        return []
+    return [Change(path, text, mode=0o755, backup=False, ours=True)]
 
 
 def pass_through_cleanup(path: str, users_of, engine: str) -> list:
-    """A pass-through left at ``path`` by an earlier uninstall: removed once :func:`users` finds nobody."""
+    """A pass-through left at ``path`` by an earlier uninstall: removed once nobody needs it.
+
+    Nobody: no container created through it (``users_of``, :func:`users`) and
+    none of the engine processes it was left for still running (the engine
+    restarted since).
+    """
     from . import common
+    from .daemons import alive
     from .files import Change
 
     if not (os.path.isabs(path) and os.path.isfile(path)) or common.packaged(path):
@@ -294,9 +343,15 @@ def pass_through_cleanup(path: str, users_of, engine: str) -> list:
     if not is_pass_through(change.old):
         return []
     left = users_of(path)
+    waiting = alive(waiting_for(change.old))
     if left:
         common.say(f"note: kept the pass-through {path}: {len(left)} container(s) created through it still exist "
                    f"({', '.join(left[:10])})")
+    if waiting:
+        common.say(f"note: kept the pass-through {path}: {', '.join(str(d) for d in waiting)} has not restarted since "
+                   f"the uninstall and may still start containers through it; restart it, then run "
+                   f"`compat-hook uninstall {engine}` again")
+    if left or waiting:
         return []
     return [change]
 
@@ -407,8 +462,11 @@ PACKAGE_STASH = "/var/lib/compat-hook/compat-hook-runtime.pass-through"
 
 def package_pass_through(path: str = PACKAGED_WRAPPER_PATH, stash: str = PACKAGE_STASH, *,
                          containerd_config: str = "/etc/containerd/config.toml",
-                         daemon_json: str = "/etc/docker/daemon.json") -> int:
-    """The package's ``prerm remove``: when containers created through its wrapper exist, stash a pass-through.
+                         daemon_json: str = "/etc/docker/daemon.json", crio_dir: str = "/etc/crio/crio.conf.d") -> int:
+    """The package's ``prerm remove``: when something still needs its wrapper, stash a pass-through.
+
+    Something: containers created through it, or an engine daemon running with
+    a registration of it in memory (:mod:`compat_hook.install.daemons`).
 
     dpkg deletes ``path`` with the package; ``postrm remove`` then puts the
     stashed pass-through there (plain shell: the package's Python is gone by
@@ -433,6 +491,10 @@ def package_pass_through(path: str = PACKAGED_WRAPPER_PATH, stash: str = PACKAGE
     except ValueError:
         docker = {}
     docker = docker if isinstance(docker, dict) else {}
+    # Where the package's registrations name the wrapper (what prerm's uninstall loop looks at too).
+    containerd_files = (containerd_config, containerd_config + ".compat-hook-install",
+                        os.path.join(os.path.dirname(containerd_config), "conf.d", "99-zz-compat-hook.toml"))
+    crio_files = (os.path.join(crio_dir, "99-compat-hook.toml"),)
     exec_root = docker.get("exec-root") if isinstance(docker.get("exec-root"), str) else "/run/docker"
     data_root = docker.get("data-root") if isinstance(docker.get("data-root"), str) else "/var/lib/docker"
     runtimes = docker.get("runtimes") if isinstance(docker.get("runtimes"), dict) else {}
@@ -441,14 +503,24 @@ def package_pass_through(path: str = PACKAGED_WRAPPER_PATH, stash: str = PACKAGE
     for n in names:
         left += [u for u in users(path, docker_roots=[data_root], docker_runtime=n) if u.startswith("docker/")]
     left = list(dict.fromkeys(left))
-    if not left:
+    # The daemons running with a registration of ``path`` in memory: they start new containers through it
+    # until they restart, though the registration is undone next (prerm's uninstall).
+    daemons = []
+    from .daemons import running
+
+    for engine, config, named_in in (("containerd", containerd_config, containerd_files),
+                                     ("docker", daemon_json, (daemon_json,)), ("crio", crio_dir, crio_files)):
+        if any(path in (read_text(f) or "") for f in named_in):
+            daemons += running(engine, config)
+    if not left and not daemons:
         remove(stash, backup=False)
         return 0
     text = read_text(path) or ""
-    write_atomic(stash, render_pass_through(_real_runtime(text), "docker" if names else "containerd"),
-                 mode=0o755, backup=False)
-    sys.stdout.write(f"compat-hook: {len(left)} container(s) created through {path} still exist "
-                     f"({', '.join(left[:10])}): a pass-through to the real runtime stays at {path} after the "
-                     f"removal, so they can be stopped and removed; `apt purge compat-hook` removes it once "
-                     f"no container task names it\n")
+    engine = daemons[0].engine if daemons else "docker" if names else "containerd"
+    write_atomic(stash, render_pass_through(_real_runtime(text), engine, daemons), mode=0o755, backup=False)
+    why = [f"{len(left)} container(s) created through {path} still exist ({', '.join(left[:10])})"] if left else []
+    why += [f"{d} runs with its registration in memory until it restarts" for d in daemons]
+    sys.stdout.write(f"compat-hook: {'; '.join(why)}: a pass-through to the real runtime stays at {path} after the "
+                     f"removal, so they can be stopped, removed and started; `apt purge compat-hook` removes it "
+                     f"once no container task names it and the engine has restarted\n")
     return 0

@@ -334,6 +334,10 @@ do_uninstall() {
     after=$(containerd_sum)
     rm -f "$READY_FILE"
     if [ "$before" != "$after" ] && restart_containerd; then
+        # The uninstall left a pass-through for the containerd that had the runtime in memory; this
+        # one has restarted without it: the pass-through goes now unless pods created through it live.
+        compat_hook "$dest" uninstall containerd --engine-config "$CONTAINERD_CONFIG" \
+            --runtime-name "$RUNTIME_NAME" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" >&2 || true
         prune ""
         rm -f "$HOST_ROOT$HOST_PREFIX/bin/compat-hook"
         if rmdir "$HOST_ROOT$HOST_PREFIX/bin" 2>/dev/null; then

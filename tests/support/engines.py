@@ -156,6 +156,7 @@ class Daemon:
 
     def set_driver(self, version: str) -> None:
         """The host kernel driver the daemon's namespace (and every container it starts from now) sees."""
+        self.driver = version
         path = Path(f"/proc/{self.pid}/root/proc/driver/nvidia/version")
         path.write_text(driver_version_text(version))
         assert path.read_text().split()[7] == version
@@ -232,11 +233,20 @@ class Containerd(Daemon):
         return dict(ENV, PATH=f"{self.bin_dir}:{ENV['PATH']}")
 
     def start(self, version: str) -> None:
+        self.driver = version
         self._spawn([self.binary, "--config", self.main], version, self.env())
         self._wait_ready(lambda: self.ctr("version", check=False).returncode == 0)
         plugins = self.ctr("plugins", "ls").stdout.splitlines()
         cri = [ln for ln in plugins if ln.split()[1:2] == ["cri"] and "grpc" in ln.split()[0]]
         assert cri and all(ln.split()[-1] == "ok" for ln in cri), (cri, self.log.read_text()[-4000:])
+
+    def restart(self) -> None:
+        """``systemctl restart containerd``: SIGTERM (tasks and their shims live on), then start it again,
+        re-reading its configuration; the host driver it saw last is kept."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+        self.proc = None
+        self.start(self.driver)
 
     def ctr(self, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
         return sh(self.ctr_binary, "-a", self.sock, *args, check=check, timeout=timeout, env=self.env())
