@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from compat_hook.core import config as config_mod
-from compat_hook.core.config import DEFAULT_PATH, SCHEMA, config_path, defaults, from_mapping, load, render_default_yaml
+from compat_hook.core.config import (DEFAULT_PATH, SCHEMA, config_path, defaults, from_mapping, load,
+                                     load_for_start, render_default_yaml)
 from compat_hook.core.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -300,6 +301,36 @@ def test_invalid_file_is_not_cached(tmp_path):
     with pytest.raises(ConfigError):
         load(p, state_dir=state)
     assert glob.glob(os.path.join(state, "cache", "config-*.json")) == []
+
+
+def test_load_for_start_falls_back_to_the_defaults_and_caches_only_valid_files(tmp_path):
+    """What the hook and the wrapper read at a start: the file, else the defaults with what the
+    registration fixed (asked for only then); the invalid text is never cached, the fixed one is used."""
+    state = str(tmp_path / "state")
+    p = write(tmp_path, "mode: env\n")
+    asked = []
+
+    def fixed():
+        asked.append(1)
+        return {"log_file": "/var/log/reg.log", "on_error": "fail", "runtime": "crun", "mode": "both"}
+
+    def cached():
+        return [json.load(open(e))["text"] for e in glob.glob(os.path.join(state, "cache", "config-*.json"))]
+
+    cfg, err = load_for_start(p, state_dir=state, fixed=fixed)
+    assert (cfg.mode, err, asked, cached()) == ("env", None, [], ["mode: env\n"])
+    write(tmp_path, "mode: env\ndry_run: maybe\n")
+    cfg, err = load_for_start(p, state_dir=state, fixed=fixed)
+    assert isinstance(err, ConfigError) and str(err) == "dry_run: must be true or false, got 'maybe'"
+    # Only the keys a registration fixes are taken from it; every other one is the default.
+    assert cfg.to_dict() == dict(defaults().to_dict(), log_file="/var/log/reg.log", on_error="fail", runtime="crun")
+    assert cfg.source == p and asked == [1] and cached() == ["mode: env\n"]
+    write(tmp_path, "mode: both\n")
+    cfg, err = load_for_start(p, state_dir=state, fixed=fixed)
+    assert (cfg.mode, err, asked, cached()) == ("both", None, [1], ["mode: both\n"])
+    # A missing named file is an error like any other; nothing fixed: the plain defaults.
+    cfg, err = load_for_start(str(tmp_path / "gone.yaml"))
+    assert cfg.to_dict() == defaults().to_dict() and str(err).endswith("gone.yaml: no such file")
 
 
 # -- the rendered defaults ---------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shlex
 import subprocess
 import time
 
@@ -211,11 +210,10 @@ def test_a_record_without_a_valid_time_does_not_pass_since(tmp_path):
 
 
 def test_bad_config_failure_names_the_container(tmp_path):
-    """The hook whose config does not load still names the container it failed for (from the state).
-
-    With no config there is no log_file: the record goes to the default /var/log/compat-hook.log,
-    so the hook runs in a private mount namespace with a tmpfs there."""
-    env = H.make_hook_env(tmp_path)
+    """A fail-closed hook whose config does not load stops the start and still names the container
+    it failed for (from the state), in the log file its registration named."""
+    env = H.make_hook_env(tmp_path, on_error="fail")
+    assert "--fail-closed" in env.entry["args"]
     env.config.write_text("mode: sideways\n")
     bundle = tmp_path / "b"
     H.base_rootfs(bundle / "rootfs")
@@ -223,22 +221,18 @@ def test_bad_config_failure_names_the_container(tmp_path):
     state = H.state_json(bundle, id="ctr-7", annotations={"io.kubernetes.cri.sandbox-name": "train-7",
                                                           "io.kubernetes.cri.sandbox-namespace": "ml",
                                                           "io.kubernetes.cri.image-name": "example/app:1"})
-    argv = [env.entry["path"]] + env.entry["args"][1:]
-    script = ("mount -t tmpfs none /var/log && " + " ".join(map(shlex.quote, argv))
-              + " && cat /var/log/compat-hook.log")
-    p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], input=state,
-                       capture_output=True, timeout=60, env=H.entry_env(env.entry))
-    assert p.returncode == 0, p.stderr
-    rec = json.loads(p.stdout.decode().splitlines()[-1])
+    res = H.run_hook(env.entry, state)
+    assert res.rc == 1, res
+    assert res.stderr.decode() == "compat-hook: mode: must be one of ldconfig, env, both, got 'sideways'\n"
+    [rec] = env.log_records()
     assert (rec["decision"], rec["reason"]) == ("error", "bad_config") and "mode" in rec["error"]
+    assert rec["outcome"] == "container stopped (on_error: fail)"
     assert (rec["container_id"], rec["bundle"]) == ("ctr-7", str(bundle))
     assert (rec["pod"], rec["namespace"], rec["image"]) == ("train-7", "ml", "example/app:1")
-    log = tmp_path / "copy.log"
-    log.write_text(p.stdout.decode())
-    rep = report([str(log)])
+    rep = report([str(env.log)])
     [failure] = rep["periods"][0]["failures"]["last"]
     assert failure["container_id"] == "ctr-7" and failure["bundle"] == str(bundle)
-    assert f"ctr-7 (ml/train-7): bad_config: " in cli("report", "--log", log).stdout
+    assert f"ctr-7 (ml/train-7): bad_config: " in cli("report", "--log", env.log).stdout
 
 
 def test_records_without_an_image_are_counted_and_explained(tmp_path):

@@ -36,6 +36,7 @@ from compat_hook.core.registration import hook_entry
 from tests.support.wrapperenv import (SYS_LIB, fake_host, log_records, probe_of, standin_calls,  # noqa: F401
                                       standin_runtime, write_config)
 from tests.support import debs, rootfs, runtimes as rt
+from tests.support.trees import machine_driver_argv
 from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
 PY = "/usr/bin/python3"
@@ -602,25 +603,40 @@ def test_failures_fail_open_or_stop_with_on_error_fail(tmp_path, libs):
 
 
 @pytest.mark.containers
-def test_an_invalid_config_fails_open(tmp_path, libs):
+def test_an_invalid_config_decides_with_the_defaults(tmp_path, libs):
+    """A config that does not load takes no protection away: the built-in defaults decide (mode
+    ldconfig: the wrapper adds the hook, which makes the image's compat driver win on the older host).
+
+    The defaults read the host driver at /: the fake host's /proc/driver is bind-mounted over this
+    machine's in a private mount namespace, which the container's (and so the hook's) is copied from."""
     box = Box(tmp_path, libs, host=H535, mode="env")
     box.cfg.write_text("runtime: runc\nmode: bogus\n")
-    # The record of a run without a usable config goes to the default log file:
-    # keep it off this machine's /var/log with a private tmpfs there.
+    control = box.run(runtime=RUNC)  # runc alone: the host driver
+    assert probe_of(control.stdout)["cuDriverGetVersion"] == "12020", control
     cid = rt.new_container_id("rtw")
     state = tmp_path / "runc-state"
-    script = (f"mount -t tmpfs none /var/log && {box.wrapper} --root {state} run --bundle {box.bundle} {cid}; "
-              f"rc=$?; cat /var/log/compat-hook.log >&2; exit $rc")
+    argv = machine_driver_argv(box.host) + [str(box.wrapper), "--root", str(state), "run", "--bundle",
+                                            str(box.bundle), cid]
     try:
-        p = subprocess.run([rt.UNSHARE, "-m", "--propagation", "private", "sh", "-c", script],
-                           stdin=subprocess.DEVNULL, capture_output=True, text=True, env=ENV, timeout=120)
+        p = subprocess.run(argv, cwd=box.bundle, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           env=dict(ENV, COMPAT_HOOK_STATE_DIR=str(box.state_dir)), timeout=120)
     finally:
         subprocess.run([RUNC, "--root", str(state), "delete", "--force", cid], capture_output=True, env=ENV)
     assert p.returncode == 0, p
-    assert probe_of(p.stdout)["cuDriverGetVersion"] == "12020"
-    rec = json.loads(p.stderr.strip().splitlines()[-1])
-    assert rec["event"] == "runtime" and rec["reason"] == "bad_config" and "mode: must be one of" in rec["error"]
-    assert box.spec_after == box.spec_before
+    assert probe_of(p.stdout) == {"cuDriverGetVersion": "12040", "libcuda": f"{COMPAT_DIR}/libcuda.so.{C550}"}, p
+    error = "mode: must be one of ldconfig, env, both, got 'bogus'"
+    assert p.stderr.startswith(f"compat-hook-runtime: invalid configuration ({error}): the built-in defaults "
+                               "decided\n"), p.stderr
+    want = copy.deepcopy(box.spec_before)
+    want.setdefault("hooks", {}).setdefault("createContainer", []).append(
+        hook_entry(stage="createContainer", config=str(box.cfg), state_dir=str(box.state_dir), log_file=str(box.log)))
+    assert box.spec_after == want, spec_diff(want, box.spec_after)
+    # Both lines go to the log file the registration named; each is its decision plus the config error.
+    rec = box.record()
+    assert (rec["decision"], rec["effect"], rec["config"], rec["config_error"]) == \
+        ("enable", "compat", "defaults", error), rec
+    [hook] = log_records(box.log, "hook")
+    assert (hook["decision"], hook["config"], hook["config_error"]) == ("enable", "defaults", error), hook
 
 
 @pytest.mark.containers

@@ -7,7 +7,11 @@ config.json.
 
 Exit status: 0 when a decision was carried out, and also on any failure
 unless ``on_error: fail`` (then 1, with one line on stderr, which runc shows
-in its error). The hook never prints a traceback.
+in its error). The hook never prints a traceback. A configuration file that
+does not load does not make it step aside: the built-in defaults decide
+(``"config": "defaults"`` and ``config_error`` in the log line), unless the
+registration is fail-closed (``--fail-closed``), which stops the container
+(:func:`compat_hook.core.config.load_for_start`).
 
 This module is the hot path: it imports only what each step needs, when it
 needs it (see benchmarks/).
@@ -47,6 +51,8 @@ options:
 
 exit status: 0 a decision was carried out, or any failure with on_error: continue
 (the container starts without compat); 1 a failure with on_error: fail; 2 bad usage.
+A configuration that does not load: the built-in defaults decide (logged with
+config_error), unless the registration says on_error: fail (then 1).
 """
 
 
@@ -112,11 +118,18 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
         return EXIT_USAGE, record
     record["stage"] = opts["stage"]
     state_dir = opts["state_dir"] or env.get("COMPAT_HOOK_STATE_DIR") or None
+    started = False
     try:
         from ..core import config as _config
 
-        config = _config.load(opts["config"], state_dir=state_dir or _config.DEFAULT_STATE_DIR,
-                              environ=env)
+        config, cfg_error = _config.load_for_start(opts["config"], state_dir=state_dir or _config.DEFAULT_STATE_DIR,
+                                                   environ=env, fixed=_registration)
+        if cfg_error is not None:
+            if config.on_error == "fail":
+                raise cfg_error  # the registration is fail-closed: nothing runs without its configuration
+            msg = describe(cfg_error)[1]
+            record.update(config="defaults", config_error=msg)
+            sys.stderr.write(f"compat-hook: invalid configuration ({msg}): the built-in defaults decided\n")
         changes = {}
         if opts["host_root"]:
             changes["host_root"] = opts["host_root"]
@@ -125,16 +138,25 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
         if changes:
             config = config.replace(**changes)
         state_dir = state_dir or _config.DEFAULT_STATE_DIR
+        started = True
         _hook(opts, config, state_dir, stdin_fd, record)
         status = EXIT_OK
     except Exception as e:  # last line of defence: never a traceback, never a broken container
         status = EXIT_FAILED if fail_open(record, config, *describe(e), prog="compat-hook",
                                           stopped="container stopped",
                                           goes_on="container starts without compat") else EXIT_OK
-        if config is None:  # the config failed: stdin is unread, name the container from it
+        if not started:  # failed before the state was read: stdin is unread, name the container from it
             _identify(record, stdin_fd)
     finish(record, config, t0)
     return status, record
+
+
+def _registration() -> dict:
+    """What the hook's registration fixed by itself (``--fail-closed``, its log file): asked only when
+    the configuration does not load (:func:`compat_hook.core.config.load_for_start`)."""
+    from ..core.registration import fixed
+
+    return fixed()
 
 
 def _identify(record: dict, stdin_fd: int) -> None:
@@ -157,7 +179,8 @@ def _identify(record: dict, stdin_fd: int) -> None:
 
 
 def _config_for_log(argv: list, env):
-    """For a usage error: the configuration named on the command line (for its log_file), or None."""
+    """For a usage error: the configuration named on the command line (for its log_file; one that does
+    not load: the registration's log file), or None."""
     path = None
     for i, a in enumerate(argv):
         if a == "--config" and i + 1 < len(argv):
@@ -167,7 +190,7 @@ def _config_for_log(argv: list, env):
     try:
         from ..core import config as _config
 
-        return _config.load(path, environ=env)
+        return _config.load_for_start(path, environ=env, fixed=_registration)[0]
     except Exception:
         return None
 

@@ -33,6 +33,11 @@ code ``explain`` runs); this module only writes it:
 
 Failures fail open (one log line, the real runtime runs with the spec
 unchanged) unless ``on_error: fail`` (then exit 1 and one line on stderr).
+A configuration file that does not load is no such failure: the built-in
+defaults decide and are applied, with the runtime the ``runtime:`` line
+reader was sure of (``"config": "defaults"`` and ``config_error`` in the log
+line), unless the registration is fail-closed (``--fail-closed``), which
+stops the create (:func:`compat_hook.core.config.load_for_start`).
 One JSON log line (``event: "runtime"``) per create/run.
 """
 
@@ -159,10 +164,15 @@ def main(argv: list | None = None) -> int:
     config = cfg_error = None
     if editing or not sure:
         state_dir = os.environ.get("COMPAT_HOOK_STATE_DIR") or _config.DEFAULT_STATE_DIR
-        try:
-            config = _config.load(cfg_path, state_dir=state_dir)
-        except Exception as e:  # ConfigError, or anything odd: fail open below
-            cfg_error = str(e)
+
+        def fixed() -> dict:
+            # What the registration fixed by itself: --fail-closed and the log file (its boot
+            # code), and the runtime the line reader (the shell wrapper's) was sure of.
+            from ..core.registration import fixed as registration
+
+            return dict(registration(), **({"runtime": quick} if sure else {}))
+
+        config, cfg_error = _config.load_for_start(cfg_path, state_dir=state_dir, fixed=fixed)
     name = config.runtime if config is not None else quick
     try:
         real = resolve_runtime(name)
@@ -180,7 +190,9 @@ def main(argv: list | None = None) -> int:
         if status is not None:
             return status
     elif cfg_error is not None:
-        sys.stderr.write(f"compat-hook-runtime: {cfg_error} (running {real})\n")
+        from ..core.errors import describe
+
+        sys.stderr.write(f"compat-hook-runtime: {describe(cfg_error)[1]} (running {real})\n")
     return _exec(real, argv)
 
 
@@ -196,10 +208,15 @@ def _create(argv, idx, verb, config, cfg_error, cfg_path, real, t0):
     status = None
     try:
         record["bundle"] = find_bundle(argv, idx)
-        if config is None:
-            from ..core.errors import ConfigError
+        if cfg_error is not None:
+            if config.on_error == "fail":
+                raise cfg_error  # the registration is fail-closed: nothing runs without its configuration
+            from ..core.errors import describe
 
-            raise ConfigError(cfg_error or "no configuration")
+            msg = describe(cfg_error)[1]
+            record.update(config="defaults", config_error=msg)
+            sys.stderr.write(f"compat-hook-runtime: invalid configuration ({msg}): "
+                             "the built-in defaults decided\n")
         _edit(config, record)
     except Exception as e:  # fail open: never a traceback, never a broken start
         from ..core.errors import describe

@@ -30,7 +30,7 @@ from .. import __version__
 from .errors import ConfigError
 
 __all__ = ["Config", "ConfigError", "ConfigErrors", "error_lines", "DEFAULT_PATH", "DEFAULT_STATE_DIR", "load", "from_mapping",
-           "config_path", "registered"]
+           "config_path", "registered", "load_for_start", "START_FIXED_KEYS"]
 
 DEFAULT_PATH = "/etc/compat-hook/config.yaml"
 DEFAULT_STATE_DIR = "/var/lib/compat-hook"
@@ -168,7 +168,8 @@ SCHEMA = {
                     "container dirs searched, in order, for the compat libcuda"),
     "mode": ("ldconfig", _choice(_MODES), "ldconfig (drop-in + ld cache), env (LD_LIBRARY_PATH, wrapper only) or both"),
     "dry_run": (False, _bool, "log the decision and the edits it would make; change nothing"),
-    "on_error": ("continue", _choice(_ON_ERROR), "continue: a failure lets the container start without compat; fail: it stops the container"),
+    "on_error": ("continue", _choice(_ON_ERROR), "continue: a failure lets the container start without compat; fail (taken at install): it "
+                                                      "stops the container, also when this file no longer loads (continue: the built-in defaults decide then)"),
     "log_file": ("/var/log/compat-hook.log", _opt_abs_path, "one JSON line per run is appended here (null: no log)"),
     "device_check": ("enforce", _choice(_DEVICE_CHECK), "GPU brand check of the container's GPUs: the note's device list, or NVIDIA's data-center list without one (GeForce/TITAN: never, short of off)"),
     "nvml": ("auto", _choice(_NVML), "auto: use NVML (nvidia-ml-py) when installed; off: never"),
@@ -321,6 +322,68 @@ def load(path: str | None = None, *, state_dir: str | None = None, environ=None)
 
         cache.put_config(state_dir, path, text, data if data is not None else {})
     return cfg
+
+
+#: The keys a registration fixes by itself (:func:`load_for_start`): the rest come from the file.
+START_FIXED_KEYS = ("on_error", "log_file", "runtime")
+
+
+def load_for_start(path: str | None = None, *, state_dir: str | None = None, environ=None,
+                   fixed=None) -> tuple:
+    """``(Config, error or None)``: the configuration one container start decides with.
+
+    The hook and the runtime wrapper read their configuration through this, and
+    only they: a file that loads is the configuration (error ``None``). One that
+    does not (not YAML, a bad value, unreadable, a named file missing) must not
+    take compat-hook's protection away from every start until it is fixed (an
+    image's stale compat path on a newer host is error 803 again), so the
+    built-in defaults decide, with what the registration itself fixed laid over
+    them, and the error comes back for the start's log line. ``fixed``: a
+    callable returning those settings (keys of :data:`START_FIXED_KEYS`:
+    ``on_error: fail`` from ``--fail-closed``, the registration's log file, the
+    runtime the wrapper's line reader was sure of); it is called only when the
+    file fails, so a normal start imports nothing for it, and a value that does
+    not validate is left at its default. With ``on_error: fail`` the caller
+    stops the start instead (that operator wants nothing run without their
+    configuration). :func:`load` caches only a file that validated, so the
+    fixed file is read at the next start. The fallback's ``source`` is still
+    the file's path: a hook the wrapper adds names the same file.
+
+    >>> import os, tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "config.yaml")
+    >>> with open(p, "w") as f:
+    ...     _ = f.write("mode: sideways\\n")
+    >>> cfg, err = load_for_start(p, fixed=lambda: {"log_file": "/var/log/x.log", "runtime": "crun"})
+    >>> cfg.mode, cfg.runtime, cfg.log_file, cfg.on_error, cfg.source == p
+    ('ldconfig', 'crun', '/var/log/x.log', 'continue', True)
+    >>> str(err)
+    "mode: must be one of ldconfig, env, both, got 'sideways'"
+    >>> cfg = load_for_start(p, fixed=lambda: {"on_error": "fail", "log_file": "rel", "mode": "env"})[0]
+    >>> cfg.on_error, cfg.log_file, cfg.mode
+    ('fail', '/var/log/compat-hook.log', 'ldconfig')
+    >>> with open(p, "w") as f:
+    ...     _ = f.write("mode: env\\n")
+    >>> cfg, err = load_for_start(p)
+    >>> cfg.mode, err
+    ('env', None)
+    """
+    try:
+        return load(path, state_dir=state_dir, environ=environ), None
+    except Exception as e:  # noqa: BLE001 - whatever kept the file from loading, the defaults decide
+        error = e
+    where = config_path(path, environ)[0]
+    values = {}
+    try:
+        wanted = fixed() if fixed is not None else {}
+    except Exception:  # noqa: BLE001 - what the registration fixed is best effort; the defaults stand
+        wanted = {}
+    for k, v in (wanted or {}).items():
+        if k in START_FIXED_KEYS:
+            try:
+                values[k] = SCHEMA[k][1](v, k)
+            except ConfigError:
+                pass
+    return from_mapping(values, where), error
 
 
 def render_default_yaml() -> str:

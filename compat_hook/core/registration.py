@@ -41,7 +41,7 @@ import os
 import sys
 
 __all__ = ["hook_entry", "hooksd_document", "boot_code", "registered_log_file", "python_paths", "interpreter",
-           "stable_interpreter",
+           "stable_interpreter", "fixed",
            "HOOK_ENV", "FAIL_CLOSED", "SH"]
 
 HOOK_ENV = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"]
@@ -160,6 +160,10 @@ def boot_code(paths: list, *, target: str = "hook", log_file: str | None = None)
     "installation_missing"``), since runc drops a successful hook's stderr;
     ``compat-hook report`` counts it as a failure.
 
+    Its globals ``f`` (``--fail-closed`` was given; the flag is taken off argv
+    before compat-hook is imported) and ``log_file`` are what compat-hook reads
+    of its registration when the configuration does not load (:func:`fixed`).
+
     >>> code = boot_code(["/nonexistent"])
     >>> "from compat_hook.cli import entry" in code and "except BaseException" in code
     True
@@ -168,7 +172,8 @@ def boot_code(paths: list, *, target: str = "hook", log_file: str | None = None)
         raise ValueError(f"target must be 'hook' or 'runtime', not {target!r}")
     head = (f"import sys\nsys.path+={list(paths)!r}\n"
             f"f=sys.argv[1:2]==[{FAIL_CLOSED!r}]\n"
-            "if f:del sys.argv[1]\n")
+            "if f:del sys.argv[1]\n"
+            f"log_file={log_file!r}\n")
     if target == "hook":
         return head + (
             "try:\n from compat_hook.cli import entry\n"
@@ -191,6 +196,34 @@ def boot_code(paths: list, *, target: str = "hook", log_file: str | None = None)
         " os.environ['COMPAT_HOOK_RUNTIME_ACTIVE']='1'\n"
         " os.execv(rt,[rt]+sys.argv[1:][2*(sys.argv[1:2]==['--compat-hook-config']):])\n"
         "entry()")
+
+
+def fixed() -> dict:
+    """What the registration that started this process fixed by itself, as configuration keys.
+
+    ``on_error`` (``fail`` when its boot code was given ``--fail-closed``,
+    else ``continue``) and ``log_file`` (the log file the registration named;
+    left out for a boot code rendered before it carried one: the default log
+    then), read from the boot code's globals in ``__main__`` (:func:`boot_code`).
+    Used only when the configuration file does not load
+    (:func:`compat_hook.core.config.load_for_start`): then the built-in
+    defaults decide, with these over them. ``{}`` for a process no boot code
+    started (``compat-hook hook`` by hand, tests in-process).
+
+    >>> fixed()
+    {}
+    """
+    main = sys.modules.get("__main__")
+    g = getattr(main, "__dict__", None) or {}
+    entry = g.get("entry")
+    # `python3 -I -S -c CODE`: __main__ has no file, and the code imported compat-hook's entry.
+    if ("__file__" in g or type(g.get("f")) is not bool
+            or not getattr(entry, "__module__", "").startswith("compat_hook.")):
+        return {}
+    out = {"on_error": "fail" if g["f"] else "continue"}
+    if "log_file" in g:
+        out["log_file"] = g["log_file"]
+    return out
 
 
 def _front(exe: str, fail_closed: bool, log_file: str | None = None) -> str:

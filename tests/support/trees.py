@@ -7,7 +7,9 @@ text, :class:`Symlink`, :class:`Dir`, :class:`Fifo` or :class:`CharDev`.
 directory used as ``host_root``, so host facts are read from it and never from
 this machine; the ``fake_host`` fixture (tests/conftest.py),
 :func:`tests.support.hookenv.fake_host` and the other tests' host roots all
-call it.
+call it. Where the code under test reads the machine's own ``/`` (the
+built-in defaults: ``host_root: /``), :func:`machine_driver_argv` runs a
+command with a fake host's ``/proc/driver`` over this machine's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import stat
 from tests import elfgen
 
 __all__ = ["HOST_ARCH", "elf", "Symlink", "Dir", "Fifo", "CharDev", "build_tree", "HOST_LIB_DIR", "VERSION_LINE",
-           "write_fake_host"]
+           "write_fake_host", "machine_driver_argv"]
 
 
 #: The machine the tests run on, as elfgen spells it (x86_64 or aarch64).
@@ -127,3 +129,18 @@ def write_fake_host(base, *, version: str | None = None, version_line: str | Non
     if tegra:
         entries["dev/nvgpu"] = b""
     return build_tree(base, entries)
+
+
+def machine_driver_argv(host_root) -> list:
+    """An argv prefix running a command with ``host_root``'s ``/proc/driver`` bind-mounted over this
+    machine's, in a private mount namespace (root only; nothing outside the command sees it).
+
+    For code that reads the host driver at ``/`` (the built-in defaults' ``host_root``): the
+    driver is faked at the file boundary, the command itself runs unchanged (``exec``).
+    """
+    import shutil
+
+    unshare = shutil.which("unshare", path="/usr/bin:/bin") or "/usr/bin/unshare"
+    src = os.path.join(os.fspath(host_root), "proc/driver")
+    return [unshare, "-m", "--propagation", "private", "/bin/sh", "-c",
+            'mount --bind "$0" /proc/driver && exec "$@"', src]
