@@ -70,10 +70,11 @@ config is fixed, as an admin would).
 **Figures** (printed, and written with every start's record to ``--json``):
 starts attempted / succeeded / failed (with why, and whether the fault
 allowed it: only a kill of that start's own hook or wrapper does), wrong
-libcuda (starts while config.yaml is invalid, and starts that raced an
-uninstall and have no line of compat-hook ran through the pass-through the
-uninstall left, as an uninstalled node does: they are counted apart and must
-load the image's own library), corrupted files (the engine config failing to parse, a compat-hook
+libcuda (starts while config.yaml is invalid are judged like the rest: the
+built-in defaults decide them, and their line must carry ``config_error``;
+starts that raced an uninstall and have no line of compat-hook ran through the
+pass-through the uninstall left, as on an uninstalled node: they are counted
+apart and must load the image's own library), corrupted files (the engine config failing to parse, a compat-hook
 drop-in in a container that is not one absolute path per line, a cache entry
 neither valid nor absent at the end), leftovers (temp files, locks and
 backups beside the engine config, in the state dir, beside the log; a
@@ -743,7 +744,7 @@ def judge(recs: list, log: pathlib.Path, ctrd_config: pathlib.Path, wrapper, dam
     fig = {"attempted": len(recs), "succeeded": 0, "failed": 0, "failed_allowed": 0, "failures": [],
            "wrong_libcuda": [], "lost_lines": [], "stray_dropins": [], "bad_dropins": [],
            "next_start_after_fault_failed": [], "log_nul_bytes": nul, "log_bad_lines": bad_lines,
-           "config_invalid_starts": 0, "config_invalid_logged": 0, "config_invalid_other_lib": [],
+           "config_invalid_starts": 0, "config_invalid_logged": 0,
            "uninstalled_starts": []}
     prev_fault = False
     for r in recs:
@@ -761,15 +762,12 @@ def judge(recs: list, log: pathlib.Path, ctrd_config: pathlib.Path, wrapper, dam
         prev_fault = bool(faults) or not r["config_valid"]
         if not r["ok"]:
             continue
-        # With an invalid config compat-hook cannot decide and fails open (on_error: continue): the
-        # image's own choice. Counted apart: what the rules would have chosen is not guaranteed then.
+        # With an invalid config.yaml the built-in defaults decide (the soak's config is the default
+        # one): judged like every other start, and the start's line must say why (config_error).
         brief = {k: r.get(k) for k in ("i", "kind", "driver", "expected", "loaded")}
         if not r["config_valid"]:
             fig["config_invalid_starts"] += 1
-            fig["config_invalid_logged"] += bool(by_cid.get(r.get("cid")))
-            if r["loaded"] != r["expected"]:
-                fig["config_invalid_other_lib"].append(brief)
-            continue
+            fig["config_invalid_logged"] += any("config_error" in x for x in by_cid.get(r.get("cid"), []))
         # A start that raced an uninstall and has no line of compat-hook ran while it was not installed
         # (through the pass-through the uninstall left): compat-hook's rules do not apply, the image's
         # own choice must (nothing of compat-hook may have acted halfway).
@@ -787,9 +785,9 @@ def judge(recs: list, log: pathlib.Path, ctrd_config: pathlib.Path, wrapper, dam
         paths = [p for p in ours if not p.startswith("#")]
         if ours and (len(paths) != 1 or not paths[0].startswith("/")):
             fig["bad_dropins"].append(r["i"])
-        if OUR_DROPIN in r["out"]["dropins"] and r["kind"] in ("nogpu", "base") and r["config_valid"]:
+        if OUR_DROPIN in r["out"]["dropins"] and r["kind"] in ("nogpu", "base"):
             fig["stray_dropins"].append(r["i"])
-        writable = "log-full" not in faults and r["config_valid"]
+        writable = "log-full" not in faults
         if writable and not by_cid.get(r.get("cid")):
             fig["lost_lines"].append(r["i"])
     corrupted = []
@@ -896,9 +894,8 @@ def summary(fig: dict) -> str:
         f"leftovers {len(fig['leftovers'])}, lost decision lines {len(fig['lost_lines'])}, "
         f"NUL bytes in the log {fig['log_nul_bytes']}, torn or bad lines {len(fig['log_bad_lines'])}",
         f"next start after a fault failed: {len(fig['next_start_after_fault_failed'])}",
-        f"starts while config.yaml was invalid (compat-hook fails open): {fig['config_invalid_starts']}, of which "
-        f"{len(fig['config_invalid_other_lib'])} loaded another library than the rules choose, "
-        f"{fig['config_invalid_logged']} left a line in the log",
+        f"starts while config.yaml was invalid (the built-in defaults decide; judged with the rest): "
+        f"{fig['config_invalid_starts']}, of which {fig['config_invalid_logged']} logged config_error",
         f"starts that raced an uninstall and ran without compat-hook (its pass-through): "
         f"{len(fig['uninstalled_starts'])}, of which "
         f"{sum(u['loaded'] != u['expected'] for u in fig['uninstalled_starts'])} loaded another library "

@@ -139,6 +139,8 @@ def test_short_soak_meets_the_targets(tmp_path):
     assert fig["corrupted"] == [], why
     assert fig["leftovers"] == [], why
     assert fig["lost_lines"] == [], why
+    # starts under an invalid config.yaml were decided (by the defaults) and their lines say so
+    assert fig["config_invalid_starts"] >= 1 and fig["config_invalid_logged"] == fig["config_invalid_starts"], why
     assert fig["log_nul_bytes"] == 0 and fig["log_bad_lines"] == [], why
     assert fig["failed"] == fig["failed_allowed"], (fig["failures"], why)
     assert fig["next_start_after_fault_failed"] == [], why
