@@ -460,10 +460,10 @@ def _route(rt: dict, options: dict, via: str, opts, main_path: str, hook_config,
     ``base_runtime_spec`` beside the main file carrying compat-hook's hook.
     """
     from .files import Change
-    from .wrapper import fail_closed, wrapper_change, wrapper_for
+    from .wrapper import fail_closed, wrapper_change, wrapper_path
 
     if via == "wrapper":
-        wrapper = wrapper_for(opts)[0]
+        wrapper = wrapper_path(opts)
         options["BinaryName"] = wrapper
         state["wrapper"] = wrapper
         return list(wrapper_change(opts))

@@ -131,7 +131,7 @@ def _dropin_change(opts, remove: bool, wrapper: str | None = None):
 
 def install(opts) -> int:
     from .checks import enforce, registered_config
-    from .wrapper import wrapper_for
+    from .wrapper import wrapper_path
 
     hooksd.check_args(opts, "crio")
     enforce(opts.hook_config, "wrapper", hooksd.say, hook_elsewhere=True)
@@ -140,7 +140,7 @@ def install(opts) -> int:
                    f"(runtimeClassName); the hooks.d hook cannot set LD_LIBRARY_PATH")
     hooks = hooksd.changes(opts, "crio")
     created = hooksd._missing_dirs(os.path.dirname(hooks[0].path))
-    path = wrapper_for(opts)[0]
+    path = wrapper_path(opts)
     wrapper = hooksd.wrapper_change(opts)
     dropin = _dropin_change(opts, remove=False, wrapper=path)
     old = _runtime_path(dropin.old, dropin.path, opts.runtime_name)

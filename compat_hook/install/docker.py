@@ -194,10 +194,10 @@ def _plan(opts, remove: bool):
             records.append(Change(rec_path, None, ours=True))
     else:
         from .checks import enforce
-        from .wrapper import wrapper_for
+        from .wrapper import wrapper_path
 
         enforce(opts.hook_config, "wrapper", say)
-        new_path = wrapper_for(opts)[0]
+        new_path = wrapper_path(opts)
         wrappers = hooksd.wrapper_change(opts)
         # A registration moving to another wrapper (e.g. the Debian package's) drops the old one.
         # The running dockerd and the containers' shims still name the old one until a restart / their end.

@@ -70,7 +70,7 @@ from .common import plain, tomlkit_module
 from .hooksd import InstallError, say
 
 __all__ = ["DEFAULT_CONFIG", "OPERATOR_CONFIG", "CONFIG_ENV", "install", "uninstall", "config_path",
-           "settings", "problems"]
+           "settings", "problems", "names_first"]
 
 DEFAULT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 #: Where the GPU Operator's toolkit container writes it (toolkit.installDir /usr/local/nvidia).
@@ -155,6 +155,22 @@ def problems(s: dict, path: str) -> list:
                                "does not last. Set NVIDIA_CONTAINER_RUNTIME_RUNTIMES=<wrapper>,runc,crun in the "
                                "toolkit container's environment (ClusterPolicy spec.toolkit.env) instead"))
     return out
+
+
+def names_first(text: str, wrapper: str) -> bool:
+    """Whether the toolkit config ``text`` runs ``wrapper`` first: what :func:`install` makes true.
+
+    >>> names_first('[nvidia-container-runtime]\\n  runtimes = ["/w", "runc"]\\n', "/w")
+    True
+    >>> names_first('[nvidia-container-runtime]\\n  runtimes = ["runc"]\\n', "/w"), names_first("a = [", "/w")
+    (False, False)
+    """
+    try:
+        _, item = _runtimes_item(_parse(text, "config.toml"), "config.toml")
+    except InstallError:
+        return False
+    runtimes = plain(item) if item is not None else []
+    return bool(runtimes) and runtimes[0] == wrapper
 
 
 # --------------------------------------------------------------------------- the record
@@ -464,7 +480,7 @@ def install(opts) -> int:
     from .checks import problems as hook_problems
     from .files import Change
     from .hooksd import run
-    from .wrapper import wrapper_change, wrapper_for, wrapper_removal
+    from .wrapper import wrapper_change, wrapper_path, wrapper_removal
 
     _check_opts(opts)
     path, note = config_path(opts)
@@ -474,7 +490,7 @@ def install(opts) -> int:
     s = settings(plain(doc))
     _, item = _runtimes_item(doc, path)
     prev = _state_of(item)
-    wrapper = wrapper_for(opts)[0]
+    wrapper = wrapper_path(opts)
     wrappers = wrapper_change(opts)
     old_wrapper = prev.get("wrapper")
     if isinstance(old_wrapper, str) and old_wrapper != wrapper:  # moved (e.g. to --wrapper-path)

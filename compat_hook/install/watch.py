@@ -1,25 +1,50 @@
-"""Wait for a file that may be deleted and written anew, dirs and all: inotify through libc.
+"""Wait for a file that may be deleted and written anew, dirs and all: inotify through libc; register again.
 
 The DaemonSet's installer (packaging/kubernetes/compat-hook-k8s.sh) registers
 compat-hook under the NVIDIA toolkit's ``config.toml``. The GPU Operator's
 toolkit container deletes ``/usr/local/nvidia/toolkit`` and writes that file
-anew whenever it starts, without compat-hook's entry: until the installer
-registers again, containers started through the NVIDIA runtime miss the
+anew whenever it starts, without compat-hook's entry: until compat-hook is
+registered again, containers started through the NVIDIA runtime miss the
 wrapper. Polling every 30 s left that window open for up to 30 s; this
-watcher wakes the installer on the change itself::
+watcher wakes on the change itself and, given the wrapper, registers again
+at once::
 
-    python3 -m compat_hook.install.watch [--every SECONDS] [--settle MS] PATH...
+    python3 -m compat_hook.install.watch [--every SECONDS] [--settle MS]
+        [--wrapper-path WRAPPER [--hook-config FILE]] PATH...
 
 prints ``ready`` once its watches are armed (the caller checks once then, so
 nothing between its last check and the arming is missed), ``change`` after
-each change to one of the PATHs (created, written, renamed over, removed, or
-any directory above it created, removed or renamed), and ``poll`` after
+a change to one of the PATHs (created, written, renamed over, removed, or
+any directory above it created, removed or renamed) that leaves one holding
+other bytes than at the last line, and ``poll`` after
 ``--every`` seconds without a change: the polling fallback, kept so a missed
 event (a full inotify queue, a filesystem that sends none) costs one period
 at most. Changes within ``--settle`` milliseconds (default 50) of each other
-are one ``change``. Where inotify cannot be had (no ``inotify_init1`` in
-libc, the per-user instance limit) it prints ``ready`` and then only
-``poll``, with one line on stderr saying why.
+are one ``change`` (events about other names, such as the toolkit's
+binaries copied beside it, do not prolong the wait); a PATH closed after
+writing or renamed into place ends that wait at once (it is whole). A PATH
+being written (created or written and not closed since, or found empty
+where it was not at the last line: ``os.Create`` and then the write, as
+nvidia-ctk-installer does) holds the ``change`` back until it is closed: no
+one is sent to read half a file. The poll still comes, and a writer silent
+for a whole period is not waited for again.
+
+With ``--wrapper-path``, at each change every PATH that exists and does not
+name WRAPPER first in ``[nvidia-container-runtime] runtimes`` is registered
+again *in this process*, before the ``change`` line: the code of
+``compat-hook install nvidia-toolkit --engine-config PATH --wrapper-path
+WRAPPER [--hook-config FILE]`` (:func:`compat_hook.install.run_install`),
+its output on stderr. A new process for it would pay the interpreter's start
+and the imports first (tomlkit, PyYAML): most of the window, and hundreds of
+ms on a busy node (benchmarks/README.md). The imports are done before
+``ready`` (a dry run on a sample file). A failed registration is one line on
+stderr, never the end of the watcher: the ``change`` line follows as always,
+and the caller's own check (the installer runs ``compat-hook install`` when
+the file differs from what it registered) is the fallback.
+
+Where inotify cannot be had (no ``inotify_init1`` in libc, the per-user
+instance limit) it prints ``ready`` and then only ``poll``, with one line on
+stderr saying why.
 
 Why libc through ctypes: the inotify API is three libc calls; the DaemonSet
 image carries busybox-static only, whose Debian build has no ``inotifyd``,
@@ -42,7 +67,7 @@ import struct
 import sys
 import time
 
-__all__ = ["Inotify", "InotifyUnavailable", "Watcher", "main"]
+__all__ = ["Inotify", "InotifyUnavailable", "Watcher", "Reregister", "main"]
 
 IN_MODIFY = 0x2
 IN_ATTRIB = 0x4
@@ -126,6 +151,9 @@ class Watcher:
                 d, name = os.path.split(d)
         self.wds: dict = {}
         self.ino: Inotify | None = None
+        #: watched paths created or written and not closed since -> whether data was written
+        #: (False: created or found empty, no write seen yet)
+        self.writing: dict = {}
 
     def arm(self) -> None:
         """Watch each dir of interest that exists now (adding a watch twice is harmless)."""
@@ -136,27 +164,102 @@ class Watcher:
             if wd is not None:
                 self.wds[wd] = d
 
-    def relevant(self, events: list) -> bool:
-        """Whether ``events`` may have changed a watched path (dropping watches of dirs that went)."""
-        hit = False
+    def relevant(self, events: list) -> tuple:
+        """``(hit, whole)``: whether ``events`` may have changed a watched path (dropping watches of
+        dirs that went), and whether one was closed after writing or renamed into place."""
+        hit = whole = False
         for wd, mask, name in events:
             if mask & IN_Q_OVERFLOW:
+                self.writing.clear()  # its events are lost: no telling
                 hit = True
                 continue
             d = self.wds.get(wd)
-            if mask & IN_IGNORED:
-                self.wds.pop(wd, None)
-                hit = True
-            elif mask & (IN_DELETE_SELF | IN_MOVE_SELF):
+            if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
+                if mask & IN_IGNORED:
+                    self.wds.pop(wd, None)
+                if d is not None:  # the dir went, and what was being written in it with it
+                    for p in [p for p in self.writing if p.startswith(d.rstrip("/") + "/")]:
+                        del self.writing[p]
                 hit = True
             elif d is not None and name in self.interest.get(d, ()):
                 hit = True
-        return hit
+                path = os.path.join(d, name)
+                if path not in self.paths:
+                    continue
+                if mask & IN_CREATE:
+                    self.writing[path] = False
+                elif mask & IN_MODIFY:
+                    self.writing[path] = True
+                elif mask & (IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM):
+                    self.writing.pop(path, None)
+                    whole = whole or bool(mask & (IN_CLOSE_WRITE | IN_MOVED_TO))
+        return hit, whole
 
-    def run(self, out, every: float, settle: float) -> None:
-        """Print ``ready``, then ``change``/``poll`` lines to ``out`` until it is closed."""
+    def _half_written(self, told: tuple) -> None:
+        """After a quiet spell: a file found empty that was not empty at the last line is one created
+        and not written yet (``os.Create``, then the write: nvidia-ctk-installer), its creation seen
+        or not; one created with no write seen that has content was linked in whole."""
+        import stat
+
+        for p, before in zip(self.paths, told):
+            if self.writing.get(p):
+                continue  # written and not closed
+            try:
+                st = os.lstat(p)
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == 0 and before != b"":
+                self.writing[p] = False
+            else:
+                self.writing.pop(p, None)
+
+    def settle(self, settle: float, whole: bool, told: tuple) -> bool:
+        """Wait out a burst of events: until none about a watched path came for ``settle`` s, or
+        one was closed whole just now (others, e.g. files copied beside it, do not prolong it).
+        ``told``: what the paths held at the last line (:meth:`contents`).
+
+        True: the watched paths may be read; False: one is still open for writing (its close is
+        an event of its own).
+        """
+        until = time.monotonic() + settle
+        while True:
+            self.arm()  # at once: the events of what is made in a new dir next are seen
+            if whole and not self.writing:
+                return True
+            left = until - time.monotonic()
+            quiet = left <= 0 or not select.select([self.ino.fd], [], [], left)[0]
+            if quiet:
+                self._half_written(told)
+                if self.writing:
+                    return False
+                if not select.select([self.ino.fd], [], [], 0)[0]:  # nothing came while looking
+                    return True
+            hit, now_whole = self.relevant(self.ino.read())
+            if hit:
+                whole, until = now_whole, time.monotonic() + settle
+            elif quiet:
+                return True
+
+    def contents(self) -> tuple:
+        """What each watched path holds now (bytes; None when it is missing or cannot be read)."""
+        out = []
+        for p in self.paths:
+            try:
+                with open(p, "rb") as f:
+                    out.append(f.read())
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def run(self, out, every: float, settle: float, on_change=None) -> None:
+        """Print ``ready``, then ``change``/``poll`` lines to ``out`` until it is closed.
+
+        ``on_change(path)``: called for each watched path at each change, before the ``change``
+        line (the re-registration).
+        """
         self.ino = Inotify()
         self.arm()
+        told = self.contents()
         out.write("ready\n")
         out.flush()
         last = time.monotonic()
@@ -164,18 +267,97 @@ class Watcher:
             left = max(0.0, last + every - time.monotonic())
             r, _, _ = select.select([self.ino.fd], [], [], left)
             if not r:
+                self.writing.clear()  # a writer silent for a whole period: the poll's check reads it
                 out.write("poll\n")
                 out.flush()
                 last = time.monotonic()
                 continue
-            if not self.relevant(self.ino.read()):
+            hit, whole = self.relevant(self.ino.read())
+            if not hit or not self.settle(settle, whole, told):
                 continue
-            while select.select([self.ino.fd], [], [], settle)[0]:  # one change, not one per event
-                self.relevant(self.ino.read())
-            self.arm()
+            if on_change is not None:
+                for p in self.paths:
+                    on_change(p)
+            now = self.contents()
+            if now == told:
+                continue  # what the last line saw (its own write's echo, a rewrite undone by on_change)
+            told = now
             out.write("change\n")
             out.flush()
             last = time.monotonic()
+
+
+#: What the warm-up's dry run registers under (the toolkit's own defaults, abridged).
+SAMPLE = '[nvidia-container-runtime]\n  runtimes = ["runc", "crun"]\n'
+
+
+class Reregister:
+    """``compat-hook install nvidia-toolkit --engine-config PATH --wrapper-path WRAPPER``, in this process.
+
+    Its output goes to ``err`` (stdout is the watcher's lines), with one line of its own per
+    registration or failure; no error leaves it.
+    """
+
+    def __init__(self, wrapper: str, hook_config: str | None = None, err=None) -> None:
+        self.wrapper = os.path.abspath(wrapper)
+        self.hook_config = hook_config
+        self.err = sys.stderr if err is None else err
+
+    def _install(self, path: str, dry_run: bool = False, out=None) -> int:
+        import contextlib
+
+        from . import Options, run_install
+
+        opts = Options(engine="nvidia-toolkit", config=path, hook_config=self.hook_config,
+                       wrapper_path=self.wrapper, dry_run=dry_run)
+        with contextlib.redirect_stdout(self.err if out is None else out):
+            return run_install(opts)
+
+    def warm(self) -> None:
+        """Import what the install needs now, by a dry run on a sample file (its errors are the real run's to say)."""
+        import io
+        import tempfile
+
+        try:
+            with tempfile.TemporaryDirectory(prefix="compat-hook-watch-") as d:
+                sample = os.path.join(d, "config.toml")
+                with open(sample, "w", encoding="utf-8") as f:
+                    f.write(SAMPLE)
+                self._install(sample, dry_run=True, out=io.StringIO())
+        except (Exception, SystemExit):  # e.g. no runc on this node: the real run says so, once it is asked to
+            pass
+        from ..core import atomic  # noqa: F401  (what writes the file: a dry run does not get there)
+
+    def __call__(self, path: str) -> bool | None:
+        """Register under ``path``: True done, False failed (said on ``err``), None nothing to do there."""
+        try:
+            from .nvidia_toolkit import names_first
+
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                return None  # gone, or not a file: nothing to register under (the caller's check says more)
+            if not text.strip() or names_first(text, self.wrapper):
+                return None  # empty: created, its content not written yet (seen or not); or registered already
+            status = self._install(path)
+            if status != 0:
+                raise RuntimeError(f"exit status {status}")
+        except (Exception, SystemExit) as e:
+            from ..core.errors import describe
+
+            self._say(f"registering again under {path} failed: {describe(e)[1]}; "
+                      f"the installer's own check follows")
+            return False
+        self._say(f"registered again under {path}")
+        return True
+
+    def _say(self, msg: str) -> None:
+        try:
+            self.err.write(f"compat-hook watch: {msg}\n")
+            self.err.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def _poll_only(out, every: float) -> None:
@@ -187,10 +369,13 @@ def _poll_only(out, every: float) -> None:
         out.flush()
 
 
+USAGE = "[--every S] [--settle MS] [--wrapper-path WRAPPER [--hook-config FILE]] PATH..."
+
+
 def main(argv: list | None = None) -> int:
     """Exit status: 2 bad usage; otherwise it runs until its output is closed (then 0)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    every, settle = 30.0, 0.05
+    every, settle, wrapper, hook_config = 30.0, 0.05, None, None
     try:
         while args and args[0].startswith("--"):
             opt = args.pop(0)
@@ -198,17 +383,26 @@ def main(argv: list | None = None) -> int:
                 every = float(args.pop(0))
             elif opt == "--settle":
                 settle = float(args.pop(0)) / 1000
+            elif opt == "--wrapper-path":
+                wrapper = args.pop(0)
+            elif opt == "--hook-config":
+                hook_config = args.pop(0)
             else:
                 raise ValueError(f"unknown option {opt}")
         if not args or every <= 0 or settle < 0:
             raise ValueError("no PATH to watch" if not args else "--every must be > 0, --settle >= 0")
+        if hook_config is not None and wrapper is None:
+            raise ValueError("--hook-config goes with --wrapper-path")
     except (ValueError, IndexError) as e:
-        print(f"compat-hook watch: {e or 'missing value'} (usage: [--every S] [--settle MS] PATH...)",
-              file=sys.stderr)
+        print(f"compat-hook watch: {e or 'missing value'} (usage: {USAGE})", file=sys.stderr)
         return 2
+    register = None
+    if wrapper is not None:
+        register = Reregister(wrapper, hook_config)
+        register.warm()
     try:
         try:
-            Watcher(args).run(sys.stdout, every, settle)
+            Watcher(args).run(sys.stdout, every, settle, register)
         except InotifyUnavailable as e:
             print(f"compat-hook watch: {e}; polling every {every:g}s", file=sys.stderr)
             _poll_only(sys.stdout, every)

@@ -47,9 +47,9 @@ from __future__ import annotations
 import os
 
 __all__ = ["render_wrapper", "DEFAULT_WRAPPER_PATH", "PACKAGED_WRAPPER_PATH", "WRAPPER_MARK", "is_wrapper",
-           "wrapper_for", "wrapper_change", "wrapper_removal", "fail_closed", "PASSTHROUGH_MARK", "is_pass_through",
-           "render_pass_through", "installation_of", "this_installation", "users", "pass_through_cleanup",
-           "package_pass_through", "PACKAGE_STASH", "waiting_for"]
+           "wrapper_path", "wrapper_for", "wrapper_change", "wrapper_removal", "fail_closed", "PASSTHROUGH_MARK",
+           "is_pass_through", "render_pass_through", "installation_of", "this_installation", "users",
+           "pass_through_cleanup", "package_pass_through", "PACKAGE_STASH", "waiting_for"]
 
 #: Where ``install`` writes the wrapper when neither --wrapper-path nor the Debian package say otherwise.
 DEFAULT_WRAPPER_PATH = "/usr/local/libexec/compat-hook/compat-hook-runtime"
@@ -194,6 +194,13 @@ def _packaged_wrapper() -> bool:
     from .common import packaged
 
     return os.path.isfile(PACKAGED_WRAPPER_PATH) and packaged(PACKAGED_WRAPPER_PATH)
+
+
+def wrapper_path(opts) -> str:
+    """The path :func:`wrapper_for` names, without rendering the wrapper (no read of the config)."""
+    if opts.wrapper_path:
+        return os.path.abspath(opts.wrapper_path)
+    return PACKAGED_WRAPPER_PATH if _packaged_wrapper() else DEFAULT_WRAPPER_PATH
 
 
 def wrapper_for(opts) -> tuple:

@@ -35,10 +35,15 @@
 #      through the NVIDIA runtime go through the same wrapper. The operator's
 #      toolkit container rewrites that file from scratch whenever it starts
 #      (nvidia-ctk-installer deletes /usr/local/nvidia/toolkit first), so
-#      `run` registers again when it changed: woken by inotify the moment it
-#      is written (python3 -m compat_hook.install.watch on the node), and every
-#      $TOOLKIT_RECHECK seconds as well (the fallback, and all there is where
-#      the watcher cannot run). The durable setting is the operator's own: ClusterPolicy
+#      `run` registers again when it changed. The watcher on the node
+#      (python3 -m compat_hook.install.watch: inotify, its imports done at
+#      start) does it itself the moment the file is whole again, with the
+#      install's own code in its running process, then says "change"; this
+#      script then checks each config and runs `compat-hook install
+#      nvidia-toolkit` where the file is not what it registered last (the
+#      fallback should the watcher's attempt fail), and every $TOOLKIT_RECHECK
+#      seconds as well (the fallback for a missed event, and all there is
+#      where the watcher cannot run). The durable setting is the operator's own: ClusterPolicy
 #      spec.toolkit.env NVIDIA_CONTAINER_RUNTIME_RUNTIMES=
 #      "$HOST_PREFIX/bin/compat-hook-runtime,runc,crun" (docs/engines.md);
 #   5. `run` also re-runs `compat-hook install containerd` whenever containerd's
@@ -263,13 +268,17 @@ sync_containerd() {
 
 # sync_toolkit on every line of the watcher (compat_hook/install/watch.py: "ready" once armed,
 # "change" at a change, "poll" every $TOOLKIT_RECHECK s), and at "ready" and "poll" the
-# containerd check and the log's rotation too; returns when the watcher stops.
+# containerd check and the log's rotation too; returns when the watcher stops. With
+# --wrapper-path the watcher has registered again under a changed config before it says
+# "change" (same install code, in its process): sync_toolkit then finds the content it
+# registered last time and has nothing to do, or registers (again) where it differs.
 watch_toolkit() {
     dest=$1
     # shellcheck disable=SC2086 # TOOLKIT_CONFIGS is a list of paths on purpose
     host_env "$HOST_PYTHON" -I -c \
         'import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.install.watch import main; sys.exit(main())' \
-        "$dest/lib" --every "$TOOLKIT_RECHECK" $TOOLKIT_CONFIGS |
+        "$dest/lib" --every "$TOOLKIT_RECHECK" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" \
+        $TOOLKIT_CONFIGS |
         while read -r what; do
             sync_toolkit "$dest"
             # a change of a toolkit config: nothing else to do then, the next one may follow at once
