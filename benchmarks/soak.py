@@ -629,7 +629,7 @@ def one_start(node: Node, plan: dict, rng: random.Random, st: dict) -> dict:
     if st["reinstall"] and st["config_bad_left"] == 0:
         # a racing install failed (it refuses an invalid config.yaml): the admin installs again once it is fixed
         compat_hook(*node.install_args)
-        st["reinstall"] = False
+        st["reinstall"] = st["uninstalled"] = False
         rec["reinstalled_before"] = True
     node.set_driver(plan["driver"])
     node.set_gpu("geforce" if kind == "geforce" else "datacenter")
@@ -675,6 +675,7 @@ def one_start(node: Node, plan: dict, rng: random.Random, st: dict) -> dict:
             tmp = node.config.with_name(".config.yaml.kill")
             tmp.write_text("\n".join(lines) + "\n")
             os.rename(tmp, node.config)
+            st["config_bad_left"] = 0  # a valid config now (then the good one again): an invalid one ends here
             rec["snapshots_before"] = node.snapshots()
             rec["bundles_before"] = {p.name for p in node.tasks.glob("*")}
         elif f in KILLS:
@@ -683,6 +684,7 @@ def one_start(node: Node, plan: dict, rng: random.Random, st: dict) -> dict:
         elif f in ("install-race", "two-installs", "uninstall-race"):
             procs = run_race(node, f)
     rec["config_valid"] = st["config_bad_left"] == 0
+    rec["uninstalled"] = st["uninstalled"]  # an earlier uninstall-race left compat-hook uninstalled
     mounts = [(node.libs[plan["driver"]], f"{LIB_DIR}/libcuda.so.1")]
     if kind != "baked":
         mounts.append((node.libs[plan["driver"]], f"{LIB_DIR}/libcuda.so.{plan['driver']}"))
@@ -705,6 +707,9 @@ def one_start(node: Node, plan: dict, rng: random.Random, st: dict) -> dict:
         out, err = p.communicate(timeout=180)
         rec.setdefault("races", []).append({"exit": p.returncode, "err": err.strip()[-300:]})
         st["reinstall"] |= p.returncode != 0
+        # "uninstall; install" whose install failed (it refuses an invalid config.yaml): compat-hook is
+        # not installed until the admin's install once the config is fixed
+        st["uninstalled"] |= "uninstall-race" in faults and p.returncode != 0
     for t, box in threads:
         t.join(timeout=180)
         if box is not None:
@@ -744,7 +749,7 @@ def judge(recs: list, log: pathlib.Path, ctrd_config: pathlib.Path, wrapper, dam
     fig = {"attempted": len(recs), "succeeded": 0, "failed": 0, "failed_allowed": 0, "failures": [],
            "wrong_libcuda": [], "lost_lines": [], "stray_dropins": [], "bad_dropins": [],
            "next_start_after_fault_failed": [], "log_nul_bytes": nul, "log_bad_lines": bad_lines,
-           "config_invalid_starts": 0, "config_invalid_logged": 0,
+           "config_invalid_starts": 0, "config_invalid_logged": 0, "config_invalid_unsaid": [],
            "uninstalled_starts": []}
     prev_fault = False
     for r in recs:
@@ -762,22 +767,28 @@ def judge(recs: list, log: pathlib.Path, ctrd_config: pathlib.Path, wrapper, dam
         prev_fault = bool(faults) or not r["config_valid"]
         if not r["ok"]:
             continue
-        # With an invalid config.yaml the built-in defaults decide (the soak's config is the default
-        # one): judged like every other start, and the start's line must say why (config_error).
         brief = {k: r.get(k) for k in ("i", "kind", "driver", "expected", "loaded")}
-        if not r["config_valid"]:
-            fig["config_invalid_starts"] += 1
-            fig["config_invalid_logged"] += any("config_error" in x for x in by_cid.get(r.get("cid"), []))
-        # A start that raced an uninstall and has no line of compat-hook ran while it was not installed
-        # (through the pass-through the uninstall left): compat-hook's rules do not apply, the image's
-        # own choice must (nothing of compat-hook may have acted halfway).
-        if "uninstall-race" in faults and not by_cid.get(r.get("cid")):
+        # A start that raced an uninstall and has no line of compat-hook, or that came after an uninstall
+        # whose racing install failed (before the admin's install), ran while compat-hook was not installed
+        # (through the pass-through the uninstall left): compat-hook's rules do not apply, the image's own
+        # choice must (nothing of compat-hook may have acted halfway).
+        if ("uninstall-race" in faults or r.get("uninstalled")) and not by_cid.get(r.get("cid")):
             brief["expected"] = bare(r["kind"])
             fig["uninstalled_starts"].append(brief)
             if r["loaded"] != brief["expected"]:
                 fig["wrong_libcuda"].append({**brief, "faults": r["faults"], "out": r["out"],
                                              "why": "ran without compat-hook, yet not the image's own library"})
             continue
+        # With an invalid config.yaml the built-in defaults decide (the soak's config is the default
+        # one): judged like every other start, and the start's line must say why (config_error).
+        if not r["config_valid"]:
+            fig["config_invalid_starts"] += 1
+            said = any("config_error" in x for x in by_cid.get(r.get("cid"), []))
+            fig["config_invalid_logged"] += said
+            if not said:
+                fig["config_invalid_unsaid"].append({**brief, "faults": r["faults"], "lines": [
+                    {k: x.get(k) for k in ("event", "verb", "stage", "reason", "error")}
+                    for x in by_cid.get(r.get("cid"), [])]})
         if r["loaded"] != r["expected"]:
             fig["wrong_libcuda"].append({k: r.get(k) for k in ("i", "kind", "driver", "faults", "expected", "loaded",
                                                                 "out")})
@@ -835,7 +846,7 @@ def soak(args) -> dict:
         node.start_k8s_loop()
         setup_s = time.monotonic() - t_setup
         rng = random.Random(args.seed)
-        st = {"rot": 0, "config_bad_left": 0, "damaged": {}, "reinstall": False}
+        st = {"rot": 0, "config_bad_left": 0, "damaged": {}, "reinstall": False, "uninstalled": False}
         t_run = time.monotonic()
         for plan in schedule(args.starts, args.every, args.seed, args.faults):
             rec = one_start(node, plan, rng, st)
@@ -935,6 +946,7 @@ def point_kills(fig: dict) -> str:
 def targets_met(fig: dict) -> bool:
     return (not fig["wrong_libcuda"] and not fig["corrupted"] and not fig["leftovers"] and not fig["lost_lines"]
             and not fig["log_bad_lines"] and not fig["log_nul_bytes"]
+            and fig["config_invalid_logged"] == fig["config_invalid_starts"]
             and fig["failed"] == fig["failed_allowed"] and not fig["next_start_after_fault_failed"]
             and not fig["written_outside_own_dirs"] and not fig.get("host_changes")
             and (fig["reregistration_ms_max"] <= 1000 if fig["reregistration_ms_max"] is not None
