@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["Daemon", "running", "alive", "config_args", "RECORD_TAG"]
+__all__ = ["Daemon", "running", "alive", "processes", "config_args", "RECORD_TAG"]
 
 #: The daemon's program name and, per engine, the flags naming its configuration and their defaults.
 _ENGINES = {
@@ -130,32 +130,36 @@ def running(engine: str, config: str) -> list:
     program = _ENGINES[engine][0].encode()
     boot = _boot_id()
     found = []
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/comm", "rb") as f:
-                comm = f.read().strip()
-            if comm != program:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    head = f.read(4096).split(b"\0", 1)[0]
-                if os.path.basename(head) != program:
-                    continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = [a.decode("utf-8", "surrogateescape") for a in f.read().split(b"\0")[:-1]]
-        except OSError:
+    for pid, raw in processes():
+        if os.path.basename(raw[0]) != program:
             continue
+        argv = [a.decode("utf-8", "surrogateescape") for a in raw]
         for arg in config_args(argv, engine):
             # Through the daemon's own root and cwd: the same path may be another file in its mount namespace.
             where = f"/proc/{pid}/root{arg}" if os.path.isabs(arg) else os.path.join(f"/proc/{pid}/cwd", arg)
             if _identity(where) == want:
-                start = _start_time(int(pid))
+                start = _start_time(pid)
                 if start is not None:
-                    found.append(Daemon(engine, int(pid), start, boot))
+                    found.append(Daemon(engine, pid, start, boot))
                 break
     return found
+
+
+def processes():
+    """``(pid, argv as bytes)`` of each process now (``/proc/<pid>/cmdline``; kernel threads, which have none,
+    and processes gone meanwhile are left out). The one walk over ``/proc`` of the install commands."""
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")[:-1]
+        except OSError:
+            continue
+        if argv:
+            yield pid, argv
 
 
 def alive(daemons) -> list:

@@ -449,16 +449,11 @@ def users(path: str, *, containerd_states=(), docker_roots=(), docker_runtime: s
                     full = os.path.basename(os.path.dirname(hc))
                     found = [u for u in found if u != f"moby/{full}"]  # its task, when running: one entry
                     found.append(f"docker/{full[:12]}")
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv and os.path.basename(argv[0]) == b"conmon" and path.encode() in argv:
-            cid = next((argv[i + 1].decode() for i, a in enumerate(argv[:-1]) if a in (b"-c", b"--cid")), pid)
+    from .daemons import processes
+
+    for pid, argv in processes():
+        if os.path.basename(argv[0]) == b"conmon" and path.encode() in argv:
+            cid = next((argv[i + 1].decode() for i, a in enumerate(argv[:-1]) if a in (b"-c", b"--cid")), str(pid))
             found.append(f"conmon/{cid[:12]}")
     return list(dict.fromkeys(found))
 
