@@ -25,6 +25,20 @@ NVML-style name, the same rule the hook applies to ``/proc`` model names.
 The compute capability is what the R590+ architecture check
 (``gpu_arch_unsupported``: below 7.5) reads.
 
+The *architecture* (Kepler ... Blackwell) is what decides which driver
+branches drive a GPU (:mod:`compat_hook.facts.gpusupport`). It comes from the
+compute capability (:func:`architecture`), from a PCI device ID
+(:func:`architecture_of_pci`: NVIDIA numbers its chips in blocks, one block per
+chip family), or, for a name whose compute capability is not in the table,
+from its family's letter (``Tesla K80``, ``Quadro P4000``: K Kepler, M Maxwell,
+P Pascal, V Volta, T Turing). Tegra parts (Jetson) have none here: their
+drivers are not the desktop branches.
+
+>>> architecture((9, 0)), architecture((8, 7)), architecture_of_pci(0x1DB1), architecture_of_pci(0x2330)
+('Hopper', None, 'Volta', 'Hopper')
+>>> resolve("Tesla K20Xm").architecture, resolve("Quadro M4000").architecture
+('Kepler', 'Maxwell')
+
 >>> g = resolve("H100"); g.model, g.brand_name, g.compute_capability
 ('NVIDIA H100', 'NVIDIA', (9, 0))
 >>> g = resolve("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"); g.model, g.compute_capability, g.form
@@ -43,7 +57,8 @@ from __future__ import annotations
 
 from ..core.errors import UsageError
 
-__all__ = ["GpuName", "UnknownGpuName", "resolve", "MODELS", "ACCEPTED"]
+__all__ = ["GpuName", "UnknownGpuName", "resolve", "MODELS", "ACCEPTED", "architecture", "architecture_of_pci",
+           "PCI_BLOCKS"]
 
 #: One line naming the accepted forms (in the error for a name not known).
 ACCEPTED = ("an NVML name (NVIDIA H100 80GB HBM3), a GFD nvidia.com/gpu.product value "
@@ -56,8 +71,12 @@ ACCEPTED = ("an NVML name (NVIDIA H100 80GB HBM3), a GFD nvidia.com/gpu.product 
 #: (``Tesla`` up to Turing, ``NVIDIA`` since Ampere), which is what sets the brand.
 MODELS = {
     # data center
-    "k80": ("Tesla K80", (3, 7)), "m60": ("Tesla M60", (5, 2)), "m40": ("Tesla M40", (5, 2)),
+    "k10": ("Tesla K10", (3, 0)), "k20": ("Tesla K20", (3, 5)), "k20x": ("Tesla K20X", (3, 5)),
+    "k40": ("Tesla K40", (3, 5)), "k80": ("Tesla K80", (3, 7)),
+    "m4": ("Tesla M4", (5, 2)), "m6": ("Tesla M6", (5, 2)), "m10": ("Tesla M10", (5, 0)),
+    "m60": ("Tesla M60", (5, 2)), "m40": ("Tesla M40", (5, 2)),
     "p100": ("Tesla P100", (6, 0)), "p40": ("Tesla P40", (6, 1)), "p4": ("Tesla P4", (6, 1)),
+    "p6": ("Tesla P6", (6, 1)),
     "v100": ("Tesla V100", (7, 0)), "v100s": ("Tesla V100S", (7, 0)), "t4": ("Tesla T4", (7, 5)),
     "a100": ("NVIDIA A100", (8, 0)), "a800": ("NVIDIA A800", (8, 0)), "a30": ("NVIDIA A30", (8, 0)),
     "a10": ("NVIDIA A10", (8, 6)), "a10g": ("NVIDIA A10G", (8, 6)), "a16": ("NVIDIA A16", (8, 6)),
@@ -67,7 +86,7 @@ MODELS = {
     "h100": ("NVIDIA H100", (9, 0)), "h800": ("NVIDIA H800", (9, 0)), "h200": ("NVIDIA H200", (9, 0)),
     "h20": ("NVIDIA H20", (9, 0)), "gh200": ("NVIDIA GH200", (9, 0)),
     "b100": ("NVIDIA B100", (10, 0)), "b200": ("NVIDIA B200", (10, 0)), "gb200": ("NVIDIA GB200", (10, 0)),
-    "b300": ("NVIDIA B300", (10, 3)), "gb300": ("NVIDIA GB300", (10, 3)),
+    "b300": ("NVIDIA B300", (10, 3)), "gb300": ("NVIDIA GB300", (10, 3)), "gb10": ("NVIDIA GB10", (12, 1)),
     "orin": ("Orin", (8, 7)),
     # professional (RTX A-series: Ampere; "Ada": Ada Lovelace; Quadro RTX: Turing)
     "rtx a2000": ("NVIDIA RTX A2000", (8, 6)), "rtx a4000": ("NVIDIA RTX A4000", (8, 6)),
@@ -90,19 +109,96 @@ _VENDOR = ("nvidia", "tesla")
 #: GeForce RTX generation (first digit) -> compute capability.
 _GEFORCE_RTX_CC = {"2": (7, 5), "3": (8, 6), "4": (8, 9), "5": (12, 0)}
 
+#: Compute capability -> architecture, for the GPUs the desktop and data-center driver
+#: branches drive (NVIDIA's "CUDA Toolkit, Driver, and Architecture Matrix",
+#: docs/background.md "GPU architectures and driver branches"). Tegra parts are left
+#: out on purpose (3.2, 5.3, 6.2, 7.2, 8.7, Thor's 10.1 / 11.0): Jetson's drivers
+#: are not numbered like the desktop branches.
+_CC_ARCH = {
+    (2, 0): "Fermi", (2, 1): "Fermi",
+    (3, 0): "Kepler", (3, 5): "Kepler", (3, 7): "Kepler",
+    (5, 0): "Maxwell", (5, 2): "Maxwell",
+    (6, 0): "Pascal", (6, 1): "Pascal",
+    (7, 0): "Volta",
+    (7, 5): "Turing",
+    (8, 0): "Ampere", (8, 6): "Ampere",
+    (8, 9): "Ada",
+    (9, 0): "Hopper",
+    (10, 0): "Blackwell", (10, 3): "Blackwell", (12, 0): "Blackwell", (12, 1): "Blackwell",
+}
+
+#: PCI device ID blocks (NVIDIA, vendor 0x10de) -> architecture: ``(first, last, architecture)``.
+#: NVIDIA hands out device IDs in a block per chip family (GK104 0x1180-, GV100 0x1D80-,
+#: GH100 0x2300-, ...), as the PCI ID database and the GPU tables of NVIDIA's driver README
+#: list them; only display-class functions count (a chip's HDMI audio function has an ID
+#: of its own outside these blocks). An ID outside every block has no architecture: a GPU
+#: newer than this table is not guessed at.
+PCI_BLOCKS = (
+    (0x0FC0, 0x0FFF, "Kepler"),     # GK107
+    (0x1000, 0x103F, "Kepler"),     # GK110, GK180, GK210 (Tesla K20/K40/K80)
+    (0x1180, 0x11FF, "Kepler"),     # GK104, GK106 (Tesla K10, GRID K520)
+    (0x1280, 0x12BF, "Kepler"),     # GK208
+    (0x1340, 0x13FF, "Maxwell"),    # GM108, GM107, GM204 (Tesla M60)
+    (0x1400, 0x143F, "Maxwell"),    # GM206 (Tesla M4)
+    (0x15F0, 0x15FF, "Pascal"),     # GP100 (Tesla P100)
+    (0x1610, 0x167F, "Maxwell"),    # GM204 mobile
+    (0x1720, 0x172F, "Pascal"),     # GP100
+    (0x1740, 0x17FF, "Maxwell"),    # GM108 mobile, GM107, GM200 (Tesla M40)
+    (0x1B00, 0x1D7F, "Pascal"),     # GP102 .. GP108 (Tesla P40, P4)
+    (0x1D80, 0x1DFF, "Volta"),      # GV100 (Tesla V100, TITAN V)
+    (0x1E00, 0x1FFF, "Turing"),     # TU102, TU104 (Tesla T4), TU106, TU117
+    (0x2080, 0x20FF, "Ampere"),     # GA100 (A100, A30, A800)
+    (0x2180, 0x21FF, "Turing"),     # TU116
+    (0x2200, 0x223F, "Ampere"),     # GA102 (A40, A10, RTX A6000)
+    (0x2300, 0x23FF, "Hopper"),     # GH100 (H100, H200, GH200)
+    (0x2400, 0x25FF, "Ampere"),     # GA103 .. GA107 (A16, A2)
+    (0x2680, 0x28FF, "Ada"),        # AD102 .. AD107 (L40, L40S, L4, RTX 6000 Ada)
+    (0x2900, 0x29FF, "Blackwell"),  # GB100 (B200, GB200)
+    (0x2B00, 0x2FFF, "Blackwell"),  # GB202 .. GB207, GB10
+    (0x3180, 0x31FF, "Blackwell"),  # GB110 (B300, GB300)
+)
+
+#: The letter a Tesla or Quadro model number starts with -> architecture (``K80``, ``P4000``).
+_LETTER_ARCH = {"k": "Kepler", "m": "Maxwell", "p": "Pascal", "v": "Volta", "t": "Turing"}
+
+
+def architecture(cc) -> str | None:
+    """The architecture of a compute capability ``(major, minor)``; None for Tegra and unknown ones."""
+    return _CC_ARCH.get(tuple(cc[:2])) if cc else None
+
+
+def architecture_of_pci(device_id) -> str | None:
+    """The architecture of an NVIDIA PCI device ID (an int, or text such as ``0x2330``), or None.
+
+    >>> architecture_of_pci("0x1eb8"), architecture_of_pci(0x10f0), architecture_of_pci("banana")
+    ('Turing', None, None)
+    """
+    if isinstance(device_id, str):
+        try:
+            device_id = int(device_id.strip(), 16)
+        except ValueError:
+            return None
+    for first, last, arch in PCI_BLOCKS:
+        if first <= device_id <= last:
+            return arch
+    return None
+
 
 class UnknownGpuName(UsageError):
     """A ``--gpu`` name that is none of the accepted forms (exit 2, one line)."""
 
 
 class GpuName:
-    """What one ``--gpu`` name resolved to: ``model`` (NVML-style), ``brand``, ``compute_capability``, ``form``."""
+    """What one ``--gpu`` name resolved to: ``model`` (NVML-style), ``brand``, ``compute_capability``,
+    ``form`` and ``architecture`` (from the compute capability, else the family's model letter; or None)."""
 
-    __slots__ = ("text", "model", "brand", "compute_capability", "form")
+    __slots__ = ("text", "model", "brand", "compute_capability", "form", "architecture")
 
-    def __init__(self, text: str, model: str, brand: int, compute_capability, form: str) -> None:
+    def __init__(self, text: str, model: str, brand: int, compute_capability, form: str,
+                 arch: str | None = None) -> None:
         self.text, self.model, self.brand = text, model, brand
         self.compute_capability, self.form = compute_capability, form
+        self.architecture = architecture(compute_capability) or arch
 
     @property
     def brand_name(self) -> str:
@@ -153,9 +249,10 @@ def resolve(text: str) -> GpuName:
     model_words = [w for w in words if w not in _VENDOR]
     family = model_words[0] if model_words else ""
     if family in ("geforce", "titan", "quadro") or (words[:1] == ["tesla"] and model_words):
-        cc = _family_cc(family if family in ("geforce", "titan", "quadro") else "tesla", model_words)
+        fam = family if family in ("geforce", "titan", "quadro") else "tesla"
+        cc = _family_cc(fam, model_words)
         name = _display(text, form, len(words))
-        return GpuName(text, name, brand_from_model(name), cc, form)
+        return GpuName(text, name, brand_from_model(name), cc, form, _family_arch(fam, model_words))
     # the longest known model at the start of the words (rtx 6000 ada before rtx 6000)
     for n in (3, 2, 1):
         key = " ".join(model_words[:n])
@@ -184,8 +281,24 @@ def _family_cc(family: str, model_words: list):
         return _geforce_rtx(rest[1])
     if family == "geforce" and rest[:1] == ["gtx"] and len(rest) > 1 and rest[1][:2] in ("16", "10"):
         return (7, 5) if rest[1].startswith("16") else (6, 1)
+    if family == "geforce" and rest[:1] == ["gtx"] and len(rest) > 1 and len(rest[1]) == 3 \
+            and rest[1][0] == "9" and rest[1].isdigit():
+        return (5, 2)  # GTX 950 ... 980: GM204 / GM206 / GM200
     for n in (3, 2, 1):
         hit = MODELS.get(" ".join(rest[:n])) if len(rest) >= n else None
         if hit:
             return hit[1]
+    return None
+
+
+def _family_arch(family: str, model_words: list) -> str | None:
+    """The architecture a Tesla or Quadro model number's letter names (``K80``, ``P4000``), or None.
+
+    >>> _family_arch("tesla", ["v100s", "pcie"]), _family_arch("quadro", ["rtx", "8000"]), _family_arch("titan", ["x"])
+    ('Volta', None, None)
+    """
+    rest = model_words[1:] if family == "quadro" else model_words if family == "tesla" else []
+    w = rest[0] if rest else ""
+    if len(w) >= 2 and w[0] in _LETTER_ARCH and w[1].isdigit():
+        return _LETTER_ARCH[w[0]]
     return None

@@ -89,7 +89,7 @@ VERSION_LINE = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {v}  Mon Jan  6 
 
 def write_fake_host(base, *, version: str | None = None, version_line: str | None = None, gpus=None,
                     sys_version: str | None = None, libcuda=None, tegra: bool = False,
-                    lib_dir: str = HOST_LIB_DIR) -> pathlib.Path:
+                    lib_dir: str = HOST_LIB_DIR, pci: dict | None = None) -> pathlib.Path:
     """Write a fake host root under ``base``; returns it. The one fake-host writer of the tests.
 
     version: the kernel driver's version, as the proprietary module's line
@@ -100,7 +100,9 @@ def write_fake_host(base, *, version: str | None = None, version_line: str | Non
     sys_version: content of /sys/module/nvidia/version (written as given);
     libcuda: names of regular files to put in ``lib_dir`` (a list), or a
       mapping name -> bytes | Symlink;
-    tegra: create /dev/nvgpu (a regular placeholder file).
+    tegra: create /dev/nvgpu (a regular placeholder file);
+    pci: {bus_id: device id ("0x2330")}: NVIDIA 3D controllers under /sys/bus/pci/devices
+      (vendor, device, class files as sysfs has them), listed by the driver or not.
     """
     base = pathlib.Path(base)
     base.mkdir(parents=True, exist_ok=True)
@@ -128,6 +130,9 @@ def write_fake_host(base, *, version: str | None = None, version_line: str | Non
             entries[f"{lib_dir.strip('/')}/{name}"] = value
     if tegra:
         entries["dev/nvgpu"] = b""
+    for bus, device in (pci or {}).items():
+        for name, value in (("vendor", "0x10de"), ("device", device), ("class", "0x030200")):
+            entries[f"sys/bus/pci/devices/{bus}/{name}"] = value + "\n"
     return build_tree(base, entries)
 
 
