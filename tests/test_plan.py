@@ -63,8 +63,10 @@ def test_outcomes_now_and_after(world):
     # the toolkit alone: its v1.20 rule refuses the older compat driver too (no image drop-in here)
     assert b["toolkit_only_after"]["outcome"] == "host"
     assert p["now"]["outcome"] == "host" and p["after"]["outcome"] == "host"
-    assert r["summary"] == {"images": 2, "read": 2, "unreadable": 0, "broken_after": 0, "changed": 1,
+    assert r["summary"] == {"images": 2, "read": 2, "unreadable": 0, "unknown_workloads": 0, "broken_after": 0,
+                            "regressions": 0, "broken_now_and_after": 0, "changed": 1,
                             "broken_after_toolkit_only": 0, "fixed_by_compat_hook": 0}
+    assert b["regression"] is False and p["regression"] is False
 
 
 def test_baked_dropin_breaks_the_toolkit_alone_but_not_compat_hook(world):
@@ -346,3 +348,82 @@ def test_cuda_version_env_alone_still_counts(world):
                                                     "process": {"env": ["CUDA_VERSION=13.0.0"]}}))
     [row] = _json(plan(str(bundle), "--driver", "535.261.03", "--config", world["conf"], "--json"))["images"]
     assert row["needs_source"] == "env CUDA_VERSION" and row["after"]["error"] == 35
+
+
+# --------------------------------------------------------------------------- CUDA's minor-version compatibility
+
+NOTE_550 = '{"format":1,"CUDA version":"12.4","driver":[470,525,535],"device":[1,2,7,8,9,10,11,12,13,14]}'
+COMPAT_550_FILES = {"usr/local/cuda-12.4/compat/libcuda.so.550.163.01": elf(NOTE_550),
+                    "usr/local/cuda-12.4/compat/libcuda.so.1": Symlink("libcuda.so.550.163.01"),
+                    "usr/local/cuda": Symlink("cuda-12.4")}
+
+
+def _wheel(version: str) -> dict:
+    major = version.split(".")[0]
+    return {f"{SITE}/nvidia/cuda_runtime/lib/libcudart.so.{major}": elf(soname=f"libcudart.so.{major}"),
+            f"{SITE}/nvidia_cuda_runtime_cu{major}-{version}.dist-info/METADATA":
+                f"Metadata-Version: 2.1\nName: nvidia-cuda-runtime-cu{major}\nVersion: {version}\n"}
+
+
+def test_compat_550_with_a_cuda_12_8_wheel_on_535_is_compat_minor_not_broken(world):
+    """Minor-version compatibility holds whoever provides the driver API: compat 12.4 serving a 12.8
+    runtime runs (the PTX caveat, 222) exactly like a native R550 host serving it (host-minor)."""
+    img = build_tree(world["tmp"] / "c550w128", dict(COMPAT_550_FILES, **_wheel("12.8.90")))
+    args = [str(img), "--from-driver", "535.261.03", "--config", world["conf"], "--json", "--fail-on", "broken"]
+    out = plan(*args, "--driver", "535.261.03")
+    assert out.returncode == 0, out.stdout
+    [row] = _json(out)["images"]
+    assert row["needs_cuda"] == "12.8"
+    assert row["now"] == {"outcome": "compat-minor", "reason": "compat_newer_supported", "cuda": "12.4", "error": 222}
+    assert row["after"] == row["now"] and row["regression"] is False
+    # the NVIDIA toolkit alone enables the same compat driver (550 > 535, 535 in its list): the same outcome
+    assert row["toolkit_only_after"]["outcome"] == "compat-minor"
+    # the same runtime on a native R550 host, without compat: host-minor, and the gate passes both alike
+    plain = build_tree(world["tmp"] / "w128", _wheel("12.8.90"))
+    out = plan(str(plain), "--from-driver", "550.163.01", "--driver", "550.163.01", "--config", world["conf"],
+               "--json", "--fail-on", "broken")
+    assert out.returncode == 0
+    assert _json(out)["images"][0]["now"]["outcome"] == "host-minor"
+
+
+def test_compat_serving_an_older_major_is_broken_with_35(world):
+    img = build_tree(world["tmp"] / "c550w13", dict(COMPAT_550_FILES, **_wheel("13.0.48")))
+    out = plan(str(img), "--from-driver", "535.261.03", "--driver", "535.261.03", "--config", world["conf"],
+               "--json", "--fail-on", "broken")
+    assert out.returncode == 3
+    [row] = _json(out)["images"]
+    assert row["now"] == {"outcome": "broken", "reason": "compat_newer_supported", "cuda": "12.4", "error": 35}
+    # broken before and after alike: not a regression, counted apart
+    assert row["regression"] is False
+    r = _json(out)
+    assert (r["summary"]["broken_now_and_after"], r["summary"]["regressions"]) == (1, 0)
+    assert plan(str(img), "--from-driver", "535.261.03", "--driver", "535.261.03", "--config", world["conf"],
+                "--fail-on", "regression").returncode == 0
+
+
+# --------------------------------------------------------------------------- --fail-on regression
+
+
+def test_fail_on_regression_is_about_what_works_now(world):
+    """An image that works on 550 (compat 575) and is broken on a rollback to 470 (no compat for it, CUDA
+    11.4: a major-version gap) fails --fail-on regression; the same driver before and after is none."""
+    (world["bundle"] / "config.json").write_text(json.dumps({
+        "ociVersion": "1.0.2", "root": {"path": "rootfs"}, "process": {"env": ["CUDA_VERSION=12.9.0"]}}))
+    out = plan(str(world["bundle"]), "--driver", "470.256.02", "--config", world["conf"], "--json",
+               "--fail-on", "regression")
+    assert out.returncode == 3
+    [row] = _json(out)["images"]
+    assert row["now"]["outcome"] == "compat" and row["after"]["outcome"] == "broken" and row["regression"] is True
+    assert row["after"]["error"] == 35
+    same = plan(str(world["bundle"]), "--driver", "470.256.02", "--from-driver", "470.256.02",
+                "--config", world["conf"], "--json", "--fail-on", "regression")
+    assert same.returncode == 0 and _json(same)["images"][0]["regression"] is False
+
+
+def test_help_lists_every_fail_on(world):
+    out = subprocess.run([PYTHON, "-m", "compat_hook", "plan", "--help"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0
+    assert "{broken,regression,change}" in out.stdout
+    text = " ".join(out.stdout.split())
+    assert "works now and is broken after it (regression)" in text

@@ -108,9 +108,10 @@ def _parser():
     pl.add_argument("--namespace", metavar="NS", default="k8s.io", help="containerd namespace (default k8s.io)")
     pl.add_argument("--config", metavar="FILE", help=_CONFIG_HELP)
     pl.add_argument("--json", action="store_true", help="print one JSON object")
-    pl.add_argument("--fail-on", choices=("broken", "change"),
-                    help="exit 3 when an image is broken after the upgrade (broken) or any outcome changes; "
-                         "exit 4 when a source cannot be read or no image was read")
+    pl.add_argument("--fail-on", choices=("broken", "regression", "change"),
+                    help="exit 3 when an image is broken after the upgrade (broken), works now and is broken "
+                         "after it (regression), or any outcome changes (change); exit 4 when a source cannot be "
+                         "read or no image was read")
     pl.add_argument("--allow-unreadable", action="store_true",
                     help="do not exit 4 when a source cannot be read or no image was read")
 

@@ -3,18 +3,27 @@
 The driver-upgrade preflight. For every image and each driver (now, after)
 it runs :func:`compat_hook.policy.assess.assess` - the code the hook and the wrapper
 run at container start - against a host that has that driver, and turns the
-result into what the container gets:
+result into what the container gets (:mod:`compat_hook.policy.outcome`, CUDA's
+compatibility rules):
 
 * ``host``: the host driver, new enough for what the image needs;
 * ``host-minor``: an older host driver of the same CUDA major (CUDA's
   minor-version compatibility): it runs, but PTX newer than the driver
   fails with 222;
 * ``compat``: the image's compat driver; ``store``: a host-store package;
-* ``broken``: error 35 (insufficient driver), 803 or 804.
+* ``compat-minor`` (``store-minor``): the compat driver serves an image
+  built for a newer minor of the same CUDA major: it runs, with the same
+  222 caveat;
+* ``broken``: error 35 (a major-version gap), 803 or 804 (a wrong compat
+  driver loaded), or 100 (``gpu_unsupported_by_driver``: the driver branch
+  does not drive the GPU, :mod:`compat_hook.facts.gpusupport`).
 
 ``toolkit_only_after`` is what the NVIDIA toolkit alone (v1.20 rules, the
 image's compat drop-ins and ``LD_LIBRARY_PATH`` included) gives on the
 target driver, so the operator sees what compat-hook changes.
+``regression`` marks a row that works now and is broken after (on another
+driver); the summary counts ``regressions`` apart from
+``broken_now_and_after``.
 
 What an image needs (``needs_cuda``, ``needs_source``, ``needs_sources``) is
 the highest CUDA version its runtime files or its env name
@@ -22,7 +31,13 @@ the highest CUDA version its runtime files or its env name
 entry. A source that cannot be read is a row with ``error`` and
 ``error_code`` and no outcome; :func:`gate` makes such a run exit
 :data:`EXIT_UNREADABLE` (4) unless ``allow_unreadable``. ``--gpu`` names
-resolve through :mod:`compat_hook.facts.gpunames`.
+resolve through :mod:`compat_hook.facts.gpunames`; without ``--gpu`` the
+host's GPUs are read, the ones on the PCI bus the driver does not list
+included (``gpus[].listed_by_driver``).
+
+Exit: 0; 3 when ``--fail-on broken`` (an image broken after), ``regression``
+(an image that works now broken after) or ``change`` (an outcome changes)
+is met; 4 (first) when a source was unreadable or nothing was read; 2 bad usage.
 
 The report is built by :mod:`compat_hook.policy.preflight` (also the cluster
 agent's), the outcome model is :mod:`compat_hook.policy.outcome`, the sources
@@ -47,19 +62,32 @@ def _cell(r) -> str:
     return s
 
 
+def _name(i: dict) -> str:
+    """A row's first column: the image, or a workload's name and runtime."""
+    from ..core.errors import one_line
+
+    if i.get("workload"):
+        return one_line(f"{i.get('name') or i.get('image')} [{i.get('runtime')}]")
+    return one_line(str(i.get("image")))
+
+
 def render_text(report: dict) -> str:
-    """The table (one row per image), the sources that could not be read, and a summary line."""
+    """The table (one row per image), what could not be read, the regressions, the GPUs a driver
+    does not drive, and a summary line."""
     from ..core.errors import one_line
 
     d = report["driver"]
     rows = [("IMAGE", "NEEDS", f"NOW {d['now']}", f"AFTER {d['after']}", "TOOLKIT ALONE AFTER", "NEEDS FROM")]
     for i in report["images"]:
         if i.get("error"):
-            rows.append((one_line(i["image"]), "-", "unreadable", "-", "-", "-"))
+            rows.append((_name(i), "-", "unreadable", "-", "-", "-"))
+            continue
+        if i.get("unknown"):
+            rows.append((_name(i), "-", "unknown", "-", "-", "-"))
             continue
         # where the need was read: libcudart, wheel, torch, conda, env (the path is in the JSON)
         source = i["needs_source"].split()[0] if i.get("needs_source") else "-"
-        rows.append((one_line(i["image"]), i["needs_cuda"] or "-", _cell(i["now"]), _cell(i["after"]),
+        rows.append((_name(i), i["needs_cuda"] or "-", _cell(i["now"]), _cell(i["after"]),
                      _cell(i["toolkit_only_after"]), source))
     widths = [max(len(r[k]) for r in rows) for k in range(5)]
     out = [("  ".join(r[k].ljust(widths[k]) for k in range(5)) + "  " + r[5]).rstrip() for r in rows]
@@ -69,20 +97,35 @@ def render_text(report: dict) -> str:
     via: dict = {}
     for i in report["images"]:
         if i.get("read_via"):
-            via.setdefault(i["read_via"], []).append(one_line(i["image"]))
+            via.setdefault(i["read_via"], []).append(_name(i))
     # told when an engine's store was read (a file source has no other way to be read)
     if set(via) & {"snapshot", "stream"} or any(i.get("read_via_reason") for i in report["images"]):
         slow = via.get("blobs", []) + via.get("stream", [])
         out.append("read via: " + ", ".join(f"{k} {len(v)}" for k, v in sorted(via.items()))
                    + (f" (decompressed: {', '.join(slow[:5])}{', ...' if len(slow) > 5 else ''})"
                       if slow and "snapshot" in via else ""))
+    gpu_lines: list = []
     for i in report["images"]:
         if i.get("error"):
-            out.append(f"unreadable: {one_line(i['image'])}: {i['error']}")
+            out.append(f"unreadable: {_name(i)}: {i['error']}")
+        if i.get("unknown"):
+            out.append(f"unknown: {_name(i)}: {one_line(i['unknown'])}")
         for w in i.get("warnings") or ():
-            out.append(f"warning: {one_line(i['image'])}: {one_line(w)}")
+            out.append(f"warning: {_name(i)}: {one_line(w)}")
+        if i.get("regression"):
+            out.append(f"regression: {_name(i)}: {_cell(i['now'])} now, {_cell(i['after'])} after "
+                       f"({i['after']['reason']})")
+        for when, key in (("now", "now"), ("after", "after")):
+            for g in (i.get(key) or {}).get("unsupported_gpus") or ():
+                line = f"no device {when} ({d[key]}): {one_line(g)}"
+                if line not in gpu_lines:
+                    gpu_lines.append(line)
+    out.extend(gpu_lines)
     s = report["summary"]
+    unknown = f", {s['unknown_workloads']} not assessed" if s.get("unknown_workloads") else ""
     out.append(f"{s['images']} image(s): {s['broken_after']} broken after the upgrade, {s['changed']} change "
-               f"outcome, {s['unreadable']} unreadable; the toolkit alone would leave "
-               f"{s['broken_after_toolkit_only']} broken ({s['fixed_by_compat_hook']} kept working by compat-hook)")
+               f"outcome, {s['unreadable']} unreadable{unknown}; the toolkit alone would leave "
+               f"{s['broken_after_toolkit_only']} broken ({s['fixed_by_compat_hook']} kept working by compat-hook); "
+               f"{s['regressions']} regression(s) (working now, broken after), {s['broken_now_and_after']} "
+               "broken now and after")
     return "\n".join(out) + "\n"

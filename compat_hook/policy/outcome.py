@@ -2,19 +2,37 @@
 
 :func:`assess_image` runs :func:`compat_hook.policy.assess.assess` - the code
 the hook and the wrapper run at container start - and :func:`result` turns
-what the container would load into an outcome: ``compat``/``store`` (the
-compat driver serves it), ``host`` (the host driver does), ``host-minor``
-(CUDA error 222: the host's branch is older within the same major version),
-``broken`` (error 35: too old a driver; 803/804: a compat driver that is wrong
-on this host or GPU is loaded anyway). :func:`parse_target` reads the
-target driver from a GPU Operator ClusterPolicy (``spec.driver.version``) or
-NVIDIADriver (``spec.version``) manifest.
+what the container would load into an outcome, following CUDA's
+compatibility rules:
+
+* ``host``: the host driver serves it and is new enough;
+* ``host-minor``: the host driver serves it, same CUDA major, older minor
+  (minor-version compatibility: it runs; PTX newer than the driver fails
+  with CUDA error 222);
+* ``compat`` / ``store``: the image's compat driver (or a host-store package)
+  serves it and is new enough;
+* ``compat-minor`` / ``store-minor``: the compat driver serves it, same CUDA
+  major as what the image needs, older minor (minor-version compatibility
+  again: it runs, with the 222 caveat);
+* ``broken``: only a major-version gap (error 35: the driver API is too old),
+  a compat driver that is wrong on this host or GPU loaded anyway (803 /
+  804), or a GPU the driver branch does not drive (100, reason
+  ``gpu_unsupported_by_driver``, :mod:`compat_hook.facts.gpusupport`: no
+  container sees that GPU, whatever the image carries).
+
+Every outcome is ``{"outcome", "reason", "cuda", "error"}``; an unsupported
+GPU adds ``unsupported_gpus`` (which ones, and the branches that drive them).
+:func:`parse_target` reads the target driver from a GPU Operator
+ClusterPolicy (``spec.driver.version``) or NVIDIADriver (``spec.version``)
+manifest.
 
 >>> from compat_hook.facts.hostfacts import HostFacts
 >>> host_outcome(HostFacts(driver_version=(535, 261, 3)), (12, 4, 0))
 {'outcome': 'host-minor', 'cuda': '12.2', 'error': 222}
 >>> host_outcome(HostFacts(driver_version=(535, 261, 3)), (13, 0, 0))['error']
 35
+>>> minor("compat", (12, 4, 0), (12, 8, 0)), minor("store", (12, 4, 0), (13, 0, 0)), minor("compat", (12, 9, 0), None)
+(('compat-minor', 222), ('broken', 35), ('compat', None))
 """
 
 from __future__ import annotations
@@ -22,10 +40,22 @@ from __future__ import annotations
 from ..core.errors import UsageError
 
 __all__ = ["host_outcome", "result", "assess_image", "image_needs", "gpu_request", "check_driver",
-           "parse_target", "cuda_text"]
+           "parse_target", "cuda_text", "minor", "unsupported_gpus", "OUTCOMES", "OUTCOME_REASONS"]
+
+#: Every outcome; all but ``broken`` are working ones (the ``-minor`` ones with the 222 caveat).
+OUTCOMES = ("host", "host-minor", "compat", "compat-minor", "store", "store-minor", "broken")
+
+#: Reason codes of outcomes that are not a decision's (the decision's are
+#: :data:`compat_hook.policy.decision.REASONS`), with their one-line explanation.
+OUTCOME_REASONS = {
+    "gpu_unsupported_by_driver": ("the driver branch does not drive a GPU the container uses (its architecture "
+                                  "is outside the branches that support it): CUDA error 100, no device"),
+}
 
 #: CUDA errors a wrong compat choice ends in, by compat-hook's skip reason.
-_WRONG_COMPAT_ERROR = {"device_unsupported": 804, "device_unknown": 804}
+_WRONG_COMPAT_ERROR = {"device_unsupported": 804, "device_unknown": 804, "device_consumer": 804}
+#: CUDA_ERROR_NO_DEVICE: the kernel module does not drive the GPU, so the container sees none.
+NO_DEVICE = 100
 
 
 def cuda_text(v) -> str | None:
@@ -46,11 +76,23 @@ def host_outcome(host, needs) -> dict:
     return {"outcome": "broken", "cuda": cuda_text(native), "error": 35}
 
 
-def _compat_cuda(a):
-    """The CUDA version the chosen compat driver provides."""
+def minor(kind: str, provides, needs) -> tuple:
+    """``(outcome, error)`` when ``kind`` (``compat`` / ``store``) serves CUDA ``provides`` to an image needing ``needs``.
+
+    CUDA's minor-version compatibility: an older minor of the same major runs
+    (``<kind>-minor``, 222 for newer PTX); an older major does not (35).
+    """
+    if needs is None or provides is None or provides[:2] >= needs[:2]:
+        return kind, None
+    if provides[0] == needs[0]:
+        return f"{kind}-minor", 222
+    return "broken", 35
+
+
+def _compat_cuda(d):
+    """The CUDA version the compat driver of decision ``d`` provides."""
     from ..core.versions import branch_max_cuda, try_parse_version
 
-    d = a.decision
     note = (d.details or {}).get("note")
     if isinstance(note, dict) and note.get("cuda_version"):
         v = try_parse_version(note["cuda_version"])
@@ -60,61 +102,141 @@ def _compat_cuda(a):
     return branch_max_cuda(v[0]) if v else None
 
 
-def result(a, host, needs, loads: str) -> dict:
-    """The outcome when the container loads ``loads`` (``compat``/``host``) under assessment ``a``."""
+def result(a, host, needs, loads: str, verdict=None, unsupported=()) -> dict:
+    """The outcome when the container loads ``loads`` (``compat``/``host``) under assessment ``a``.
+
+    ``verdict``: the rules' decision on the image's compat driver where
+    ``a.decision`` has none (an opted-out container: the toolkit may still
+    load it); default ``a.decision``. ``unsupported``: the container's GPUs
+    the host's branch does not drive (:func:`unsupported_gpus`): broken
+    whatever loads.
+    """
     d = a.decision
+    if unsupported:
+        return {"outcome": "broken", "reason": "gpu_unsupported_by_driver", "cuda": None, "error": NO_DEVICE,
+                "unsupported_gpus": list(unsupported)}
     if loads == "compat":
-        if a.effect == "compat":
-            cuda = _compat_cuda(a)
-            out = {"outcome": "store" if d.source == "store" else "compat", "reason": d.reason,
-                   "cuda": cuda_text(cuda), "error": None}
-            if needs is not None and cuda is not None and cuda[:2] < needs[:2]:
-                out.update(outcome="broken", error=35 if cuda[0] != needs[0] else 222)
-            return out
+        v = verdict if verdict is not None else d
+        if v.enable:
+            cuda = _compat_cuda(v)
+            outcome, error = minor("store" if v.source == "store" else "compat", cuda, needs)
+            return {"outcome": outcome, "reason": v.reason, "cuda": cuda_text(cuda), "error": error}
         # The image's compat driver is loaded although it is wrong here.
-        return {"outcome": "broken", "reason": d.reason, "cuda": None,
-                "error": _WRONG_COMPAT_ERROR.get(d.reason, 803)}
+        return {"outcome": "broken", "reason": v.reason, "cuda": None,
+                "error": _WRONG_COMPAT_ERROR.get(v.reason, 803)}
     out = host_outcome(host, needs)
     return {"outcome": out["outcome"], "reason": d.reason, "cuda": out["cuda"], "error": out["error"]}
 
 
-def gpu_request(env: list):
+def unsupported_gpus(host, request, gpus: list | None, listed_by: str | None = None) -> list:
+    """The container's GPUs the host's driver branch does not drive, one line each (empty when none).
+
+    ``gpus``: :class:`~compat_hook.facts.gpusupport.GpuArch` entries, the
+    driver-listed GPUs (``gpu`` set) and the unlisted ones. The container's
+    GPUs are those its request selects (:func:`compat_hook.policy.decision.select_gpus`);
+    a request for all of them also gets the unlisted ones, which the target
+    driver would list. ``listed_by``: the driver text that listed them: a GPU
+    the running driver lists is one it drives, whatever the table says. No
+    driver version (Tegra, unknown) judges nothing.
+
+    >>> from compat_hook.facts.gpusupport import GpuArch
+    >>> from compat_hook.facts.hostfacts import Gpu, HostFacts
+    >>> h100 = GpuArch(Gpu("gpu0", "NVIDIA H100", 14, "--gpu", (9, 0)), "gpu0", None, "Hopper", "cc", True)
+    >>> unsupported_gpus(HostFacts(driver_version=(470, 256, 2)), gpu_request([]), [h100])
+    ['NVIDIA H100 (Hopper): driven by R520 and later, not R470']
+    >>> unsupported_gpus(HostFacts(driver_version=(580, 95, 5)), gpu_request([]), [h100])
+    []
+    """
+    from ..facts.gpusupport import branch_text, supports
+    from ..facts.hostfacts import Gpu
+    from .decision import select_gpus
+
+    drv = host.driver_version
+    if not gpus or drv is None or host.tegra or request is None or not request.gpu_requested:
+        return []
+    # An unlisted GPU has no index, UUID or minor: a request gets it only where it gets every GPU
+    # (all, none named, a name that maps to none), which is what select_gpus tells by keeping it.
+    stand_in = {id(g): Gpu(g.bus_id, "", None, "pci") for g in gpus if g.gpu is None}
+    pool = [g.gpu if g.gpu is not None else stand_in[id(g)] for g in gpus]
+    chosen, _ = select_gpus(pool, request.gpu_names())
+    taken = {id(x) for x in chosen}
+    uses = [g for g, x in zip(gpus, pool) if id(x) in taken]
+    same_driver = listed_by is not None and listed_by == host.driver_text
+    return [f"{g.name()}: driven by {branch_text(g.arch)}, not R{drv[0]}" for g in uses
+            if g.arch is not None and not supports(drv[0], g.arch) and not (g.listed and same_driver)]
+
+
+def gpu_request(env: list, annotations: dict | None = None):
+    """The request of a GPU container with ``env`` (and a pod's ``annotations``)."""
     from ..facts.container import Request
 
     env = [e for e in env if isinstance(e, str)]
     # plan asks about GPU containers: the device plugin sets this at start.
     if not any(e.startswith("NVIDIA_VISIBLE_DEVICES=") for e in env):
         env.append("NVIDIA_VISIBLE_DEVICES=all")
-    return Request.from_spec({"process": {"env": env}})
+    spec: dict = {"process": {"env": env}}
+    if annotations:
+        spec["annotations"] = {str(k): str(v) for k, v in annotations.items()}
+    return Request.from_spec(spec)
 
 
-def image_needs(root, env: list) -> dict:
-    """The CUDA version the image needs, from its files and its env (:func:`compat_hook.facts.cudaruntime.needs`)."""
+def image_needs(root, env: list, annotations: dict | None = None, found: list | None = None) -> dict:
+    """The CUDA version the image needs, from its files and its env (:func:`compat_hook.facts.cudaruntime.needs`).
+
+    ``found``: the image's runtime files (:func:`compat_hook.facts.cudaruntime.sources`)
+    when already read: an image read once serves all of its containers.
+    """
     from ..facts import cudaruntime
 
-    env_need, env_source = gpu_request(env).required_cuda()
-    return cudaruntime.needs(cudaruntime.sources(root), env_need, env_source)
+    env_need, env_source = gpu_request(env, annotations).required_cuda()
+    return cudaruntime.needs(cudaruntime.sources(root) if found is None else found, env_need, env_source)
 
 
-def assess_image(config, root, env: list, host, image_needs: dict | None = None) -> dict:
-    """``{"needs_cuda", "result", "toolkit_only"}`` for one image on one host.
+def _verdict(a, request, config):
+    """The rules' decision on the image's compat driver where compat-hook's own is no verdict on it.
+
+    An opted-out container (or one compat-hook takes for no GPU request) is left
+    alone, but the toolkit or its ``LD_LIBRARY_PATH`` may load the compat
+    driver anyway: whether that works is what the rules say of it.
+    """
+    import copy
+
+    from .decision import decide
+
+    d = a.decision
+    if d.reason not in ("opt_out", "no_gpu_request") or a.image is None or a.host is None:
+        return d
+    r = copy.copy(request)
+    r.disabled, r.gpu_requested = False, True
+    return decide(a.host, a.image, r, config)
+
+
+def assess_image(config, root, env: list, host, image_needs: dict | None = None, *,
+                 annotations: dict | None = None, gpus: list | None = None, listed_by: str | None = None) -> dict:
+    """``{"needs_cuda", "result", "toolkit_only"}`` for one container of an image on one host.
 
     What the image needs is the highest CUDA version its runtime files or its
     env name (``image_needs``, :func:`image_needs`); the hook's decision
-    itself sees only the env, as it does at container start.
+    itself sees only the env (and the ``annotations``), as it does at container
+    start. ``gpus`` / ``listed_by``: the host's GPUs with their architectures,
+    for :func:`unsupported_gpus`.
     """
     from .assess import assess
 
-    request = gpu_request(env)
+    request = gpu_request(env, annotations)
     needs = image_needs["version"] if image_needs is not None else request.required_cuda()[0]
-    spec = {"process": {"env": list(env)}, "root": {"path": "rootfs"}}
-    a = assess(config, request, root, spec=spec, host=host, actors=("hook", "wrapper"), toolkit=True)
+    spec: dict = {"process": {"env": list(env)}, "root": {"path": "rootfs"}}
+    if annotations:
+        spec["annotations"] = {str(k): str(v) for k, v in annotations.items()}
+    a = assess(config, request, root, spec=spec, host=host, actors=("hook", "wrapper"), toolkit=True, full=True)
     loads = a.toolkit["with_wrapper"]["result"] if a.toolkit else "host"
     alone = a.toolkit["alone"]["result"] if a.toolkit else "host"
     if a.effect == "compat":
         loads = "compat"
-    return {"needs_cuda": cuda_text(needs), "result": result(a, host, needs, loads),
-            "toolkit_only": result(a, host, needs, alone)}
+    verdict = _verdict(a, request, config)
+    bad = unsupported_gpus(host, request, gpus, listed_by)
+    return {"needs_cuda": cuda_text(needs), "result": result(a, host, needs, loads, verdict, bad),
+            "toolkit_only": result(a, host, needs, alone, verdict, bad)}
 
 
 def check_driver(text: str, where: str) -> str:

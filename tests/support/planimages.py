@@ -30,10 +30,11 @@ GEFORCE = "NVIDIA GeForce RTX 4090"
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def layout(work: Path, name: str, compat_lib) -> Path:
-    """A runnable rootfs as a two-layer OCI image (the cuda symlink and a whiteout in layer 2)."""
+def layout(work: Path, name: str, compat_lib, extra_files: dict | None = None) -> Path:
+    """A runnable rootfs as a two-layer OCI image (the cuda symlink and a whiteout in layer 2);
+    ``extra_files`` (rootfs path -> contents) go into the first layer."""
     src = rootfs.build_rootfs(work / f"{name}-src", compat_lib=compat_lib, cuda_symlink=False,
-                              extra_files={"etc/removed-later": "x"})
+                              extra_files={"etc/removed-later": "x", **(extra_files or {})})
     lay = work / name
     umoci("init", "--layout", lay)
     umoci("new", "--image", f"{lay}:v1")
