@@ -100,7 +100,8 @@ def _parser():
     pl.add_argument("--host-root", metavar="DIR", help="read host facts under DIR (default /)")
     pl.add_argument("--gpu", action="append", metavar="NAME", default=[],
                     help="a GPU: its NVML name, GFD's nvidia.com/gpu.product label or a model name "
-                         "(H100, L40S, RTX 4090) (repeatable; default: the host's)")
+                         "(H100, L40S, RTX 4090) (repeatable; default: the host's, with the NVIDIA GPUs on its "
+                         "PCI bus that its driver does not list)")
     pl.add_argument("--store", metavar="DIR", help="the host compat store to consider (default: the config's)")
     pl.add_argument("--address", metavar="SOCKET",
                     help="containerd's socket for containerd: sources (default: $CONTAINERD_ADDRESS, else the "
