@@ -165,3 +165,17 @@ def test_unknown_and_unreadable_workloads_are_rows_without_an_outcome(images, no
     status, why = preflight.gate(r, None)
     assert status == 4 and "3 workload(s) not assessed" in why and "1 of 5 source(s) unreadable" in why
     assert opener.opened == {src: 1, f"oci:{tmp_path / 'gone'}:v1": 1}
+
+
+def test_the_text_report_names_workloads_their_runtime_and_regressions(images, node):
+    from compat_hook.commands.plan import render_text
+
+    src = images["compat"]["oci"]
+    r, _ = _plan(node, [wl(src, "ml/train-0", "toolkit", [LD_COMPAT]),
+                        wl(src, "ml/train-1", "compat-hook", unknown="envFrom secret ml/s not readable")])
+    lines = render_text(r).splitlines()
+    assert lines[1].split()[:4] == ["ml/train-0", "[toolkit]", "12.4", "compat"], lines
+    assert lines[2].split()[:3] == ["ml/train-1", "[compat-hook]", "-"] and "unknown" in lines[2]
+    assert "unknown: ml/train-1 [compat-hook]: envFrom secret ml/s not readable" in lines
+    assert "regression: ml/train-0 [toolkit]: compat 12.4 now, broken (803) after (compat_not_newer)" in lines
+    assert "1 unreadable" not in lines[-1] and ", 1 not assessed;" in lines[-1]
