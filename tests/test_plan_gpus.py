@@ -150,6 +150,7 @@ def test_v100_is_driven_up_to_r580(cuda118, driver, broken):
     assert out.returncode == (3 if broken else 0)
     r = json.loads(out.stdout)
     assert r["gpus"][0]["architecture"] == "Volta" and r["gpus"][0]["architecture_from"] == "compute capability 7.0"
+    assert r["gpus"][0]["listed_by_driver"] is None  # named by --gpu: no driver listed it
 
 
 def test_text_names_the_gpu_and_the_regression(cuda118):

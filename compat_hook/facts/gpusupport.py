@@ -103,12 +103,12 @@ def norm_bus(bus_id: str) -> str:
 class GpuArch:
     """One GPU with its architecture: ``gpu`` (a :class:`~compat_hook.facts.hostfacts.Gpu`, or None for a
     GPU the driver does not list), ``bus_id``, ``pci_id`` (``0x2330`` or None), ``arch``, ``arch_from``
-    (how it was found) and ``listed`` (the driver lists it: it drives it)."""
+    (how it was found) and ``listed`` (the driver lists it: it drives it; None: not known, ``--gpu``)."""
 
     __slots__ = ("gpu", "bus_id", "pci_id", "arch", "arch_from", "listed")
 
     def __init__(self, gpu, bus_id: str, pci_id: str | None, arch: str | None, arch_from: str | None,
-                 listed: bool) -> None:
+                 listed: bool | None) -> None:
         self.gpu, self.bus_id, self.pci_id = gpu, bus_id, pci_id
         self.arch, self.arch_from, self.listed = arch, arch_from, listed
 
@@ -128,10 +128,11 @@ class GpuArch:
         return base
 
 
-def of_gpu(gpu, pci_ids: dict | None = None) -> GpuArch:
+def of_gpu(gpu, pci_ids: dict | None = None, listed: bool | None = True) -> GpuArch:
     """The architecture of a listed GPU: compute capability, else PCI device ID, else model name.
 
-    ``pci_ids``: ``{bus id: "0x2330"}`` from :func:`pci_gpus`.
+    ``pci_ids``: ``{bus id: "0x2330"}`` from :func:`pci_gpus`; ``listed``: the
+    driver lists it (``None``: not known, a GPU named by ``plan --gpu``).
 
     >>> from compat_hook.facts.hostfacts import Gpu
     >>> a = of_gpu(Gpu("0000:17:00.0", "NVIDIA Graphics Device", None, "proc-model-name"), {"0000:17:00.0": "0x2330"})
@@ -155,7 +156,7 @@ def of_gpu(gpu, pci_ids: dict | None = None) -> GpuArch:
         except gpunames.UnknownGpuName:
             arch = None
         how = f"model name {gpu.model}" if arch is not None else None
-    return GpuArch(gpu, bus, pci, arch, how, True)
+    return GpuArch(gpu, bus, pci, arch, how, listed)
 
 
 def _read(path: str) -> str | None:

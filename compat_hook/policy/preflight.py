@@ -87,7 +87,7 @@ def _gpu_view(config, base, named: bool) -> list:
     from ..facts.gpunames import architecture_of_pci
 
     pci = {} if named else gpusupport.pci_gpus(getattr(config, "host_root", "/") or "/")
-    view = [gpusupport.of_gpu(g, pci) for g in base.gpus]
+    view = [gpusupport.of_gpu(g, pci, None if named else True) for g in base.gpus]
     seen = {v.bus_id for v in view}
     for bus, dev in sorted(pci.items()):
         if bus not in seen:
