@@ -663,7 +663,8 @@ def _segments(tf, m):
 
 def _copy_out(tf, m, spool: Spool, limits):
     """Spool a member's bytes (zero runs as holes); :class:`Spooled` or :class:`Unreadable`."""
-    cap = min(limits.max_file_bytes, spool.max_total - spool.used)
+    room = spool.max_total - spool.used
+    cap = min(limits.max_file_bytes, room)
     if m.size > limits.max_file_size:
         return Unreadable(f"{m.name}: {m.size} bytes (a sparse file?): too large for the image reader", 27)
     fd, path = spool.create()
@@ -673,6 +674,11 @@ def _copy_out(tf, m, spool: Spool, limits):
             written += _put(fd, b, at)
             if written > cap:
                 os.ftruncate(fd, 0)
+                if cap < limits.max_file_bytes:
+                    # The reader's spool (its temp dir's bound) is full, not this file too big: the
+                    # image cannot be read whole here, so it is an error for it, not a guess without it.
+                    raise _error(f"{m.name}: more than the {room} bytes left in the image reader's spool "
+                                 f"({spool.max_total} in all): this image is not read")
                 return Unreadable(f"{m.name}: more than {cap} bytes of data: too large for the image reader",
                                   27)  # EFBIG
         os.ftruncate(fd, m.size)

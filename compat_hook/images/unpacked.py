@@ -170,6 +170,12 @@ class Layers(Surface):
 
         return ImageError(f"{self.what}: {msg}")
 
+    def _denied(self, path: str):
+        # A reader without CAP_DAC_READ_SEARCH (the cluster agent) meets a directory or file that
+        # is not root's and not world-readable: the image cannot be read whole, so it is not
+        # judged (taking the name as absent would hide what the container sees there).
+        return self._error(f"{path}: permission denied in a layer dir (the image cannot be read whole)")
+
     # -- lifetime -------------------------------------------------------------
     def close(self) -> None:
         fds, self._fds = self._fds, []
@@ -200,12 +206,16 @@ class Layers(Surface):
                 continue
             except NotADirectoryError:
                 continue
+            except PermissionError:
+                raise self._denied(path) from None
             if not _stat.S_ISDIR(st.st_mode):
                 if found is None and not is_whiteout(st):
                     return _Entry(st, parent=fd, name=name)
                 break  # a whiteout, or a non-directory under a directory: nothing below shows
             try:
                 dfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except PermissionError:
+                raise self._denied(path) from None
             except OSError:
                 break  # swapped since the stat: stop here rather than guess
             owned.append(dfd)
@@ -363,7 +373,10 @@ class Layers(Surface):
                 st = os.fstat(pfd)
                 if not _stat.S_ISREG(st.st_mode):
                     raise UnsafePath(f"file changed while opening: {where}")
-                fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+                try:
+                    fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+                except PermissionError:
+                    raise self._denied(where) from None
             finally:
                 os.close(pfd)
         finally:

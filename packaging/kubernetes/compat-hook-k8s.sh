@@ -45,7 +45,10 @@
 #      seconds as well (the fallback for a missed event, and all there is
 #      where the watcher cannot run). The durable setting is the operator's own: ClusterPolicy
 #      spec.toolkit.env NVIDIA_CONTAINER_RUNTIME_RUNTIMES=
-#      "$HOST_PREFIX/bin/compat-hook-runtime,runc,crun" (docs/engines.md);
+#      "$HOST_PREFIX/bin/compat-hook-runtime,runc,crun" (docs/engines.md). With it set,
+#      TOOLKIT_CONFIGS="" (the chart's gpuOperator.toolkitEnv=true) leaves the toolkit's files
+#      alone: no watcher, and the files in TOOLKIT_EXPECT are only checked for the wrapper,
+#      with one line whenever their content changes;
 #   5. `run` also re-runs `compat-hook install containerd` whenever containerd's
 #      configuration files change (checked every $TOOLKIT_RECHECK seconds): on
 #      containerd 1.x the runtime lives in config.toml itself, so a tool that
@@ -67,7 +70,7 @@
 #   RUNTIME_NAME [cuda-compat]  INSTALL_ARGS [] (e.g. "--set-as-default")
 #   CONFIG_SOURCE []  RESTART_CONTAINERD [false]  RESTART_COMMAND [see above]
 #   UNINSTALL_ON_STOP [true]  READY_FILE [/tmp/compat-hook-ready]
-#   TOOLKIT_CONFIGS [the two paths in 4.]  TOOLKIT_RECHECK [30]
+#   TOOLKIT_CONFIGS [the two paths in 4.; "" none]  TOOLKIT_EXPECT []  TOOLKIT_RECHECK [30]
 #   LOG_FILE [/var/log/compat-hook.log]  LOG_MAX_BYTES [52428800]  LOG_KEEP [8]: the node's
 #   decision log (the config's log_file) is rotated like the Debian package's logrotate file does:
 #   checked at every TOOLKIT_RECHECK, renamed to .1 past LOG_MAX_BYTES, older copies gzipped
@@ -86,7 +89,9 @@ RESTART_CONTAINERD=${RESTART_CONTAINERD:-false}
 RESTART_COMMAND=${RESTART_COMMAND:-nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd}
 UNINSTALL_ON_STOP=${UNINSTALL_ON_STOP:-true}
 READY_FILE=${READY_FILE:-/tmp/compat-hook-ready}
-TOOLKIT_CONFIGS=${TOOLKIT_CONFIGS:-/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml /etc/nvidia-container-runtime/config.toml}
+# (set but empty: no toolkit config is registered or watched)
+TOOLKIT_CONFIGS=${TOOLKIT_CONFIGS-/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml /etc/nvidia-container-runtime/config.toml}
+TOOLKIT_EXPECT=${TOOLKIT_EXPECT:-}
 TOOLKIT_RECHECK=${TOOLKIT_RECHECK:-30}
 TOOLKIT_STATE=${TOOLKIT_STATE:-/tmp/compat-hook-toolkit}
 LOG_FILE=${LOG_FILE:-/var/log/compat-hook.log}
@@ -211,6 +216,7 @@ do_install() {
         $INSTALL_ARGS >&2 || die "compat-hook install containerd failed"
     launcher "$dest"
     sync_toolkit "$dest"
+    check_toolkit_env
     after=$(containerd_sum)
     if [ "$before" != "$after" ]; then
         restart_containerd || true
@@ -238,6 +244,27 @@ sync_toolkit() {
             log "registered under the NVIDIA toolkit's $cfg"
         else
             log "warning: compat-hook install nvidia-toolkit --engine-config $cfg failed"
+        fi
+    done
+}
+
+# The toolkit configs someone else registers compat-hook in (the GPU Operator's, from the
+# ClusterPolicy's toolkit.env): only read, one line each time one's content changes.
+check_toolkit_env() {
+    mkdir -p "$TOOLKIT_STATE"
+    for cfg in $TOOLKIT_EXPECT; do
+        [ -f "$HOST_ROOT$cfg" ] || continue
+        key=expect$(echo "$cfg" | tr '/' '_')
+        sum=$(md5sum < "$HOST_ROOT$cfg")
+        [ "$sum" = "$(cat "$TOOLKIT_STATE/$key" 2>/dev/null)" ] && continue
+        echo "$sum" > "$TOOLKIT_STATE/$key"
+        if grep -Eq "^[[:space:]]*runtimes[[:space:]]*=[[:space:]]*\\[[[:space:]]*\"$HOST_PREFIX/bin/compat-hook-runtime\"" \
+                "$HOST_ROOT$cfg"; then
+            log "$cfg runs $HOST_PREFIX/bin/compat-hook-runtime first (the ClusterPolicy's toolkit.env)"
+        else
+            log "warning: $cfg does not run $HOST_PREFIX/bin/compat-hook-runtime first: pods of the NVIDIA" \
+                "runtime miss compat-hook; set the ClusterPolicy's spec.toolkit.env" \
+                "NVIDIA_CONTAINER_RUNTIME_RUNTIMES=$HOST_PREFIX/bin/compat-hook-runtime,runc,crun (docs/engines.md)"
         fi
     done
 }
@@ -303,16 +330,21 @@ rotate_log() {
     mv "$f" "$f.1" && log "rotated $LOG_FILE ($LOG_MAX_BYTES bytes)" || true
 }
 
-# The re-registration loop: the watcher, and plain polling whenever it is not running.
+# The re-registration loop: the watcher, and plain polling whenever it is not running (or
+# there is no toolkit config to watch: TOOLKIT_CONFIGS="").
 toolkit_loop() {
     trap 'kill "$wpid" 2>/dev/null; exit 0' TERM INT
     sync_containerd "$(cat "$READY_FILE")"
     while :; do
-        watch_toolkit "$(cat "$READY_FILE")" & wpid=$!
+        if [ -n "$TOOLKIT_CONFIGS" ]; then
+            watch_toolkit "$(cat "$READY_FILE")" & wpid=$!
+            wait "$wpid" || true
+            log "warning: the toolkit config watcher stopped; checking every ${TOOLKIT_RECHECK}s"
+        fi
+        sleep "$TOOLKIT_RECHECK" & wpid=$!
         wait "$wpid" || true
-        log "warning: the toolkit config watcher stopped; checking every ${TOOLKIT_RECHECK}s"
-        sleep "$TOOLKIT_RECHECK" & wait $! || true
         sync_toolkit "$(cat "$READY_FILE")"
+        check_toolkit_env
         sync_containerd "$(cat "$READY_FILE")"
         rotate_log
     done

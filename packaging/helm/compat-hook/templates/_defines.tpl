@@ -1,0 +1,43 @@
+{{/*
+The node's containerd as a JSON object: distribution, socket, config, root, namespace.
+containerd.distribution=auto asks the cluster once (`helm install`; `helm template` finds nothing
+and gives containerd): a node whose kubelet version carries +k3s or +rke2, or that microk8s
+labelled, names the distribution.
+*/}}
+{{- define "compat-hook.containerd" -}}
+{{- $c := .Values.containerd -}}
+{{- $dist := $c.distribution -}}
+{{- if eq $dist "auto" -}}
+{{- $dist = "containerd" -}}
+{{- $nodes := lookup "v1" "Node" "" "" -}}
+{{- range $n := ((($nodes | default dict).items) | default list) -}}
+{{- $v := (($n.status | default dict).nodeInfo | default dict).kubeletVersion | default "" -}}
+{{- if contains "+k3s" $v -}}{{- $dist = "k3s" -}}
+{{- else if contains "+rke2" $v -}}{{- $dist = "rke2" -}}
+{{- else if hasKey (($n.metadata | default dict).labels | default dict) "microk8s.io/cluster" -}}{{- $dist = "microk8s" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $presets := dict
+  "containerd" (dict "socket" "/run/containerd/containerd.sock" "config" "/etc/containerd/config.toml" "root" "/var/lib/containerd")
+  "k3s" (dict "socket" "/run/k3s/containerd/containerd.sock" "config" "/var/lib/rancher/k3s/agent/etc/containerd/config.toml" "root" "/var/lib/rancher/k3s/agent/containerd")
+  "rke2" (dict "socket" "/run/k3s/containerd/containerd.sock" "config" "/var/lib/rancher/rke2/agent/etc/containerd/config.toml" "root" "/var/lib/rancher/rke2/agent/containerd")
+  "microk8s" (dict "socket" "/var/snap/microk8s/common/run/containerd.sock" "config" "/var/snap/microk8s/current/args/containerd-template.toml" "root" "/var/snap/microk8s/common/var/lib/containerd")
+-}}
+{{- $p := get $presets $dist -}}
+{{- $socket := $c.socket | default .Values.agent.containerdSocket | default $p.socket -}}
+{{- dict "distribution" $dist
+      "socket" $socket
+      "config" ($c.config | default $p.config)
+      "root" (trimSuffix "/" ($c.root | default $p.root))
+      "namespace" (.Values.agent.containerdNamespace | default $c.namespace | default "k8s.io")
+    | toJson -}}
+{{- end -}}
+
+{{/* The agent's and the release Job's ServiceAccount user names, as the API server sees them. */}}
+{{- define "compat-hook.agentUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:compat-hook
+{{- end -}}
+{{- define "compat-hook.releaseUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:compat-hook-release
+{{- end -}}

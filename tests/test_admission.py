@@ -1,0 +1,443 @@
+"""The Helm chart on a real API server: each node's agent may change only its own Node, and only its keys.
+
+kube-apiserver v1.34 (built from the ``k8s.io/kubernetes`` module, RBAC on) with the chart's
+rendered manifests applied by server-side apply, as ``helm install`` does. Tokens are real
+TokenRequests: an agent's is bound to a Pod of the DaemonSet's template placed on its node (the
+API server then names the node in ``request.userInfo.extra``, as for the kubelet's projected
+tokens); an unbound one names none. Every refusal is checked to come from the chart's
+ValidatingAdmissionPolicy (not RBAC), and to leave the Node as it was; every allowed change is
+read back.
+
+Also here: ``helm template`` output for several value sets passes a server-side dry run with
+strict field validation; ``helm install --create-namespace`` gives a namespace whose Pod Security
+label admits the DaemonSet's pod (which a ``baseline`` namespace refuses); ``containerd.distribution
+=auto`` reads the distribution from the nodes; least RBAC, asked of the API server itself.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from tests.support import chart
+from tests.support.kube import ADMIN_TOKEN, AGENT_TOKEN, Api, ApiError, ControlPlane
+
+pytestmark = [pytest.mark.containers, pytest.mark.slow]
+
+NS = "compat-hook"
+PREFIX = "compat-hook.io"
+SKIP = "nvidia.com/gpu-driver-upgrade.skip"
+DEPLOY = "nvidia.com/gpu.deploy.driver"
+AGENT_POLICY = "ValidatingAdmissionPolicy 'compat-hook-agent-node'"
+OBJECTS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-agent-objects'"
+RELEASE_POLICY = "ValidatingAdmissionPolicy 'compat-hook-release-node'"
+MERGE, SMP, JSONP = ("application/merge-patch+json", "application/strategic-merge-patch+json",
+                     "application/json-patch+json")
+
+
+class World:
+    def __init__(self, cp: ControlPlane, docs: list) -> None:
+        self.cp, self.admin, self.docs = cp, cp.admin, docs
+        self.api: dict = {}
+
+    def node(self, name: str) -> dict:
+        return self.admin.get(f"/api/v1/nodes/{name}")
+
+    def patch(self, who: str, name: str, body, ct: str = MERGE, **query) -> dict:
+        return self.api[who].request("PATCH", f"/api/v1/nodes/{name}", body, content_type=ct, query=query or None)
+
+    def refused(self, who: str, name: str, body, ct: str = MERGE, policy: str = AGENT_POLICY) -> str:
+        """The patch is refused by ``policy`` and the Node is left as it was; returns the message."""
+        before = self.node(name)
+        with pytest.raises(ApiError) as e:
+            self.patch(who, name, body, ct)
+        assert e.value.status == 403 and policy in str(e.value), e.value
+        after = self.node(name)
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+        return str(e.value)
+
+
+def _pod(w_docs: list, node: str, name: str) -> dict:
+    """A Pod of the DaemonSet's own template, bound to ``node`` (no kubelet runs it)."""
+    [ds] = [d for d in w_docs if d["kind"] == "DaemonSet"]
+    tpl = json.loads(json.dumps(ds["spec"]["template"]))
+    tpl["metadata"]["name"] = name
+    tpl["spec"]["nodeName"] = node
+    return tpl
+
+
+def _token(admin: Api, sa: str, pod: dict | None = None) -> str:
+    spec: dict = {"expirationSeconds": 3600}
+    if pod is not None:
+        spec["boundObjectRef"] = {"kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"],
+                                  "uid": pod["metadata"]["uid"]}
+    req = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    return admin.create(f"/api/v1/namespaces/{NS}/serviceaccounts/{sa}/token", req)["status"]["token"]
+
+
+def _wait_policy(w: World, who: str, node: str, body, policy: str) -> None:
+    """Until the API server enforces the policies just applied (a dry run: nothing changes)."""
+    def enforced():
+        try:
+            w.patch(who, node, body, dryRun="All")
+        except ApiError as e:
+            return e.status == 403 and policy in str(e)
+        return False
+
+    w.admin.wait(f"{policy} enforced", enforced, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    cp = ControlPlane(tmp_path_factory.mktemp("admission") / "cp")
+    cp.start()
+    try:
+        docs = chart.render()
+        # the release Job is a pre-delete hook: nothing here would run it
+        chart.apply(cp.admin, [d for d in docs if d["kind"] != "Job"])
+        w = World(cp, docs)
+        for name in ("gpu-a", "gpu-b"):
+            cp.admin.create("/api/v1/nodes", {"metadata": {"name": name, "labels": {
+                DEPLOY: "true", "nvidia.com/gpu.present": "true", "nvidia.com/gpu-driver-upgrade-state": "upgrade-done"},
+                "annotations": {"team.example.com/owner": "gpu-team"}}})
+        for node in ("gpu-a", "gpu-b"):
+            pod = cp.admin.create(f"/api/v1/namespaces/{NS}/pods", _pod(docs, node, f"compat-hook-{node}"))
+            w.api[node] = Api(cp.url, _token(cp.admin, "compat-hook", pod))
+        w.api["unbound"] = Api(cp.url, _token(cp.admin, "compat-hook"))
+        w.api["static"] = Api(cp.url, AGENT_TOKEN)  # the same user name, from the token file: no extra at all
+        w.api["release"] = Api(cp.url, _token(cp.admin, "compat-hook-release"))
+        _wait_policy(w, "gpu-a", "gpu-b", {"metadata": {"labels": {f"{PREFIX}/preflight": "pass"}}}, AGENT_POLICY)
+        yield w
+    finally:
+        cp.stop()
+
+
+# ----------------------------------------------------------------------------- the agent on its Node
+
+
+def test_pod_bound_token_names_its_node(world):
+    """The fact the policy stands on (ServiceAccountTokenPodNodeInfo): a token bound to a pod on a
+    node carries that node's name; an unbound one carries none."""
+    def extra(who):
+        review = world.api[who].create("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                                       {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+        info = review["status"]["userInfo"]
+        assert info["username"] == f"system:serviceaccount:{NS}:compat-hook"
+        return info.get("extra", {})
+
+    assert extra("gpu-a")["authentication.kubernetes.io/node-name"] == ["gpu-a"]
+    assert extra("gpu-b")["authentication.kubernetes.io/node-name"] == ["gpu-b"]
+    assert "authentication.kubernetes.io/node-name" not in extra("unbound")
+
+
+def test_agent_sets_its_own_preflight_and_skip_labels(world):
+    w = world
+    summary = json.dumps({"verdict": "fail", "details": f"configmap {NS}/gpu-a"})
+    w.patch("gpu-a", "gpu-a", {"metadata": {
+        "labels": {f"{PREFIX}/preflight": "fail", f"{PREFIX}/preflight.broken": "1",
+                   f"{PREFIX}/preflight.target-driver": "580.65.06", SKIP: "true"},
+        "annotations": {f"{PREFIX}/preflight": summary, f"{PREFIX}/holds-upgrade": "2026-12-03T10:00:00Z"}}})
+    meta = w.node("gpu-a")["metadata"]
+    assert meta["labels"][f"{PREFIX}/preflight"] == "fail" and meta["labels"][SKIP] == "true"
+    assert meta["labels"][f"{PREFIX}/preflight.target-driver"] == "580.65.06"
+    assert meta["annotations"][f"{PREFIX}/preflight"] == summary
+    # the other patch kinds, and removals: judged by what they change, not by how they say it
+    w.patch("gpu-a", "gpu-a", {"metadata": {"labels": {SKIP: None}, "annotations": {f"{PREFIX}/holds-upgrade": None}}},
+            SMP)
+    w.patch("gpu-a", "gpu-a", [{"op": "replace", "path": f"/metadata/labels/{PREFIX.replace('/', '~1')}~1preflight",
+                                "value": "pass"}], JSONP)
+    meta = w.node("gpu-a")["metadata"]
+    assert SKIP not in meta["labels"] and f"{PREFIX}/holds-upgrade" not in meta["annotations"]
+    assert meta["labels"][f"{PREFIX}/preflight"] == "pass"
+    assert meta["labels"][DEPLOY] == "true" and meta["annotations"]["team.example.com/owner"] == "gpu-team"
+
+
+def test_agent_cannot_change_another_node(world):
+    w = world
+    msg = w.refused("gpu-a", "gpu-b", {"metadata": {"labels": {f"{PREFIX}/preflight": "fail", SKIP: "true"}}})
+    assert "on node gpu-a may change only that Node, not gpu-b" in msg
+    w.refused("gpu-a", "gpu-b", {"metadata": {"annotations": {f"{PREFIX}/preflight": "{}"}}})
+    # the refusal is about whose Node it is: B's own agent may
+    w.patch("gpu-b", "gpu-b", {"metadata": {"labels": {f"{PREFIX}/preflight": "warn"}}})
+    assert w.node("gpu-b")["metadata"]["labels"][f"{PREFIX}/preflight"] == "warn"
+
+
+@pytest.mark.parametrize("body,ct,says", [
+    ({"metadata": {"labels": {DEPLOY: "false"}}}, MERGE, DEPLOY),                # the operator's driver switch
+    ({"metadata": {"labels": {DEPLOY: None}}}, SMP, DEPLOY),                     # ... removed
+    ({"metadata": {"labels": {"nvidia.com/gpu-driver-upgrade-state": "upgrade-required"}}}, MERGE,
+     "nvidia.com/gpu-driver-upgrade-state"),
+    ({"metadata": {"labels": {"team": "x", f"{PREFIX}/preflight": "pass"}}}, MERGE, "not team"),
+    ({"metadata": {"annotations": {"nvidia.com/gpu-driver-upgrade-requested": "true"}}}, MERGE,
+     "nvidia.com/gpu-driver-upgrade-requested"),
+    ({"metadata": {"annotations": {"team.example.com/owner": None}}}, MERGE, "team.example.com/owner"),
+    ({"metadata": {"annotations": {f"{PREFIX}/allow-upgrade": "true"}}}, MERGE, f"{PREFIX}/allow-upgrade"),
+    ({"spec": {"unschedulable": True}}, MERGE, "spec"),                          # a cordon
+    ({"spec": {"taints": [{"key": "compat-hook", "effect": "NoSchedule"}]}}, SMP, "spec"),
+    ({"spec": {"podCIDR": "10.9.0.0/24"}}, MERGE, "spec"),
+    ({"metadata": {"finalizers": ["example.com/keep"]}}, MERGE, "finalizers"),
+    ([{"op": "add", "path": "/metadata/labels/other", "value": "1"}], JSONP, "not other"),
+], ids=["deploy-driver", "deploy-driver-removed", "upgrade-state", "foreign-label", "upgrade-requested",
+        "foreign-annotation-removed", "allow-upgrade", "unschedulable", "taint", "spec-field", "finalizer",
+        "json-patch"])
+def test_agent_cannot_change_anything_else_on_its_node(world, body, ct, says):
+    assert says in world.refused("gpu-a", "gpu-a", body, ct)
+
+
+def test_agent_cannot_replace_its_labels_wholesale(world):
+    """A patch that replaces the whole label map (a strategic-merge ``$patch: replace``) keeping only the
+    agent's keys drops the operator's: judged key by key, it is refused. (A PUT is refused earlier:
+    RBAC gives the agent no ``update`` on Nodes.)"""
+    w = world
+    labels = {k: v for k, v in w.node("gpu-a")["metadata"]["labels"].items() if k.startswith(f"{PREFIX}/")}
+    msg = w.refused("gpu-a", "gpu-a", {"metadata": {"labels": dict(labels, **{"$patch": "replace"})}}, SMP)
+    assert DEPLOY in msg
+    with pytest.raises(ApiError) as e:
+        w.api["gpu-a"].request("PUT", "/api/v1/nodes/gpu-a", w.node("gpu-a"))
+    assert e.value.status == 403 and "ValidatingAdmissionPolicy" not in str(e.value)
+
+
+@pytest.mark.parametrize("who", ["unbound", "static"])
+def test_a_token_that_names_no_node_changes_no_node(world, who):
+    for node in ("gpu-a", "gpu-b"):
+        msg = world.refused(who, node, {"metadata": {"labels": {f"{PREFIX}/preflight": "pass"}}})
+        assert "pod-bound token" in msg
+
+
+# ----------------------------------------------------------------------------- its Lease, ConfigMap, Events
+
+
+def _create(api: Api, path: str, obj: dict) -> dict:
+    return api.create(path, obj)
+
+
+def test_agent_writes_only_its_own_lease_configmap_and_events(world):
+    w = world
+    a = w.api["gpu-a"]
+    leases, cms, events = (f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases", f"/api/v1/namespaces/{NS}/configmaps",
+                           f"/api/v1/namespaces/{NS}/events")
+    lease = _create(a, leases, {"metadata": {"name": "gpu-a"}, "spec": {"holderIdentity": "gpu-a",
+                                                                        "leaseDurationSeconds": 600}})
+    lease["spec"]["renewTime"] = "2026-12-03T10:05:00.000000Z"
+    a.request("PUT", f"{leases}/gpu-a", lease)  # the heartbeat: an update, as the agent renews it
+    assert w.admin.get(f"{leases}/gpu-a")["spec"]["renewTime"].startswith("2026-12-03T10:05:00")
+    cm = _create(a, cms, {"metadata": {"name": "gpu-a", "labels": {"app.kubernetes.io/component": "preflight"}},
+                          "data": {"images": "[]"}})
+    cm["data"]["images"] = '["x"]'
+    a.request("PUT", f"{cms}/gpu-a", cm)
+    assert w.admin.get(f"{cms}/gpu-a")["data"]["images"] == '["x"]'
+    # an update of another node's Lease is refused, as its create is
+    lease_b = w.admin.create(leases, {"metadata": {"name": "gpu-b"}, "spec": {"holderIdentity": "gpu-b"}})
+    with pytest.raises(ApiError) as e:
+        a.request("PUT", f"{leases}/gpu-b", dict(lease_b, spec={"holderIdentity": "gpu-a"}))
+    assert e.value.status == 403 and OBJECTS_POLICY in str(e.value)
+    assert w.admin.get(f"{leases}/gpu-b")["spec"]["holderIdentity"] == "gpu-b"
+    w.admin.delete(f"{leases}/gpu-b")
+    ev = {"metadata": {"generateName": "gpu-a.compat-hook-"}, "reason": "CompatHookPreflight", "message": "m",
+          "type": "Normal", "involvedObject": {"kind": "Node", "name": "gpu-a", "apiVersion": "v1", "namespace": NS}}
+    _create(a, events, ev)
+
+    def refused(api, path, obj, policy=OBJECTS_POLICY):
+        with pytest.raises(ApiError) as e:
+            _create(api, path, obj)
+        assert e.value.status == 403 and policy in str(e.value), e.value
+        return str(e.value)
+
+    assert "writes only the Lease named gpu-a, not gpu-b" in refused(
+        a, leases, {"metadata": {"name": "gpu-b"}, "spec": {"holderIdentity": "gpu-b"}})
+    refused(a, cms, {"metadata": {"name": "gpu-b"}, "data": {}})
+    refused(a, events, dict(ev, involvedObject=dict(ev["involvedObject"], name="gpu-b")))
+    refused(a, events, dict(ev, involvedObject={"kind": "Pod", "name": "gpu-a", "namespace": NS}))
+    with pytest.raises(ApiError) as e:
+        a.delete(f"{leases}/gpu-a")
+    assert e.value.status == 403  # no delete verb (RBAC)
+    # a token that names no node writes none of them, not even under the right name
+    assert "pod-bound token" in refused(w.api["unbound"], leases, {"metadata": {"name": "gpu-a-x"}, "spec": {}})
+    # outside its namespace: RBAC has nothing for it
+    with pytest.raises(ApiError) as e:
+        _create(a, "/api/v1/namespaces/default/events", dict(ev, involvedObject=dict(ev["involvedObject"],
+                                                                                     namespace="default")))
+    assert e.value.status == 403 and "ValidatingAdmissionPolicy" not in str(e.value)
+    assert [c["metadata"]["name"] for c in w.admin.get(cms)["items"] if c["metadata"]["name"].startswith("gpu-")] == [
+        "gpu-a"]
+
+
+# ----------------------------------------------------------------------------- the release Job's account
+
+
+def test_release_account_removes_holds_and_adds_none(world):
+    w = world
+    for name in ("gpu-a", "gpu-b"):
+        w.admin.merge(f"/api/v1/nodes/{name}", {"metadata": {
+            "labels": {SKIP: "true", f"{PREFIX}/preflight": "fail"},
+            "annotations": {f"{PREFIX}/holds-upgrade": "2026-12-03T10:00:00Z"}}})
+    w.admin.merge("/api/v1/nodes/gpu-b", {"metadata": {"labels": {SKIP: None}}})
+    w.refused("release", "gpu-b", {"metadata": {"labels": {SKIP: "true"}}}, policy=RELEASE_POLICY)   # add a hold
+    w.refused("release", "gpu-a", {"metadata": {"labels": {SKIP: "false"}}}, policy=RELEASE_POLICY)  # change one
+    w.refused("release", "gpu-a", {"metadata": {"labels": {DEPLOY: None}}}, policy=RELEASE_POLICY)
+    w.refused("release", "gpu-a", {"metadata": {"annotations": {"team.example.com/owner": None}}},
+              policy=RELEASE_POLICY)
+    w.refused("release", "gpu-a", {"spec": {"unschedulable": True}}, policy=RELEASE_POLICY)
+    w.refused("release", "gpu-a", {"metadata": {"annotations": {f"{PREFIX}/holds-upgrade": "later"}}},
+              policy=RELEASE_POLICY)
+    # what `cluster release` does: the skip label and its annotation, together
+    w.patch("release", "gpu-a", {"metadata": {"labels": {SKIP: None},
+                                              "annotations": {f"{PREFIX}/holds-upgrade": None}}})
+    w.patch("release", "gpu-a", {"metadata": {"labels": {f"{PREFIX}/preflight": None}}}, SMP)
+    meta = w.node("gpu-a")["metadata"]
+    assert SKIP not in meta["labels"] and f"{PREFIX}/holds-upgrade" not in meta["annotations"]
+    assert f"{PREFIX}/preflight" not in meta["labels"] and meta["labels"][DEPLOY] == "true"
+
+
+# ----------------------------------------------------------------------------- RBAC, as the API server sees it
+
+
+def _can(w: World, user: str, verb: str, resource: str, *, group: str = "", namespace: str | None = None,
+         sub: str | None = None) -> bool:
+    attrs = {"verb": verb, "resource": resource, "group": group}
+    if namespace:
+        attrs["namespace"] = namespace
+    if sub:
+        attrs["subresource"] = sub
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+              "spec": {"user": f"system:serviceaccount:{NS}:{user}",
+                       "groups": ["system:serviceaccounts", f"system:serviceaccounts:{NS}", "system:authenticated"],
+                       "resourceAttributes": attrs}}
+    return w.admin.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"].get("allowed", False)
+
+
+def test_rbac_grants_the_agent_only_what_it_uses(world):
+    w = world
+    allowed = [("get", "nodes", "", None), ("list", "nodes", "", None), ("watch", "nodes", "", None),
+               ("patch", "nodes", "", None), ("list", "pods", "", None), ("watch", "pods", "", None),
+               ("list", "clusterpolicies", "nvidia.com", None), ("watch", "nvidiadrivers", "nvidia.com", None),
+               ("create", "leases", "coordination.k8s.io", NS), ("update", "leases", "coordination.k8s.io", NS),
+               ("get", "configmaps", "", NS), ("update", "configmaps", "", NS), ("create", "events", "", NS)]
+    denied = [("update", "nodes", "", None), ("delete", "nodes", "", None), ("create", "nodes", "", None),
+              ("get", "pods", "", None), ("get", "clusterpolicies", "nvidia.com", None),
+              ("get", "nvidiadrivers", "nvidia.com", None), ("create", "events", "", "default"),
+              ("create", "events", "", "kube-system"), ("create", "leases", "coordination.k8s.io", "default"),
+              ("list", "configmaps", "", NS), ("delete", "leases", "coordination.k8s.io", NS),
+              ("patch", "configmaps", "", NS), ("patch", "leases", "coordination.k8s.io", NS),
+              ("get", "secrets", "", NS), ("list", "secrets", "", None), ("create", "pods", "", NS)]
+    assert [a for a in allowed if not _can(w, "compat-hook", a[0], a[1], group=a[2], namespace=a[3])] == []
+    assert [d for d in denied if _can(w, "compat-hook", d[0], d[1], group=d[2], namespace=d[3])] == []
+    assert not _can(w, "compat-hook", "patch", "nodes", sub="status")
+    assert _can(w, "compat-hook-release", "list", "nodes") and _can(w, "compat-hook-release", "patch", "nodes")
+    assert not any(_can(w, "compat-hook-release", v, r) for v, r in
+                   (("get", "nodes"), ("update", "nodes"), ("list", "pods"), ("create", "events")))
+
+
+# ----------------------------------------------------------------------------- helm template, helm install
+
+
+@pytest.mark.parametrize("values", [
+    [],
+    ["agent.gate=true", "agent.labelPrefix=preflight.example.com", "agent.interval=60", "agent.target=570.195.03",
+     "agent.nfdFeaturesFile=/etc/kubernetes/node-feature-discovery/features.d/compat-hook",
+     "agent.textfile=/var/lib/node_exporter/textfile_collector/compat-hook.prom",
+     "release.formerLabelPrefixes={compat-hook.io,old.example.com}"],
+    ["agent.enabled=false", "runtimeClass.create=false", "release.enabled=false", "admissionPolicy.enabled=false"],
+    # (not restartContainerd here: this API server runs without --allow-privileged)
+    ["containerd.distribution=k3s", "gpuOperator.toolkitEnv=true",
+     "agent.recursiveReadOnly=", "containerd.snapshotters={overlayfs,native}"],
+    ["containerd.distribution=microk8s", "agent.recursiveReadOnly=Enabled", "namespace.create=false"],
+], ids=["defaults", "gate-prefix-target-outputs", "registration-only", "k3s-toolkit-env", "microk8s"])
+def test_helm_template_applies_with_a_server_side_dry_run(world, tmp_path, values):
+    docs = chart.render(*values)
+    kinds = sorted({d["kind"] for d in docs})
+    if "agent.enabled=false" in values:
+        assert kinds == ["DaemonSet", "Namespace"]
+    else:
+        assert {"ClusterRole", "Role", "ConfigMap", "DaemonSet", "ServiceAccount"} <= set(kinds)
+        [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
+        conf = tmp_path / "agent.yaml"
+        conf.write_text(cm["data"]["config.yaml"])
+        p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "config", "--check", str(conf)], cwd=chart.REPO,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        cluster = yaml.safe_load(cm["data"]["config.yaml"])["cluster"]
+        assert cluster["gate_upgrade"] is ("agent.gate=true" in values)
+        agent = chart.containers(docs)["agent"]
+        assert ("--driver=570.195.03" in agent["command"]) is ("agent.target=570.195.03" in values)
+    assert ("ValidatingAdmissionPolicy" in kinds) is ("admissionPolicy.enabled=false" not in values)
+    chart.apply(world.admin, docs, dry_run=True)
+
+
+def _helm_env(w: World) -> dict:
+    return {"KUBECONFIG": str(w.cp.kubeconfig(ADMIN_TOKEN, "admin"))}
+
+
+def test_helm_install_create_namespace_admits_the_daemonset(world):
+    """``helm install --create-namespace`` (Helm 4) gives a namespace labelled for the DaemonSet's pod, which a
+    namespace at the ``baseline`` level refuses; without the chart's Namespace, NOTES says what to run."""
+    w = world
+    off = ["--set", "agent.enabled=false", "--set", "release.enabled=false", "--set", "admissionPolicy.enabled=false",
+           "--set", "runtimeClass.create=false"]
+    chart.helm("install", "compat-hook", chart.CHART, "--namespace", "ch-created", "--create-namespace", *off,
+               env=_helm_env(w))
+    labels = w.admin.get("/api/v1/namespaces/ch-created")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged", labels
+    pod = _pod(w.docs, "gpu-a", "probe")
+    w.admin.create("/api/v1/namespaces/ch-created/serviceaccounts", {"metadata": {"name": "compat-hook"}})
+    w.admin.request("POST", "/api/v1/namespaces/ch-created/pods", pod, query={"dryRun": "All"})
+    w.admin.create("/api/v1/namespaces", {"metadata": {"name": "ch-baseline", "labels": {
+        "pod-security.kubernetes.io/enforce": "baseline"}}})
+    w.admin.create("/api/v1/namespaces/ch-baseline/serviceaccounts", {"metadata": {"name": "compat-hook"}})
+    with pytest.raises(ApiError) as e:
+        w.admin.request("POST", "/api/v1/namespaces/ch-baseline/pods", pod, query={"dryRun": "All"})
+    assert e.value.status == 403 and "violates PodSecurity" in str(e.value) and "hostPath" in str(e.value)
+    # the chart's Namespace off, the namespace unlabelled: the install says how to label it
+    p = chart.helm("install", "compat-hook", chart.CHART, "--namespace", "ch-bare", "--create-namespace",
+                   "--set", "namespace.create=false", *off, "--dry-run=server", env=_helm_env(w))
+    assert "kubectl label --overwrite namespace ch-bare pod-security.kubernetes.io/enforce=privileged" in p.stdout
+
+
+def test_auto_distribution_is_read_from_the_nodes(world):
+    """containerd.distribution=auto: `helm install` looks at the nodes (a k3s kubelet's version says +k3s); the
+    socket, config and layer dirs are then k3s's, and the socket is where the image reader looks for k3s."""
+    from compat_hook.images.stores import CONTAINERD_SOCKETS
+
+    w = world
+    def agent_argv():
+        # (the objects exist already, applied by the fixture: nothing is changed by a template)
+        p = chart.helm("template", "compat-hook", chart.CHART, "--namespace", NS, "--dry-run=server",
+                       "--take-ownership", env=_helm_env(w))
+        docs = [d for d in yaml.safe_load_all(p.stdout) if d]
+        return chart.containers(docs)
+
+    assert "--address=/host/run/containerd/containerd.sock" in agent_argv()["agent"]["command"]
+    w.admin.create("/api/v1/nodes", {"metadata": {"name": "k3s-node"}})
+    try:
+        w.admin.request("PATCH", "/api/v1/nodes/k3s-node/status", {"status": {"nodeInfo": {
+            "kubeletVersion": "v1.31.4+k3s1", "containerRuntimeVersion": "containerd://1.7.23-k3s2"}}},
+            content_type=MERGE)
+        c = agent_argv()
+    finally:
+        w.admin.delete("/api/v1/nodes/k3s-node")
+    k3s = dict((who, path) for path, who in CONTAINERD_SOCKETS)["k3s/RKE2"]
+    assert f"--address=/host{k3s}" in c["agent"]["command"]
+    env = {e["name"]: e["value"] for e in c["installer"]["env"]}
+    assert env["CONTAINERD_CONFIG"] == "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+    mounts = {m["mountPath"] for m in c["agent"]["volumeMounts"]}
+    assert "/host/var/lib/rancher/k3s/agent/containerd/io.containerd.snapshotter.v1.overlayfs" in mounts
+
+
+def test_a_changed_prefix_moves_the_policy(world):
+    """The prefix is rendered into the policy: after an upgrade to another prefix the agent may write that
+    prefix's keys and no longer the old one's (last here: it re-applies the defaults after)."""
+    w = world
+    new = "preflight.example.com"
+    docs = [d for d in chart.render(f"agent.labelPrefix={new}") if d["kind"] == "ValidatingAdmissionPolicy"]
+    chart.apply(w.admin, docs)
+    try:
+        _wait_policy(w, "gpu-a", "gpu-a", {"metadata": {"labels": {f"{PREFIX}/preflight": "warn"}}}, AGENT_POLICY)
+        w.patch("gpu-a", "gpu-a", {"metadata": {"labels": {f"{new}/preflight": "pass"}}})
+        assert w.node("gpu-a")["metadata"]["labels"][f"{new}/preflight"] == "pass"
+        assert f"under {new}/" in w.refused("gpu-a", "gpu-a", {"metadata": {"labels": {f"{PREFIX}/preflight": "warn"}}})
+    finally:
+        chart.apply(w.admin, [d for d in w.docs if d["kind"] == "ValidatingAdmissionPolicy"])
