@@ -12,14 +12,14 @@ paths the way the container will:
 
 * every directory and symlink (cheap, and any of them can redirect a path);
 * regular files and others named ``libcuda*`` / ``libnvidia-*``, every entry
-  under a directory named ``compat*`` or conda's ``cuda-compat``, and files named ``*.conf``;
+  under a directory named ``compat*``, and files named ``*.conf``;
 * what tells the image's CUDA runtime (:mod:`compat_hook.facts.cudaruntime`):
   ``libcudart.so.*`` and conda's ``conda-meta/cuda-cudart-*.json`` (names
   only), a ``nvidia_cuda_runtime*.dist-info/METADATA`` and ``torch/version.py``
   (text, in the per-layer text budget);
 * the parent dirs of entries not kept (a tar need not list them, and a
   symlink may lead through them);
-* content: ``libcuda.so.<version>`` files under a ``compat*`` (or ``cuda-compat``) directory are
+* content: ``libcuda.so.<version>`` files under a ``compat*`` directory are
   spooled to the reader's private temp dir (a sparse member's holes, and
   64 KiB runs of zeros, stay holes: a 4 GB sparse file costs its data only);
   ``/etc/ld.so.conf``, ``/etc/ld.so.conf.d/*`` and the runtime texts above keep
@@ -94,10 +94,8 @@ def _binary(path: str) -> bool:
 
 
 def _under_compat(path: str) -> bool:
-    # A parent dir named compat* (compat, compat_orin, compat-12.4 ...), or conda's
-    # $PREFIX/cuda-compat (facts/imagefacts reads its libcuda as any compat dir's).
-    head = path[: path.rfind("/") + 1]
-    return path.startswith(("compat", "cuda-compat/")) or "/compat" in head or "/cuda-compat/" in head
+    # A parent dir named compat* (compat, compat_orin, compat-12.4 ...).
+    return path.startswith("compat") or "/compat" in path[: path.rfind("/") + 1]
 
 
 def keep(path: str, kind: str) -> str | None:
@@ -109,9 +107,6 @@ def keep(path: str, kind: str) -> str | None:
     (True, 'meta')
     >>> keep("etc/ld.so.conf.d/cuda.conf", "file"), keep("opt/x/libcuda.so.550.54.15", "file")
     ('text', 'meta')
-    >>> keep("opt/conda/cuda-compat/libcuda.so.550.54.15", "file")
-    'spool'
-
     """
     if kind in ("dir", "symlink"):
         return "meta"
