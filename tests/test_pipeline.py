@@ -64,13 +64,14 @@ HOSTS = {"older": "550.54.15", "newer": "580.65.06", "unknown": None}
 def _case_ids():
     for image, host, mode, extra in itertools.product(
             IMAGES, HOSTS, ("ldconfig", "env", "both"),
-            ("plain", "baked-dropin", "baked-dropin-so1", "image-ld-path", "opt-out", "no-gpu",
+            ("plain", "baked-dropin", "baked-dropin-so1", "image-ld-path", "opt-out", "no-gpu", "no-compute",
              "our-stale-dropin", "store")):
-        if mode != "ldconfig" and extra in ("opt-out", "no-gpu"):
+        if mode != "ldconfig" and extra in ("opt-out", "no-gpu", "no-compute"):
             continue  # the request decides alone; one mode is enough
         if extra == "store" and image != "no-compat":
             continue  # a store package is only for images without compat libs
-        if image in ("conda575", "two-dirs") and extra in ("opt-out", "no-gpu", "our-stale-dropin", "store"):
+        if image in ("conda575", "two-dirs") and extra in ("opt-out", "no-gpu", "no-compute", "our-stale-dropin",
+                                                           "store"):
             continue  # the new layouts add nothing to these
         # Each case starts three or four interpreters (~0.3 s): `make test-fast` keeps a
         # cross-section (every image and host; the ld cache path, the env path with an
@@ -103,6 +104,8 @@ def _bundle(base: pathlib.Path, image: str, host: str | None, extra: str) -> pat
         env.append(f"LD_LIBRARY_PATH={':'.join(ld)}")
     if extra == "opt-out":
         env.append("COMPAT_HOOK_DISABLE=1")
+    if extra == "no-compute":  # NVIDIA's runtime gives such a container no libcuda
+        env.append("NVIDIA_DRIVER_CAPABILITIES=utility,video")
     spec = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
             "process": {"args": ["/bin/true"], "cwd": "/", "env": env, "user": {"uid": 0, "gid": 0}},
             "annotations": {}, "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}]}
@@ -333,6 +336,9 @@ def test_explain_plans_what_the_wrapper_and_the_hook_do(tmp_path, image, host, m
         assert f"mount {tmp_path}/store/575.57.08 at /usr/local/cuda/compat (rbind,ro,nosuid,nodev)" \
             in plan["effects"]["wrapper"]
         assert hrec["actions"][0].startswith(f"bind-mounted {tmp_path}/store/575.57.08 at ")
-    if plan["reason"] in ("host_driver_unknown", "opt_out", "no_gpu_request"):
+    if extra == "no-compute":
+        assert (plan["reason"], plan["effect"]) == ("no_compute_capability", "leave")
+        assert (hrec["reason"], wrec["reason"]) == ("no_compute_capability", "no_compute_capability")
+    if plan["reason"] in ("host_driver_unknown", "opt_out", "no_gpu_request", "no_compute_capability"):
         assert not any(e.startswith("LD_LIBRARY_PATH") or e.startswith("unset")
                        for e in plan["effects"]["wrapper"])

@@ -36,8 +36,9 @@ An image may carry several candidate dirs (:meth:`ImageFacts.all
 <compat_hook.facts.imagefacts.ImageFacts.all>`: the configured dirs, conda's
 ``cuda-compat``, compat dirs its ``LD_LIBRARY_PATH`` names). Each is decided by
 these rules alone; of those that enable, the newest compat driver is chosen (it
-serves every CUDA runtime an older one does); when none does, the first
-candidate's skip is the decision. ``details["candidates"]`` lists each with its
+serves every CUDA runtime an older one does); when none does, the skip of
+the first candidate built for this kind of host (rule 3b) is the decision, else
+the first one's. ``details["candidates"]`` lists each with its
 reason.
 
 Rules 9 and 10 look at the GPUs the container gets
@@ -335,12 +336,21 @@ def decide(host, image, request, config) -> Decision:
     for c, d in tried:
         if d.enable and (chosen is None or _newer(c, chosen[0])):
             chosen = (c, d)
-    c, d = chosen if chosen is not None else tried[0]
+    if chosen is None:
+        # None may be used: the decision is the first candidate's meant for this kind of host
+        # (an Orin host's compat_orin, not the SBSA compat beside it), else the first one's.
+        meant = [t for t in tried if t[1].reason not in _FLAVOUR_REASONS]
+        c, d = (meant or tried)[0]
+    else:
+        c, d = chosen
     d.details["candidates"] = [
         {"dir": x.compat_dir, "origin": getattr(x, "origin", None), "candidate": x.candidate or list(x.candidates),
          "compat_version": x.compat_version_text, "decision": y.reason, "chosen": chosen is not None and x is c}
         for x, y in tried]
     return d
+
+
+_FLAVOUR_REASONS = ("compat_orin_not_tegra", "compat_dgpu_on_tegra")
 
 
 def _newer(a, b) -> bool:
