@@ -263,6 +263,34 @@ def test_two_compat_dirs_through_the_wrapper_in_every_mode(tmp_path, libs, mode,
         assert ld == [f"LD_LIBRARY_PATH={C125}"], wrec  # the chosen dir first, the other one gone
 
 
+# --------------------------------------------------------------------------- explain after our own start
+
+
+def toolkit_image(root: pathlib.Path, libs: dict) -> None:
+    install(root, libs[COMPAT_550], C124)
+    os.symlink("cuda-12.4", root / "usr/local/cuda")
+
+
+@pytest.mark.parametrize("runtime", ["runc", "crun"])
+def test_explain_predicts_the_next_start_after_our_own(tmp_path, libs, runtime):
+    """The rootfs is started on a newer host (our drop-in names the host driver's dir), then the
+    host goes back to an older driver (a reused bundle, a committed container): explain predicts
+    the compat library, and the next start loads it."""
+    box = Box(tmp_path, libs, HOST_555, toolkit_image)
+    box.runtime = runtime
+    assert loaded(box.hook_run("createContainer", GPU_ENV, [PROBE])) == (CUDA[HOST_555], host_lib(HOST_555))
+    dropin = box.rootfs / "etc/ld.so.conf.d/00-00-compat-hook.conf"
+    assert SYS in dropin.read_text()
+    box.host = HOST_535
+    hookenv.set_host_version(box.host_root, HOST_535)
+    report = box.explain(GPU_ENV)
+    assert (report["decision"], report["toolkit"]["with_hook"]["result"]) == ("enable", "compat"), report["summary"]
+    assert report["toolkit"]["with_hook"]["dir"] == C124
+    assert any("compat-hook's own from an earlier start" in n for n in report["notes"]), report["notes"]
+    assert loaded(box.hook_run("createContainer", GPU_ENV, [PROBE])) == (
+        CUDA[COMPAT_550], f"{C124}/libcuda.so.{COMPAT_550}")
+
+
 # Keep last: pytest runs a module's tests in file order.
 def test_nothing_left_behind(tmp_path_factory):
     assert _started, "no container ran"
