@@ -180,3 +180,79 @@ def test_explain_toolkit_does_nothing_without_a_gpu_request(make_rootfs, tmp_pat
     assert r["toolkit"]["enables"] is False, r["toolkit"]
     assert r["toolkit"]["why"].startswith("the container requests no GPU")
     assert r["summary"].startswith("toolkit: would not enable;")
+
+
+# -- hostile and bounded: the new places compat-hook looks ---------------------------------------------
+
+def _assess(rootfs, driver: str, env, actors=("hook",)):
+    from compat_hook.core.versions import parse_version
+    from compat_hook.facts.container import Request
+    from compat_hook.facts.hostfacts import HostFacts
+    from compat_hook.facts.rootfs import Root
+    from compat_hook.policy.assess import assess
+    from tests.conftest import config_for
+
+    h = HostFacts(driver_version=parse_version(driver), driver_source="test", driver_text=driver)
+    spec = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", *env]}, "root": {"path": str(rootfs)}}
+    with Root(str(rootfs)) as root:
+        return assess(config_for(None), Request.from_spec(spec), root, spec=spec, host=h, actors=actors,
+                      toolkit=True, mount_ns=True,
+                      hook_entry=lambda: {"path": "/usr/bin/python3", "args": ["python3", "compat_hook", "hook"]})
+
+
+def test_a_conda_compat_dir_linked_to_etc_is_never_masked(tmp_path):
+    """Hostile: /opt/conda/cuda-compat -> /etc holding a libcuda: a candidate, wrong here, but /etc
+    (no compat dir once resolved) is never hidden; CONDA_PREFIX out of the root stays inside."""
+    rootfs = build_tree(tmp_path / "r", {"opt/conda/cuda-compat": Symlink("/etc"),
+                                         "etc/libcuda.so.550.163.01": elf(None),
+                                         "etc/libcuda.so.1": Symlink("libcuda.so.550.163.01"),
+                                         "opt/conda/lib/libcuda.so.1": Symlink("/opt/conda/cuda-compat/libcuda.so.1")})
+    outside = tmp_path / "cuda-compat"
+    outside.mkdir()
+    (outside / "libcuda.so.999.1.1").write_bytes(elf(None))  # next to the rootfs: never reached
+    a = _assess(rootfs, "555.58.02", ["CONDA_PREFIX=/../../../.."])
+    assert [(c.compat_dir, c.links) for c in a.image.all()] == [("/etc", ["/opt/conda/lib/libcuda.so.1"])]
+    assert a.effect == "host" and a.hook_masks == [], a.hook_masks
+    assert any("resolves to /etc, not a compat dir: not masked" in n for n in a.notes), a.notes
+
+
+def test_the_new_lookups_are_bounded(tmp_path):
+    from compat_hook.facts import imagefacts
+
+    entries = {f"opt/conda/envs/e{i:04d}/bin/x": b"" for i in range(200)}
+    entries.update({f"usr/local/cuda-{i}.0/compat/libcuda.so.550.{i}.1": b"" for i in range(40)})
+    rootfs = build_tree(tmp_path / "r", entries)
+    ld = ":".join(f"/usr/local/cuda-{i}.0/compat" for i in range(40))
+    a = _assess(rootfs, "555.58.02", [f"LD_LIBRARY_PATH={ld}"])
+    origins = [c.origin for c in a.image.all()]
+    assert origins == ["LD_LIBRARY_PATH"] * imagefacts.MAX_LD_DIRS
+    from compat_hook.facts.rootfs import Root
+    with Root(str(rootfs)) as root:
+        prefixes = imagefacts.conda_prefixes(root, {})
+    assert len(prefixes) == 1 + imagefacts.MAX_ENVS and prefixes[0] == ("/opt/conda", "a conda root")
+
+
+def test_a_start_without_conda_costs_one_lookup_per_root(tmp_path):
+    """The hot path (docs/design.md): no conda in the image, no CONDA_PREFIX: each well-known root
+    is one confined lookup, and nothing under it is touched."""
+    from compat_hook.facts import imagefacts
+    from compat_hook.facts.rootfs import Root
+    from tests.conftest import config_for
+
+    rootfs = build_tree(tmp_path / "r", {"usr/local/cuda-12.4/lib64/libcudart.so.12": b"x",
+                                         "usr/local/cuda": Symlink("cuda-12.4"), "opt/other/x": b"",
+                                         "root/.bashrc": b""})
+
+    class Counting(Root):
+        walks: list = []
+
+        def _walk(self, path, *a, **kw):
+            self.walks.append(path)
+            return super()._walk(path, *a, **kw)
+
+    with Counting(str(rootfs)) as root:
+        img = imagefacts.gather(root, config_for(None), env={"LD_LIBRARY_PATH": "/usr/local/nvidia/lib64"})
+    assert img.status == "none" and img.others == []
+    conda = [w for w in Counting.walks if "conda" in w or "mamba" in w]
+    assert conda == list(imagefacts.CONDA_ROOTS), Counting.walks
+    assert len(Counting.walks) == len(config_for(None).compat_dirs) + len(imagefacts.CONDA_ROOTS)

@@ -50,8 +50,11 @@ _KNOWN = _OTHER_LIBS + (CANDIDATE_PREFIX,)
 CONDA_ROOTS = ("/opt/conda", "/root/micromamba")
 #: The package's own dir under a prefix (conda-forge ``cuda-compat-impl``).
 CONDA_COMPAT = "cuda-compat"
-#: At most this many ``envs/*`` of one root are looked at.
+#: At most this many ``envs/*`` of one root, compat entries of ``LD_LIBRARY_PATH`` and
+#: files of a conda compat dir are looked at (an image can name thousands).
 MAX_ENVS = 64
+MAX_LD_DIRS = 16
+MAX_LINKS = 64
 
 
 def is_candidate_name(name: str) -> bool:
@@ -244,7 +247,7 @@ def _links_into(root, prefix: str, resolved: str) -> tuple:
     notes: list = []
     try:
         names = sorted(n for n, kind in root.listdir(resolved) if kind in ("file", "symlink")
-                       and (n.startswith(_KNOWN) or n == "libcuda.so"))
+                       and (n.startswith(_KNOWN) or n == "libcuda.so"))[:MAX_LINKS]
     except OSError:
         return links, notes
     lib = prefix.rstrip("/") + "/lib"
@@ -360,7 +363,7 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
     for prefix, _why in conda_prefixes(root, env):
         scan(prefix.rstrip("/") + "/" + CONDA_COMPAT, "conda", prefix, quiet_missing=True)
     known = set(config.compat_dirs) | seen
-    for e in _ld_compat_entries(env, known):
+    for e in _ld_compat_entries(env, known)[:MAX_LD_DIRS]:
         scan(e, "LD_LIBRARY_PATH")
     facts.others = found[1:]
     return facts

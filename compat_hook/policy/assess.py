@@ -102,8 +102,9 @@ class Assessment:
                 out["host_driver_tried"] = ([host.driver_source] if host.driver_source else
                                             list(_HOST_DRIVER_SOURCES)) + list(host.notes)
         if img is not None:
-            out["candidate"] = d.details.get("candidate", img.candidate) if isinstance(d.details, dict) \
-                else img.candidate
+            # the chosen candidate's file (the image may carry several compat dirs)
+            out["candidate"] = (d.details.get("candidate", img.candidate)
+                                if d.source == "image" and isinstance(d.details, dict) else img.candidate)
             out["elf_source"] = img.elf_source
         out.update(decision=d.action, reason=d.reason, effect=self.effect, compat_dir=d.compat_dir,
                    compat_version=d.compat_version or (img.compat_version_text if img is not None else None))
