@@ -148,7 +148,8 @@ def render_text(report: dict) -> str:
         res = f" -> {d['resolved']}" if d["resolved"] and d["resolved"] != d["dir"] else ""
         out.append(f"  {d['dir']}{res}: {d['status']}")
     if img["candidate"]:
-        out.append(f"  candidate: {img['compat_dir']}/{img['candidate']}  (version {img['compat_version']})")
+        first = " (the first found; the ELF lines below are its)" if img.get("others") else ""
+        out.append(f"  candidate{first}: {img['compat_dir']}/{img['candidate']}  (version {img['compat_version']})")
     elif img["candidates"]:
         out.append(f"  candidates: {', '.join(img['candidates'])}")
     for o in img.get("others", []):
