@@ -152,8 +152,25 @@ CASES = [
     ("tegra_newer", lambda: (host(cuda="13.1", tegra=True), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "enable", "compat_cuda_newer"),
     ("tegra_equal", lambda: (host(cuda="13.2", tegra=True), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "compat_cuda_not_newer"),
     ("tegra_no_host_cuda", lambda: (host(tegra=True), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "host_cuda_unknown"),
-    ("tegra_lib_no_note_with_driver", lambda: (host("550.54.15"), image("1.1", None), GPU_REQ, CFG), "skip", "compat_version_invalid"),
+    ("tegra_lib_no_note_with_driver", lambda: (host("550.54.15", tegra=True), image("1.1", None), GPU_REQ, CFG), "skip", "compat_version_invalid"),
     ("tegra_lib_no_note", lambda: (host(cuda="13.1", tegra=True), image("1.1", None), GPU_REQ, CFG), "skip", "note_cuda_missing"),
+    # 3b. Orin's compat only on an Orin host, the SBSA/dGPU compat never there (NVIDIA's PR #1690)
+    ("orin_lib_on_dgpu_host", lambda: (host("550.54.15"), image("1.1", None), GPU_REQ, CFG), "skip", "compat_orin_not_tegra"),
+    ("orin_lib_on_dgpu_host_with_nvml_cuda", lambda: (host("550.54.15", cuda="12.4"), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "compat_orin_not_tegra"),
+    ("compat_orin_dir_on_dgpu_host", lambda: (host("550.54.15"), image(compat_dir="/usr/local/cuda-12.9/compat_orin"), GPU_REQ, CFG), "skip", "compat_orin_not_tegra"),
+    ("dgpu_compat_on_orin_host", lambda: (host(cuda="12.8", tegra=True), image(), GPU_REQ, CFG), "skip", "compat_dgpu_on_tegra"),
+    ("dgpu_compat_host_cuda_only_not_tegra", lambda: (host(cuda="12.8"), image(), GPU_REQ, CFG), "enable", "compat_cuda_newer"),
+    ("orin_lib_host_unknown", lambda: (host(), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "host_cuda_unknown"),
+    # 1b. NVIDIA_DRIVER_CAPABILITIES: no compute, no libcuda from NVIDIA's runtime
+    ("caps_utility_only", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=utility"), CFG), "skip", "no_compute_capability"),
+    ("caps_graphics_display", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=graphics, display"), CFG), "skip", "no_compute_capability"),
+    ("caps_compute_utility", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=utility, Compute"), CFG), "enable", "compat_newer_supported"),
+    ("caps_all", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=all"), CFG), "enable", "compat_newer_supported"),
+    ("caps_empty_is_the_default", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES="), CFG), "enable", "compat_newer_supported"),
+    ("caps_utility_but_libcuda_mounted", lambda: (host("550.54.15"), image(), Request.from_spec({
+        "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=utility"]},
+        "mounts": [{"destination": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "type": "bind",
+                    "source": "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"}]}), CFG), "enable", "compat_newer_supported"),
     # the file name must carry the version
     ("compat_version_invalid", lambda: (host("550.54.15"), image("575.57.08.1"), GPU_REQ, CFG), "skip", "compat_version_invalid"),
     # 5. host driver unknown
@@ -212,7 +229,7 @@ CASES = [
     ("mixed_all", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=all"), CFG), "skip", "device_unsupported"),
     ("mixed_both", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=1,0"), CFG), "skip", "device_unsupported"),
     ("mixed_uuid", lambda: (mixed(), image(), req(f"NVIDIA_VISIBLE_DEVICES={H100_UUID}"), CFG), "enable", "compat_newer_supported"),
-    ("mixed_uuid_upper", lambda: (mixed(), image(), req(f"NVIDIA_VISIBLE_DEVICES={H100_UUID.upper().replace('GPU-', 'GPU-')}"), CFG), "enable", "compat_newer_supported"),
+    ("mixed_uuid_upper", lambda: (mixed(), image(), req(f"NVIDIA_VISIBLE_DEVICES=gpu-{H100_UUID[4:].upper()}"), CFG), "enable", "compat_newer_supported"),
     ("mixed_rtx_uuid", lambda: (mixed(), image(), req(f"NVIDIA_VISIBLE_DEVICES={RTX_UUID}"), CFG), "skip", "device_unsupported"),
     ("mixed_mig_by_gpu_uuid", lambda: (mixed(), image(), req(f"NVIDIA_VISIBLE_DEVICES=MIG-{H100_UUID}/1/0"), CFG), "enable", "compat_newer_supported"),
     ("mixed_mig_by_index", lambda: (mixed(), image(), req("NVIDIA_VISIBLE_DEVICES=0:1"), CFG), "enable", "compat_newer_supported"),
@@ -262,6 +279,61 @@ def test_rule(build, action, reason):
         assert d.source == "image"
     else:
         assert d.compat_dir is None
+
+
+# -- several candidate dirs: each decided alone, the newest that may be used is chosen ----------
+
+def several(*imgs, origins=()) -> ImageFacts:
+    """The first image is the primary, the others its further candidate dirs."""
+    primary, *rest = imgs
+    primary.others = list(rest)
+    for img, origin in zip(imgs, origins):
+        img.origin = origin
+    return primary
+
+
+C124, C128, CONDA = "/usr/local/cuda-12.4/compat", "/usr/local/cuda-12.8/compat", "/opt/conda/cuda-compat"
+ORIN_DIR = "/usr/local/cuda-13.2/compat_orin"
+
+
+@pytest.mark.parametrize("h, imgs, action, reason, chosen, reasons", [
+    pytest.param(host("535.261.03"), lambda: [image("550.163.01", None, compat_dir=C124),
+                                             image("570.86.10", None, compat_dir=C128)],
+                 "enable", "compat_major_newer", C128, ["compat_major_newer", "compat_major_newer"],
+                 id="both-enable-newest-wins"),
+    pytest.param(host("560.35.03"), lambda: [image("570.86.10", None, compat_dir=C128),
+                                             image("550.163.01", None, compat_dir=C124)],
+                 "enable", "compat_major_newer", C128, ["compat_major_newer", "compat_not_newer"],
+                 id="the-issue-case-560-host"),
+    pytest.param(host("560.35.03"), lambda: [image("550.163.01", None, compat_dir=C124),
+                                             image("570.86.10", None, compat_dir=CONDA)],
+                 "enable", "compat_major_newer", CONDA, ["compat_not_newer", "compat_major_newer"],
+                 id="only-the-second-enables"),
+    pytest.param(host("580.65.06"), lambda: [image("550.163.01", None, compat_dir=C124),
+                                             image("570.86.10", None, compat_dir=CONDA)],
+                 "skip", "compat_not_newer", None, ["compat_not_newer", "compat_not_newer"],
+                 id="none-enables-first-reason"),
+    pytest.param(host(cuda="13.1", tegra=True), lambda: [image(), image("1.1", NOTE_ORIN, compat_dir=ORIN_DIR)],
+                 "enable", "compat_cuda_newer", ORIN_DIR, ["compat_dgpu_on_tegra", "compat_cuda_newer"],
+                 id="orin-host-takes-compat_orin-not-sbsa"),
+    pytest.param(host(cuda="13.2", tegra=True), lambda: [image(), image("1.1", NOTE_ORIN, compat_dir=ORIN_DIR)],
+                 "skip", "compat_cuda_not_newer", None, ["compat_dgpu_on_tegra", "compat_cuda_not_newer"],
+                 id="orin-host-none-enables-the-orin-dirs-reason"),
+    pytest.param(host("575.10.10", cuda="12.9"), lambda: [image(), image("1.1", NOTE_ORIN, compat_dir=ORIN_DIR)],
+                 "enable", "compat_newer_supported", "/usr/local/cuda-12.9/compat",
+                 ["compat_newer_supported", "compat_orin_not_tegra"], id="dgpu-host-never-compat_orin"),
+    pytest.param(host("550.54.15"), lambda: [ambiguous_image(), image("575.57.08", compat_dir=CONDA)],
+                 "enable", "compat_newer_supported", CONDA, ["ambiguous_candidates", "compat_newer_supported"],
+                 id="an-ambiguous-dir-loses-to-a-good-one"),
+])
+def test_several_candidate_dirs(h, imgs, action, reason, chosen, reasons):
+    img = several(*imgs())
+    d = decide(h, img, GPU_REQ, CFG)
+    assert (d.action, d.reason, d.compat_dir) == (action, reason, chosen), d.to_dict()
+    assert [c["decision"] for c in d.details["candidates"]] == reasons
+    assert [c["chosen"] for c in d.details["candidates"]] == [c.compat_dir == chosen for c in img.all()]
+    if d.enable:
+        assert d.compat_version == next(c.compat_version_text for c in img.all() if c.compat_dir == chosen)
 
 
 def test_geforce_warn_mode_carries_a_warning():

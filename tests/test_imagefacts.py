@@ -89,15 +89,29 @@ def test_compat_orin(make_rootfs):
     assert img.elf.note.cuda_version == "13.2"
 
 
-def test_first_configured_dir_with_a_candidate_wins(make_rootfs):
+def test_first_configured_dir_with_a_candidate_is_the_primary(make_rootfs):
     p = make_rootfs({"usr/local/cuda/compat/libnvidia-nvvm.so.4": Symlink("x"),
                      "usr/local/cuda/compat_orin/libcuda.so.1.1": elf(NOTE_ORIN)})
     img = gather(p)
-    assert img.configured_dir == "/usr/local/cuda/compat_orin"
+    assert img.configured_dir == "/usr/local/cuda/compat_orin" and img.others == []
     assert [o["name"] for o in img.other_libs] == []
     cfg = config_for(compat_dirs=["/opt/compat", "/usr/local/cuda/compat_orin", "/usr/local/cuda/compat"])
     img = gather(p, cfg)
-    assert [d["status"] for d in img.dirs_checked] == ["missing", "1 candidate(s)"]
+    # every configured dir is looked at: a later one may hold the candidate the host needs
+    assert [d["status"] for d in img.dirs_checked] == ["missing", "1 candidate(s)", "0 candidate(s)"]
+
+
+def test_sbsa_and_orin_compat_are_both_candidates(make_rootfs):
+    """An image for both Jetson Orin and SBSA hosts carries compat/ and compat_orin/: both are
+    found (the primary where the toolkit looks, the other in ``others``), so the decision can pick."""
+    p = make_rootfs({"usr/local/cuda-13.2/compat/libcuda.so.595.45.04": elf(NOTE_590),
+                     "usr/local/cuda-13.2/compat_orin/libcuda.so.1.1": elf(NOTE_ORIN),
+                     "usr/local/cuda": Symlink("cuda-13.2")})
+    img = gather(p)
+    assert [(c.compat_dir, c.flavour, c.origin) for c in img.all()] == [
+        ("/usr/local/cuda-13.2/compat", "dgpu", "configured"), ("/usr/local/cuda-13.2/compat_orin", "orin", "configured")]
+    assert img.others[0].elf.note.cuda_version == "13.2"
+    assert img.to_dict()["others"][0]["compat_dir"] == "/usr/local/cuda-13.2/compat_orin"
 
 
 def test_other_libs_listed(make_rootfs):

@@ -45,19 +45,34 @@ IMAGES = {
                   f"{COMPAT}/libcuda.so.1": Symlink("libcuda.so.575.57.08"),
                   "usr/local/cuda": Symlink("cuda-12.9")},
     "no-compat": {"usr/local/cuda-12.9/lib64/libcudart.so.12": b"x", "usr/local/cuda": Symlink("cuda-12.9")},
+    # conda-forge's cuda-compat, its activation links baked into the prefix's lib (issue 27)
+    "conda575": {"opt/conda/cuda-compat/libcuda.so.575.57.08": elf(NOTE_575),
+                 "opt/conda/cuda-compat/libcuda.so.1": Symlink("libcuda.so.575.57.08"),
+                 "opt/conda/lib/libcuda.so.1": Symlink("/opt/conda/cuda-compat/libcuda.so.1"),
+                 "opt/conda/lib/libcuda.so.575.57.08": Symlink("/opt/conda/cuda-compat/libcuda.so.575.57.08"),
+                 "opt/conda/lib/libz.so.1": b"x"},
+    # two versioned compat dirs: cuda -> 12.9 (575), and a 12.4 one (550) the image's LD_LIBRARY_PATH names
+    "two-dirs": {f"{COMPAT}/libcuda.so.575.57.08": elf(NOTE_575), "usr/local/cuda": Symlink("cuda-12.9"),
+                 "usr/local/cuda-12.4/compat/libcuda.so.550.54.14": elf(None),
+                 "usr/local/cuda-12.4/compat/libcuda.so.1": Symlink("libcuda.so.550.54.14")},
 }
+#: What an image's own ENV says (its LD_LIBRARY_PATH goes after the stale one of "image-ld-path").
+IMAGE_LD = {"two-dirs": "/usr/local/cuda-12.4/compat"}
 HOSTS = {"older": "550.54.15", "newer": "580.65.06", "unknown": None}
 
 
 def _case_ids():
     for image, host, mode, extra in itertools.product(
             IMAGES, HOSTS, ("ldconfig", "env", "both"),
-            ("plain", "baked-dropin", "baked-dropin-so1", "image-ld-path", "opt-out", "no-gpu",
+            ("plain", "baked-dropin", "baked-dropin-so1", "image-ld-path", "opt-out", "no-gpu", "no-compute",
              "our-stale-dropin", "store")):
-        if mode != "ldconfig" and extra in ("opt-out", "no-gpu"):
+        if mode != "ldconfig" and extra in ("opt-out", "no-gpu", "no-compute"):
             continue  # the request decides alone; one mode is enough
         if extra == "store" and image != "no-compat":
             continue  # a store package is only for images without compat libs
+        if image in ("conda575", "two-dirs") and extra in ("opt-out", "no-gpu", "no-compute", "our-stale-dropin",
+                                                           "store"):
+            continue  # the new layouts add nothing to these
         # Each case starts three or four interpreters (~0.3 s): `make test-fast` keeps a
         # cross-section (every image and host; the ld cache path, the env path with an
         # image LD_LIBRARY_PATH and with a store package), `make test` the whole matrix.
@@ -83,10 +98,14 @@ def _bundle(base: pathlib.Path, image: str, host: str | None, extra: str) -> pat
     build_tree(base / "rootfs", entries)
     env = ["PATH=/usr/bin:/bin", "CUDA_VERSION=12.9.0"]
     env.append("NVIDIA_VISIBLE_DEVICES=void" if extra == "no-gpu" else "NVIDIA_VISIBLE_DEVICES=all")
-    if extra == "image-ld-path":
-        env.append(f"LD_LIBRARY_PATH={STALE_LD}")
+    ld = [STALE_LD] if extra == "image-ld-path" else []
+    ld += [IMAGE_LD[image]] if image in IMAGE_LD else []
+    if ld:
+        env.append(f"LD_LIBRARY_PATH={':'.join(ld)}")
     if extra == "opt-out":
         env.append("COMPAT_HOOK_DISABLE=1")
+    if extra == "no-compute":  # NVIDIA's runtime gives such a container no libcuda
+        env.append("NVIDIA_DRIVER_CAPABILITIES=utility,video")
     spec = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
             "process": {"args": ["/bin/true"], "cwd": "/", "env": env, "user": {"uid": 0, "gid": 0}},
             "annotations": {}, "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}]}
@@ -293,11 +312,33 @@ def test_explain_plans_what_the_wrapper_and_the_hook_do(tmp_path, image, host, m
                                               "(createContainer)")
         assert hrec["actions"][0] == "masked /usr/local/cuda-12.9/compat (empty read-only tmpfs)", hrec
         assert plan["hook_actions"] == [["ldconfig", None]] and not plan["warnings"]
+    # -- the new layouts (issue 27): the compat dirs the decision did not choose lose ------
+    if image == "conda575" and plan["effect"] == "host":
+        # conda's links in /opt/conda/lib dangle once the package's dir is hidden
+        assert "mask /opt/conda/cuda-compat with an empty read-only tmpfs (createContainer)" in plan["effects"]["hook"]
+        assert "masked /opt/conda/cuda-compat (empty read-only tmpfs)" in hrec["actions"], hrec
+    if image == "conda575" and plan["effect"] == "compat":
+        assert plan["compat_dir"] == "/opt/conda/cuda-compat" and not any(
+            e.startswith("mask ") for e in plan["effects"]["hook"])
+    if image == "two-dirs" and plan["effect"] in ("compat", "host"):
+        losers = [x["dir"] for x in plan["losing_compat_dirs"]]
+        assert "/usr/local/cuda-12.4/compat" in losers and (plan["effect"] == "host") == ("/" + COMPAT in losers)
+        # the wrapper takes the losing entry off LD_LIBRARY_PATH in every mode; the hook alone hides it
+        assert not any("/usr/local/cuda-12.4/compat" in e for e in plan["effects"]["wrapper"]
+                       if e.startswith("LD_LIBRARY_PATH=")), plan["effects"]["wrapper"]
+        assert any(e.startswith(("LD_LIBRARY_PATH=", "unset LD_LIBRARY_PATH")) for e in plan["effects"]["wrapper"])
+        assert "mask /usr/local/cuda-12.4/compat with an empty read-only tmpfs (createContainer)" \
+            in plan["effects"]["hook"]
+        if plan["effect"] == "compat":
+            assert plan["compat_dir"] == "/" + COMPAT
     if extra == "store" and host == "older":
         assert plan["reason"] == "store_package"
         assert f"mount {tmp_path}/store/575.57.08 at /usr/local/cuda/compat (rbind,ro,nosuid,nodev)" \
             in plan["effects"]["wrapper"]
         assert hrec["actions"][0].startswith(f"bind-mounted {tmp_path}/store/575.57.08 at ")
-    if plan["reason"] in ("host_driver_unknown", "opt_out", "no_gpu_request"):
+    if extra == "no-compute":
+        assert (plan["reason"], plan["effect"]) == ("no_compute_capability", "leave")
+        assert (hrec["reason"], wrec["reason"]) == ("no_compute_capability", "no_compute_capability")
+    if plan["reason"] in ("host_driver_unknown", "opt_out", "no_gpu_request", "no_compute_capability"):
         assert not any(e.startswith("LD_LIBRARY_PATH") or e.startswith("unset")
                        for e in plan["effects"]["wrapper"])

@@ -19,6 +19,11 @@ H100 = Gpu("0000:17:00.0", "NVIDIA H100 80GB HBM3", 14, "proc-model-name", index
 RTX = Gpu("0000:65:00.0", "NVIDIA GeForce RTX 4090", 5, "proc-model-name", index=1,
           uuid="GPU-9e8d7c6b-0000-4b4b-8c8c-000000000002", minor=0)
 HOST = [H100, RTX]
+#: The 4090's UUID as a request may spell it: NVML prints lower-case hex, a user may not.
+RTX_UPPER_HEX = "GPU-" + RTX.uuid[len("GPU-"):].upper()
+RTX_LOWER_PREFIX = "gpu-" + RTX.uuid[len("GPU-"):].upper()
+#: One hex digit off: names no GPU here.
+RTX_TYPO = RTX.uuid[:-1] + ("3" if RTX.uuid[-1] != "3" else "4")
 
 
 def spec(env=(), devices=(), annotations=None, mounts=None) -> dict:
@@ -44,7 +49,9 @@ def chosen(s: dict, state_annotations=None):
     (spec(["NVIDIA_VISIBLE_DEVICES=all"]), [0, 1]),
     (spec(["NVIDIA_VISIBLE_DEVICES=ALL"]), [0, 1]),
     (spec([f"NVIDIA_VISIBLE_DEVICES={H100.uuid}"]), [0]),
-    (spec([f"NVIDIA_VISIBLE_DEVICES={RTX.uuid.upper().replace('GPU-', 'GPU-')}"]), [1]),
+    (spec([f"NVIDIA_VISIBLE_DEVICES={RTX_UPPER_HEX}"]), [1]),              # UUIDs match case-insensitively
+    (spec([f"NVIDIA_VISIBLE_DEVICES={RTX_LOWER_PREFIX}"]), [1]),
+    (spec([f"NVIDIA_VISIBLE_DEVICES={RTX_TYPO}"]), [0, 1]),                 # another UUID: all GPUs
     (spec([f"NVIDIA_VISIBLE_DEVICES=MIG-{H100.uuid}/3/0"]), [0]),          # MIG, pre-R470 form
     (spec(["NVIDIA_VISIBLE_DEVICES=MIG-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"]), [0]),  # MIG UUID (NVML)
     (spec(["NVIDIA_VISIBLE_DEVICES=0:1"]), [0]),                            # <gpu>:<mig> index
@@ -61,6 +68,14 @@ def chosen(s: dict, state_annotations=None):
 ])
 def test_request_to_gpus(s, want):
     assert chosen(s)[0] == want
+
+
+def test_the_uuid_spellings_differ_from_the_hosts():
+    """The case rows above test something only if their text is not the host's UUID itself."""
+    assert len({RTX.uuid, RTX_UPPER_HEX, RTX_LOWER_PREFIX, RTX_TYPO}) == 4
+    assert RTX_UPPER_HEX.lower() == RTX_LOWER_PREFIX.lower() == RTX.uuid.lower() != RTX_TYPO.lower()
+    assert chosen(spec([f"NVIDIA_VISIBLE_DEVICES={RTX_UPPER_HEX}"]))[1] == \
+        f"named by NVIDIA_VISIBLE_DEVICES: {RTX_UPPER_HEX}"
 
 
 @pytest.mark.parametrize("s, why", [

@@ -77,12 +77,26 @@ def explain(config, *, rootfs: str | None = None, bundle: str | None = None,
         "hook_actions": [list(x) for x in hook.hook],
         "compat_dropins": hook.dropins,
         "ld_library_path_compat": hook.ld_compat_entries,
+        "candidates": decision.details.get("candidates") if isinstance(decision.details, dict) else None,
+        "losing_compat_dirs": _losers(hook, wrapper),
         "toolkit": hook.toolkit,
         "rootfs": rootfs,
         "config": config.source,
     }
     report["summary"] = _summary(report)
     return report
+
+
+def _losers(hook, wrapper) -> list:
+    """Each candidate dir the decision did not choose, and how it loses under the hook and under the wrapper."""
+    by_dir = {x["dir"]: x for x in wrapper.losers}
+    out = []
+    for x in hook.losers:
+        w = by_dir.get(x["dir"], {})
+        out.append({"dir": x["dir"], "origin": x["origin"], "compat_version": x["compat_version"],
+                    "ld_entries": x["ld_entries"], "links": x["links"], "dropins": x["dropins"],
+                    "hook": list(x["how"]), "wrapper": list(w.get("how", []))})
+    return out
 
 
 def _summary(r: dict) -> str:
@@ -93,10 +107,14 @@ def _summary(r: dict) -> str:
     ours = f"compat-hook: {r['decision']} {r['reason']}"
     with_hook, alone = tk["with_hook"], tk["alone"]
     line = f"{tk_part}; {ours} -> {lib[with_hook['result']]}"
+    if with_hook["result"] == "compat" and with_hook.get("dir"):
+        line += f" ({with_hook['dir']})"
     if r["effect"] == "leave":
         line += f" (left as the image and the toolkit set it: {alone['by']})"
-    elif with_hook["result"] != alone["result"]:
+    elif with_hook["result"] != alone["result"] or with_hook.get("dir") != alone.get("dir"):
         line += ", compat-hook overrides it"
+        if with_hook["result"] == alone["result"] == "compat" and alone.get("dir"):
+            line += f" (alone: the compat library in {alone['dir']})"
     if tk["with_wrapper"]["result"] != with_hook["result"]:
         line += f"; with the wrapper: {lib[tk['with_wrapper']['result']]}"
     return line
@@ -130,9 +148,18 @@ def render_text(report: dict) -> str:
         res = f" -> {d['resolved']}" if d["resolved"] and d["resolved"] != d["dir"] else ""
         out.append(f"  {d['dir']}{res}: {d['status']}")
     if img["candidate"]:
-        out.append(f"  candidate: {img['compat_dir']}/{img['candidate']}  (version {img['compat_version']})")
+        first = " (the first found; the ELF lines below are its)" if img.get("others") else ""
+        out.append(f"  candidate{first}: {img['compat_dir']}/{img['candidate']}  (version {img['compat_version']})")
     elif img["candidates"]:
         out.append(f"  candidates: {', '.join(img['candidates'])}")
+    for o in img.get("others", []):
+        what = o["candidate"] or ", ".join(o["candidates"])
+        out.append(f"  also a candidate ({o['origin']}): {o['compat_dir']}/{what}  (version {o['compat_version']})")
+    for o in [img] + img.get("others", []):
+        if o.get("prefix"):
+            pkg = f", package {o['package']}" if o.get("package") else ""
+            out.append(f"  conda prefix {o['prefix']}{pkg}: " + (f"{len(o['links'])} link(s) in lib/ into "
+                       f"{o['compat_dir']} ({', '.join(o['links'])})" if o["links"] else "no links in lib/"))
     elf = img["elf"]
     if elf:
         if elf["error"]:
@@ -169,8 +196,21 @@ def render_text(report: dict) -> str:
             out.append(f"  compat drop-in: /etc/ld.so.conf.d/{d['file']} -> {', '.join(d['dirs'])} ({d['by']})")
     if report["ld_library_path_compat"]:
         out.append(f"  LD_LIBRARY_PATH names compat dirs: {', '.join(report['ld_library_path_compat'])}")
+    if report.get("candidates"):
+        out.append("compat dirs (each decided alone; the newest that may be used is chosen):")
+        for c in report["candidates"]:
+            out.append(f"  {c['dir']} ({c['origin']}, {c['compat_version']}): {c['decision']}"
+                       + ("  <- chosen" if c["chosen"] else ""))
+    for x in report.get("losing_compat_dirs") or []:
+        out.append(f"  loses: {x['dir']}")
+        for how in x["hook"]:
+            out.append(f"    hook: {how}")
+        for how in x["wrapper"]:
+            out.append(f"    with the wrapper: {how}")
     tk = report["toolkit"]
     out.append("NVIDIA toolkit (enable-cuda-compat, v1.20 rules):")
+    if tk.get("root") and tk["root"] != "/usr/local/cuda/compat":
+        out.append(f"  looks in {tk['root']} only (a Jetson Orin host: its CSV mode's compat root)")
     out.append(f"  would {'enable' if tk['enables'] else 'not enable'}: {tk['why']}")
     out.append(f"  alone, the container loads the {tk['alone']['result']} library ({tk['alone']['by']})")
     for n in report["notes"]:

@@ -13,8 +13,14 @@ entries are never dropped, never duplicated, and keep their order.
 '/usr/local/cuda-12.4/compat'
 >>> rewrite("/usr/local/cuda/compat", None) is None
 True
->>> is_compat_entry("/usr/local/cuda-12.9/compat/lib.real")
-True
+>>> is_compat_entry("/usr/local/cuda-12.9/compat/lib.real"), is_compat_entry("/opt/conda/cuda-compat")
+(True, True)
+
+In ldconfig mode the chosen compat dir may stay where the image put it:
+``keep`` names entries that are never removed.
+
+>>> rewrite("/usr/local/cuda-12.4/compat:/usr/local/cuda/compat:/opt/lib", None, keep=("/usr/local/cuda/compat",))
+'/usr/local/cuda/compat:/opt/lib'
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ def is_compat_entry(entry: str, known=()) -> bool:
     if p in known:
         return True
     parts = p.split("/")
+    if "cuda-compat" in parts:  # conda's cuda-compat package: $PREFIX/cuda-compat
+        return True
     # /usr/local/cuda[-X.Y]/compat[_orin][/lib.real|/lib]
     for i, part in enumerate(parts[:-1]):
         if (part == "cuda" or part.startswith("cuda-")) and parts[i + 1].startswith("compat"):
@@ -43,10 +51,10 @@ def is_compat_entry(entry: str, known=()) -> bool:
     return False
 
 
-def rewrite(value: str | None, enable_dir: str | None, known=()) -> str | None:
+def rewrite(value: str | None, enable_dir: str | None, known=(), keep=()) -> str | None:
     """The new ``LD_LIBRARY_PATH`` value (``None``: leave the variable unset)."""
     entries = value.split(":") if value else []
-    kept = [e for e in entries if not is_compat_entry(e, known)]
+    kept = [e for e in entries if e in keep or not is_compat_entry(e, known)]
     if enable_dir:
         kept.insert(0, enable_dir)
     elif value is not None and len(kept) == len(entries):
@@ -54,7 +62,7 @@ def rewrite(value: str | None, enable_dir: str | None, known=()) -> str | None:
     return ":".join(kept) if kept else None
 
 
-def rewrite_env(env: list, enable_dir: str | None, known=()) -> tuple:
+def rewrite_env(env: list, enable_dir: str | None, known=(), keep=()) -> tuple:
     """Apply :func:`rewrite` to a spec's ``process.env`` list.
 
     Returns ``(new_env, changed)``. Every ``LD_LIBRARY_PATH=`` entry is
@@ -67,7 +75,7 @@ def rewrite_env(env: list, enable_dir: str | None, known=()) -> tuple:
         if isinstance(item, str) and item.startswith("LD_LIBRARY_PATH="):
             seen = True
             old = item[len("LD_LIBRARY_PATH="):]
-            new = rewrite(old, enable_dir, known)
+            new = rewrite(old, enable_dir, known, keep)
             if new is None:
                 changed = True
                 continue

@@ -51,11 +51,11 @@ def _process(spec: dict) -> dict:
     return p
 
 
-def set_ld_library_path(spec: dict, enable_dir: str | None, known=()) -> tuple:
+def set_ld_library_path(spec: dict, enable_dir: str | None, known=(), keep=()) -> tuple:
     """Rewrite ``LD_LIBRARY_PATH`` in ``process.env`` (see :mod:`compat_hook.core.ldpath`).
 
     ``enable_dir``: prepend it (and drop every other compat dir); ``None``:
-    only drop compat dirs. Returns ``(changed, old_value, new_value)``.
+    only drop compat dirs, but the entries of ``keep``. Returns ``(changed, old_value, new_value)``.
     """
     from ..core.ldpath import rewrite_env
 
@@ -66,7 +66,7 @@ def set_ld_library_path(spec: dict, enable_dir: str | None, known=()) -> tuple:
     if not isinstance(env, list):
         raise SpecError("process.env is not a list")
     old = _last_ld(env)
-    new_env, changed = rewrite_env(env, enable_dir, known)
+    new_env, changed = rewrite_env(env, enable_dir, known, keep)
     if changed:
         p["env"] = new_env
     return changed, old, _last_ld(new_env)
@@ -154,12 +154,13 @@ def _copy_for_edit(spec: dict) -> dict:
     return new
 
 
-def plan(spec: dict, *, ld_dir: str | None = None, strip: bool = False, known=(),
+def plan(spec: dict, *, ld_dir: str | None = None, strip: bool = False, known=(), keep=(),
          mounts=(), hooks=(), drop_oom: bool = False) -> tuple:
     """Apply the wanted edits to a copy of ``spec``: ``(new_spec, done)``.
 
     ``ld_dir``: put this container dir first on ``LD_LIBRARY_PATH``;
-    ``strip``: (without ``ld_dir``) remove compat dirs from it; ``known``:
+    ``strip``: (without ``ld_dir``) remove compat dirs from it, but the
+    entries of ``keep`` (the chosen compat dir, in ldconfig mode); ``known``:
     extra paths that count as compat dirs; ``mounts``: mounts to add;
     ``hooks``: ``(stage, entry)`` pairs to add; ``drop_oom``: drop
     ``process.oomScoreAdj``. ``done`` lists what changed, for the log.
@@ -171,7 +172,7 @@ def plan(spec: dict, *, ld_dir: str | None = None, strip: bool = False, known=()
         if add_mount(new, m):
             done.append(f"mount {m['source']} at {m['destination']} ({','.join(m.get('options', ()))})")
     if ld_dir or strip:
-        changed, old, value = set_ld_library_path(new, ld_dir, known)
+        changed, old, value = set_ld_library_path(new, ld_dir, known, keep)
         if changed:
             done.append(f"LD_LIBRARY_PATH={value}" if value is not None
                         else f"unset LD_LIBRARY_PATH (was {old})")

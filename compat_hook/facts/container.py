@@ -62,10 +62,12 @@ LABEL_ANNOTATIONS = {
 }
 LABEL_PREFIX = "io.kubernetes."
 
-#: The variables a decision reads (``LD_LIBRARY_PATH``: the warning about an
-#: image that points at a compat dir); ``Request.env`` holds these only.
+#: The variables a decision reads (``LD_LIBRARY_PATH``: the compat dirs an image
+#: points at; ``CONDA_PREFIX``, ``MAMBA_ROOT_PREFIX``: where conda's cuda-compat
+#: may be; ``NVIDIA_DRIVER_CAPABILITIES``: whether the CUDA driver is given at
+#: all); ``Request.env`` holds these only.
 ENV_KEYS = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_REQUIRE_CUDA", "NVIDIA_DISABLE_REQUIRE", "CUDA_VERSION",
-            "LD_LIBRARY_PATH", ENV_DISABLE)
+            "LD_LIBRARY_PATH", ENV_DISABLE, "CONDA_PREFIX", "MAMBA_ROOT_PREFIX", "NVIDIA_DRIVER_CAPABILITIES")
 
 
 def _pick_env(items: list, may_hold_nul: bool = True) -> dict:
@@ -331,6 +333,31 @@ class Request:
                 out.append(dest)
         return out
 
+    def compute(self) -> tuple:
+        """``(gets_the_cuda_driver, why)`` by ``NVIDIA_DRIVER_CAPABILITIES``, as NVIDIA's runtime reads it.
+
+        Unset or empty means NVIDIA's default, ``utility,compute``; ``all`` or
+        a list naming ``compute`` gives libcuda; any other list (``utility``,
+        ``graphics,display``) does not: the runtime injects no libcuda then.
+        A spec that bind-mounts a ``libcuda.so.*`` itself (a CDI spec, a
+        device plugin) gives it whatever the variable says.
+
+        >>> Request.from_spec({"process": {"env": ["NVIDIA_DRIVER_CAPABILITIES=utility"]}}).compute()
+        (False, 'NVIDIA_DRIVER_CAPABILITIES=utility names neither compute nor all')
+        >>> Request.from_spec({"process": {"env": ["NVIDIA_DRIVER_CAPABILITIES=compute,utility"]}}).compute()[0]
+        True
+        """
+        caps = self.env.get("NVIDIA_DRIVER_CAPABILITIES")
+        if caps is None or not caps.strip():
+            return True, "NVIDIA_DRIVER_CAPABILITIES unset or empty: NVIDIA's default utility,compute"
+        names = {c.strip().lower() for c in caps.split(",")}
+        if names & {"compute", "all"}:
+            return True, f"NVIDIA_DRIVER_CAPABILITIES={caps}"
+        mounts = self.libcuda_mounts()
+        if mounts:
+            return True, f"the spec mounts {mounts[0]} whatever NVIDIA_DRIVER_CAPABILITIES={caps} says"
+        return False, f"NVIDIA_DRIVER_CAPABILITIES={caps} names neither compute nor all"
+
     @classmethod
     def assume_gpu(cls) -> "Request":
         """The request ``explain --rootfs`` assumes: a GPU container, no env."""
@@ -373,5 +400,6 @@ class Request:
                 "required_cuda_source": src,
                 "gpus_named": ([f"{v} ({source})" for _, v, source in self.gpu_names() or ()]
                                if self.gpu_requested else []),
+                "compute": self.compute()[1] if self.gpu_requested else None,
                 "CUDA_VERSION": self.env.get("CUDA_VERSION"),
                 "NVIDIA_REQUIRE_CUDA": self.env.get("NVIDIA_REQUIRE_CUDA")}

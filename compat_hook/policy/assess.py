@@ -24,6 +24,15 @@ Actors and their effects:
   compat dirs taken off), the host-store mount, and compat-hook's
   createContainer hook when the ld cache must change (``wrapper_add_hook``).
 
+Every candidate dir the decision did not choose (all of them when compat is
+wrong here) *loses*, whatever names it (:attr:`Assessment.losers`): an
+``LD_LIBRARY_PATH`` entry resolving to it is taken off by the wrapper (in every
+mode; in ldconfig mode the chosen dir's own entry stays) or, hook only, hidden
+under an empty read-only tmpfs; conda's links in ``$PREFIX/lib`` (searched
+before the ld cache by the env's RUNPATH) are made to dangle by hiding the
+``cuda-compat`` dir they point into, and the wrapper adds the hook that does
+it; a drop-in naming it loses to compat-hook's, which sorts first.
+
 Policy that belongs to no single actor lives here once: which decisions
 leave the container alone (:attr:`Decision.effect`), the env-mode rule,
 store decisions seen at their container path, the warnings.
@@ -45,7 +54,7 @@ class Assessment:
     __slots__ = ("request", "host", "image", "decision", "image_decision", "store", "effect",
                  "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "hook_refresh",
                  "existing_dropin", "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins",
-                 "ld_compat_entries", "toolkit", "actors")
+                 "ld_compat_entries", "toolkit", "actors", "losers")
 
     def __init__(self) -> None:
         self.request = None
@@ -71,6 +80,7 @@ class Assessment:
         self.ld_compat_entries: list = []  # compat dirs on the image's LD_LIBRARY_PATH
         self.toolkit = None         # what the NVIDIA toolkit alone would do (explain, plan)
         self.actors: tuple = ()
+        self.losers: list = []      # candidate dirs the decision did not choose, and what names them
 
     def replan_hook(self, existing: str | None) -> list:
         """The hook's ld cache actions given the drop-in found now (under the lock)."""
@@ -92,7 +102,9 @@ class Assessment:
                 out["host_driver_tried"] = ([host.driver_source] if host.driver_source else
                                             list(_HOST_DRIVER_SOURCES)) + list(host.notes)
         if img is not None:
-            out["candidate"] = img.candidate
+            # the chosen candidate's file (the image may carry several compat dirs)
+            out["candidate"] = (d.details.get("candidate", img.candidate)
+                                if d.source == "image" and isinstance(d.details, dict) else img.candidate)
             out["elf_source"] = img.elf_source
         out.update(decision=d.action, reason=d.reason, effect=self.effect, compat_dir=d.compat_dir,
                    compat_version=d.compat_version or (img.compat_version_text if img is not None else None))
@@ -108,6 +120,12 @@ class Assessment:
             out["compat_dropins"] = [f"{x['file']} ({x['by']})" for x in self.dropins]
         if self.ld_compat_entries:
             out["ld_library_path_compat"] = list(self.ld_compat_entries)
+        cands = d.details.get("candidates") if isinstance(d.details, dict) else None
+        if cands:
+            out["candidates"] = [f"{c['dir']} ({c['origin']}): {c['decision']}" + (" (chosen)" if c["chosen"] else "")
+                                 for c in cands]
+        if self.losers:
+            out["losing_compat_dirs"] = [f"{x['dir']}: {'; '.join(x['how'])}" for x in self.losers]
         has_compat = img is not None and img.status in ("found", "ambiguous")
         if self.effect == "leave" and (d.reason == "opt_out" or has_compat or self.dropins
                                        or self.ld_compat_entries):
@@ -151,7 +169,7 @@ class Assessment:
             "effects": self.effects(), "hook_actions": [list(a) for a in self.hook],
             "hook_target": self.hook_target, "hook_purpose": self.hook_purpose,
             "compat_dropins": list(self.dropins), "ld_library_path_compat": list(self.ld_compat_entries),
-            "toolkit": self.toolkit,
+            "losing_compat_dirs": [dict(x) for x in self.losers], "toolkit": self.toolkit,
         }
 
 
@@ -211,7 +229,8 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
     else:
         from ..facts import hostfacts, imagefacts
 
-        a.image = imagefacts.gather(root, config, state_dir=state_dir)
+        a.image = imagefacts.gather(root, config, state_dir=state_dir,
+                                    env=request.env if request is not None else None)
         a.host = host if host is not None else hostfacts.gather(config)
         a.decision = a.image_decision = decide(a.host, a.image, request, config)
         for d in a.image.dirs_checked:
@@ -237,24 +256,106 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
             a.notes.extend(notes)
             a.ld_compat_entries = _ld_entries(request, known)
     a.effect = a.decision.effect
+    _find_losers(a, config, root)
     _plan_hook(a, config, root, mount_ns)
     if "wrapper" in a.actors:
-        _plan_wrapper(a, config, spec, known, hook_entry)
-    if a.effect == "host" and a.ld_compat_entries and "wrapper" not in a.actors and mount_ns and root is not None:
-        # A hook cannot take the entry off the environment, but in the container's mount
-        # namespace it can make the dir empty: the loader then finds no libcuda there and
-        # falls back to the ld cache, where the host driver's dir comes first.
-        _plan_masks(a, root, a.ld_compat_entries, "LD_LIBRARY_PATH entry")
-    elif a.effect == "host" and a.ld_compat_entries and "wrapper" not in a.actors:
+        _plan_wrapper(a, config, spec, known, hook_entry, root)
+    # A hook cannot take an entry off the environment, but in the container's mount
+    # namespace it can make the dir empty: the loader then finds no libcuda there and
+    # falls back to the ld cache, where our drop-in's dir comes first.
+    if a.effect == "host":
+        ld_losers = list(a.ld_compat_entries)
+    else:
+        ld_losers = [e for x in a.losers for e in x["ld_entries"]]
+    if ld_losers and "wrapper" not in a.actors and mount_ns and root is not None:
+        _plan_masks(a, root, ld_losers, "LD_LIBRARY_PATH entry")
+    elif ld_losers and "wrapper" not in a.actors:
         a.warnings.append(
-            f"the image's LD_LIBRARY_PATH names {', '.join(a.ld_compat_entries)}, a compat dir that must not "
-            "be used on this host (error 803/804), and a hook outside the container's mount namespace "
+            f"the image's LD_LIBRARY_PATH names {', '.join(ld_losers)}, a compat dir that must not "
+            f"be used {_not_used_why(a)}, and a hook outside the container's mount namespace "
             "(prestart, createRuntime) can neither change the environment nor hide the dir: register the "
             "hook at createContainer, or compat-hook's runtime wrapper (compat-hook install "
             "containerd|docker|crio), which takes it off, or remove it from the image")
+    # conda's links in $PREFIX/lib come before the ld cache (RUNPATH) and may be on
+    # LD_LIBRARY_PATH as $PREFIX/lib: hiding the cuda-compat dir they point into makes
+    # every one of them dangle, and the loader goes on to the next dir.
+    linked = [x for x in a.losers if x["links"]]
+    if linked and "hook" in a.actors and mount_ns and root is not None:
+        if _plan_masks(a, root, [x["dir"] for x in linked], "conda's cuda-compat dir"):
+            a.hook_refresh = True
+            a.hook = a.replan_hook(a.existing_dropin)
+    elif linked and "hook" in a.actors and "wrapper" not in a.actors:
+        a.warnings.append(
+            f"{', '.join(x['links'][0] for x in linked)} links into {', '.join(x['dir'] for x in linked)}, "
+            f"conda's compat driver, which must not be used {_not_used_why(a)}, and a hook outside the "
+            "container's mount namespace (prestart, createRuntime) cannot hide it: register the hook at "
+            "createContainer, or use compat-hook's runtime wrapper (compat-hook install containerd|docker|crio)")
+    for x in a.losers:
+        x["how"] = _how_it_loses(a, config, x)
     if toolkit:
-        _toolkit_view(a, root)
+        _toolkit_view(a, root, config)
     return a
+
+
+def _not_used_why(a: Assessment) -> str:
+    if a.effect == "compat":
+        return f"beside the chosen {a.decision.compat_dir}"
+    return "on this host (error 803/804)"
+
+
+def _resolves_into(root, entry: str, d: str) -> bool:
+    if root is None:
+        return entry.rstrip("/") == d
+    try:
+        r = root.realpath(entry)
+    except (OSError, ValueError):
+        return False
+    return r == d or r.startswith(d.rstrip("/") + "/")
+
+
+def _find_losers(a: Assessment, config, root) -> None:
+    """Every candidate dir the decision did not choose, with what names it (``a.losers``).
+
+    Only where compat-hook acts (effect ``compat`` or ``host``): a left-alone
+    container keeps whatever the image and the NVIDIA toolkit set up.
+    """
+    if a.effect not in ("compat", "host") or a.image is None:
+        return
+    d = a.decision
+    chosen = d.compat_dir if a.effect == "compat" and d.source == "image" else None
+    for c in a.image.all():
+        if chosen is not None and (c.compat_dir == chosen or chosen.startswith(c.compat_dir.rstrip("/") + "/")):
+            continue
+        dropins = [f"/etc/ld.so.conf.d/{x['file']}" for x in a.dropins
+                   if any(_resolves_into(root, e, c.compat_dir) for e in x["dirs"])]
+        a.losers.append({"dir": c.compat_dir, "origin": c.origin, "compat_version": c.compat_version_text,
+                         "ld_entries": [e for e in a.ld_compat_entries if _resolves_into(root, e, c.compat_dir)],
+                         "links": list(c.links), "dropins": dropins, "how": []})
+
+
+def _how_it_loses(a: Assessment, config, x: dict) -> list:
+    """How one losing dir is kept from loading, in words (the log line, explain)."""
+    how = []
+    masked = x["dir"] in a.hook_masks
+    if masked:
+        how.append("hidden under an empty read-only tmpfs (createContainer)")
+    if x["ld_entries"]:
+        if "wrapper" in a.actors and (a.wrapper.get("strip") or a.wrapper.get("ld_dir")):
+            how.append(f"LD_LIBRARY_PATH entry {', '.join(x['ld_entries'])} taken off by the wrapper")
+        elif not masked:
+            how.append(f"LD_LIBRARY_PATH names it: {', '.join(x['ld_entries'])} (see the warning)"
+                       if "wrapper" not in a.actors else
+                       f"LD_LIBRARY_PATH names it: {', '.join(x['ld_entries'])}")
+    if x["links"] and not masked:
+        how.append(f"{', '.join(x['links'])} link into it: the hook the wrapper adds hides it"
+                   if "wrapper" in a.actors else f"{', '.join(x['links'])} link into it (see the warning)")
+    if x["dropins"]:
+        how.append(f"{', '.join(x['dropins'])} names it: compat-hook's drop-in sorts first"
+                   if a.hook_target is not None or (a.effect == "compat" and config.mode != "env")
+                   else f"{', '.join(x['dropins'])} names it")
+    if not how:
+        how.append("nothing names it: the loader never looks there")
+    return how
 
 
 def _plan_masks(a: Assessment, root, entries, what: str) -> list:
@@ -366,18 +467,24 @@ def _plan_hook(a: Assessment, config, root, mount_ns: bool) -> None:
         a.hook = a.replan_hook(a.existing_dropin)
 
 
-def _plan_wrapper(a: Assessment, config, spec, known, hook_entry) -> None:
+def _plan_wrapper(a: Assessment, config, spec, known, hook_entry, root=None) -> None:
     from ..effects import specedit
 
     d = a.decision
     kw: dict = {"known": sorted(known), "drop_oom": config.wrapper_drop_oom_score_adj}
-    hook_work = a.effect == "host" or a.existing_dropin is not None
+    # conda's links into a losing dir: only the hook can hide them (in the container's mount namespace)
+    hook_work = a.effect == "host" or a.existing_dropin is not None or any(x["links"] for x in a.losers)
     if a.effect == "compat" and d.source == "store":
         kw["mounts"] = [specedit.store_mount(d.details.get("host_dir"), d.compat_dir)]
         kw["ld_dir"] = d.compat_dir
     elif a.effect == "compat":
         if config.mode in ("env", "both"):
             kw["ld_dir"] = d.compat_dir
+        elif a.ld_compat_entries:
+            # ldconfig mode: the drop-in puts the chosen dir first in the ld cache, but an
+            # LD_LIBRARY_PATH entry beats the cache: every other compat dir comes off it.
+            kw["strip"] = True
+            kw["keep"] = [e for e in a.ld_compat_entries if _resolves_into(root, e, d.compat_dir)]
         hook_work = hook_work or config.mode != "env"
     elif a.effect == "host":
         kw["strip"] = True
@@ -389,26 +496,91 @@ def _plan_wrapper(a: Assessment, config, spec, known, hook_entry) -> None:
         a.new_spec, a.spec_edits = specedit.plan(spec, **kw)
 
 
-def _toolkit_view(a: Assessment, root) -> None:
+def _toolkit_view(a: Assessment, root, config=None) -> None:
+    """What the NVIDIA toolkit alone would do, and which library wins alone, with the hook, with the wrapper.
+
+    Predicts the *next* start: compat-hook's own drop-in from an earlier start
+    is left out (:func:`compat_hook.policy.toolkit.ld_conf`; the start
+    rewrites or removes it), and the hook's masks hide what they cover.
+    """
     from . import toolkit
 
     drv = a.host.driver_version if a.host is not None else None
     # No driver version: the toolkit's Tegra (CSV) path passes NVML's CUDA version instead.
     cuda = a.host.cuda_version if a.host is not None and drv is None else None
-    enables, why = toolkit.would_enable(a.image, drv, cuda) if a.image is not None else (False, "not assessed")
+    tk_root = toolkit.ORIN_ROOT if a.host is not None and a.host.tegra else toolkit.COMPAT_ROOT
+    if a.request is not None and not a.request.gpu_requested:
+        # NVIDIA_VISIBLE_DEVICES=void / none / empty, no device, no CDI name: the NVIDIA
+        # runtime adds nothing to such a container, its compat hook included.
+        enables, why = False, f"the container requests no GPU ({a.request.gpu_reason}): the NVIDIA runtime adds nothing"
+    elif a.image is not None:
+        enables, why = toolkit.would_enable(a.image, drv, cuda, root=tk_root)
+    else:
+        enables, why = False, "not assessed"
     has_compat = a.image is not None and a.image.status in ("found", "ambiguous")
     conf = toolkit.ld_conf(root) if root is not None else {"files": [], "debian_like": False, "arch": None}
+    if a.existing_dropin is not None:
+        named = [x for x in a.existing_dropin.splitlines() if x.strip() and not x.startswith("#")]
+        a.notes.append(f"{toolkit.OUR_DROPIN} in the rootfs is compat-hook's own from an earlier start"
+                       + (f" (naming {', '.join(named)})" if named else "")
+                       + ": the next start rewrites or removes it, so this prediction leaves it out")
     from ..facts.imagefacts import host_lib_dir
 
     host_dir = (host_lib_dir(root, a.host.driver_text if a.host is not None else None) if root is not None
                 else None) or toolkit.default_host_dir(conf)
+    masked = list(a.hook_masks)
+    cands = a.image.all() if a.image is not None else []
+
+    def reachable(entries):
+        return [e for e in entries if not any(_resolves_into(root, e, m) for m in masked)]
+
+    def links(hidden):
+        return [p for c in cands if c.compat_dir not in hidden for p in c.links]
+
     common = dict(has_compat=has_compat, toolkit_enables=enables, dropins=a.dropins,
-                  ld_library_path=a.ld_compat_entries, host_first=toolkit.host_dir_first(conf, host_dir))
-    alone = toolkit.effective(hook_effect=None, wrapper_strips=False, **common)
+                  host_first=toolkit.host_dir_first(conf, host_dir))
+    alone = toolkit.effective(hook_effect=None, wrapper_strips=False, ld_library_path=a.ld_compat_entries,
+                              links=links(()), **common)
     # effect "host" counts even where the host library is not in the rootfs
     # yet (explain on a bare rootfs): the NVIDIA runtime mounts it at start.
     hook_eff = a.effect
-    hook_only = toolkit.effective(hook_effect=hook_eff, wrapper_strips=False, **common)
-    with_wrapper = toolkit.effective(hook_effect=hook_eff, wrapper_strips=a.effect == "host", **common)
-    a.toolkit = {"enables": enables, "why": why, "alone": alone, "with_hook": hook_only,
+    hook_only = toolkit.effective(hook_effect=hook_eff, wrapper_strips=False,
+                                  ld_library_path=reachable(a.ld_compat_entries), links=links(masked), **common)
+    # The wrapper takes compat dirs off LD_LIBRARY_PATH where compat is wrong, and every one
+    # but the chosen where it is right; the hook it adds masks what links into a losing dir.
+    d = a.decision
+    if a.effect == "host":
+        kept = []
+    elif a.effect == "compat":
+        kept = [e for e in a.ld_compat_entries if _resolves_into(root, e, d.compat_dir)]
+        if config is not None and config.mode in ("env", "both") or d.source == "store":
+            kept = [d.compat_dir] + kept
+    else:
+        kept = list(a.ld_compat_entries)
+    wrapper_masked = masked if a.effect != "leave" else []
+    with_wrapper = toolkit.effective(hook_effect=hook_eff, wrapper_strips=False,
+                                     ld_library_path=kept,
+                                     links=links(wrapper_masked), **common)
+    for res in (alone, hook_only, with_wrapper):
+        res["dir"] = _winning_dir(res, root, cands, d, tk_root)
+    a.toolkit = {"enables": enables, "why": why, "root": tk_root, "alone": alone, "with_hook": hook_only,
                  "with_wrapper": with_wrapper}
+
+
+def _winning_dir(res: dict, root, cands: list, d, tk_root: str):
+    """The compat dir (resolved in the rootfs) a ``compat`` result of the model loads from, or ``None``."""
+    via, path = res.get("via"), res.get("path")
+    if res["result"] != "compat":
+        return None
+    if via == "compat-hook":
+        return d.compat_dir
+    if via == "link":
+        return next((c.compat_dir for c in cands if path in c.links), None)
+    if via == "toolkit":
+        return next((c.compat_dir for c in cands if c.configured_dir == tk_root), None)
+    if path is None:
+        return None
+    try:
+        return root.realpath(path) if root is not None else path
+    except (OSError, ValueError):
+        return path

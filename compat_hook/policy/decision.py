@@ -3,11 +3,17 @@
 The rules match NVIDIA Container Toolkit v1.20 where they overlap
 (its cmd/nvidia-cdi-hook/cudacompat) and are stricter where it is silent:
 
-1. the container opted out, or requests no GPU -> skip;
-2. no candidate, or several -> skip;
+1. the container opted out, or requests no GPU, or its
+   ``NVIDIA_DRIVER_CAPABILITIES`` names neither ``compute`` nor ``all`` (NVIDIA's
+   runtime gives it no libcuda then) -> skip;
+2. no candidate, or several in one dir -> skip;
 3. the candidate is not a loadable ELF for this host (class, machine,
    type, SONAME) -> skip (NVIDIA applies its major-number rule even to
    non-ELF files; we don't);
+3b. Jetson Orin's compat (``compat_orin``, ``libcuda.so.1.1``) on a host known
+   to be a dGPU one (a driver version, not Tegra) -> skip; the SBSA/dGPU
+   compat on a Tegra (Orin, nvgpu) host -> skip: NVIDIA ships the two apart
+   (docs/background.md, "Tegra");
 4. host-CUDA path (Tegra ``libcuda.so.1.1``, or no host driver version but a
    host CUDA version): note ``CUDA version`` > host CUDA -> enable;
 5. host driver unknown -> skip;
@@ -25,6 +31,15 @@ The rules match NVIDIA Container Toolkit v1.20 where they overlap
    NVIDIA note lists (:data:`DEFAULT_DEVICE_BRANDS`) pass; any other brand
    (unknown, NVS, GRID) is judged per ``device_check`` as with a list;
 10. 590+ compat on a GPU below compute capability 7.5 (when known) -> skip.
+
+An image may carry several candidate dirs (:meth:`ImageFacts.all
+<compat_hook.facts.imagefacts.ImageFacts.all>`: the configured dirs, conda's
+``cuda-compat``, compat dirs its ``LD_LIBRARY_PATH`` names). Each is decided by
+these rules alone; of those that enable, the newest compat driver is chosen (it
+serves every CUDA runtime an older one does); when none does, the skip of
+the first candidate built for this kind of host (rule 3b) is the decision, else
+the first one's. ``details["candidates"]`` lists each with its
+reason.
 
 Rules 9 and 10 look at the GPUs the container gets
 (:meth:`~compat_hook.facts.container.Request.gpu_names` mapped by
@@ -71,6 +86,8 @@ REASONS = {
     # skip
     "opt_out": "the container opted out",
     "no_gpu_request": "the container requests no GPU",
+    "no_compute_capability": ("NVIDIA_DRIVER_CAPABILITIES names neither compute nor all: NVIDIA's runtime gives "
+                              "the container no libcuda"),
     "no_candidate": "no regular libcuda.so.<version> in the compat dirs",
     "ambiguous_candidates": "several libcuda.so.<version> files; refusing to guess",
     "candidate_unreadable": "the candidate could not be opened as a regular file",
@@ -79,6 +96,8 @@ REASONS = {
     "elf_machine": "the candidate is built for another machine",
     "elf_type": "the candidate is not a shared object (ET_DYN)",
     "soname": "the candidate's SONAME is not libcuda.so.1",
+    "compat_orin_not_tegra": "Jetson Orin's compat driver (compat_orin) on a host that is not a Tegra (Orin) host",
+    "compat_dgpu_on_tegra": "the SBSA/dGPU compat driver on a Tegra (Orin) host, which needs compat_orin",
     "compat_version_invalid": "the candidate's file name carries no valid driver version",
     "host_driver_unknown": "the host kernel driver version is unknown",
     "host_cuda_unknown": "host-CUDA path, but the host CUDA version is unknown",
@@ -103,8 +122,8 @@ REASONS = {
 #: cannot tell what is right (host unknown), or the image carries no compat
 #: driver to keep away. Every other skip means "compat is wrong here", and
 #: compat-hook makes the host driver win (its ``effect`` is ``"host"``).
-LEAVE_REASONS = frozenset(("opt_out", "no_gpu_request", "host_driver_unknown", "host_cuda_unknown",
-                           "no_candidate", "no_store_package", "store_not_needed"))
+LEAVE_REASONS = frozenset(("opt_out", "no_gpu_request", "no_compute_capability", "host_driver_unknown",
+                           "host_cuda_unknown", "no_candidate", "no_store_package", "store_not_needed"))
 
 
 class Decision:
@@ -290,6 +309,10 @@ def decide_request(request, config) -> Decision | None:
             return _skip("opt_out", by=request.disabled_reason)
         if config.require_gpu_request and not request.gpu_requested:
             return _skip("no_gpu_request", gpu=request.gpu_reason)
+        if "NVIDIA_DRIVER_CAPABILITIES" in request.env:  # the usual start reads nothing more
+            compute, why = request.compute()
+            if not compute:
+                return _skip("no_compute_capability", capabilities=why)
     return None
 
 
@@ -305,6 +328,42 @@ def decide(host, image, request, config) -> Decision:
     first = decide_request(request, config)
     if first is not None:
         return first
+    every = image.all()
+    if len(every) <= 1:
+        return _decide_one(host, image, request, config)
+    tried = [(c, _decide_one(host, c, request, config)) for c in every]
+    chosen = None
+    for c, d in tried:
+        if d.enable and (chosen is None or _newer(c, chosen[0])):
+            chosen = (c, d)
+    if chosen is None:
+        # None may be used: the decision is the first candidate's meant for this kind of host
+        # (an Orin host's compat_orin, not the SBSA compat beside it), else the first one's.
+        meant = [t for t in tried if t[1].reason not in _FLAVOUR_REASONS]
+        c, d = (meant or tried)[0]
+    else:
+        c, d = chosen
+    d.details["candidates"] = [
+        {"dir": x.compat_dir, "origin": getattr(x, "origin", None), "candidate": x.candidate or list(x.candidates),
+         "compat_version": x.compat_version_text, "decision": y.reason, "chosen": chosen is not None and x is c}
+        for x, y in tried]
+    return d
+
+
+_FLAVOUR_REASONS = ("compat_orin_not_tegra", "compat_dgpu_on_tegra")
+
+
+def _newer(a, b) -> bool:
+    """Whether candidate ``a``'s compat driver is newer than ``b``'s (driver version, else the note's CUDA)."""
+    def key(c):
+        note = c.elf.note if c.elf is not None else None
+        cuda = try_parse_version(note.cuda_version) if note is not None and note.cuda_version else None
+        return (c.compat_version or (), cuda or ())
+    return key(a) > key(b)
+
+
+def _decide_one(host, image, request, config) -> Decision:
+    """The rules 2-10 for one candidate dir."""
     if image.status == "ambiguous":
         return _skip("ambiguous_candidates", candidates=list(image.candidates), dir=image.compat_dir)
     if image.status != "found":
@@ -316,6 +375,11 @@ def decide(host, image, request, config) -> Decision:
     why = image.elf.loadable_for(machine) if machine else "elf_machine"
     if why is not None:
         return _skip(why, host_machine=machine, elf=image.elf.to_dict(), **base)
+    flavour = getattr(image, "flavour", "orin" if image.tegra_lib else "dgpu")
+    if flavour == "orin" and not host.tegra and host.driver_version is not None:
+        return _skip("compat_orin_not_tegra", host_driver=_v(host.driver_version), **base)
+    if flavour == "dgpu" and host.tegra:
+        return _skip("compat_dgpu_on_tegra", host_cuda=_v(host.cuda_version), **base)
 
     note = image.elf.note
     warnings: list = []

@@ -7,7 +7,9 @@ rules are ``nvidia-cdi-hook enable-cuda-compat``'s
 (NVIDIA/nvidia-container-toolkit, cmd/nvidia-cdi-hook/cudacompat):
 
 * it looks only in ``/usr/local/cuda/compat`` for one regular
-  ``libcuda.so.*.*`` (resolved in the root);
+  ``libcuda.so.*.*`` (resolved in the root); on a Jetson Orin host only in
+  ``/usr/local/cuda/compat_orin`` (its CSV mode's
+  ``--cuda-compat-container-root``, the fix of its PR #1690): :data:`ORIN_ROOT`;
 * with a note and both driver versions: the host branch must be in the
   note's ``driver`` list and the compat driver strictly newer;
 * with a note but no host driver version (the Tegra/CSV path passes only
@@ -57,11 +59,13 @@ False
 
 from __future__ import annotations
 
-__all__ = ["COMPAT_ROOT", "OUR_DROPIN", "would_enable", "effective", "ld_conf", "system_dirs",
+__all__ = ["COMPAT_ROOT", "ORIN_ROOT", "OUR_DROPIN", "would_enable", "effective", "ld_conf", "system_dirs",
            "host_dir_first", "default_host_dir"]
 
 #: ``--cuda-compat-container-root``'s default, the only dir the toolkit looks in.
 COMPAT_ROOT = "/usr/local/cuda/compat"
+#: The root its CSV (Tegra) mode passes on a Jetson Orin host ("Orin (nvgpu)" by NVML).
+ORIN_ROOT = "/usr/local/cuda/compat_orin"
 #: compat-hook's own drop-in (ldcache.DROPIN_PATH's file name).
 OUR_DROPIN = "00-00-compat-hook.conf"
 #: The sort keys of the toolkit's drop-ins (``<prefix><random>.conf``).
@@ -84,14 +88,21 @@ def _fmt(v: tuple) -> str:
     return ".".join(str(x) for x in v)
 
 
-def would_enable(image, host_driver, host_cuda_version=None) -> tuple:
+def _in_root(image, root: str):
+    """The candidate dir of ``image`` found through ``root`` (the toolkit's only dir), or ``None``."""
+    every = image.all() if hasattr(image, "all") else [image]
+    return next((c for c in every if c.configured_dir == root), None)
+
+
+def would_enable(image, host_driver, host_cuda_version=None, root: str = COMPAT_ROOT) -> tuple:
     """``(uses_compat, why)``: whether ``enable-cuda-compat`` writes its drop-in.
 
     ``image``: :class:`~compat_hook.facts.imagefacts.ImageFacts`; ``host_driver``:
     the host version tuple (``--host-driver-version``, the CDI path), or
     ``None``; ``host_cuda_version``: ``(major, minor, 0)`` given as
     ``--host-cuda-version`` (the Tegra/CSV path, which passes no driver
-    version), or ``None``.
+    version), or ``None``; ``root``: the dir it looks in (:data:`ORIN_ROOT`
+    on an Orin host).
 
     >>> from compat_hook.facts.imagefacts import ImageFacts
     >>> from compat_hook.facts.elfnote import CompatNote, ElfInfo
@@ -107,10 +118,11 @@ def would_enable(image, host_driver, host_cuda_version=None) -> tuple:
     """
     if host_driver is None and host_cuda_version is None:
         return False, "no host driver or CUDA version: the toolkit's hook does nothing"
-    if image is None or image.status != "found" or image.configured_dir != COMPAT_ROOT:
-        if image is not None and image.status == "ambiguous" and image.configured_dir == COMPAT_ROOT:
+    image = _in_root(image, root) if image is not None else None
+    if image is None or image.status != "found":
+        if image is not None and image.status == "ambiguous":
             return False, "several libcuda.so.*.* in the compat dir: the toolkit does nothing"
-        return False, f"no libcuda.so.*.* in {COMPAT_ROOT}"
+        return False, f"no libcuda.so.*.* in {root}"
     compat = image.compat_version
     elf = image.elf
     note = elf.note if elf is not None else None
@@ -154,8 +166,12 @@ def _conf_dirs(text: str) -> list:
     return out
 
 
-def ld_conf(root, limit: int = MAX_CONF) -> dict:
+def ld_conf(root, limit: int = MAX_CONF, skip: str = OUR_DROPIN) -> dict:
     """The image's ld.so.conf.d as ldconfig reads it: ``{"files", "debian_like", "arch", "notes"}``.
+
+    ``skip``: compat-hook's own drop-in is left out: every start rewrites it
+    (or removes it), so an earlier start's file says nothing about the next;
+    :func:`effective` adds what the next start writes (``hook_effect``).
 
     ``files``: ``[(name, [dir, ...]), ...]`` in file name order (the glob of
     ``include /etc/ld.so.conf.d/*.conf``), dirs resolved in the root where
@@ -173,7 +189,7 @@ def ld_conf(root, limit: int = MAX_CONF) -> dict:
         entries = root.listdir("/etc/ld.so.conf.d")
     except OSError:
         entries = []
-    names = sorted(n for n, kind in entries if n.endswith(".conf") and kind in ("file", "symlink"))
+    names = sorted(n for n, kind in entries if n.endswith(".conf") and n != skip and kind in ("file", "symlink"))
     if len(names) > limit:
         notes.append(f"{len(names)} drop-ins in /etc/ld.so.conf.d: only the first {limit} read")
         names = names[:limit]
@@ -266,7 +282,8 @@ def host_dir_first(conf: dict, host_dir: str, *, update_ldcache: bool = True) ->
 
 
 def effective(*, has_compat: bool, toolkit_enables: bool, dropins: list, ld_library_path: list,
-              hook_effect: str | None, wrapper_strips: bool, host_first: tuple = (None, "")) -> dict:
+              hook_effect: str | None, wrapper_strips: bool, host_first: tuple = (None, ""),
+              links: list = ()) -> dict:
     """Which libcuda the container loads: ``{"result": "compat"|"host", "by": ...}``.
 
     ``has_compat``: the image carries a compat libcuda; ``toolkit_enables``:
@@ -277,7 +294,13 @@ def effective(*, has_compat: bool, toolkit_enables: bool, dropins: list, ld_libr
     hook runs (``None``: not registered); ``wrapper_strips``: the wrapper
     takes compat dirs off ``LD_LIBRARY_PATH``; ``host_first``:
     :func:`host_dir_first` (``(None, ...)``: no drop-in names the host
-    driver's dir).
+    driver's dir); ``links``: symlinks in a conda prefix's ``lib`` into its
+    ``cuda-compat`` dir that are still reachable (not masked): the env's
+    libraries search ``$PREFIX/lib`` (their RUNPATH) before the ld cache.
+
+    >>> effective(has_compat=True, toolkit_enables=False, dropins=[], ld_library_path=[], hook_effect="host",
+    ...           wrapper_strips=True, links=["/opt/conda/lib/libcuda.so.1"])["result"]
+    'compat'
 
     >>> effective(has_compat=True, toolkit_enables=True, dropins=[], ld_library_path=[],
     ...           hook_effect="host", wrapper_strips=False)
@@ -294,19 +317,25 @@ def effective(*, has_compat: bool, toolkit_enables: bool, dropins: list, ld_libr
     if not has_compat:
         return {"result": "host", "by": "the image carries no compat libcuda"}
     if ld_library_path and not wrapper_strips:
-        return {"result": "compat", "by": f"LD_LIBRARY_PATH names {ld_library_path[0]} (beats the ld cache)"}
+        return {"result": "compat", "by": f"LD_LIBRARY_PATH names {ld_library_path[0]} (beats the ld cache)",
+                "via": "LD_LIBRARY_PATH", "path": ld_library_path[0]}
+    if links:
+        return {"result": "compat", "by": (f"{links[0]} links into conda's cuda-compat (the env's RUNPATH is "
+                                           "searched before the ld cache)"), "via": "link", "path": links[0]}
     host_at, host_why = host_first
-    compat = [(d["file"], f"/etc/ld.so.conf.d/{d['file']} names {d['dirs'][0]}") for d in dropins]
+    # (sort key, why, via, path): ``via``/``path`` say which compat dir wins (the caller resolves it)
+    compat = [(d["file"], f"/etc/ld.so.conf.d/{d['file']} names {d['dirs'][0]}", "drop-in", d["dirs"][0])
+              for d in dropins]
     if toolkit_enables:
-        compat.append((TOOLKIT_COMPAT, "the toolkit's enable-cuda-compat drop-in (00-compat-*.conf)"))
+        compat.append((TOOLKIT_COMPAT, "the toolkit's enable-cuda-compat drop-in (00-compat-*.conf)", "toolkit", None))
     if hook_effect == "compat":
-        compat.append((OUR_DROPIN, "compat-hook's drop-in names the compat dir and sorts first"))
+        compat.append((OUR_DROPIN, "compat-hook's drop-in names the compat dir and sorts first", "compat-hook", None))
     elif hook_effect == "host" and (host_at is None or OUR_DROPIN < host_at):
         host_at, host_why = OUR_DROPIN, "compat-hook's drop-in naming the host driver's dir sorts first"
     first = min(compat) if compat else None
     # A tie (one file naming both) is left to the host: ldconfig's line order is not modelled.
     if first is not None and (host_at is None or first[0] < host_at):
-        return {"result": "compat", "by": first[1]}
+        return {"result": "compat", "by": first[1], "via": first[2], "path": first[3]}
     if host_at is None:
         return {"result": "host", "by": "nothing puts the compat dir first"}
     return {"result": "host", "by": host_why}

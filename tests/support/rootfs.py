@@ -47,17 +47,24 @@ LD_SO_CONF = "include /etc/ld.so.conf.d/*.conf\n"
 MULTIARCH_CONF = "# Multiarch support\n/usr/local/lib\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n"
 
 
-def probe_binary() -> Path:
-    """The compiled probe (cached under ``<cache>/probe/<sha256 of probe.c + gcc>``)."""
+def probe_binary(runpath: str | None = None) -> Path:
+    """The compiled probe (cached under ``<cache>/probe/<sha256 of probe.c + gcc>``).
+
+    ``runpath``: built with that ``DT_RUNPATH`` (``$ORIGIN/../lib``, as conda
+    builds every binary of an env), so its ``dlopen`` searches there before
+    the ld cache, as a conda env's libraries do.
+    """
     src = PROBE_SRC.read_bytes()
     gcc = shutil.which("gcc") or "/usr/bin/gcc"
     gcc_ver = subprocess.run([gcc, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
-    key = hashlib.sha256(src + b"\0" + gcc_ver.encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + b"\0" + gcc_ver.encode() + (b"\0" + runpath.encode() if runpath else b"")
+                         ).hexdigest()[:16]
     final = cache_dir() / "probe" / key
+    link = [f"-Wl,--enable-new-dtags,-rpath,{runpath}"] if runpath else []
 
     def build(tmp: Path) -> None:
         p = subprocess.run(
-            [gcc, "-O2", "-Wall", "-Werror", "-o", str(tmp / "probe"), str(PROBE_SRC)],
+            [gcc, "-O2", "-Wall", "-Werror", *link, "-o", str(tmp / "probe"), str(PROBE_SRC)],
             stdin=subprocess.DEVNULL, capture_output=True, text=True,
         )
         if p.returncode != 0:
