@@ -97,7 +97,7 @@ def scan_compat_dir(root, path: str):
 
 
 def _inspect(root, path: str, state_dir: str | None, use_cache: bool, facts: ImageFacts):
-    from .elfnote import ElfInfo
+    from .elfinfo import ElfInfo
 
     f = root.open_regular(path, follow=False)
     try:
