@@ -59,7 +59,7 @@ ENABLE = COMMON | {"compat_hook.core.ldpath", "compat_hook.core.atomic"}
 #: Standard-library modules the no-compat path may import beyond the interpreter's own.
 NOCOMPAT_STDLIB = frozenset({
     "__future__", "os", "stat", "_stat", "posixpath", "genericpath", "_collections_abc",
-    "_json", "gc", "zlib", "errno",
+    "_json", "gc", "errno",
 })
 #: ... and the enable path (the cache's digest, the rootfs lock, ldconfig's rlimits and wait).
 ENABLE_STDLIB = NOCOMPAT_STDLIB | {"_blake2", "fcntl", "resource", "select"}
