@@ -27,6 +27,7 @@ the subpackages whose ``__init__.py`` it does not read are empty.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -201,3 +202,49 @@ def test_the_packages_the_fast_import_does_not_read_are_empty():
     assert set(EMPTY_PACKAGES) == empty, (
         "compat_hook.cli.EMPTY_PACKAGES must name exactly the subpackages whose __init__.py is empty: "
         "the hook's fast import (compat_hook.cli.start_imports) does not run those files")
+
+
+# ---- a start that cannot import what it runs still fails open
+
+
+@pytest.fixture
+def half_removed(tmp_path) -> pathlib.Path:
+    """An installation whose compat_hook/cli.py and runtime.py are there but not the code they start."""
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "compat_hook", site / "compat_hook", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.rmtree(site / "compat_hook" / "commands")
+    return site
+
+
+def _boot(site: pathlib.Path, target: str, log: pathlib.Path) -> str:
+    from compat_hook.core.registration import boot_code, python_paths
+
+    return boot_code([str(site)] + python_paths()[1:], target=target, log_file=str(log))
+
+
+@pytest.mark.parametrize("fail_closed", [False, True])
+def test_hook_of_a_half_removed_installation_fails_open(half_removed, tmp_path, fail_closed):
+    log = tmp_path / "hook.log"
+    argv = [PY, "-I", "-S", "-c", _boot(half_removed, "hook", log)] + (["--fail-closed"] if fail_closed else [])
+    p = subprocess.run(argv + ["hook", "--stage", "createContainer"], input=h.state_json(tmp_path, id="c1"),
+                       capture_output=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    err = p.stderr.decode()
+    assert p.returncode == (1 if fail_closed else 0), err
+    assert err.startswith("compat-hook: cannot start (ModuleNotFoundError: ") and "Traceback" not in err, err
+    assert err.rstrip().endswith("the container is stopped (on_error: fail)" if fail_closed
+                                 else "the container starts without compat-hook"), err
+    (rec,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (rec["event"], rec["reason"], rec["container_id"]) == (
+        "fail_closed" if fail_closed else "fail_open", "installation_missing", "c1"), rec
+
+
+def test_wrapper_of_a_half_removed_installation_runs_the_real_runtime(half_removed, tmp_path):
+    log = tmp_path / "runtime.log"
+    argv = [PY, "-I", "-S", "-c", _boot(half_removed, "runtime", log), "create", "--bundle", "b", "c2"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/",
+                       env={"PATH": "/usr/bin:/bin", "COMPAT_HOOK_RUNTIME_FALLBACK": "/bin/echo"})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "create --bundle b c2\n"  # the stand-in runtime ran with the same arguments
+    assert "running /bin/echo without compat-hook" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    (rec,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (rec["event"], rec["component"], rec["container_id"]) == ("fail_open", "runtime", "c2"), rec
