@@ -45,6 +45,7 @@ COMMON = frozenset({
     "compat_hook", "compat_hook.cli",
     "compat_hook.commands", "compat_hook.commands.hook",
     "compat_hook.core", "compat_hook.core.errors", "compat_hook.core.jsonfast", "compat_hook.core.logjson",
+    "compat_hook.core.fastos",
     "compat_hook.core.config", "compat_hook.core.cache", "compat_hook.core.versions", "compat_hook.core.bounded",
     "compat_hook.facts", "compat_hook.facts.oci", "compat_hook.facts.container", "compat_hook.facts.surface",
     "compat_hook.facts.rootfs", "compat_hook.facts.hostfacts", "compat_hook.facts.imagefacts",
@@ -58,10 +59,7 @@ NOCOMPAT = COMMON | {"compat_hook.policy.storefacts", "compat_hook.facts.storein
 ENABLE = COMMON | {"compat_hook.core.ldpath", "compat_hook.core.atomic"}
 
 #: Standard-library modules the no-compat path may import beyond the interpreter's own.
-NOCOMPAT_STDLIB = frozenset({
-    "__future__", "os", "stat", "_stat", "posixpath", "genericpath", "_collections_abc",
-    "_json", "gc", "errno",
-})
+NOCOMPAT_STDLIB = frozenset({"__future__", "stat", "_stat", "_json", "gc", "errno"})
 #: ... and the enable path (the cache's digest, the rootfs lock, ldconfig's rlimits and wait).
 ENABLE_STDLIB = NOCOMPAT_STDLIB | {"_blake2", "fcntl", "resource", "select"}
 
@@ -121,7 +119,7 @@ def test_no_compat_path_imports_the_pinned_modules(hook_env, tmp_path, interpret
     assert (rec["decision"], rec["reason"], rec["actions"]) == ("skip", "no_candidate", []), rec
     _check("no-compat", imported, interpreter_own, NOCOMPAT, NOCOMPAT_STDLIB)
     # What the hot path must never load (docs/design.md, "Hot path rules").
-    for heavy in ("compat_hook.commands.cli", "compat_hook.facts.elfnote", "argparse", "json", "re", "yaml"):
+    for heavy in ("compat_hook.commands.cli", "compat_hook.facts.elfnote", "os", "argparse", "json", "re", "yaml"):
         assert heavy not in imported, heavy
 
 
@@ -138,7 +136,7 @@ def test_enable_path_imports_the_pinned_modules(hook_env, tmp_path, interpreter_
     assert rec["planned"] == ["write_dropin", "ldconfig"], rec
     assert dropin.read_text() == h.dropin_text(h.COMPAT_DIR)
     _check("enable", imported, interpreter_own, ENABLE, ENABLE_STDLIB)
-    for heavy in ("compat_hook.commands.cli", "compat_hook.facts.elfnote", "elftools", "yaml", "subprocess"):
+    for heavy in ("compat_hook.commands.cli", "compat_hook.facts.elfnote", "os", "elftools", "yaml", "subprocess"):
         assert heavy not in imported, heavy
 
 

@@ -25,7 +25,7 @@ Nothing here raises: a cache that cannot be read or written is a miss.
 
 from __future__ import annotations
 
-import os
+from . import fastos as os  # os without importing os: ~1 ms of a container start (fastos)
 
 from .. import __version__
 from . import jsonfast
