@@ -114,6 +114,11 @@ class Fixtures:
             hooks = None if name == "nohook" else {"createContainer": [entry]}
             self.e2e[name] = rts.make_bundle(work / f"e2e-{name}", root, args=("/bin/true",), env=env,
                                              hooks=hooks)
+        # A copy of the stub rootfs whose drop-in is removed before each run: the hook writes it
+        # and rebuilds the cache, as at a container's first start (and as the toolkit's pair does).
+        self.rootfs["dropin"] = work / "rootfs-dropin"
+        shutil.copytree(self.rootfs["stub"], self.rootfs["dropin"], symlinks=True)
+        b["dropin"] = rts.make_bundle(work / "b-dropin", self.rootfs["dropin"], env=GPU_ENV)
         # The NVIDIA toolkit's own hook pair gets a copy of the stub rootfs: its drop-ins
         # (a new 00-compat-<uuid>.conf and zz-nvcr-*.conf per run) must not reach ours.
         self.rootfs["toolkit"] = work / "rootfs-toolkit"
@@ -130,10 +135,10 @@ class Fixtures:
                                  "pid": 1, "bundle": str(bundle)}))
         return p
 
-    def hook_argv(self, state_dir: Path | None = None) -> tuple[list, dict]:
-        """Exactly registration.hook_entry's argv and env."""
+    def hook_argv(self, state_dir: Path | None = None, paths: list | None = None) -> tuple[list, dict]:
+        """Exactly registration.hook_entry's argv and env (``paths``: another installation's sys.path)."""
         e = registration.hook_entry(stage="createContainer", config=str(self.config),
-                                    state_dir=str(state_dir or self.state_dir))
+                                    state_dir=str(state_dir or self.state_dir), paths=paths)
         env = dict(x.split("=", 1) for x in e["env"])
         return e["args"], env
 

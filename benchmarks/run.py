@@ -2,11 +2,17 @@
 """compat-hook benchmarks (issue 6): medians, A/B interleaved, ratios to a same-run baseline.
 
     /usr/bin/python3 benchmarks/run.py [--quick] [--out benchmarks/results/latest.json]
+        [--bare-site] [--compare DIR]
 
 Every timed row is run as a child process exactly as production runs it (the
 hook: registration.hook_entry's argv and env, state JSON on stdin); each
 iteration runs the baseline (``<same interpreter> -I -c pass``) and then the
-subject, so drift and load hit both alike. See benchmarks/README.md.
+subject, so drift and load hit both alike. ``--bare-site``: the whole run in
+a private mount namespace where the interpreter's site dirs' ``.pth`` files
+read as empty, so the baseline is an interpreter without third-party ``.pth``
+files (what a node's may well be). ``--compare DIR``: the hook's and the
+wrapper's start rows also for the compat_hook of another checkout (``before_*``),
+interleaved in the same run. See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -65,7 +71,14 @@ def _last_log(log: Path) -> dict:
         return {}
 
 
-def build_rows(fx: fixtures.Fixtures, wrapper: Path | None):
+#: Our drop-in in a rootfs.
+DROPIN = "etc/ld.so.conf.d/00-00-compat-hook.conf"
+#: The start rows measured again for the checkout given with --compare.
+COMPARED = ("hook_nogpu", "hook_nocompat", "hook_compat_warm", "hook_compat_dropin", "wrapper_create")
+
+
+def build_rows(fx: fixtures.Fixtures, wrapper: Path | None, before: tuple | None = None):
+    """The rows; ``before``: ``(hook argv, wrapper)`` of the --compare checkout, for its ``before_*`` rows."""
     args, env = fx.hook_argv()
     cold_dir = fx.work / "state-cold"
     rows = []
@@ -89,6 +102,14 @@ def build_rows(fx: fixtures.Fixtures, wrapper: Path | None):
     rows.append(Row("ldconfig", "/sbin/ldconfig -r <rootfs> alone", [LDCONFIG, "-r", str(fx.rootfs["stub"])],
                     group="child"))
     H("hook_compat_warm", "hook enabling compat, library seen before (warm cache)", "stub")
+
+    def no_dropin(d=fx.rootfs["dropin"] / DROPIN):
+        try:
+            d.unlink()
+        except FileNotFoundError:
+            pass
+    H("hook_compat_dropin", "hook enabling compat, library seen before, the drop-in written (a first start)",
+      "dropin", prep=no_dropin)
     H("hook_compat_cold", "hook enabling compat, library first sight (600 B stub; config cached)", "stub",
       prep=cold, argv=cold_args)
     if "real" in fx.bundles:
@@ -154,6 +175,13 @@ def build_rows(fx: fixtures.Fixtures, wrapper: Path | None):
         rows.append(Row("wrapper_create", "wrapper create, spec rewrite, real runtime = /bin/true",
                         [str(wrapper), "--root", str(rstate), "create", "--bundle", str(bundle), "bench-create"],
                         tenv, prep=restore, group="wrapper"))
+    if before is not None:
+        bargs, bwrapper = before
+        for r in list(rows):
+            if r.name in COMPARED and (r.name != "wrapper_create" or bwrapper is not None):
+                argv = bargs if r.group == "hook" else [str(bwrapper)] + r.argv[1:]
+                rows.append(Row("before_" + r.name, r.what + " (--compare checkout)", argv, r.env, r.stdin,
+                                r.prep, group="before"))
     # end to end
     counter = iter(range(10 ** 9))
     for name, what in (("nohook", "runc run, no hook"), ("hook_nogpu", "runc run + hook, non-GPU"),
@@ -166,6 +194,28 @@ def build_rows(fx: fixtures.Fixtures, wrapper: Path | None):
                         {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, group="e2e",
                         baseline=None if name == "nohook" else "e2e_nohook"))
     return rows
+
+
+_BARE = "COMPAT_HOOK_BENCH_BARE_SITE"
+
+
+def _reexec_bare_site() -> None:
+    """Run this very command again in a private mount namespace with every site dir's .pth emptied.
+
+    The baseline ``python -I -c pass`` runs ``site``, which executes each
+    ``.pth`` file's import lines (setuptools' distutils hack, namespace
+    packages, whatever the machine added): here they are bind mounts of
+    /dev/null, for this process tree only.
+    """
+    import site
+
+    pth = sorted(str(p) for d in site.getsitepackages() if os.path.isdir(d) for p in Path(d).glob("*.pth"))
+    script = ('while [ "$1" != -- ]; do mount --bind /dev/null "$1" || exit 1; shift; done; shift; '
+              'exec "$@"')
+    os.environ[_BARE] = "1"
+    print(f"[bench] --bare-site: {len(pth)} .pth file(s) read as empty: {' '.join(pth) or '-'}", file=sys.stderr)
+    os.execvp("unshare", ["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", script, "sh",
+                          *pth, "--", sys.executable, *sys.argv])
 
 
 def measure(rows, base_argv, iters, warmup=2):
@@ -206,7 +256,13 @@ def main() -> int:
     ap.add_argument("--iters", type=int, help="iterations per row (default 30, --quick 8)")
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
     ap.add_argument("--keep", action="store_true", help="keep the fixture tree")
+    ap.add_argument("--bare-site", action="store_true",
+                    help="run in a private mount namespace where the site dirs' .pth files read as empty")
+    ap.add_argument("--compare", metavar="DIR",
+                    help="also measure the start rows of the compat_hook in checkout DIR (before_*)")
     o = ap.parse_args()
+    if o.bare_site and not os.environ.get(_BARE):
+        _reexec_bare_site()
     iters = o.iters or (8 if o.quick else 30)
     conc_rounds = 3 if o.quick else 10
     t_start = time.monotonic()
@@ -226,7 +282,17 @@ def main() -> int:
         except Exception as e:  # the wrapper is not there (yet)
             print(f"[bench] wrapper not available: {e}", file=sys.stderr)
             wrapper = None
-        rows = build_rows(fx, wrapper)
+        before = None
+        if o.compare:
+            from compat_hook.install.wrapper import render_wrapper
+            bpaths = [str(Path(o.compare).resolve())] + fixtures.registration.python_paths()[1:]
+            if not (Path(bpaths[0]) / "compat_hook" / "cli.py").is_file():
+                ap.error(f"--compare {o.compare}: no compat_hook there")
+            bwrapper = work / "compat-hook-runtime-before"
+            bwrapper.write_text(render_wrapper(str(fx.config), python=py, paths=bpaths))
+            bwrapper.chmod(0o755)
+            before = (fx.hook_argv(paths=bpaths)[0], bwrapper)
+        rows = build_rows(fx, wrapper, before)
         # sanity: each hook row's decision, once
         checks = {}
         for r in rows:
@@ -280,7 +346,7 @@ def main() -> int:
 
     for n in ("hook_nogpu", "hook_nocompat"):
         x = R[n]
-        T(f"{n} <= 1.3x python -I -c pass", x["ratio"] <= 1.3, f"{x['ratio']:.2f}x ({x['median_ms']} vs {x['pair_median_ms']} ms)")
+        T(f"{n} <= 1.2x python -I -c pass", x["ratio"] <= 1.2, f"{x['ratio']:.2f}x ({x['median_ms']} vs {x['pair_median_ms']} ms)")
     ld = R["ldconfig"]["median_ms"]
     w = R["hook_compat_warm"]
     lim = 1.5 * w["pair_median_ms"] + ld
@@ -303,12 +369,35 @@ def main() -> int:
       f"{m5['median_ms']} ms vs limit {lim:.2f} ms (ldconfig alone {ld5} ms)")
     comparisons = {}
     if "toolkit_enable_cuda_compat" in R:
-        # Not a target: the incumbent's Go pair (two processes, its ldconfig in fresh
-        # namespaces) against compat-hook's one Python hook, same image, same run.
+        # The incumbent's Go pair (two processes, its ldconfig in fresh namespaces, a new
+        # drop-in each run) against compat-hook's one Python hook, same image, same run.
         pair = R["toolkit_enable_cuda_compat"]["median_ms"] + R["toolkit_update_ldcache"]["delta_ms"]
-        comparisons["hook_compat_warm_vs_toolkit_pair"] = {
-            "toolkit_pair_ms": round(pair, 2), "hook_compat_warm_ms": w["median_ms"],
-            "ratio": round(w["median_ms"] / pair, 3)}
+        for n in ("hook_compat_dropin", "hook_compat_warm"):
+            comparisons[f"{n}_vs_toolkit_pair"] = {
+                "toolkit_pair_ms": round(pair, 2), "hook_ms": R[n]["median_ms"],
+                "ratio": round(R[n]["median_ms"] / pair, 3)}
+        # The same, pair by pair: each iteration's hook run against that iteration's toolkit
+        # runs (A/B in time), the median of those ratios; less moved by load that drifts.
+        e, u = by["toolkit_enable_cuda_compat"], by["toolkit_update_ldcache"]
+        pairs = [a + (b - c) for a, b, c in zip(e.times, u.times, u.base)]
+        for n in ("hook_compat_dropin", "hook_compat_warm"):
+            comparisons[f"{n}_vs_toolkit_pair"]["paired_ratio"] = round(
+                median([h / p for h, p in zip(by[n].times, pairs)]), 3)
+        x = comparisons["hook_compat_dropin_vs_toolkit_pair"]
+        T("hook_compat_dropin <= 0.8x the NVIDIA toolkit's pair (enable-cuda-compat + update-ldcache)",
+          x["ratio"] <= 0.8, f"{x['ratio']:.2f}x ({x['hook_ms']} vs {x['toolkit_pair_ms']} ms)")
+    else:
+        T("hook_compat_dropin <= 0.8x the NVIDIA toolkit's pair", False, "not available (no toolkit binaries)")
+    for n in COMPARED:
+        if "before_" + n in R:
+            b, x = R["before_" + n], R[n]
+            comparisons[f"{n}_vs_compared"] = {"before_ms": b["median_ms"], "now_ms": x["median_ms"],
+                                                "before_ratio": b["ratio"], "now_ratio": x["ratio"],
+                                                "ratio": round(x["median_ms"] / b["median_ms"], 3)}
+    if "wrapper_create_vs_compared" in comparisons:
+        x = comparisons["wrapper_create_vs_compared"]
+        T("wrapper create no slower than the --compare checkout's", x["ratio"] <= 1.0,
+          f"{x['ratio']:.2f}x ({x['now_ms']} vs {x['before_ms']} ms)")
     big, small = R["hook_nocompat_bigspec"], R["hook_nocompat"]
     d = big["median_ms"] - small["median_ms"]
     T("1 MB config.json adds <= 5 ms", d <= 5, f"+{d:.2f} ms ({big['median_ms']} vs {small['median_ms']} ms)")
@@ -338,13 +427,14 @@ def main() -> int:
         T("wrapper peak RSS <= 25 MB", max(wr) <= RSS_LIMIT_KB, f"{max(wr) / 1024:.1f} MiB")
     else:
         T("wrapper peak RSS <= 25 MB", False, "not available")
-    errs = sum(x["errors"] for x in res_rows if x["group"] in ("hook", "e2e", "child"))
+    errs = sum(x["errors"] for x in res_rows if x["group"] in ("hook", "e2e", "child", "before"))
     T("no failed runs, no error records in the hook log", errs == 0 and all_log_errors == 0,
       f"exit errors {errs}, log errors {all_log_errors}")
 
     out = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": o.quick, "iters": iters,
            "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": py,
                        "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
+           "bare_site": bool(o.bare_site), "compare": o.compare,
            "baseline": {"argv": base_argv, "median_ms": round(B, 2)},
            "hook_argv": args[:4] + ["<boot code>"] + args[5:], "decisions": checks,
            "rows": res_rows, "concurrency": conc, "targets": targets, "comparisons": comparisons,
@@ -367,9 +457,15 @@ def main() -> int:
           f"errors {cerr} exit / {log_errors} log; the hooks' own duration_ms p50 {conc['self_p50_ms']}, "
           f"p99 {conc['self_p99_ms']}")
     print("\ndecisions:", ", ".join(f"{k}={v['decision']}/{v['reason']}/{v['elf_source']}" for k, v in checks.items()))
+    print()
     for k, v in comparisons.items():
-        print(f"\ncompared: compat-hook's hook enabling compat {v['hook_compat_warm_ms']} ms vs the NVIDIA "
-              f"toolkit's enable-cuda-compat + update-ldcache {v['toolkit_pair_ms']} ms: {v['ratio']:.2f}x")
+        if "toolkit_pair_ms" in v:
+            print(f"compared: {k.split('_vs_')[0]} {v['hook_ms']} ms vs the NVIDIA toolkit's "
+                  f"enable-cuda-compat + update-ldcache {v['toolkit_pair_ms']} ms: {v['ratio']:.2f}x "
+                  f"(median of the iterations' own ratios: {v['paired_ratio']:.2f}x)")
+        else:
+            print(f"compared: {k.split('_vs_')[0]} {v['now_ms']} ms ({v['now_ratio']:.2f}x the baseline) vs "
+                  f"{v['before_ms']} ms ({v['before_ratio']:.2f}x) in {o.compare}: {v['ratio']:.2f}x")
     print("\ntargets:")
     for t in targets:
         print(f"  {'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {t['detail']}")

@@ -14,7 +14,8 @@ layer and the layers below (docs/design.md; import-linter checks it):
 * ``core``: no policy (versions, errors, JSON, config, cache, registration).
 
 ``compat_hook.cli`` and ``compat_hook.runtime`` are the stable entry points
-registered hooks and wrappers import; they forward to ``commands``.
+registered hooks and wrappers import; they send a container start straight to
+``commands.hook`` / ``commands.runtime`` and the rest to ``commands.cli``.
 
 Importing this package imports nothing else: the hook runs on every
 container start and pays for each module it loads.

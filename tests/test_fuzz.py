@@ -18,8 +18,9 @@ The fuzz target (``test_fuzz_inspect_elf_coverage_guided``) runs
 ``COMPAT_HOOK_FUZZ_EXAMPLES`` examples (default 2000), stops generating new
 work after ``COMPAT_HOOK_FUZZ_SECONDS`` (default 30), and is coverage-guided
 in the hypothesis way: each example's score for ``hypothesis.target`` is the
-number of distinct lines of elfnote.py it executed, so the search climbs
-towards inputs that get deeper into the parser.
+number of distinct lines of elfnote.py (and of elfinfo.py, where the note's
+JSON is checked) it executed, so the search climbs towards inputs that get
+deeper into the parser.
 
 tests/fuzz_corpus/{elf,state}/ hold interesting inputs (one per distinct
 outcome class found by a systematic boundary-value search, plus hand-made
@@ -252,6 +253,8 @@ def test_inspect_elf_never_raises_on_raw_bytes(data):
 # ---- the coverage-guided fuzz target
 
 _ELFNOTE = sys.modules[inspect_elf.__module__].__file__
+#: The reader and the data classes it builds (the note's JSON is checked in elfinfo.py).
+_TRACED = (_ELFNOTE, sys.modules[ElfInfo.__module__].__file__)
 _seen_lines: set = set()
 
 
@@ -260,11 +263,11 @@ def _covered(data: bytes) -> set:
 
     def local(frame, event, arg):
         if event == "line":
-            lines.add(frame.f_lineno)
+            lines.add((frame.f_code.co_filename, frame.f_lineno))
         return local
 
     def glob(frame, event, arg):
-        return local if frame.f_code.co_filename == _ELFNOTE else None
+        return local if frame.f_code.co_filename in _TRACED else None
 
     sys.settrace(glob)
     try:
@@ -301,7 +304,7 @@ def test_fuzz_reached_deep_paths():
     src = pathlib.Path(_ELFNOTE).read_text().splitlines()
     want = [i + 1 for i, line in enumerate(src)
             if "info.note = _note_from_json(obj)" in line or 'if tag == "DT_SONAME"' in line]
-    assert want and all(w in _seen_lines for w in want), want
+    assert want and all((_ELFNOTE, w) in _seen_lines for w in want), want
 
 
 # ----------------------------------------------------------------------------- state / config.json

@@ -41,20 +41,16 @@ def main(argv: list | None = None) -> int:
 
 
 def entry() -> None:
-    """``python3 -I -S -c '...; from compat_hook.cli import entry; entry()' ARGS``."""
-    status = main(sys.argv[1:])
-    if sys.argv[1:2] == ["hook"]:
-        # The hook's log line is already written (os.write) and nothing else is
-        # pending: skip interpreter finalization, ~3 ms of every container start
-        # (hyperfine: `-I -S -c 'sys.exit(0)'` 14.2 ms, `os._exit(0)` 11.3 ms).
-        import os
+    """``compat-hook ARGS`` from a boot code: :func:`main`, then exit with its status.
 
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(status)
-    sys.exit(status)
+    The registered hook does not come here (``compat_hook.cli.entry`` runs the
+    hook directly); ``hook`` is still handled, by :func:`compat_hook.commands.hook.entry`.
+    """
+    if sys.argv[1:2] == ["hook"]:
+        from .hook import entry as hook_entry
+
+        hook_entry(sys.argv[2:])
+    sys.exit(main(sys.argv[1:]))
 
 
 #: --config means compat-hook's own configuration in every command (install/uninstall: --hook-config).

@@ -24,7 +24,7 @@ import time
 
 from ..core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, describe, one_line
 
-__all__ = ["main", "run"]
+__all__ = ["main", "run", "entry"]
 
 STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 
@@ -274,3 +274,20 @@ _KEEP: list = []
 def main(argv: list | None = None) -> int:
     status, _ = run(sys.argv[1:] if argv is None else argv)
     return status
+
+
+def entry(argv: list) -> None:
+    """Run the hook on ``argv`` (what follows ``hook``) and end the process with its exit status.
+
+    The log line is already written (``os.write``) and nothing else is
+    pending, so interpreter finalization is skipped: ~3 ms of every container
+    start (hyperfine: ``-I -S -c 'sys.exit(0)'`` 14.2 ms, ``os._exit(0)`` 11.3 ms).
+    """
+    status = main(argv)
+    import posix  # os._exit, without importing os (compat_hook.core.fastos)
+
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        posix._exit(status)

@@ -18,7 +18,7 @@ confined directory descriptor, with the same code (:func:`replace_at`).
 from __future__ import annotations
 
 import errno
-import os
+from . import fastos as os  # os without importing os: ~1 ms of a container start (fastos)
 
 __all__ = ["replace", "replace_at", "fsync_dir"]
 

@@ -17,7 +17,7 @@ True
 
 from __future__ import annotations
 
-import os
+from . import fastos as os  # os without importing os: ~1 ms of a container start (fastos)
 import sys
 import time
 

@@ -38,7 +38,7 @@ toolkit's ``update-ldcache`` rebuilds the cache after us
 
 from __future__ import annotations
 
-import os
+from ..core import fastos as os  # os without importing os: ~1 ms of a container start
 
 from ..core.errors import CompatHookError, UnsafePath
 

@@ -10,7 +10,7 @@ redirect the mount; the source is only ever a store directory.
 
 from __future__ import annotations
 
-import os
+from ..core import fastos as os  # os without importing os: ~1 ms of a container start
 
 __all__ = ["in_container_mount_ns", "bind_readonly", "mask_dir"]
 

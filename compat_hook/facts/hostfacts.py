@@ -31,7 +31,7 @@ log can say why. Sources, best first:
 
 from __future__ import annotations
 
-import os
+from ..core import fastos as os  # os without importing os: ~1 ms of a container start
 
 from ..core.versions import format_version, try_parse_version
 
@@ -157,7 +157,7 @@ class HostFacts:
         self.tegra = tegra
         self.arch = arch
         if machine is None:
-            from .elfnote import machine_for_arch  # a table; elfnote imports pyelftools lazily
+            from .elfinfo import machine_for_arch  # a table (not the ELF reader)
 
             machine = machine_for_arch(arch)
         #: The ELF ``e_machine`` a library must have to load here (``EM_X86_64``), or None.

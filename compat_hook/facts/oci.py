@@ -14,7 +14,7 @@ relative).
 
 from __future__ import annotations
 
-import os
+from ..core import fastos as os  # os without importing os: ~1 ms of a container start
 import stat as _stat
 
 from ..core import jsonfast

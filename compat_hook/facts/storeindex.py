@@ -12,7 +12,7 @@ validating the package; this module only reads them back.
 
 from __future__ import annotations
 
-import os
+from ..core import fastos as os  # os without importing os: ~1 ms of a container start
 
 __all__ = ["is_version_name", "list_entries"]
 

@@ -12,13 +12,17 @@ __all__ = ["packages", "decide_for"]
 
 def packages(store_dir: str) -> list:
     """Stored packages as :class:`~compat_hook.facts.imagefacts.ImageFacts` (host paths)."""
-    from ..facts.elfnote import ElfInfo
-    from ..facts.imagefacts import ImageFacts
     from ..facts.storeindex import list_entries
+
+    entries = list_entries(store_dir)
+    if not entries:  # the usual store: empty or absent; a container start imports no more for it
+        return []
+    from ..facts.elfinfo import ElfInfo
+    from ..facts.imagefacts import ImageFacts
     from ..core.versions import try_parse_version
 
     out = []
-    for e in list_entries(store_dir):
+    for e in entries:
         f = ImageFacts()
         f.status = "found"
         f.compat_dir = e["path"]
