@@ -115,6 +115,25 @@ def _node_doc_of(meta: dict, prefix: str) -> dict | None:
     return doc if isinstance(doc, dict) and doc.get("v") == 2 else None
 
 
+def _patched(node: dict, patch: dict) -> dict:
+    """``node`` as it will be once ``patch`` (labels and annotations, None: removed) is applied.
+
+    >>> _patched({"metadata": {"labels": {"a": "1", "b": "2"}}}, {"metadata": {"labels": {"a": None, "c": "3"}}})
+    {'metadata': {'labels': {'b': '2', 'c': '3'}, 'annotations': {}}}
+    """
+    meta = dict(_map(node.get("metadata")))
+    pm = _map(patch.get("metadata"))
+    for key in ("labels", "annotations"):
+        d = dict(_map(meta.get(key)))
+        for k, v in _map(pm.get(key)).items():
+            if v is None:
+                d.pop(k, None)
+            else:
+                d[k] = v
+        meta[key] = d
+    return dict(node, metadata=meta)
+
+
 def _key(target, rows: list) -> str:
     """What the regressions are: the target and the regressing workloads (a short hash)."""
     import hashlib
@@ -182,8 +201,8 @@ class WatchView:
         for r in self.all:
             r.start()
         end = time.monotonic() + wait
-        for r in self.all:
-            r.synced.wait(max(0.0, end - time.monotonic()))
+        for r in self.all:  # until each has listed once, or failed to
+            r.attempted.wait(max(0.0, end - time.monotonic()))
 
     def node(self) -> dict:
         if not self.r_node.synced.is_set():
@@ -290,10 +309,11 @@ class Agent:
     def run_pass(self) -> dict:
         t0 = time.monotonic()
         kube, opts, v = self.kube, self.opts, self.view
-        calls0 = kube.calls
+        calls0, by0 = kube.calls, dict(kube.by_kind)
         cfg = self.config()
         s = settings(cfg)
         prefix = s["label_prefix"]
+        self.wake.clear()  # what changed until now, this pass reads
         node = v.node()
         pods_list, policies, drivers = v.pods(), v.policies(), v.drivers()
         watching = isinstance(v, WatchView)
@@ -339,7 +359,7 @@ class Agent:
                                for r in regs[:3]))
         else:
             why = "; ".join(problems) or verdict
-        result = None
+        result, conflicts = None, 0
         for attempt in range(CONFLICT_RETRIES):
             meta = _map(node.get("metadata"))
             prev = _node_doc_of(meta, prefix)
@@ -355,15 +375,16 @@ class Agent:
             if patch is None:
                 result = "unchanged"
                 break
+            if watching:  # our own write is no reason for another pass: what it changes is expected from now on
+                with self._lock:
+                    self._last_trigger = self._trigger_key(_patched(node, patch), pods_list, policies, drivers)
             try:
                 node = kube.patch(f"/api/v1/nodes/{opts.node}", patch)
                 v.wrote(node)
-                if watching:  # our own write is no reason for another pass: what it changed is expected now
-                    with self._lock:
-                        self._last_trigger = self._trigger_key(node, pods_list, policies, drivers)
                 result = "written"
                 break
             except Conflict:
+                conflicts += 1
                 if attempt == CONFLICT_RETRIES - 1:
                     raise
                 node = kube.get(f"/api/v1/nodes/{opts.node}")  # changed since read: decide again on what is there now
@@ -387,8 +408,10 @@ class Agent:
                "regressions": c["regressions"], "broken_now_and_after": c["broken_now_and_after"],
                "changed": c["changed"], "not_in_store": c["not_in_store"], "unreadable": c["unreadable"],
                "unknown_workloads": c["unknown_workloads"], "pods": len(pods_list),
-               "problem": "; ".join(problems) or None, "node_write": result, "details_written": cm_written,
+               "problem": "; ".join(problems) or None, "node_write": result, "conflicts": conflicts,
+               "details_written": cm_written,
                "event_sent": event_sent, "api_calls": kube.calls - calls0,
+               "api_requests": {k: n - by0.get(k, 0) for k, n in sorted(kube.by_kind.items()) if n - by0.get(k, 0)},
                "seconds": round(time.monotonic() - t0, 3), "max_rss_kib": _max_rss_kib()}
         self._outputs(cfg, s, prefix, doc, details, ws, a)
         return out

@@ -61,6 +61,8 @@ def _parser():
     s.add_argument("--config", metavar="FILE", help="for cluster.label_prefix")
     s.add_argument("--publish-namespace", metavar="NS", default="compat-hook",
                    help="the agents' namespace, where their Leases are (default compat-hook)")
+    s.add_argument("-l", "--selector", metavar="SELECTOR",
+                   help="only the nodes this label selector selects (a node pool: -l pool=a)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     r = sub.add_parser("release", help="remove compat-hook's upgrade holds (skip label and holds-upgrade annotation)")
     who = r.add_mutually_exclusive_group(required=True)
@@ -157,7 +159,7 @@ def _status(args) -> int:
     cfg = _config(args.config)
     prefix = agent.settings(cfg)["label_prefix"]
     k = kube.connect(args.kubeconfig)
-    rep = status.status(k, prefix, args.publish_namespace)
+    rep = status.status(k, prefix, args.publish_namespace, selector=args.selector)
     if args.json:
         keys = ("name", "driver", "target", "upgrade_state", "preflight", "verdict", "broken", "held", "hold",
                 "stale", "renewed", "since")

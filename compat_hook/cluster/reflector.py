@@ -56,6 +56,8 @@ class Reflector:
         self._lock = threading.Lock()
         self._objects: dict = {}
         self.synced = threading.Event()
+        #: set once the first list has been tried (whether it worked or not)
+        self.attempted = threading.Event()
         self.healthy = False
         self.absent = False
         self.error: str | None = None
@@ -96,7 +98,10 @@ class Reflector:
         while not self.stop.is_set():
             try:
                 if rv is None:
-                    rv = self._list()
+                    try:
+                        rv = self._list()
+                    finally:
+                        self.attempted.set()
                     self.synced.set()
                     self.healthy, self.error = True, None
                     self._notify()

@@ -23,7 +23,7 @@ error, 2 bad usage.
 from __future__ import annotations
 
 from .gate import SKIP_LABEL
-from .kube import Conflict, NotFound
+from .kube import Conflict
 
 __all__ = ["release", "ours", "release_patch"]
 
@@ -48,6 +48,17 @@ def release_patch(meta: dict, prefixes: list) -> dict:
                          "annotations": {f"{p}/holds-upgrade": None for p in prefixes}}}
 
 
+def _nodes(kube, **query) -> list:
+    """Nodes by a list (the release Job may list and patch Nodes, nothing else), page by page."""
+    nodes, cont = [], None
+    while True:
+        doc = kube.get("/api/v1/nodes", limit=PAGE, **query, **({"continue": cont} if cont else {}))
+        nodes += [n for n in doc.get("items") or [] if isinstance(n, dict)]
+        cont = _map(doc.get("metadata")).get("continue")
+        if not cont:
+            return nodes
+
+
 def _one(kube, node: dict, prefixes: list) -> list:
     """Release ``node``'s holds; the prefixes released (a conflict reads the Node again)."""
     name = _map(node.get("metadata")).get("name")
@@ -62,7 +73,10 @@ def _one(kube, node: dict, prefixes: list) -> list:
         except Conflict:
             if attempt == RETRIES - 1:
                 raise
-            node = kube.get(f"/api/v1/nodes/{name}")
+            again = _nodes(kube, fieldSelector=f"metadata.name={name}")
+            if not again:
+                return []
+            node = again[0]
     return []
 
 
@@ -70,21 +84,11 @@ def release(kube, prefixes: list, node: str | None = None, out=None) -> list:
     """Release compat-hook's holds on ``node`` (None: every node); ``[(node, [prefixes])]`` released."""
     done = []
     if node is not None:
-        try:
-            nodes = [kube.get(f"/api/v1/nodes/{node}")]
-        except NotFound:
-            if out is not None:
-                out.write(f"{node}: no such node\n")
-            nodes = []
+        nodes = _nodes(kube, fieldSelector=f"metadata.name={node}")
+        if not nodes and out is not None:
+            out.write(f"{node}: no such node\n")
     else:
-        nodes, cont = [], None
-        while True:
-            doc = kube.get("/api/v1/nodes", labelSelector=f"{SKIP_LABEL}=true", limit=PAGE,
-                           **({"continue": cont} if cont else {}))
-            nodes += [n for n in doc.get("items") or [] if isinstance(n, dict)]
-            cont = _map(doc.get("metadata")).get("continue")
-            if not cont:
-                break
+        nodes = _nodes(kube, labelSelector=f"{SKIP_LABEL}=true")
     for n in nodes:
         name = str(_map(n.get("metadata")).get("name"))
         mine = _one(kube, n, prefixes)

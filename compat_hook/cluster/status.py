@@ -169,8 +169,8 @@ def _optional(kube, path: str) -> list:
         return []
 
 
-def status(kube, prefix: str, namespace: str, now: float | None = None) -> dict:
-    nodes = _pages(kube, "/api/v1/nodes")
+def status(kube, prefix: str, namespace: str, now: float | None = None, selector: str | None = None) -> dict:
+    nodes = _pages(kube, "/api/v1/nodes", **({"labelSelector": selector} if selector else {}))
     leases = {(_map(o.get("metadata")).get("name")): o
               for o in _pages(kube, f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
                               labelSelector=LEASE_SELECTOR)}
