@@ -573,6 +573,40 @@ def test_status_never_passes_on_a_stale_verdict(world, client):
         w.set_target(remove_announce=True)
 
 
+def test_status_marks_a_hold_whose_agent_stopped_renewing_it(world, client):
+    w = world
+    node = f"stalehold-{client}"
+    w.add_node(node, image="infer")
+    r = w.agent(node, "--driver", R470, "--interval", "1", client=client)["last"]  # its Lease lasts 2 s
+    assert r["gate"] == "held", r
+    rc, nodes, _ = w.status_json(node, client)
+    assert (nodes[node]["hold"], nodes[node]["preflight"]) == ("yes", "fail"), nodes
+    time.sleep(3.5)  # three intervals without a renewal
+    rc, out, _ = w.status(node, client=client)
+    row = _table(out)[node]
+    assert rc == 2 and (row["HELD"], row["PREFLIGHT"]) == ("stale", "stale") and "no heartbeat" in row["NOTE"], out
+
+
+def test_backoff_honours_retry_after(world, client, tmp_path):
+    w = world
+    node = f"retryafter-{client}"
+    w.add_node(node, image="legacy")
+    proxy = FaultProxy(w.cp.url)
+    agent = w.spawn(node, "--driver", R470, "--interval", "1", "--no-watch", client=client,
+                    kubeconfig=proxy.kubeconfig(tmp_path / "proxy.kubeconfig", AGENT_TOKEN))
+    try:
+        proxy.fail("GET", rf"^/api/v1/nodes/{node}", 429, retry_after=7)
+        w.admin.wait("a 429", lambda: [r for r in w.log(node) if r["event"] == "cluster_error"], timeout=30)
+        [err] = [r for r in w.log(node) if r["event"] == "cluster_error"][:1]
+        assert err["status"] == 429 and 7 <= err["retry_in"] <= 8, err
+        time.sleep(3)
+        assert len([r for r in w.log(node) if r["event"] == "cluster_error"]) == 1  # waited, did not hammer
+    finally:
+        agent.terminate()
+        agent.wait(10)
+        proxy.close()
+
+
 def test_an_image_broken_now_and_after_does_not_hold_the_node(world, client):
     w = world
     node = f"broken-now-{client}"
@@ -1076,3 +1110,77 @@ def test_helm_template_applies_with_a_server_side_dry_run(world, tmp_path, value
         [agent] = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "agent"]
         assert ("--driver=570.195.03" in agent["command"]) is ("agent.target=570.195.03" in values)
     _dry_run(w, docs)
+
+
+# ----------------------------------------------------------------------------- the client's configuration
+
+_CONNECT = """
+import sys, time
+from compat_hook.cluster import kube
+k = kube.connect(sys.argv[1])
+try:
+    for i in range(int(sys.argv[2])):
+        if i:
+            time.sleep(float(sys.argv[3]))
+        k.get("/api/v1/nodes", limit=1)
+    print("OK")
+except kube.KubeError as e:
+    print("ERROR", e.status, e)
+"""
+
+
+def _connect(w: World, client: str, kc, n: int = 1, pause: float = 0.0) -> str:
+    p = subprocess.run([w.pythons[client], "-c", _CONNECT, str(kc), str(n), str(pause)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout + p.stderr
+    return p.stdout.strip()
+
+
+def _kubeconfig(path, server: str, cluster: dict, user: dict) -> pathlib.Path:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "t", "cluster": dict(cluster, server=server)}], "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}]}))
+    return path
+
+
+def test_the_clients_configuration_is_what_the_requests_use(world, client, tmp_path):
+    """The CA (verified, or a wrong one refused), the exec plugin's token renewed when it expires, and
+    (where the client reads it) tls-server-name."""
+    import base64
+    import re
+
+    w = world
+    pem = (w.cp.work / "certs" / "apiserver.crt").read_text()
+    certs = re.findall(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----\n?", pem, re.S)
+    ca = base64.b64encode(certs[-1].encode()).decode()  # the self-signed CA that signed the serving cert
+    token = {"token": ADMIN_TOKEN}
+    good = _kubeconfig(tmp_path / "ca.kc", w.cp.url, {"certificate-authority-data": ca}, token)
+    assert _connect(w, client, good) == "OK"
+    other = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=other",
+                            "-keyout", str(tmp_path / "k"), "-days", "1"], capture_output=True, text=True).stdout
+    bad = _kubeconfig(tmp_path / "bad.kc", w.cp.url,
+                      {"certificate-authority-data": base64.b64encode(other.encode()).decode()}, token)
+    out = _connect(w, client, bad)
+    assert out.startswith("ERROR 0 ") and "unreachable" in out and "certificate" in out.lower(), out
+    # an exec plugin whose token expires after 2 s: asked again for the second request
+    counter = tmp_path / "runs"
+    plugin = tmp_path / "plugin.sh"
+    plugin.write_text(
+        "#!/bin/sh\necho run >> " + str(counter) + "\n"
+        "exp=$(date -u -d '+2 seconds' +%Y-%m-%dT%H:%M:%SZ)\n"
+        "printf '{\"apiVersion\":\"client.authentication.k8s.io/v1beta1\",\"kind\":\"ExecCredential\","
+        "\"status\":{\"token\":\"" + ADMIN_TOKEN + "\",\"expirationTimestamp\":\"%s\"}}' \"$exp\"\n")
+    plugin.chmod(0o755)
+    execkc = _kubeconfig(tmp_path / "exec.kc", w.cp.url, {"insecure-skip-tls-verify": True},
+                         {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": str(plugin)}})
+    assert _connect(w, client, execkc, n=2, pause=3.0) == "OK"
+    assert counter.read_text().count("run") >= 2, counter.read_text()
+    if client == "latest":  # tls-server-name: the name the serving certificate is checked against
+        named = _kubeconfig(tmp_path / "named.kc", w.cp.url,
+                            {"certificate-authority-data": ca, "tls-server-name": "kubernetes.default.svc"}, token)
+        assert _connect(w, client, named) == "OK"
+        wrong = _kubeconfig(tmp_path / "wrong.kc", w.cp.url,
+                            {"certificate-authority-data": ca, "tls-server-name": "wrong.example"}, token)
+        out = _connect(w, client, wrong)
+        assert out.startswith("ERROR 0 ") and "wrong.example" in out, out

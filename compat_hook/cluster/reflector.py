@@ -15,6 +15,11 @@ serve (404: no GPU Operator CRDs) is an empty cache when ``optional``.
 
 Every change calls ``on_change(reflector)`` from the reflector's thread; the
 agent decides there whether it matters.
+
+>>> _key({"metadata": {"namespace": "apps", "name": "p"}}), _key({"metadata": {"name": "gpu-a"}})
+('apps/p', '/gpu-a')
+>>> _slim({"metadata": {"name": "n", "managedFields": [{"manager": "kubelet"}]}})
+{'metadata': {'name': 'n'}}
 """
 
 from __future__ import annotations

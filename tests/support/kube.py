@@ -343,6 +343,8 @@ class FaultProxy:
                     msg = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": rule[2],
                                       "message": f"injected by the test: {rule[2]}"}).encode()
                     self.send_response(rule[2])
+                    if rule[3] is not None:
+                        self.send_header("Retry-After", str(rule[3]))
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(msg)))
                     self.end_headers()
@@ -386,9 +388,9 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def fail(self, method: str, path_regex: str, status: int) -> None:
+    def fail(self, method: str, path_regex: str, status: int, retry_after: int | None = None) -> None:
         with self._lock:
-            self.rules.append((method, path_regex, status))
+            self.rules.append((method, path_regex, status, retry_after))
 
     def clear(self) -> None:
         with self._lock:
