@@ -544,6 +544,23 @@ def test_cluster_release_removes_compat_hooks_holds_and_leaves_an_operators_own(
     assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "403" in p.stderr, p.stderr
 
 
+def test_a_changed_label_prefix_leaves_no_hold_unsaid(world, client, tmp_path):
+    w = world
+    node = f"prefix-{client}"
+    w.add_node(node, image="infer")
+    old = hookenv.write_config(tmp_path / "old.yaml", host_root=w.hosts[node], log_file=tmp_path / "d.log", nvml="off",
+                               cluster={"gate_upgrade": True, "label_prefix": "old.example.com"})
+    r = w.agent(node, "--driver", R470, client=client, config=old)["last"]
+    assert r["gate"] == "held" and "old.example.com/holds-upgrade" in w.annotations(node), r
+    r = w.agent(node, "--driver", R470, client=client)["last"]  # the new prefix: the old hold is said, not hidden
+    assert (r["preflight"], r["gate"]) == ("fail", "skipped-by-other") and "former_prefix_hold" in r["reasons"], r
+    assert f"compat-hook cluster release --node {node} --prefix old.example.com" in r["problem"], r
+    p = w.run("release", "--node", node, "--prefix", "old.example.com", client=client, kubeconfig=w.release_kc)
+    assert p.returncode == 0 and f"released the hold on {node}" in p.stdout, p.stdout + p.stderr
+    r = w.agent(node, "--driver", R470, client=client)["last"]
+    assert r["gate"] == "held" and "former_prefix_hold" not in r["reasons"] and HOLDS in w.annotations(node), r
+
+
 def test_status_never_passes_on_a_stale_verdict(world, client):
     w = world
     node = f"stale-{client}"

@@ -220,6 +220,9 @@ class WatchView:
     def drivers(self) -> list:
         return self.r_nds.objects() if self.r_nds.synced.is_set() else self.direct.drivers()
 
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.all)
+
     def stale(self) -> str | None:
         bad = [f"{r.name}: {r.error or 'not watching'}" for r in self.all if not r.healthy]
         return "; ".join(bad)[:400] if bad else None
@@ -250,6 +253,7 @@ class Agent:
         self.lease_rv = None
         self.lease_acquired = None
         self.workloads_doc = None
+        self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
 
     # -- configuration -------------------------------------------------------
     def config(self):
@@ -293,8 +297,9 @@ class Agent:
         return (tgt.key(), node_key, pods_key)
 
     def on_change(self, _reflector=None) -> None:
-        """A watch saw a change: start a pass when it matters to this node."""
-        if self.cfg is None or self.view is None:
+        """A watch saw a change: start a pass when it matters to this node (never a read of its own: until
+        every cache has its first list, the first pass is still to come)."""
+        if self.cfg is None or not isinstance(self.view, WatchView) or not self.view.synced():
             return
         key = self._trigger_key()
         with self._lock:
@@ -341,6 +346,13 @@ class Agent:
         if stale:
             problems.append(f"watch not current: {stale}")
             reasons.append("cache_not_current")
+        old = self.previous_prefix
+        if old and old != prefix and f"{old}/holds-upgrade" in _map(_map(node.get("metadata")).get("annotations")):
+            # The hold an agent published under its former label_prefix: not ours to touch any more (the
+            # admission policy allows only the current prefix), and it holds the node until released.
+            problems.append(f"a hold under the former label prefix {old} remains: release it with "
+                            f"compat-hook cluster release --node {opts.node} --prefix {old}")
+            reasons.append("former_prefix_hold")
         for code, n in (("regression", c["regressions"]), ("broken_now_and_after", c["broken_now_and_after"]),
                         ("changed", c["changed"]), ("unreadable", c["unreadable"]),
                         ("unknown_workload", c["unknown_workloads"])):
@@ -604,6 +616,19 @@ def _decision_counts(cfg) -> dict | None:
     except OSError:
         return None
     return counts
+
+
+def _state_prefix(opts: AgentOptions) -> str | None:
+    """The label prefix the last pass (before this process) published under, from the state file."""
+    if not opts.state_dir:
+        return None
+    try:
+        with open(os.path.join(opts.state_dir, STATE_FILE), "rb") as f:
+            doc = json.loads(f.read(1 << 20).decode())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    p = doc.get("prefix") if isinstance(doc, dict) else None
+    return p if isinstance(p, str) and 0 < len(p) <= 253 else None
 
 
 def _last_result(opts: AgentOptions) -> str | None:
