@@ -639,9 +639,9 @@ def test_an_image_broken_now_and_after_does_not_hold_the_node(world, client):
 
 
 @pytest.mark.parametrize("case, gpu, now, target, image, verdict", [
-    ("h100-r470", H100, R535, R470, "legacy", "fail"),   # R470 does not drive Hopper: every GPU pod breaks
-    ("h100-r580", H100, R535, R580, "legacy", "pass"),
-    ("v100-r590", V100, R580, R590, "legacy", "fail"),   # R580 is the last branch for Volta
+    pytest.param("h100-r470", H100, R535, R470, "legacy", "fail", id="h100-r470"),  # R470 does not drive Hopper
+    pytest.param("h100-r580", H100, R535, R580, "legacy", "pass", id="h100-r580"),
+    pytest.param("v100-r590", V100, R580, R590, "legacy", "fail", id="v100-r590"),  # R580: the last for Volta
 ])
 def test_the_target_must_drive_the_nodes_gpu(world, client, case, gpu, now, target, image, verdict):
     """A CUDA 11.8 pod: on an H100 a rollback to R470 breaks it (held), R580 does not; a V100 on R580
