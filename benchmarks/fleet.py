@@ -67,6 +67,16 @@ def _worker(args) -> int:
         time.sleep(3600)
 
 
+def _metrics(cp) -> dict:
+    """``apiserver_request_total``, asked again while an API server busy with the fleet times out."""
+    for _ in range(20):
+        try:
+            return cp.metrics()
+        except OSError:
+            time.sleep(1)
+    return cp.metrics()
+
+
 def _rss_kib(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -76,6 +86,11 @@ def _rss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def _save(args, out: dict) -> None:
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 
 
 def _delta(a: dict, b: dict) -> dict:
@@ -94,7 +109,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--interval", type=float, default=300.0)
     ap.add_argument("--steady", type=float, default=600.0)
-    ap.add_argument("--stagger", type=float, default=60.0, help="agents start spread over this many seconds")
+    ap.add_argument("--stagger", type=float, default=300.0,
+                    help="agents start spread over this many seconds (a DaemonSet rolls out over minutes)")
     ap.add_argument("--out")
     ap.add_argument("--keep", action="store_true")
     sub = ap.add_subparsers(dest="cmd")
@@ -149,7 +165,7 @@ def main() -> int:
         out["kubernetes_client"] = client_version(py)
 
         # 1. start
-        m0 = cp.metrics()
+        m0 = _metrics(cp)
         t_start = time.monotonic()
         for i in range(args.workers):
             chunk = names[i::args.workers]
@@ -161,19 +177,24 @@ def main() -> int:
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
 
         def leases() -> int:
-            return len(a.get("/apis/coordination.k8s.io/v1/namespaces/compat-hook/leases")["items"])
+            try:  # an API server busy with a thousand agents starting may time a request out
+                return len(a.get("/apis/coordination.k8s.io/v1/namespaces/compat-hook/leases")["items"])
+            except OSError:
+                return 0
 
         a.wait("every agent's first pass", lambda: leases() >= args.nodes, timeout=args.stagger + 900, interval=5)
-        m1 = cp.metrics()
+        m1 = _metrics(cp)
         out["start"] = {"seconds": round(time.monotonic() - t_start, 1),
                         "requests": _agent_requests(_delta(m0, m1))}
 
+        _save(args, out)
+
         # 2. steady state
         time.sleep(min(30.0, args.interval / 4))
-        m1 = cp.metrics()
+        m1 = _metrics(cp)
         t1 = time.monotonic()
         time.sleep(args.steady)
-        m2 = cp.metrics()
+        m2 = _metrics(cp)
         steady = _agent_requests(_delta(m1, m2))
         secs = time.monotonic() - t1
         passes = steady.get("UPDATE leases", 0) + steady.get("PUT leases", 0)
@@ -190,15 +211,22 @@ def main() -> int:
                          "with_watch_renewals_per_pass": round((per_hour + watches) / (3600 / args.interval), 3),
                          "node_writes": node_writes}
 
+        _save(args, out)
+
         # 3. an announced next-driver
-        m2 = cp.metrics()
+        m2 = _metrics(cp)
         samples = []
-        a.merge(CP, {"metadata": {"annotations": {"compat-hook.io/next-driver": R570}}})
+        for _ in range(10):
+            try:
+                a.merge(CP, {"metadata": {"annotations": {"compat-hook.io/next-driver": R570}}})
+                break
+            except OSError:
+                time.sleep(1)
         t2 = time.monotonic()
         prev = m2
         while time.monotonic() - t2 < 60:
             time.sleep(5)
-            m = cp.metrics()
+            m = _metrics(cp)
             samples.append((round(time.monotonic() - t2), sum(_agent_requests(_delta(prev, m)).values())))
             prev = m
         m3 = prev
@@ -206,14 +234,16 @@ def main() -> int:
         out["announce"] = {"requests": ann, "requests_per_node": round(sum(ann.values()) / args.nodes, 3),
                            "per_5s": samples}
 
+        _save(args, out)
+
         # 4. cluster status over every node
-        m3 = cp.metrics()
+        m3 = _metrics(cp)
         t3 = time.monotonic()
         p = subprocess.run([py, "-m", "compat_hook", "cluster", "status", "--kubeconfig",
                             str(cp.kubeconfig(ADMIN_TOKEN, "admin")), "--json"], cwd=REPO, capture_output=True,
                            text=True, timeout=300)
         wall = time.monotonic() - t3
-        m4 = cp.metrics()
+        m4 = _metrics(cp)
         doc = json.loads(p.stdout)
         out["status"] = {"wall_s": round(wall, 2), "exit": p.returncode, "rows": len(doc["nodes"]),
                          "requests": {k: n for k, n in _delta(m3, m4).items() if not k.endswith(" ")

@@ -964,8 +964,8 @@ def test_a_watching_agent_reacts_to_what_matters_and_leaves_the_node_quiet(world
         # what matters: the announced target (every agent at once: a jittered wait), a GPU pod
         t0 = time.monotonic()
         w.set_target(announce=R570)
-        w.admin.wait("the announced target", lambda: len(w.passes(node)) >= 2, timeout=30)
-        assert time.monotonic() - t0 < 15
+        w.admin.wait("the announced target", lambda: len(w.passes(node)) >= 2, timeout=60)
+        assert time.monotonic() - t0 < 35  # a random share of up to 30 s (a tenth of the interval)
         second = w.passes(node)[1]
         assert second["target"] == R570, second
         # from the caches: no read in the pass, only writes (the Node, the details, an Event, the Lease)

@@ -1,5 +1,13 @@
 """Image references: the images of this node's GPU pods, and which of them are in the node's store.
 
+:func:`store_index` maps every name an image in the node's stores is known by
+to the ``plan`` source that reads it: containerd's every tag and digest of an
+image, an OCI layout's or archive's ``io.containerd.image.name`` and
+``org.opencontainers.image.ref.name``, a docker-archive's ``RepoTags``, the
+engines' names. A store that names no image by a reference a pod could use (a
+directory; an archive whose images carry a bare tag) is refused in one line, and
+one that cannot be listed makes the index incomplete (``reachable`` False).
+
 Pod specs come from the API server and are untrusted input: pods, images and
 reference lengths are bounded, and a dropped entry is counted, never silently lost.
 
