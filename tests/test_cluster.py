@@ -507,7 +507,8 @@ def test_the_override_annotation_releases_the_hold_within_seconds(world, client)
         t0 = time.monotonic()
         w.admin.merge(f"/api/v1/nodes/{node}", {"metadata": {"annotations": {OVERRIDE: "true"}}})
         w.admin.wait("released", lambda: SKIP not in w.labels(node) and HOLDS not in w.annotations(node), timeout=30)
-        assert time.monotonic() - t0 < 10
+        took = time.monotonic() - t0
+        assert took < 10, (took, w.log(node))
         rc, nodes, _ = w.status_json(node, client)
         assert (nodes[node]["verdict"], nodes[node]["hold"], nodes[node]["held"]) == ("fail", "override", False), nodes
         # the override is gone: the hold is back

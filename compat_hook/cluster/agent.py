@@ -318,7 +318,9 @@ class Agent:
         cfg = self.config()
         s = settings(cfg)
         prefix = s["label_prefix"]
-        self.wake.clear()  # what changed until now, this pass reads
+        with self._lock:  # what changed until now, this pass reads
+            self.wake.clear()
+            self._herd = False
         node = v.node()
         pods_list, policies, drivers = v.pods(), v.policies(), v.drivers()
         watching = isinstance(v, WatchView)
