@@ -41,8 +41,18 @@ def test_nothing_outside_the_cluster_package_imports_it_but_the_cli_dispatch():
     assert len(hits) == 1 and hits[0].startswith("compat_hook/commands/cli.py:"), hits
 
 
+@pytest.mark.parametrize("args", [["cluster", "--help"], ["cluster", "-h"], ["cluster", "agent", "--help"],
+                                  ["cluster", "status", "--help"], ["cluster", "release", "--help"]])
+def test_every_cluster_help_exits_0(args):
+    p = _run(*args)
+    assert p.returncode == 0 and p.stdout.startswith("usage: compat-hook cluster"), (p.stdout, p.stderr)
+
+
 @pytest.mark.parametrize("args, want", [
     (["cluster"], "usage: compat-hook cluster"),
+    (["cluster", "release"], "one of the arguments --node --all is required"),
+    (["cluster", "release", "--all", "--prefix", "Not_A.Prefix"], "--prefix: not a label prefix"),
+    (["cluster", "agent", "--node", "n", "--once", "--publish-namespace", "a.b"], "--publish-namespace: not a namespace"),
     (["cluster", "agent"], "the following arguments are required: --node"),
     (["cluster", "agent", "--node", "n", "--interval", "0"], "--interval: at least 1 second"),
     (["cluster", "agent", "--node", "../../api/v1/secrets?x=", "--once"], "--node: not a node name"),

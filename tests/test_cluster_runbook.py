@@ -7,8 +7,8 @@ command line), ``compat-hook`` on PATH runs this checkout.
 
 The cluster is the real control plane of tests/support/kube.py (etcd, kube-apiserver, kwok) with
 NVIDIA's own upgrade state machine (tests/upgrade_harness) moving the nodes. Two GPU nodes on
-R535: gpu-a runs a CUDA 11.8 image, gpu-b a CUDA 12.4 image without a compat driver, which breaks
-on R470. The runbook's ``kubectl`` steps are played through the API; the agent's passes (the
+R535 with A100s (which R470 drives): gpu-a runs a CUDA 11.8 image, gpu-b a CUDA 12.4 image without a
+compat driver, which breaks on R470; both pods on the chart's RuntimeClass. The runbook's ``kubectl`` steps are played through the API; the agent's passes (the
 DaemonSet's, with the gate on) are ``compat-hook cluster agent --once`` as its ServiceAccount;
 ``compat-hook report`` runs "on" gpu-a, on the decision log the real hook wrote there before and
 after the driver changed.
@@ -26,7 +26,7 @@ import pytest
 
 from tests.support import hookenv, rootfs
 from tests.support.gpucluster import (CP, R470, R535, SKIP, STATE, agent_rbac, build_store, gpu_node, gpu_operator,
-                                      gpu_pod, labels, ref, set_node_driver, wait_upgraded)
+                                      gpu_pod, labels, ref, runtime_classes, set_node_driver, wait_upgraded)
 from tests.support.kube import ADMIN_TOKEN, AGENT_TOKEN, ControlPlane
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
@@ -67,6 +67,7 @@ def test_the_runbook_has_the_steps_this_test_plays():
     assert steps[0] == f"kubectl annotate clusterpolicy cluster-policy compat-hook.io/next-driver={R470}"
     assert steps[4] == ("kubectl patch clusterpolicy cluster-policy --type merge -p "
                         f"'{{\"spec\":{{\"driver\":{{\"version\":\"{R470}\"}}}}}}'")
+    assert steps[3] == "kubectl -n compat-hook get configmap gpu-b -o jsonpath='{.data.preflight\\.json}'"
     assert steps[7] == "kubectl -n apps delete pod infer-gpu-b"
     assert steps[-1] == "kubectl annotate clusterpolicy cluster-policy compat-hook.io/next-driver-"
     assert len(documented_outputs()) == 3
@@ -164,6 +165,7 @@ def runbook(tmp_path):
         cp.start()
         cp.start_kwok()
         agent_rbac(cp)
+        runtime_classes(cp.admin)
         for n in NODES:
             cp.admin.create("/api/v1/nodes", gpu_node(n))
         gpu_operator(cp.admin, R535)
@@ -204,10 +206,13 @@ def test_the_cluster_runbook_runs_as_written(runbook):
     assert lb["compat-hook.io/preflight.target-driver"] == R470
     la = labels(admin, "gpu-a")
     assert la["compat-hook.io/preflight"] == passes["gpu-a"]["preflight"] and SKIP not in la, la
-    rb.kubectl("kubectl get node gpu-b -o jsonpath=")
-    doc = json.loads(admin.get("/api/v1/nodes/gpu-b")["metadata"]["annotations"]["compat-hook.io/preflight"])
-    [broken] = doc["broken_images"]
-    assert (broken["image"], broken["error"], broken["cuda"], broken["needs"]) == (ref("infer"), 35, "11.4", "12.4"), doc
+    rb.kubectl("kubectl -n compat-hook get configmap gpu-b -o jsonpath=")
+    doc = json.loads(admin.get("/api/v1/namespaces/compat-hook/configmaps/gpu-b")["data"]["preflight.json"])
+    [broken] = doc["regressions"]
+    shown = {"image": ref("infer"), "pods": ["apps/infer-gpu-b"], "now": "host-minor", "after": "broken", "error": 35,
+             "cuda": "11.4", "needs": "12.4"}
+    assert {k: broken[k] for k in shown} == shown, doc
+    assert json.dumps(shown)[1:-1] in " ".join(section().split()), "the runbook shows other details"
 
     # 3. the upgrade: NVIDIA's controller moves gpu-a; gpu-b stays parked in upgrade-required
     rb.kubectl("kubectl patch clusterpolicy cluster-policy")

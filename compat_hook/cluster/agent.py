@@ -1,187 +1,587 @@
-"""``compat-hook cluster agent``: one node's upgrade preflight, published on its Node.
+"""``compat-hook cluster agent``: one node's upgrade preflight, published for the cluster, and the gate.
 
-A pass (:func:`run_pass`):
+A pass (:meth:`Agent.run_pass`):
 
-1. reads the Node, the ClusterPolicies and NVIDIADrivers, and the pods bound to the
-   node (a field selector on ``spec.nodeName``) - four GETs;
-2. finds the target driver (:mod:`.target`) and the images of the node's GPU pods
-   that are in the node's store (:mod:`.refs`; any ``plan`` source, by default the
-   node's containerd);
-3. runs ``plan`` - the same assessment the hook runs at container start - with the
-   "now" side from the host facts under ``host_root``;
-4. publishes the verdict (:mod:`.publish`) and the gate (:mod:`.gate`) with one
-   strategic-merge PATCH of the Node under optimistic concurrency (its
-   ``resourceVersion``; a conflict re-reads and retries), and an Event only when
-   the result changes.
+1. reads, from caches a watch keeps current (:mod:`.reflector`; ``--once`` and
+   ``--no-watch`` read them directly, ``resourceVersion=0``): the agent's own
+   Node, the pods bound to it, the ClusterPolicies and NVIDIADrivers;
+2. finds the target driver and whether a hold can work (:mod:`.target`), and the
+   GPU workloads of the node's pods (:mod:`.pods`);
+3. matches their images to the node's store and asks ``plan`` for each on the
+   driver now and on the target (:mod:`.predict`); the driver now comes from the
+   node itself (``/proc/driver/nvidia/version`` under ``host_root``);
+4. decides the gate (:mod:`.gate`): a regression holds; only a complete pass
+   (target and driver known, every GPU workload's image read from a reachable
+   store, every cache current) with no regression lifts a hold;
+5. publishes (:mod:`.publish`): the Node only when its verdict, target,
+   regressions or gate changed (one strategic-merge PATCH, conditional on the
+   Node's resourceVersion: a conflict reads it again and decides again); the
+   details in the agent's ConfigMap when they changed; an Event when the
+   verdict, the gate or the regressions changed; the Lease (the heartbeat)
+   every pass; ``workloads.json`` in the state dir.
 
-:func:`run` loops: a pass every ``interval`` seconds, at once when a ClusterPolicy
-or NVIDIADriver changes (a watch on each), and while the API server is unreachable
-or denies access it logs one JSON line, keeps the last result in its state dir and
-retries with backoff - it never exits on an API error.
+:class:`Agent` loops: a pass every ``interval`` seconds (jittered), and soon
+after a change that matters to this node (its target, the hold-ability, its own
+Node's upgrade state, skip label, override annotation or driver, its GPU
+workloads): after a cluster-wide change (a ClusterPolicy or NVIDIADriver) the
+pass waits a random share of a window, so a fleet's agents do not all write at
+once. The config file is read again at every pass. An API failure is one JSON
+line with a reason code and the last published result; the next try waits an
+exponential, jittered, capped backoff that honours ``Retry-After``. It never
+exits on an API error (``--once`` exits 1).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import threading
 import time
 
 from ..core import logjson
-from ..core.errors import describe
+from ..core.errors import CompatHookError, describe
 from . import gate as gatemod
-from . import publish, refs, target as targetmod
+from . import pods as podsmod
+from . import predict, publish, target as targetmod
+from .backoff import Backoff, herd_delay, jittered
 from .kube import Conflict, KubeError, NotFound
 
-__all__ = ["AgentOptions", "run_pass", "run", "settings"]
+__all__ = ["AgentOptions", "Agent", "run", "settings", "DEFAULT_PREFIX"]
 
 DEFAULT_PREFIX = "compat-hook.io"
+DEFAULT_NAMESPACE = "compat-hook"
+SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 STATE_FILE = "cluster-agent.json"
-MAX_PREVIOUS = 2 * publish.MAX_ANNOTATION
+WORKLOADS_FILE = "workloads.json"
 MAX_BACKOFF = 300.0
 CONFLICT_RETRIES = 4
+MAX_NODE_ANNOTATION = 64 << 10
 
 
 class AgentOptions:
-    __slots__ = ("node", "stores", "address", "namespace", "driver", "state_dir", "interval", "once", "watch")
+    __slots__ = ("node", "stores", "address", "namespace", "driver", "state_dir", "interval", "once", "watch",
+                 "publish_namespace")
 
     def __init__(self, node: str, *, stores=None, address=None, namespace="k8s.io", driver=None,
-                 state_dir=None, interval: float = 300.0, once: bool = False, watch: bool = True) -> None:
+                 state_dir=None, interval: float = 300.0, once: bool = False, watch: bool = True,
+                 publish_namespace: str | None = None) -> None:
         self.node, self.stores, self.address, self.namespace = node, list(stores or ["containerd:"]), address, namespace
         self.driver, self.state_dir, self.interval, self.once, self.watch = driver, state_dir, interval, once, watch
+        self.publish_namespace = publish_namespace or _sa_namespace() or DEFAULT_NAMESPACE
+
+
+def _sa_namespace() -> str | None:
+    try:
+        with open(SA_NAMESPACE, "rb") as f:
+            ns = f.read(256).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return ns or None
 
 
 def settings(cfg) -> dict:
     """The ``cluster:`` settings with their defaults."""
-    s = {"gate_upgrade": False, "label_prefix": DEFAULT_PREFIX, "nfd_features_file": None, "textfile": None}
+    s = {"gate_upgrade": False, "label_prefix": DEFAULT_PREFIX, "nfd_features_file": None, "textfile": None,
+         "compat_runtime_classes": ["cuda-compat"]}
     s.update(getattr(cfg, "cluster", None) or {})
     return s
 
 
-def _items(kube, path: str) -> list:
-    """The items of a list, or [] when the resource type does not exist (no GPU Operator CRDs)."""
-    try:
-        doc = kube.get(path)
-    except NotFound:
-        return []
-    items = doc.get("items")
-    return items if isinstance(items, list) else []
+def _map(v) -> dict:
+    return v if isinstance(v, dict) else {}
 
 
-def _previous(meta: dict, prefix: str) -> dict | None:
-    raw = (meta.get("annotations") or {}).get(f"{prefix}/preflight")
-    if not isinstance(raw, str) or len(raw) > MAX_PREVIOUS:
+def _log(rec: dict) -> None:
+    line = dict(time=logjson.timestamp())
+    line.update(rec)
+    sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def _rfc3339(t: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if t is None else t))
+
+
+def _node_doc_of(meta: dict, prefix: str) -> dict | None:
+    raw = _map(meta.get("annotations")).get(f"{prefix}/preflight")
+    if not isinstance(raw, str) or len(raw) > MAX_NODE_ANNOTATION:
         return None
     try:
         doc = json.loads(raw)
     except ValueError:
         return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("preflight"), str) else None
+    return doc if isinstance(doc, dict) and doc.get("v") == 2 else None
 
 
-def _plan(cfg, opts: AgentOptions, version: str, sources: list):
-    """``plan``'s report (plain data) for ``sources`` on ``version``; (None, problem) when it cannot run."""
-    import functools
+def _patched(node: dict, patch: dict) -> dict:
+    """``node`` as it will be once ``patch`` (labels and annotations, None: removed) is applied.
 
-    from ..policy import preflight as planmod
-    from ..images.sources import expand, open_source
-
-    where = {"address": opts.address, "namespace": opts.namespace}
-    try:
-        return planmod.plan(cfg, sources, driver=version, opener=functools.partial(open_source, **where),
-                            expander=functools.partial(expand, **where)), None
-    except Exception as e:  # the host driver unknown, a bad target: the verdict is unknown, said why
-        return None, describe(e)[1]
-
-
-def assess_node(kube, cfg, opts: AgentOptions, node: dict, prefix: str) -> dict:
-    """Everything but the write: ``{"target", "report", "missing", "pods", "problem"}``."""
-    import functools
-
-    from ..images.sources import expand
-
-    name = opts.node
-    policies = [] if opts.driver else _items(kube, "/apis/nvidia.com/v1/clusterpolicies")
-    drivers = [] if opts.driver else _items(kube, "/apis/nvidia.com/v1alpha1/nvidiadrivers")
-    pods = kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={name}", limit=refs.MAX_PODS)
-    items = pods.get("items") if isinstance(pods.get("items"), list) else []
-    tgt = targetmod.node_target(node, policies, drivers, prefix=prefix, override=opts.driver)
-    images, dropped = refs.pod_images(items)
-    problems = [tgt.problem] if tgt.problem else []
-    if dropped or (pods.get("metadata") or {}).get("continue"):
-        problems.append(f"{dropped} pod image(s) left out (more than {refs.MAX_IMAGES} images, "
-                        f"{refs.MAX_PODS} pods, or a reference that is not one)")
-    index, store_problems = refs.store_index(opts.stores, functools.partial(
-        expand, address=opts.address, namespace=opts.namespace))
-    problems += store_problems
-    found, missing = refs.match(images, index)
-    report = None
-    if tgt.version is not None:
-        report, problem = _plan(cfg, opts, tgt.version, sorted(found))
-        if problem:
-            problems.append(problem)
-        if report is not None:
-            for entry in report["images"]:  # name each row by the pods' references, not the store's
-                entry["image"] = ", ".join(found.get(entry["image"], [entry["image"]]))[:publish.MAX_STR]
-    return {"target": tgt, "report": report, "missing": missing, "pods": len(items),
-            "problem": "; ".join(problems) or None, "dropped": dropped}
+    >>> _patched({"metadata": {"labels": {"a": "1", "b": "2"}}}, {"metadata": {"labels": {"a": None, "c": "3"}}})
+    {'metadata': {'labels': {'b': '2', 'c': '3'}, 'annotations': {}}}
+    """
+    meta = dict(_map(node.get("metadata")))
+    pm = _map(patch.get("metadata"))
+    for key in ("labels", "annotations"):
+        d = dict(_map(meta.get(key)))
+        for k, v in _map(pm.get(key)).items():
+            if v is None:
+                d.pop(k, None)
+            else:
+                d[k] = v
+        meta[key] = d
+    return dict(node, metadata=meta)
 
 
-def run_pass(kube, cfg, opts: AgentOptions) -> dict:
-    """One pass (see the module docstring); returns what it published and what it cost."""
-    t0 = time.monotonic()
-    calls0 = kube.calls
-    s = settings(cfg)
-    prefix = s["label_prefix"]
-    path = f"/api/v1/nodes/{opts.node}"
-    node = kube.get(path)
-    a = assess_node(kube, cfg, opts, node, prefix)
-    report, tgt = a["report"], a["target"]
-    preflight = publish.verdict(report, missing=len(a["missing"])) if tgt.version else "unknown"
-    if report is None:
-        preflight = "unknown"
-    elif a["problem"] and preflight == "pass":
-        preflight = "warn"
-    broken = publish.broken_images(report)
-    why = (f"{len(broken)} image(s) break on driver {tgt.version}: " +
-           ", ".join(f"{b['image']} ({b['error']})" for b in broken[:3])) if broken else ""
-    event_sent = False
-    conflicts = 0
-    for attempt in range(CONFLICT_RETRIES):
-        meta = node.get("metadata") or {}
-        g = gatemod.decide(meta, preflight, why, enabled=bool(s["gate_upgrade"]), prefix=prefix)
-        prev = _previous(meta, prefix)
-        now_text = (report or {}).get("driver", {}).get("now")
-        doc = publish.summary(node=opts.node, preflight=preflight, now=now_text, target=tgt.version,
-                              target_from=tgt.where, report=report, missing=a["missing"], pods=a["pods"],
-                              gate_state=g.state, gate_message=g.message, problem=a["problem"],
-                              when=logjson.timestamp())
-        changed = prev is None or publish.signature(prev) != publish.signature(doc)
-        same = prev is not None and {k: v for k, v in prev.items() if k != "time"} == \
-            {k: v for k, v in doc.items() if k != "time"}
-        if same and not g.labels and not g.annotations and _labels_current(meta, prefix, doc):
-            break
+def _key(target, rows: list) -> str:
+    """What the regressions are: the target and the regressing workloads (a short hash)."""
+    import hashlib
+
+    names = sorted(str(r.get("name")) for r in rows if publish.regression(r))
+    return hashlib.sha256("\0".join([str(target)] + names).encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- what a pass reads
+
+
+class DirectView:
+    """Reads everything now (``--once``, ``--no-watch``): four requests, from the watch cache."""
+
+    def __init__(self, kube, node: str) -> None:
+        self.kube, self.node_name = kube, node
+
+    def node(self) -> dict:
+        return self.kube.get(f"/api/v1/nodes/{self.node_name}")
+
+    def pods(self) -> list:
+        doc = self.kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={self.node_name}", resourceVersion="0")
+        return [p for p in doc.get("items") or [] if isinstance(p, dict)]
+
+    def _optional(self, path: str) -> list:
         try:
-            kube.patch(path, publish.node_patch(prefix=prefix, doc=doc, gate=g,
-                                                resource_version=str(meta.get("resourceVersion") or "")))
-            break
-        except Conflict:
-            conflicts += 1
-            if attempt == CONFLICT_RETRIES - 1:
+            doc = self.kube.get(path, resourceVersion="0")
+        except NotFound:  # no such CRD: no GPU Operator objects of that kind
+            return []
+        return [o for o in doc.get("items") or [] if isinstance(o, dict)]
+
+    def policies(self) -> list:
+        return self._optional("/apis/nvidia.com/v1/clusterpolicies")
+
+    def drivers(self) -> list:
+        return self._optional("/apis/nvidia.com/v1alpha1/nvidiadrivers")
+
+    def stale(self) -> str | None:
+        return None
+
+    def wrote(self, node: dict) -> None:
+        pass
+
+
+class WatchView:
+    """The same reads from caches kept by watches; ``on_change`` is called from their threads."""
+
+    def __init__(self, kube, node: str, on_change, rng=None) -> None:
+        from .reflector import Reflector
+
+        r = rng or random.Random()
+        self.kube, self.node_name = kube, node
+        self.direct = DirectView(kube, node)
+        self.r_node = Reflector(kube, "/api/v1/nodes", query={"fieldSelector": f"metadata.name={node}"},
+                                on_change=on_change, name="node", rng=r)
+        self.r_pods = Reflector(kube, "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={node}"},
+                                on_change=on_change, name="pods", rng=r)
+        self.r_cps = Reflector(kube, "/apis/nvidia.com/v1/clusterpolicies", optional=True, on_change=on_change,
+                               name="clusterpolicies", rng=r)
+        self.r_nds = Reflector(kube, "/apis/nvidia.com/v1alpha1/nvidiadrivers", optional=True, on_change=on_change,
+                               name="nvidiadrivers", rng=r)
+        self.all = (self.r_node, self.r_pods, self.r_cps, self.r_nds)
+
+    def start(self, wait: float = 10.0) -> None:
+        for r in self.all:
+            r.start()
+        end = time.monotonic() + wait
+        for r in self.all:  # until each has listed once, or failed to
+            r.attempted.wait(max(0.0, end - time.monotonic()))
+
+    def node(self) -> dict:
+        if not self.r_node.synced.is_set():
+            return self.direct.node()
+        for n in self.r_node.objects():
+            return n
+        raise NotFound(f"node {self.node_name} not found (the watch on it lists none)", 404)
+
+    def pods(self) -> list:
+        return self.r_pods.objects() if self.r_pods.synced.is_set() else self.direct.pods()
+
+    def policies(self) -> list:
+        return self.r_cps.objects() if self.r_cps.synced.is_set() else self.direct.policies()
+
+    def drivers(self) -> list:
+        return self.r_nds.objects() if self.r_nds.synced.is_set() else self.direct.drivers()
+
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.all)
+
+    def stale(self) -> str | None:
+        bad = [f"{r.name}: {r.error or 'not watching'}" for r in self.all if not r.healthy]
+        return "; ".join(bad)[:400] if bad else None
+
+    def wrote(self, node: dict) -> None:
+        self.r_node.replace(node)
+
+
+# ----------------------------------------------------------------------------- the agent
+
+
+class Agent:
+    """The node agent (see the module docstring). ``load_config()`` returns the current config."""
+
+    def __init__(self, kube_factory, load_config, opts: AgentOptions, rng=None) -> None:
+        self.kube_factory, self.load_config, self.opts = kube_factory, load_config, opts
+        self.rng = rng or random.Random()
+        self.kube = None
+        self.view = None
+        self.cfg = None
+        self.config_error = None
+        self.wake = threading.Event()
+        self._lock = threading.Lock()
+        self._last_trigger = None
+        self._herd = False
+        self.cm_doc = None       # the details the ConfigMap holds (as last read or written)
+        self.cm_rv = None
+        self.lease_rv = None
+        self.lease_acquired = None
+        self.workloads_doc = None
+        self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
+
+    # -- configuration -------------------------------------------------------
+    def config(self):
+        """The config, read again now; a bad file keeps the last good one (said once per error)."""
+        try:
+            cfg = self.load_config()
+            self.config_error = None
+            self.cfg = cfg
+        except CompatHookError as e:
+            msg = describe(e)[1]
+            if msg != self.config_error:
+                _log({"event": "cluster_config_error", "node": self.opts.node, "reason": "bad_config",
+                      "message": msg, "using": "the last good config" if self.cfg is not None else "none"})
+            self.config_error = msg
+            if self.cfg is None:
                 raise
-            node = kube.get(path)  # changed since read: decide again on what is there now
-    if changed:
-        kube.create("/api/v1/namespaces/default/events", publish.event(node=node, doc=doc, when=_rfc3339()))
-        event_sent = True
-    result = {"event": "cluster_pass", "node": opts.node, "preflight": preflight, "target": tgt.version,
-              "target_from": tgt.where, "now": doc["now"], "gate": g.state, "images": doc["images"],
-              "broken": doc["broken"], "changed": doc["changed"], "not_in_store": doc["not_in_store"],
-              "pods": a["pods"], "problem": a["problem"], "event_sent": event_sent, "conflicts": conflicts,
-              "api_calls": kube.calls - calls0, "seconds": round(time.monotonic() - t0, 3),
-              "max_rss_kib": _max_rss_kib()}
-    _outputs(cfg, s, prefix, doc, opts)
-    return result
+        return self.cfg
+
+    # -- what starts a pass --------------------------------------------------
+    def _trigger_key(self, node=None, pods_list=None, policies=None, drivers=None) -> tuple:
+        """What a pass depends on: the target and hold-ability, the Node's upgrade state, skip label,
+        override, our hold and driver, and the GPU workloads (from the caches, or what is given)."""
+        s = settings(self.cfg)
+        prefix = s["label_prefix"]
+        v = self.view
+        try:
+            node = v.node() if node is None else node
+        except KubeError:
+            return (None,)
+        meta = _map(node.get("metadata"))
+        labels, anns = _map(meta.get("labels")), _map(meta.get("annotations"))
+        tgt = targetmod.node_target(node, v.policies() if policies is None else policies,
+                                    v.drivers() if drivers is None else drivers, prefix=prefix,
+                                    override=self.opts.driver)
+        node_key = (labels.get(gatemod.STATE_LABEL), labels.get(gatemod.SKIP_LABEL),
+                    anns.get(f"{prefix}/{gatemod.OVERRIDE}"), f"{prefix}/holds-upgrade" in anns,
+                    labels.get("nvidia.com/cuda.driver-version.full"))
+        ws = podsmod.build(v.pods() if pods_list is None else pods_list, s["compat_runtime_classes"])
+        pods_key = tuple((w["name"], tuple(w["env"]), w["runtime"], w["unknown"], tuple(ws.pods[w["name"]]))
+                         for w in ws.items)
+        return (tgt.key(), node_key, pods_key)
+
+    def on_change(self, _reflector=None) -> None:
+        """A watch saw a change: start a pass when it matters to this node (never a read of its own: until
+        every cache has its first list, the first pass is still to come)."""
+        if self.cfg is None or not isinstance(self.view, WatchView) or not self.view.synced():
+            return
+        key = self._trigger_key()
+        with self._lock:
+            last = self._last_trigger
+            if last is not None and key == last:
+                return
+            if last is None or key[:1] != last[:1]:
+                self._herd = True  # the target changed: every node's agent sees it at once
+        self.wake.set()
+
+    # -- one pass --------------------------------------------------------------
+    def run_pass(self) -> dict:
+        t0 = time.monotonic()
+        kube, opts, v = self.kube, self.opts, self.view
+        calls0, by0 = kube.calls, dict(kube.by_kind)
+        cfg = self.config()
+        s = settings(cfg)
+        prefix = s["label_prefix"]
+        with self._lock:  # what changed until now, this pass reads
+            self.wake.clear()
+            self._herd = False
+        node = v.node()
+        pods_list, policies, drivers = v.pods(), v.policies(), v.drivers()
+        watching = isinstance(v, WatchView)
+        if watching:
+            with self._lock:
+                self._last_trigger = self._trigger_key(node, pods_list, policies, drivers)
+        stale = v.stale()
+        tgt = targetmod.node_target(node, policies, drivers, prefix=prefix, override=opts.driver)
+        ws = podsmod.build(pods_list, s["compat_runtime_classes"])
+        a = predict.assess(cfg, version=tgt.plan_version(), workloads=ws, stores=opts.stores, address=opts.address,
+                           namespace=opts.namespace)
+        c = publish.counts(a.rows)
+        c["not_in_store"] = len(a.missing)
+        c["pods"] = len(pods_list)
+        reasons, problems = [], []
+        if tgt.problem:
+            problems.append(tgt.problem)
+            reasons.append(tgt.reason)
+        problems += a.problems
+        reasons += a.reasons
+        if ws.dropped:
+            problems.append(f"{ws.dropped} GPU container(s) or pod(s) left out (more than the agent reads, or an "
+                            f"image reference that is not one)")
+            reasons.append("left_out")
+        if stale:
+            problems.append(f"watch not current: {stale}")
+            reasons.append("cache_not_current")
+        old = self.previous_prefix
+        if old and old != prefix and f"{old}/holds-upgrade" in _map(_map(node.get("metadata")).get("annotations")):
+            # The hold an agent published under its former label_prefix: not ours to touch any more (the
+            # admission policy allows only the current prefix), and it holds the node until released.
+            problems.append(f"a hold under the former label prefix {old} remains: release it with "
+                            f"compat-hook cluster release --node {opts.node} --prefix {old}")
+            reasons.append("former_prefix_hold")
+        for code, n in (("regression", c["regressions"]), ("broken_now_and_after", c["broken_now_and_after"]),
+                        ("changed", c["changed"]), ("unreadable", c["unreadable"]),
+                        ("unknown_workload", c["unknown_workloads"])):
+            if n:
+                reasons.append(code)
+        complete = (tgt.version is not None and a.report is not None and a.reachable and not a.missing
+                    and not c["unreadable"] and not c["unknown_workloads"] and not ws.dropped and not stale
+                    and not a.problems)
+        verdict = publish.verdict(c, target_known=tgt.version is not None, report=a.report is not None,
+                                  incomplete=not complete)
+        key = _key(tgt.version, a.rows)
+        if verdict == "fail":
+            regs = [r for r in a.rows if publish.regression(r)]
+            why = (f"{len(regs)} workload(s) regress on driver {tgt.version}: "
+                   + "; ".join(f"{r.get('workload_image')} ({', '.join(ws.pods.get(r.get('name'), [])[:3])})"
+                               for r in regs[:3]))
+        else:
+            why = "; ".join(problems) or verdict
+        result, conflicts = None, 0
+        for attempt in range(CONFLICT_RETRIES):
+            meta = _map(node.get("metadata"))
+            prev = _node_doc_of(meta, prefix)
+            g = gatemod.decide(meta, verdict=verdict, complete=complete, why=why, enabled=bool(s["gate_upgrade"]),
+                               prefix=prefix, blocked=tgt.blocked, key=key, previous=prev)
+            doc = publish.node_doc(verdict_=verdict, target=tgt.version, target_from=tgt.where, now=a.now,
+                                   gate=g.state, c=c, reasons=sorted(set(reasons)), key=key, interval=opts.interval,
+                                   details=f"{opts.publish_namespace}/{opts.node}", since=_rfc3339())
+            if publish.same_node_doc(prev, doc):
+                doc["since"] = prev.get("since", doc["since"])
+            patch = publish.node_patch(prefix=prefix, doc=doc, gate=g, current=meta,
+                                       resource_version=str(meta.get("resourceVersion") or ""))
+            if patch is None:
+                result = "unchanged"
+                break
+            if watching:  # our own write is no reason for another pass: what it changes is expected from now on
+                with self._lock:
+                    self._last_trigger = self._trigger_key(_patched(node, patch), pods_list, policies, drivers)
+            try:
+                node = kube.patch(f"/api/v1/nodes/{opts.node}", patch)
+                v.wrote(node)
+                result = "written"
+                break
+            except Conflict:
+                conflicts += 1
+                if attempt == CONFLICT_RETRIES - 1:
+                    raise
+                node = kube.get(f"/api/v1/nodes/{opts.node}")  # changed since read: decide again on what is there now
+        details = publish.details_doc(node=opts.node, verdict_=verdict, complete=complete, target=tgt.version,
+                                      target_from=tgt.where, now=a.now, gate=g.state, gate_message=g.message,
+                                      problem="; ".join(problems) or None, reasons=sorted(set(reasons)),
+                                      interval=opts.interval, c=c, rows=a.rows, pods=ws.pods, missing=a.missing,
+                                      pods_seen=len(pods_list), workloads=ws.items)
+        cm_written = self._details(details)
+        event_sent = False
+        if prev is None or publish.event_signature(prev) != publish.event_signature(doc) or \
+                (tgt.reason == "bad_announcement" and (prev or {}).get("reasons") != doc["reasons"]):
+            kube.create(f"/api/v1/namespaces/{opts.publish_namespace}/events",
+                        publish.event(node=node, details=details, namespace=opts.publish_namespace, when=_rfc3339(),
+                                      warning_reason=tgt.reason if tgt.reason == "bad_announcement" else None))
+            event_sent = True
+        self._renew()
+        out = {"event": "cluster_pass", "node": opts.node, "preflight": verdict, "complete": complete,
+               "reasons": sorted(set(reasons)), "target": tgt.version, "target_from": tgt.where, "now": a.now,
+               "gate": g.state, "gate_message": g.message, "workloads": c["workloads"],
+               "regressions": c["regressions"], "broken_now_and_after": c["broken_now_and_after"],
+               "changed": c["changed"], "not_in_store": c["not_in_store"], "unreadable": c["unreadable"],
+               "unknown_workloads": c["unknown_workloads"], "pods": len(pods_list),
+               "problem": "; ".join(problems) or None, "node_write": result, "conflicts": conflicts,
+               "details_written": cm_written,
+               "event_sent": event_sent, "api_calls": kube.calls - calls0,
+               "api_requests": {k: n - by0.get(k, 0) for k, n in sorted(kube.by_kind.items()) if n - by0.get(k, 0)},
+               "seconds": round(time.monotonic() - t0, 3), "max_rss_kib": _max_rss_kib()}
+        self._outputs(cfg, s, prefix, doc, details, ws, a)
+        return out
+
+    def _details(self, details: dict) -> bool:
+        """The ConfigMap, written when its details changed (read once, then remembered)."""
+        kube, opts = self.kube, self.opts
+        path = f"/api/v1/namespaces/{opts.publish_namespace}/configmaps"
+        for attempt in range(2):
+            if self.cm_doc is None:
+                try:
+                    cm = kube.get(f"{path}/{opts.node}")
+                    self.cm_rv = str(_map(cm.get("metadata")).get("resourceVersion") or "")
+                    old = publish.details_of(cm) or {}
+                    old.pop("time", None)
+                    self.cm_doc = old
+                except NotFound:
+                    self.cm_rv, self.cm_doc = None, {}
+            if self.cm_doc == details:
+                return False
+            obj = publish.configmap(name=opts.node, namespace=opts.publish_namespace, doc=details, when=_rfc3339())
+            try:
+                if self.cm_rv is None:
+                    new = kube.create(path, obj)
+                else:
+                    obj["metadata"]["resourceVersion"] = self.cm_rv
+                    new = kube.update(f"{path}/{opts.node}", obj)
+            except Conflict:
+                self.cm_doc = None  # someone else wrote it (or it appeared): read again
+                if attempt:
+                    raise
+                continue
+            self.cm_rv = str(_map(new.get("metadata")).get("resourceVersion") or "")
+            self.cm_doc = details
+            return True
+        return False
+
+    def _renew(self) -> None:
+        """The Lease: the heartbeat that says this verdict is current (renewed after every pass)."""
+        kube, opts = self.kube, self.opts
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{opts.publish_namespace}/leases"
+        for attempt in range(2):
+            if self.lease_rv is None:
+                try:
+                    cur = kube.get(f"{path}/{opts.node}")
+                    self.lease_rv = str(_map(cur.get("metadata")).get("resourceVersion") or "")
+                    self.lease_acquired = _map(cur.get("spec")).get("acquireTime")
+                except NotFound:
+                    self.lease_rv = ""
+            obj = publish.lease(name=opts.node, namespace=opts.publish_namespace, interval=opts.interval,
+                                now=time.time(), acquired=self.lease_acquired, resource_version=self.lease_rv or None)
+            try:
+                new = kube.update(f"{path}/{opts.node}", obj) if self.lease_rv else kube.create(path, obj)
+            except Conflict:
+                self.lease_rv = None
+                if attempt:
+                    raise
+                continue
+            self.lease_rv = str(_map(new.get("metadata")).get("resourceVersion") or "")
+            self.lease_acquired = _map(new.get("spec")).get("acquireTime")
+            return
+
+    # -- node-local files ----------------------------------------------------
+    def _outputs(self, cfg, s: dict, prefix: str, doc: dict, details: dict, ws, a) -> None:
+        """The state file, workloads.json and the optional node-local files (never fatal)."""
+        opts = self.opts
+        try:
+            if opts.state_dir:
+                publish.write_file(os.path.join(opts.state_dir, STATE_FILE),
+                                   json.dumps(dict(doc, prefix=prefix), separators=(",", ":")) + "\n")
+                self._workloads_file(ws, a)
+            if s["nfd_features_file"]:
+                publish.write_file(s["nfd_features_file"], publish.nfd_text(prefix, doc))
+            if s["textfile"]:
+                publish.write_file(s["textfile"], publish.textfile_text(details, time.time(), _decision_counts(cfg)))
+        except OSError as e:
+            _log({"event": "cluster_output_error", "node": opts.node, "reason": "os_error", "message": describe(e)[1]})
+
+    def _workloads_file(self, ws, a) -> None:
+        """``<state-dir>/workloads.json``: the GPU workloads seen, per host driver (the previous one kept)."""
+        path = os.path.join(self.opts.state_dir, WORKLOADS_FILE)
+        if self.workloads_doc is None:
+            try:
+                with open(path, "rb") as f:
+                    old = json.loads(f.read(8 << 20).decode())
+                self.workloads_doc = old if isinstance(old, dict) and old.get("version") == 1 else {}
+            except (OSError, ValueError, UnicodeDecodeError):
+                self.workloads_doc = {}
+        old = self.workloads_doc
+        driver = a.now or old.get("driver")
+        seen = {(w.get("image"), tuple(w.get("pods") or [])): w.get("seen")
+                for w in old.get("workloads") or [] if isinstance(w, dict)} if old.get("driver") == driver else {}
+        now = _rfc3339()
+        items = []
+        for w in ws.items:
+            pods = list(ws.pods.get(w["name"], []))
+            items.append({"image": w["image"], "source": w["source"], "pods": pods,
+                          "env": [e for e in w["env"]], "runtime_class": w["runtime_class"],
+                          "seen": seen.get((w["image"], tuple(pods))) or now})
+        doc = {"version": 1, "driver": driver, "workloads": items}
+        if old.get("driver") and driver and old.get("driver") != driver:
+            doc["previous"] = {"driver": old["driver"], "workloads": old.get("workloads") or []}
+        elif old.get("previous"):
+            doc["previous"] = old["previous"]
+        if doc != old:
+            publish.write_file(path, json.dumps(doc, separators=(",", ":")) + "\n")
+            self.workloads_doc = doc
+
+    # -- the loop --------------------------------------------------------------
+    def _connect(self) -> None:
+        if self.kube is None:
+            self.kube = self.kube_factory()
+        if self.view is None:
+            if self.opts.watch and not self.opts.once:
+                self.view = WatchView(self.kube, self.opts.node, self.on_change, rng=self.rng)
+                self.view.start()
+            else:
+                self.view = DirectView(self.kube, self.opts.node)
+
+    def run(self) -> int:
+        """One pass with ``once`` (exit 0 published, 1 an API error), else forever."""
+        backoff = Backoff(base=1.0, cap=min(MAX_BACKOFF, max(self.opts.interval, 30.0)), rng=self.rng)
+        self.config()
+        while True:
+            try:
+                self._connect()
+                _log(self.run_pass())
+                backoff.reset()
+                if self.opts.once:
+                    return 0
+            except KubeError as e:
+                code, msg = describe(e)
+                wait = backoff.next(getattr(e, "retry_after", None))
+                _log({"event": "cluster_error", "node": self.opts.node, "reason": code,
+                      "status": getattr(e, "status", 0), "message": msg,
+                      "retry_in": None if self.opts.once else round(wait, 3), "last_result": _last_result(self.opts)})
+                if self.opts.once:
+                    return 1
+                time.sleep(wait)
+                continue
+            self._wait()
+
+    def _wait(self) -> None:
+        """Until the next pass: the (jittered) interval, or soon after a change that matters."""
+        if self.wake.wait(jittered(self.opts.interval, 0.1, self.rng)):
+            self.wake.clear()
+            with self._lock:
+                herd, self._herd = self._herd, False
+            # A change every agent sees at once waits a random share of a window; one of this node only
+            # waits for its burst of events to settle.
+            time.sleep(herd_delay(self.opts.interval, self.rng) if herd else self.rng.uniform(0.05, 0.3))
+            self.wake.clear()
+
+
+def run(kube_factory, load_config, opts: AgentOptions) -> int:
+    return Agent(kube_factory, load_config, opts).run()
 
 
 def _max_rss_kib() -> int:
@@ -197,17 +597,6 @@ def _max_rss_kib() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def _labels_current(meta: dict, prefix: str, doc: dict) -> bool:
-    labels = meta.get("labels") or {}
-    return (labels.get(f"{prefix}/preflight") == doc["preflight"]
-            and labels.get(f"{prefix}/preflight.broken") == str(doc["broken"])
-            and labels.get(f"{prefix}/preflight.target-driver") == publish.label_value(doc["target"]))
-
-
-def _rfc3339() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _decision_counts(cfg) -> dict | None:
@@ -231,91 +620,17 @@ def _decision_counts(cfg) -> dict | None:
     return counts
 
 
-def _outputs(cfg, s: dict, prefix: str, doc: dict, opts: AgentOptions) -> None:
-    """The state file and the optional node-local files (never fatal: a pass is published already)."""
+def _state_prefix(opts: AgentOptions) -> str | None:
+    """The label prefix the last pass (before this process) published under, from the state file."""
+    if not opts.state_dir:
+        return None
     try:
-        if opts.state_dir:
-            publish.write_file(os.path.join(opts.state_dir, STATE_FILE), json.dumps(doc, separators=(",", ":")) + "\n")
-        if s["nfd_features_file"]:
-            publish.write_file(s["nfd_features_file"], publish.nfd_text(prefix, doc))
-        if s["textfile"]:
-            publish.write_file(s["textfile"], publish.textfile_text(doc, time.time(), _decision_counts(cfg)))
-    except OSError as e:
-        _log({"event": "cluster_output_error", "reason": "os_error", "message": describe(e)[1]})
-
-
-def _log(rec: dict) -> None:
-    line = dict(time=logjson.timestamp())
-    line.update(rec)
-    sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
-
-
-class _Watcher:
-    """Sets ``changed`` when a ClusterPolicy or NVIDIADriver changes (one watch thread per resource)."""
-
-    def __init__(self, kube, paths: list, timeout: float) -> None:
-        self.changed = threading.Event()
-        self.stop = threading.Event()
-        for p in paths:
-            threading.Thread(target=self._watch, args=(kube, p, timeout), daemon=True).start()
-
-    def _watch(self, kube, path: str, timeout: float) -> None:
-        rv = None
-        while not self.stop.is_set():
-            try:
-                if rv is None:
-                    # the list a watch starts from: not a pass's call
-                    rv = (kube.request("GET", path, count=False).get("metadata") or {}).get("resourceVersion") or ""
-                for ev in kube.watch(path, rv, int(max(5, timeout))):
-                    obj = ev.get("object") if isinstance(ev.get("object"), dict) else {}
-                    if ev.get("type") == "ERROR":
-                        rv = None
-                        break
-                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                    if ev.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                        self.changed.set()
-            except NotFound:
-                self.stop.wait(60)  # no such CRD (yet)
-            except KubeError:
-                rv = None
-                self.stop.wait(5)
-
-
-def run(kube_factory, cfg, opts: AgentOptions) -> int:
-    """The agent: one pass with ``once`` (exit 0 published, 1 an API error), else forever."""
-    backoff = 1.0
-    kube = None
-    watcher = None
-    while True:
-        try:
-            if kube is None:
-                kube = kube_factory()
-            result = run_pass(kube, cfg, opts)
-            _log(result)
-            backoff = 1.0
-            if opts.once:
-                return 0
-        except KubeError as e:
-            code, msg = describe(e)
-            wait = min(backoff, max(opts.interval, 30.0), MAX_BACKOFF)
-            _log({"event": "cluster_error", "node": opts.node, "reason": code, "status": getattr(e, "status", 0),
-                  "message": msg, "retry_in": None if opts.once else wait,
-                  "last_result": _last_result(opts)})
-            if opts.once:
-                return 1
-            time.sleep(wait)
-            backoff = min(backoff * 2, MAX_BACKOFF)
-            continue
-        if opts.watch and watcher is None and kube is not None and hasattr(kube, "watch"):
-            watcher = _Watcher(kube, ["/apis/nvidia.com/v1/clusterpolicies",
-                                      "/apis/nvidia.com/v1alpha1/nvidiadrivers"], opts.interval)
-        if watcher is not None:
-            if watcher.changed.wait(opts.interval):
-                watcher.changed.clear()
-                time.sleep(0.5)  # let an update's burst settle
-        else:
-            time.sleep(opts.interval)
+        with open(os.path.join(opts.state_dir, STATE_FILE), "rb") as f:
+            doc = json.loads(f.read(1 << 20).decode())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    p = doc.get("prefix") if isinstance(doc, dict) else None
+    return p if isinstance(p, str) and 0 < len(p) <= 253 else None
 
 
 def _last_result(opts: AgentOptions) -> str | None:
@@ -324,6 +639,6 @@ def _last_result(opts: AgentOptions) -> str | None:
     try:
         with open(os.path.join(opts.state_dir, STATE_FILE), "rb") as f:
             doc = json.loads(f.read(1 << 20).decode())
-        return f"{doc.get('preflight')} for {doc.get('target')} at {doc.get('time')}"
+        return f"{doc.get('verdict')} for {doc.get('target')} since {doc.get('since')} (gate {doc.get('gate')})"
     except (OSError, ValueError, UnicodeDecodeError, AttributeError):
         return None

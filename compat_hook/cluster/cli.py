@@ -1,13 +1,18 @@
-"""``compat-hook cluster agent|status``: the command lines (parsed here, so the main CLI stays small).
+"""``compat-hook cluster agent|status|release``: the command lines (parsed here, so the main CLI stays small).
 
 Exit statuses:
 
 * ``cluster agent --once``: 0 published, 1 the API server failed or denied the pass
   (without ``--once`` the agent never exits on an API error: it retries with backoff);
 * ``cluster status``: 0 every GPU node passes, 2 some node changes outcome or has no
-  verdict, 3 some node would break, 1 an error (no cluster, denied, a bad config).
+  valid verdict (none, unknown, stale), 3 some node would regress, 1 an error (no
+  cluster, denied, a bad config);
+* ``cluster release``: 0 done, 1 an API error.
 
-Every error is one line on stderr.
+Bad usage is 2 everywhere; every error is one line on stderr.
+
+>>> _dns_subdomain("gpu-a.example"), _dns_subdomain("../x"), _dns_subdomain("A")
+(True, False, False)
 """
 
 from __future__ import annotations
@@ -33,22 +38,41 @@ def _parser():
     a.add_argument("--node", required=True, metavar="NAME", help="this node's name (the downward API's spec.nodeName)")
     a.add_argument("--once", action="store_true", help="one pass, then exit (0 published, 1 an API error)")
     a.add_argument("--interval", type=float, default=300.0, metavar="SECONDS",
-                   help="seconds between passes (default 300; a ClusterPolicy/NVIDIADriver change starts one at once)")
-    a.add_argument("--no-watch", action="store_true", help="poll only; do not watch ClusterPolicy/NVIDIADriver")
+                   help="seconds between passes (default 300, jittered; a change that matters starts one sooner)")
+    a.add_argument("--no-watch", action="store_true",
+                   help="poll only (read everything at each pass); do not watch the Node, pods and GPU Operator objects")
     a.add_argument("--kubeconfig", metavar="PATH", help="default: the pod's service account, else $KUBECONFIG")
     a.add_argument("--store", action="append", metavar="SOURCE", default=[],
-                   help="where the node's images are: any plan source (default containerd:, every image); repeatable")
+                   help="where the node's images are: containerd: (default, every image), oci:DIR, oci-archive:FILE, "
+                        "docker-archive:FILE, docker:, containers-storage:; repeatable")
     a.add_argument("--address", metavar="SOCKET", help="containerd's socket for containerd: sources")
     a.add_argument("--namespace", metavar="NS", default="k8s.io", help="containerd namespace (default k8s.io)")
     a.add_argument("--driver", metavar="VERSION", help="the target driver (default: the NVIDIADriver or ClusterPolicy)")
     a.add_argument("--host-root", metavar="DIR", help="read host facts under DIR (default: the config's host_root)")
     a.add_argument("--state-dir", metavar="DIR", default=None,
-                   help="where the last result is kept (default /var/lib/compat-hook)")
-    a.add_argument("--config", metavar="FILE", help="compat-hook's config (its cluster: settings: gate, prefix ...)")
-    s = sub.add_parser("status", help="every GPU node: driver, target, upgrade state, preflight, held")
+                   help="where the last result and workloads.json are kept (default /var/lib/compat-hook)")
+    a.add_argument("--config", metavar="FILE",
+                   help="compat-hook's config (its cluster: settings: gate, prefix ...), read again at every pass")
+    a.add_argument("--publish-namespace", metavar="NS",
+                   help="the namespace of the agent's Lease, ConfigMap and Events (default: the pod's own, else "
+                        "compat-hook)")
+    s = sub.add_parser("status", help="every GPU node: driver, target, upgrade state, preflight, hold")
     s.add_argument("--kubeconfig", metavar="PATH")
     s.add_argument("--config", metavar="FILE", help="for cluster.label_prefix")
+    s.add_argument("--publish-namespace", metavar="NS", default="compat-hook",
+                   help="the agents' namespace, where their Leases are (default compat-hook)")
+    s.add_argument("-l", "--selector", metavar="SELECTOR",
+                   help="only the nodes this label selector selects (a node pool: -l pool=a)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
+    r = sub.add_parser("release", help="remove compat-hook's upgrade holds (skip label and holds-upgrade annotation)")
+    who = r.add_mutually_exclusive_group(required=True)
+    who.add_argument("--node", metavar="NAME", help="this node only")
+    who.add_argument("--all", action="store_true", help="every node")
+    r.add_argument("--kubeconfig", metavar="PATH")
+    r.add_argument("--config", metavar="FILE", help="for cluster.label_prefix")
+    r.add_argument("--prefix", action="append", default=[], metavar="P",
+                   help="also release holds published under this label prefix (a former cluster.label_prefix); "
+                        "repeatable")
     return p
 
 
@@ -78,12 +102,10 @@ def main(argv: list) -> int:
         _parser().print_help()
         return EXIT_USAGE
     try:
-        if args.command == "agent":
-            return _agent(args)
-        return _status(args)
+        return {"agent": _agent, "status": _status, "release": _release}[args.command](args)
     except CompatHookError as e:
         sys.stderr.write(f"compat-hook cluster {args.command}: {e}\n")
-        return EXIT_USAGE if e.code == "usage" else EXIT_ERROR
+        return EXIT_USAGE if e.code in ("usage", "bad_config") else EXIT_ERROR
 
 
 def _agent(args) -> int:
@@ -95,26 +117,39 @@ def _agent(args) -> int:
         raise UsageError("--interval: at least 1 second")
     if not _dns_subdomain(args.node):
         raise UsageError(f"--node: not a node name (a DNS subdomain), got {args.node[:80]!r}")
+    if args.publish_namespace is not None and not _dns_label(args.publish_namespace):
+        raise UsageError(f"--publish-namespace: not a namespace name, got {args.publish_namespace[:80]!r}")
     cfg = _config(args.config, args.host_root)
     opts = agent.AgentOptions(args.node, stores=args.store or ["containerd:"], address=args.address,
                               namespace=args.namespace, driver=args.driver,
                               state_dir=args.state_dir or DEFAULT_STATE_DIR, interval=args.interval,
-                              once=args.once, watch=not args.no_watch)
+                              once=args.once, watch=not args.no_watch, publish_namespace=args.publish_namespace)
     if args.driver is not None:
         from ..policy.outcome import check_driver
 
         opts.driver = check_driver(args.driver, "--driver")
-    return agent.run(lambda: kube.connect(args.kubeconfig), cfg, opts)
+    first = [cfg]
+
+    def load():  # the file again at every pass (a changed ConfigMap takes effect without a restart)
+        if first:
+            return first.pop()
+        return _config(args.config, args.host_root)
+
+    return agent.run(lambda: kube.connect(args.kubeconfig), load, opts)
 
 
 def _dns_subdomain(name: str) -> bool:
-    """
-    >>> _dns_subdomain("gpu-a.example"), _dns_subdomain("../x"), _dns_subdomain("A")
-    (True, False, False)
-    """
     return 0 < len(name) <= 253 and name.isascii() and all(
         p and p[0].isalnum() and p[-1].isalnum() and all(c.islower() or c.isdigit() or c == "-" for c in p)
         for p in name.split("."))
+
+
+def _dns_label(name: str) -> bool:
+    """
+    >>> _dns_label("compat-hook"), _dns_label("a.b")
+    (True, False)
+    """
+    return len(name) <= 63 and "." not in name and _dns_subdomain(name)
 
 
 def _status(args) -> int:
@@ -124,12 +159,32 @@ def _status(args) -> int:
     cfg = _config(args.config)
     prefix = agent.settings(cfg)["label_prefix"]
     k = kube.connect(args.kubeconfig)
-    rep = status.status(k, prefix)
+    rep = status.status(k, prefix, args.publish_namespace, selector=args.selector)
     if args.json:
-        out = {"nodes": [{key: r[key] for key in ("name", "driver", "target", "upgrade_state", "preflight",
-                                                   "broken", "held")} for r in rep["nodes"]],
-               "summary": rep["summary"]}
+        keys = ("name", "driver", "target", "upgrade_state", "preflight", "verdict", "broken", "held", "hold",
+                "stale", "renewed", "since")
+        out = {"nodes": [{key: r[key] for key in keys} for r in rep["nodes"]], "summary": rep["summary"]}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
     else:
         sys.stdout.write(status.render_text(rep))
     return status.exit_status(rep["nodes"])
+
+
+def _release(args) -> int:
+    from ..core.errors import UsageError
+    from . import agent, kube, release
+
+    cfg = _config(args.config)
+    prefixes = [agent.settings(cfg)["label_prefix"]]
+    for p in args.prefix:
+        if not _dns_subdomain(p):
+            raise UsageError(f"--prefix: not a label prefix (a DNS subdomain), got {p[:80]!r}")
+        if p not in prefixes:
+            prefixes.append(p)
+    if args.node is not None and not _dns_subdomain(args.node):
+        raise UsageError(f"--node: not a node name (a DNS subdomain), got {args.node[:80]!r}")
+    k = kube.connect(args.kubeconfig)
+    done = release.release(k, prefixes, node=args.node, out=sys.stdout)
+    if args.all:
+        sys.stdout.write(f"released {len(done)} hold(s) of compat-hook\n")
+    return EXIT_OK

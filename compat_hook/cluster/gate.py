@@ -1,49 +1,81 @@
-"""The upgrade gate: hold the GPU Operator's rolling upgrade on a node whose images would break.
+"""The upgrade gate: hold the GPU Operator's rolling upgrade on a node where a workload would regress.
 
 NVIDIA's upgrade controller (k8s-operator-libs ``pkg/upgrade``, driver name
 ``gpu``) leaves a node in ``upgrade-required`` while its label
-``nvidia.com/gpu-driver-upgrade.skip`` is exactly ``"true"``; the label has no
-effect on a node already past that state. So the gate:
+``nvidia.com/gpu-driver-upgrade.skip`` is exactly ``"true"``. It reads the label
+there and nowhere else: on a node already past ``upgrade-required`` the label
+does nothing. So the gate (:func:`decide`, one state per pass):
 
-* sets the skip label and ``<prefix>/holds-upgrade`` (why) while the
-  preflight is ``fail`` and the state is empty, ``upgrade-done`` (the state
-  between upgrades: a version change moves the node from there to
-  ``upgrade-required``, where the label then parks it) or ``upgrade-required``;
-* takes both off when the result clears;
-* never touches a skip label it did not set (it owns the label only while its
-  ``holds-upgrade`` annotation is there);
-* on a node already past ``upgrade-required`` says it cannot hold.
+``held``
+    The pass found a regression (``fail``) and the node is in ``""``,
+    ``upgrade-done`` (between upgrades: a version change moves it from there to
+    ``upgrade-required``, where the label parks it) or ``upgrade-required``: the
+    skip label and ``<prefix>/holds-upgrade`` (why) are set together. An existing
+    hold is kept by any pass that is not complete (the target or the node's
+    driver unknown, an image not read, the store or the API failing): only a
+    complete pass with no regression lifts it.
+``clear``
+    No hold; nothing to hold, or a complete pass found no regression (a hold of
+    ours is lifted).
+``too-late``
+    A regression on a node already past ``upgrade-required``: the label would do
+    nothing, so none is set (never again, even when the hold was ours; ours is
+    taken off, so that no one reads a hold that is not there).
+``cannot-hold``
+    A regression, but the operator's upgrade controller does not run for this
+    node (``autoUpgrade`` off, the driver not the operator's): none is set; a
+    hold of ours is kept in case that changes.
+``override``
+    The admin's annotation ``<prefix>/allow-upgrade=true``: ours is lifted and
+    none is set while it is there.
+``released-by-other``
+    Someone took our skip label off by hand (our annotation still there): we
+    take our annotation off and do not hold again for the same target and
+    regressions (a new target or a new regression holds again).
+``skipped-by-other``
+    A skip label someone else set: never touched.
+``off``
+    The gate is off (``cluster.gate_upgrade: false``): ours is lifted.
 
->>> g = decide({"labels": {}, "annotations": {}}, "fail", "2 image(s) break", enabled=True, prefix="p.io")
->>> g.labels, g.state
+>>> fail = dict(verdict="fail", complete=True, why="2 workload(s) break", enabled=True, prefix="p.io")
+>>> g = decide({"labels": {}, "annotations": {}}, **fail); (g.labels, g.state)
 ({'nvidia.com/gpu-driver-upgrade.skip': 'true'}, 'held')
->>> node = {"labels": {STATE_LABEL: "cordon-required"}, "annotations": {}}
->>> decide(node, "fail", "x", enabled=True, prefix="p.io").state
-'cannot-hold'
 >>> mine = {"labels": {SKIP_LABEL: "true"}, "annotations": {"p.io/holds-upgrade": "x"}}
->>> decide(mine, "pass", "", enabled=True, prefix="p.io").labels
+>>> unknown = dict(fail, verdict="unknown", complete=False)
+>>> (decide(mine, **unknown).state, decide(mine, **unknown).labels)
+('held', {})
+>>> decide(mine, **dict(fail, verdict="pass")).labels
 {'nvidia.com/gpu-driver-upgrade.skip': None}
+>>> late = {"labels": {SKIP_LABEL: "true", STATE_LABEL: "drain-required"}, "annotations": {"p.io/holds-upgrade": "x"}}
+>>> g = decide(late, **fail); (g.state, g.labels)
+('too-late', {'nvidia.com/gpu-driver-upgrade.skip': None})
+>>> gone = {"labels": {STATE_LABEL: "drain-required"}, "annotations": {}}
+>>> decide(gone, **fail).labels
+{}
 >>> theirs = {"labels": {SKIP_LABEL: "true"}, "annotations": {}}
->>> g = decide(theirs, "pass", "", enabled=True, prefix="p.io"); (g.labels, g.state)
+>>> g = decide(theirs, **dict(fail, verdict="pass")); (g.labels, g.state)
 ({}, 'skipped-by-other')
 """
 
 from __future__ import annotations
 
-__all__ = ["decide", "Gate", "STATE_LABEL", "SKIP_LABEL", "HOLDABLE"]
+__all__ = ["decide", "Gate", "STATE_LABEL", "SKIP_LABEL", "HOLDABLE", "OVERRIDE", "STATES"]
 
 STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
 SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
 #: States from which the controller must pass through upgrade-required, where the skip label parks the node.
 HOLDABLE = ("", "upgrade-done", "upgrade-required")
+#: ``<prefix>/`` + this, value ``true``: the admin's override.
+OVERRIDE = "allow-upgrade"
+STATES = ("off", "clear", "held", "too-late", "cannot-hold", "override", "released-by-other", "skipped-by-other")
+#: States worth a Warning Event.
+WARNING = ("too-late", "cannot-hold", "released-by-other")
 MAX_WHY = 512
 
 
 class Gate:
-    """What to change: ``labels``/``annotations`` (value None: remove) and the resulting ``state``.
-
-    ``state``: ``off`` (gate disabled), ``clear``, ``held``, ``cannot-hold``, ``skipped-by-other``.
-    """
+    """What to change: ``labels``/``annotations`` (value None: remove) and the resulting ``state``
+    (one of :data:`STATES`) with a one-line ``message``."""
 
     __slots__ = ("labels", "annotations", "state", "message")
 
@@ -51,33 +83,74 @@ class Gate:
         self.state, self.message = state, message
         self.labels, self.annotations = labels or {}, annotations or {}
 
+    @property
+    def warning(self) -> bool:
+        return self.state in WARNING
 
-def decide(meta: dict, preflight: str, why: str, *, enabled: bool, prefix: str) -> Gate:
-    """The gate for a node whose ``metadata`` is ``meta`` (see the module docstring)."""
-    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
-    anns = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+
+def _map(v) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool, prefix: str,
+           blocked: str | None = None, key: str = "", previous: dict | None = None) -> Gate:
+    """The gate for a node whose ``metadata`` is ``meta`` (see the module docstring).
+
+    ``verdict``: the pass's (``fail`` means a regression); ``complete``: whether it read everything a
+    release needs; ``blocked``: why a hold cannot work here (None: it can); ``key``: what the
+    regressions are (target and workloads); ``previous``: the last published summary (its ``gate``
+    and ``key``), for ``released-by-other``.
+    """
+    labels, anns = _map(meta.get("labels")), _map(meta.get("annotations"))
     hold_key = f"{prefix}/holds-upgrade"
     ours = hold_key in anns
-    state = labels.get(STATE_LABEL, "")
-    state = state if isinstance(state, str) else ""
     skipped = labels.get(SKIP_LABEL) == "true"
-    release = Gate("clear", "the hold is lifted", labels={SKIP_LABEL: None}, annotations={hold_key: None})
-    if not enabled or preflight != "fail":
+    state = labels.get(STATE_LABEL, "")
+    state = state[:63] if isinstance(state, str) else ""
+    holdable = state in HOLDABLE
+    fail = verdict == "fail"
+    why = why[:MAX_WHY]
+    release = {"labels": {SKIP_LABEL: None} if skipped else {}, "annotations": {hold_key: None}}
+    drop_annotation = {"annotations": {hold_key: None}}
+
+    if not enabled:
         if ours:
-            return release if enabled else Gate("off", "the gate is off: hold lifted", labels={SKIP_LABEL: None},
-                                                annotations={hold_key: None})
+            return Gate("off", "the gate is off (cluster.gate_upgrade): our hold is lifted", **release)
+        return Gate("off")
+    if anns.get(f"{prefix}/{OVERRIDE}") == "true":
+        msg = f"{prefix}/{OVERRIDE}=true: no hold" + ("; our hold is lifted" if ours else "")
+        if skipped and not ours:
+            msg += f" ({SKIP_LABEL}=true is someone else's: left alone)"
+        return Gate("override", msg, **(release if ours else {}))
+    if not holdable and fail:
+        msg = (f"too late to hold: the node is in {state} (past upgrade-required, where "
+               f"{SKIP_LABEL} no longer has an effect); {why}")
+        return Gate("too-late", msg, **(release if ours else {}))
+    if ours and not skipped:
+        # Our annotation without our label: someone removed the label (to push the node through).
+        return Gate("released-by-other", f"{SKIP_LABEL} was removed by someone else: the hold is released "
+                                         f"for this target", **drop_annotation)
+    if ours:
+        if not holdable:
+            return Gate("clear", f"the upgrade has begun ({state}): our hold is lifted", **release)
+        if complete and not fail:
+            return Gate("clear", "a complete pass found no regression: the hold is lifted", **release)
+        ann = {} if anns.get(hold_key) == why or not fail else {hold_key: why}
+        if blocked:
+            return Gate("cannot-hold", f"cannot hold: {blocked} (our hold is kept)", annotations=ann)
+        if fail:
+            return Gate("held", f"holding the upgrade: {why}", annotations=ann)
+        return Gate("held", f"keeping the hold: this pass is incomplete ({why})")
+    if not fail:
         if skipped:
             return Gate("skipped-by-other", f"{SKIP_LABEL}=true was set by someone else: left alone")
-        return Gate("clear" if enabled else "off")
-    if ours:
-        # Still ours: keep it (refresh the reason); the label may have been removed by hand.
-        want = {} if skipped else {SKIP_LABEL: "true"}
-        ann = {} if anns.get(hold_key) == why[:MAX_WHY] else {hold_key: why[:MAX_WHY]}
-        return Gate("held", f"holding the upgrade: {why}", labels=want, annotations=ann)
+        return Gate("clear")
     if skipped:
-        return Gate("skipped-by-other", f"{SKIP_LABEL}=true was set by someone else: already held")
-    if state not in HOLDABLE:
-        return Gate("cannot-hold", f"cannot hold: the node is already in {state[:63]!s} (past upgrade-required); "
-                                   f"{why}")
-    return Gate("held", f"holding the upgrade: {why}", labels={SKIP_LABEL: "true"},
-                annotations={hold_key: why[:MAX_WHY]})
+        return Gate("skipped-by-other", f"{SKIP_LABEL}=true was set by someone else: already held; {why}")
+    if blocked:
+        return Gate("cannot-hold", f"cannot hold: {blocked}; {why}")
+    prev = _map(previous)
+    if prev.get("gate") == "released-by-other" and prev.get("key") == key:
+        return Gate("released-by-other", f"{SKIP_LABEL} was removed by someone else: not held again for this "
+                                         f"target; {why}")
+    return Gate("held", f"holding the upgrade: {why}", labels={SKIP_LABEL: "true"}, annotations={hold_key: why})

@@ -1,91 +1,113 @@
-"""What a pass publishes: the preflight verdict, the Node's labels and annotation, the Event,
-and the optional node-local files (an NFD local feature file, a node_exporter textfile).
+"""What a pass publishes, and where: the Node stays quiet, the details and the heartbeat live apart.
 
-The verdict of a plan report (:func:`verdict`):
+Every write to a Node reaches every Node watcher of the cluster (scheduler,
+controller-manager, CNI agents, the GPU Operator), so the Node carries only
+what changes with the verdict (:func:`node_doc`, :func:`node_patch`):
 
-* ``fail``: an image of a pod on this node breaks on the target driver;
-* ``warn``: an image changes outcome, or something could not be read;
-* ``pass``: every image keeps its outcome;
-* ``unknown``: no target, or the host driver is unknown.
+* labels ``<prefix>/preflight`` (``pass``/``warn``/``fail``/``unknown``),
+  ``<prefix>/preflight.broken`` (the regressions), ``<prefix>/preflight.target-driver``;
+* the annotation ``<prefix>/preflight``: a small JSON (at most :data:`MAX_NODE_DOC`
+  bytes: verdict, target and where from, driver now, gate state, counts, reason
+  codes, when it last changed, the agent's interval, where the details are).
 
->>> img = {"image": "x", "now": {"outcome": "compat"}, "after": {"outcome": "broken", "error": 35,
-...        "reason": "no_candidate", "cuda": "11.4"}}
->>> verdict({"images": [img], "summary": {"broken_after": 1, "changed": 1, "unreadable": 0}}, missing=0)
-'fail'
->>> verdict({"images": [], "summary": {"broken_after": 0, "changed": 0, "unreadable": 0}}, missing=1)
+A pass whose verdict, target, regressions and gate did not change writes
+nothing to the Node. The rest goes to objects of the agent's own, in its
+namespace, named after the node:
+
+* a ConfigMap (:func:`details_doc`): every workload that regresses, with its
+  pods; those broken now and after; those not in the store, unreadable or not
+  assessable; written only when it changes;
+* a Lease (:func:`lease`): the heartbeat, renewed after every pass
+  (``leaseDurationSeconds`` = 2 x interval): ``cluster status`` reads a verdict
+  whose Lease expired as stale;
+* an Event on the Node (:func:`event`) when the verdict, the gate or the
+  regressions change.
+
+The verdict of a pass (:func:`verdict`) over the assessed workloads:
+
+* ``fail``: a workload that works on the node's driver now breaks on the target
+  (a regression);
+* ``warn``: no regression, but an outcome changes, a workload is broken now and
+  after (reported, never held: the upgrade makes it no worse), or something
+  could not be read or assessed;
+* ``pass``: every workload keeps its outcome;
+* ``unknown``: no target, or the node's driver is unknown.
+
+>>> c = counts([{"now": {"outcome": "compat"}, "after": {"outcome": "broken"}, "regression": True},
+...             {"now": {"outcome": "broken"}, "after": {"outcome": "broken"}}])
+>>> (c["regressions"], c["broken_now_and_after"], verdict(c, target_known=True, report=True))
+(1, 1, 'fail')
+>>> verdict(counts([{"now": {"outcome": "broken"}, "after": {"outcome": "broken"}}]), target_known=True, report=True)
 'warn'
 """
 
 from __future__ import annotations
 
+import json
 import os
 
-__all__ = ["verdict", "summary", "node_patch", "event", "nfd_text", "textfile_text", "write_file",
-           "MAX_ANNOTATION"]
+__all__ = ["verdict", "counts", "regression", "node_doc", "node_patch", "details_doc", "lease", "event",
+           "event_signature", "label_value", "nfd_text", "textfile_text", "write_file", "MAX_NODE_DOC"]
 
-#: The summary annotation's largest size: Kubernetes allows 256 KiB for all of a Node's annotations.
-MAX_ANNOTATION = 8192
-MAX_LISTED = 10
+#: The Node annotation's largest size.
+MAX_NODE_DOC = 1024
+#: The details ConfigMap's JSON, at most (a ConfigMap holds 1 MiB).
+MAX_DETAILS = 256 << 10
 MAX_STR = 200
+DETAILS_KEY = "preflight.json"
+COMPONENT_LABELS = {"app.kubernetes.io/name": "compat-hook", "app.kubernetes.io/component": "preflight"}
 
 
 def _s(v, n: int = MAX_STR):
     if v is None:
         return None
-    t = str(v)
+    t = "".join(c if c.isprintable() else "?" for c in str(v))
     return t if len(t) <= n else t[:n] + "..."
 
 
-def verdict(report: dict | None, *, missing: int) -> str:
-    if report is None:
+def _outcome(r) -> str | None:
+    return r.get("outcome") if isinstance(r, dict) else None
+
+
+def regression(row: dict) -> bool:
+    """The policy layer's ``regression`` of a row; where a row lacks it, the same rule: works now,
+    broken after (the target differs from the driver now, or the row would not break)."""
+    if "regression" in row:
+        return bool(row["regression"])
+    return _outcome(row.get("now")) not in (None, "broken") and _outcome(row.get("after")) == "broken"
+
+
+def counts(rows: list) -> dict:
+    """The counts a verdict is made of, over the workload rows of a plan report."""
+    c = {"workloads": len(rows), "assessed": 0, "regressions": 0, "broken_now_and_after": 0, "changed": 0,
+         "unreadable": 0, "unknown_workloads": 0}
+    for r in rows:
+        if r.get("unknown"):
+            c["unknown_workloads"] += 1
+            continue
+        if r.get("now") is None or r.get("after") is None:
+            c["unreadable"] += 1
+            continue
+        c["assessed"] += 1
+        now, after = _outcome(r["now"]), _outcome(r["after"])
+        if regression(r):
+            c["regressions"] += 1
+        elif now == "broken" and after == "broken":
+            c["broken_now_and_after"] += 1
+        if now != after:
+            c["changed"] += 1
+    return c
+
+
+def verdict(c: dict, *, target_known: bool, report: bool, incomplete: bool = False) -> str:
+    if not target_known or not report:
         return "unknown"
-    s = report["summary"]
-    if s["broken_after"]:
+    if c["regressions"]:
         return "fail"
-    if s["changed"] or s["unreadable"] or missing:
+    if (c["changed"] or c["unreadable"] or c["unknown_workloads"] or c["broken_now_and_after"]
+            or c.get("not_in_store") or incomplete):
         return "warn"
     return "pass"
-
-
-def broken_images(report: dict | None) -> list:
-    out = []
-    for i in (report or {}).get("images", []):
-        a = i.get("after") or {}
-        if a.get("outcome") == "broken":
-            out.append({"image": _s(i.get("image")), "reason": _s(a.get("reason"), 64), "error": a.get("error"),
-                        "cuda": _s(a.get("cuda"), 16), "needs": _s(i.get("needs_cuda"), 16)})
-    return out
-
-
-def summary(*, node: str, preflight: str, now, target, target_from: str, report: dict | None, missing: list,
-            pods: int, gate_state: str, gate_message: str, problem: str | None, when: str) -> dict:
-    """The bounded JSON summary stored in the annotation (at most :data:`MAX_ANNOTATION` bytes)."""
-    s = (report or {}).get("summary") or {}
-    doc = {"version": 1, "time": when, "node": _s(node, 253), "preflight": preflight,
-           "now": _s(now, 64), "target": _s(target, 64), "target_from": _s(target_from),
-           "pods": pods, "images": s.get("images", 0), "broken": s.get("broken_after", 0),
-           "changed": s.get("changed", 0), "unreadable": s.get("unreadable", 0), "not_in_store": len(missing),
-           "gate": gate_state, "gate_message": _s(gate_message, 512), "problem": _s(problem, 512),
-           "broken_images": broken_images(report)[:MAX_LISTED],
-           "missing_images": [_s(m) for m in missing[:MAX_LISTED]]}
-    import json
-
-    while len(json.dumps(doc, separators=(",", ":"))) > MAX_ANNOTATION and (doc["broken_images"] or doc["missing_images"]):
-        (doc["missing_images"] or doc["broken_images"]).pop()
-        doc["truncated"] = True
-    return doc
-
-
-def signature(doc: dict) -> str:
-    """What an Event is emitted for: a change of any of these (``doc`` may be a hostile annotation).
-
-    >>> signature({"preflight": "fail", "broken_images": [{"image": "b"}, "junk", {"image": "a"}]})
-    'fail|None|None|None|a,b'
-    """
-    listed = doc.get("broken_images") if isinstance(doc.get("broken_images"), list) else []
-    names = sorted(str(b.get("image")) for b in listed if isinstance(b, dict))
-    return "|".join([str(doc.get("preflight")), str(doc.get("target")), str(doc.get("gate")),
-                     str(doc.get("broken")), ",".join(names)])
 
 
 def label_value(v) -> str | None:
@@ -102,72 +124,210 @@ def label_value(v) -> str | None:
     return t if ok else None
 
 
-def node_patch(*, prefix: str, doc: dict, gate, resource_version: str) -> dict:
-    import json
+def node_doc(*, verdict_: str, target, target_from, now, gate: str, c: dict, reasons: list, key: str,
+             interval: float, details: str, since: str) -> dict:
+    """The Node's small annotation (see the module docstring); ``since`` is when it last changed."""
+    doc = {"v": 2, "verdict": verdict_, "target": _s(target, 64), "from": _s(target_from, 160), "now": _s(now, 64),
+           "gate": gate, "regressions": c.get("regressions", 0), "broken_now": c.get("broken_now_and_after", 0),
+           "reasons": [_s(r, 32) for r in reasons[:12]], "key": key, "interval": int(interval),
+           "details": _s(details, 320), "since": since}
+    while len(json.dumps(doc, separators=(",", ":"))) > MAX_NODE_DOC and doc["reasons"]:
+        doc["reasons"].pop()
+    return doc
 
-    labels = {f"{prefix}/preflight": doc["preflight"],
-              f"{prefix}/preflight.target-driver": label_value(doc["target"]),
-              f"{prefix}/preflight.broken": str(doc["broken"])}
+
+def same_node_doc(a, b) -> bool:
+    """Whether two Node docs say the same (``since`` aside)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    return {k: v for k, v in a.items() if k != "since"} == {k: v for k, v in b.items() if k != "since"}
+
+
+def node_patch(*, prefix: str, doc: dict, gate, resource_version: str, current: dict) -> dict | None:
+    """The strategic-merge patch that makes the Node say ``doc`` and the gate's changes; None when the
+    Node already says it all (``current``: its metadata)."""
+    labels = {f"{prefix}/preflight": doc["verdict"], f"{prefix}/preflight.target-driver": label_value(doc["target"]),
+              f"{prefix}/preflight.broken": str(doc["regressions"])}
     labels.update(gate.labels)
     annotations = {f"{prefix}/preflight": json.dumps(doc, separators=(",", ":"))}
     annotations.update(gate.annotations)
-    return {"metadata": {"resourceVersion": resource_version, "labels": labels, "annotations": annotations}}
+    have_l = current.get("labels") if isinstance(current.get("labels"), dict) else {}
+    have_a = current.get("annotations") if isinstance(current.get("annotations"), dict) else {}
+    labels = {k: v for k, v in labels.items() if have_l.get(k) != v}
+    annotations = {k: v for k, v in annotations.items() if have_a.get(k) != v}
+    old = have_a.get(f"{prefix}/preflight")
+    if f"{prefix}/preflight" in annotations and isinstance(old, str):
+        try:
+            if same_node_doc(json.loads(old), doc):  # only ``since`` differs: not a change
+                annotations.pop(f"{prefix}/preflight")
+        except ValueError:
+            pass
+    if not labels and not annotations:
+        return None
+    meta: dict = {"resourceVersion": resource_version}
+    if labels:
+        meta["labels"] = labels
+    if annotations:
+        meta["annotations"] = annotations
+    return {"metadata": meta}
 
 
-def event(*, node: dict, doc: dict, when: str, namespace: str = "default") -> dict:
-    """A core/v1 Event on the Node (reason ``CompatHookPreflight``; Warning on ``fail``)."""
-    meta = node["metadata"]
-    name = meta["name"]
-    if doc["preflight"] == "fail":
-        listed = "; ".join(f"{b['image']}: broken ({b['error']})" for b in doc["broken_images"][:3])
-        msg = f"preflight fail for driver {doc['target']}: {doc['broken']} image(s) break ({listed})"
-    elif doc["preflight"] == "unknown":
-        msg = f"preflight unknown: {doc['problem'] or 'no target'}"
+def _row(r: dict, pods: dict) -> dict:
+    a = r.get("after") if isinstance(r.get("after"), dict) else {}
+    n = r.get("now") if isinstance(r.get("now"), dict) else {}
+    name = r.get("name") or r.get("image")
+    return {"name": _s(name, 400), "image": _s(r.get("workload_image") or r.get("image"), 400),
+            "pods": list(pods.get(name, []))[:20], "runtime": _s(r.get("runtime"), 32),
+            "now": _s(n.get("outcome"), 32), "after": _s(a.get("outcome"), 32), "reason": _s(a.get("reason"), 64),
+            "error": a.get("error"), "cuda": _s(a.get("cuda"), 16), "needs": _s(r.get("needs_cuda"), 16)}
+
+
+def details_doc(*, node: str, verdict_: str, complete: bool, target, target_from, now, gate, gate_message: str,
+                problem, reasons: list, interval: float, c: dict, rows: list, pods: dict, missing: list,
+                pods_seen: int, workloads: list | None = None) -> dict:
+    """The ConfigMap's details (bounded to :data:`MAX_DETAILS` bytes; ``truncated`` when cut)."""
+    def listed(pred):
+        return [_row(r, pods) for r in rows if pred(r)]
+
+    doc = {"version": 2, "node": _s(node, 253), "verdict": verdict_, "complete": complete, "target": _s(target, 64),
+           "target_from": _s(target_from, 400), "now": _s(now, 64), "gate": gate,
+           "gate_message": _s(gate_message, 1024), "problem": _s(problem, 2048), "reasons": reasons[:20],
+           "interval": int(interval), "pods": pods_seen, "counts": dict(c),
+           "regressions": listed(regression),
+           "broken_now_and_after": listed(lambda r: not regression(r) and _outcome(r.get("now")) == "broken"
+                                          and _outcome(r.get("after")) == "broken"),
+           "changed": listed(lambda r: not regression(r) and r.get("now") is not None and r.get("after") is not None
+                             and _outcome(r["now"]) != _outcome(r["after"])),
+           "unreadable": [{"name": _s(r.get("name") or r.get("image"), 400), "error": _s(r.get("error"), 400),
+                           "pods": list(pods.get(r.get("name"), []))[:20]}
+                          for r in rows if not r.get("unknown") and (r.get("now") is None or r.get("after") is None)],
+           "unknown_workloads": [{"name": _s(w["name"], 400), "why": _s(w["unknown"], 400),
+                                  "pods": list(pods.get(w["name"], []))[:20]} for w in (workloads or []) if w.get("unknown")],
+           "not_in_store": [{"image": _s(img, 400), "pods": list(p)[:20]} for img, p in missing]}
+    for key in ("changed", "not_in_store", "unreadable", "unknown_workloads", "broken_now_and_after", "regressions"):
+        while len(json.dumps(doc, separators=(",", ":"))) > MAX_DETAILS and doc[key]:
+            doc[key].pop()
+            doc["truncated"] = True
+    return doc
+
+
+def configmap(*, name: str, namespace: str, doc: dict, when: str) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(COMPONENT_LABELS)},
+            "data": {DETAILS_KEY: json.dumps(dict(doc, time=when), separators=(",", ":"), sort_keys=True)}}
+
+
+def details_of(cm: dict) -> dict | None:
+    """The details doc of a ConfigMap (None: none, or not ours)."""
+    raw = (cm.get("data") or {}).get(DETAILS_KEY) if isinstance(cm.get("data"), dict) else None
+    if not isinstance(raw, str) or len(raw) > 2 * MAX_DETAILS:
+        return None
+    try:
+        d = json.loads(raw)
+    except ValueError:
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def microtime(t: float) -> str:
+    """A Kubernetes MicroTime (``2026-12-03T22:32:00.123456Z``).
+
+    >>> microtime(0.5)
+    '1970-01-01T00:00:00.500000Z'
+    """
+    import time as _t
+
+    return _t.strftime("%Y-%m-%dT%H:%M:%S", _t.gmtime(t)) + f".{int(round((t % 1) * 1e6)) % 1000000:06d}Z"
+
+
+def lease(*, name: str, namespace: str, interval: float, now: float, acquired: str | None = None,
+          resource_version: str | None = None) -> dict:
+    meta = {"name": name, "namespace": namespace, "labels": dict(COMPONENT_LABELS)}
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    t = microtime(now)
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
+            "spec": {"holderIdentity": name, "leaseDurationSeconds": max(2, int(round(2 * interval))),
+                     "renewTime": t, "acquireTime": acquired or t}}
+
+
+def event_signature(doc: dict) -> str:
+    """What an Event is emitted for: the verdict, the gate, the regressions (not the target alone).
+
+    >>> event_signature({"verdict": "fail", "gate": "held", "key": "k", "regressions": 2, "reasons": ["x"]})
+    'fail|held|k|2'
+    """
+    key = doc.get("key") if doc.get("verdict") == "fail" else ""
+    return "|".join(str(x) for x in (doc.get("verdict"), doc.get("gate"), key, doc.get("regressions")))
+
+
+def event(*, node: dict, details: dict, namespace: str, when: str, warning_reason: str | None = None) -> dict:
+    """A core/v1 Event on the Node (reason ``CompatHookPreflight``; Warning on ``fail``, on a gate that
+    cannot hold, and on a bad announcement)."""
+    meta = node.get("metadata") if isinstance(node.get("metadata"), dict) else {}
+    name = str(meta.get("name"))
+    d = details
+    c = d.get("counts") or {}
+    if d["verdict"] == "fail":
+        listed = "; ".join(f"{r['image']} ({', '.join(r['pods'][:3]) or '-'}): {r['now']} -> broken"
+                           f"{' (' + str(r['error']) + ')' if r.get('error') is not None else ''}"
+                           for r in d["regressions"][:3])
+        msg = f"preflight fail for driver {d['target']}: {c.get('regressions')} workload(s) regress: {listed}"
+    elif d["verdict"] == "unknown":
+        msg = f"preflight unknown: {d.get('problem') or 'no target'}"
     else:
-        msg = (f"preflight {doc['preflight']} for driver {doc['target']}: {doc['images']} image(s), "
-               f"{doc['changed']} change outcome, {doc['unreadable'] + doc['not_in_store']} unreadable")
-    if doc["gate"] == "held":
+        msg = (f"preflight {d['verdict']} for driver {d['target']}: {c.get('workloads', 0)} workload(s), "
+               f"{c.get('changed', 0)} change outcome, {c.get('broken_now_and_after', 0)} broken now and after, "
+               f"{c.get('unreadable', 0) + c.get('not_in_store', 0) + c.get('unknown_workloads', 0)} not assessed")
+    if d["gate"] == "held":
         msg += "; holding the upgrade (nvidia.com/gpu-driver-upgrade.skip=true)"
-    elif doc["gate_message"]:
-        msg += f"; {doc['gate_message']}"
+    elif d.get("gate_message"):
+        msg += f"; {d['gate_message']}"
+    from .gate import WARNING
+
+    warn = d["verdict"] == "fail" or d["gate"] in WARNING or warning_reason is not None
     return {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"generateName": f"{name[:200]}.compat-hook-", "namespace": namespace},
-        "involvedObject": {"kind": "Node", "name": name, "uid": meta.get("uid"), "apiVersion": "v1"},
+        # The API server takes an Event about a cluster-scoped object only in "default" or "kube-system";
+        # the agent may write Events only in its own namespace, so the reference names that namespace.
+        "involvedObject": {"kind": "Node", "name": name, "uid": meta.get("uid"), "apiVersion": "v1",
+                           "namespace": namespace},
         "reason": "CompatHookPreflight", "message": msg[:1024],
-        "type": "Warning" if doc["preflight"] in ("fail",) or doc["gate"] == "cannot-hold" else "Normal",
+        "type": "Warning" if warn else "Normal",
         "source": {"component": "compat-hook", "host": name},
         "firstTimestamp": when, "lastTimestamp": when, "count": 1,
-        "reportingComponent": "compat-hook", "reportingInstance": name,
-        "action": "Preflight",
+        "reportingComponent": "compat-hook", "reportingInstance": name, "action": "Preflight",
     }
 
 
 def nfd_text(prefix: str, doc: dict) -> str:
     """An NFD local feature file: one ``<prefix>/<name>=<value>`` per line."""
-    lines = [f"{prefix}/preflight={doc['preflight']}", f"{prefix}/preflight.broken={doc['broken']}"]
+    lines = [f"{prefix}/preflight={doc['verdict']}", f"{prefix}/preflight.broken={doc['regressions']}"]
     tv = label_value(doc["target"])
     if tv:
         lines.append(f"{prefix}/preflight.target-driver={tv}")
     return "\n".join(lines) + "\n"
 
 
-def textfile_text(doc: dict, when_s: float, decisions: dict | None = None) -> str:
-    """node_exporter textfile: images per outcome on the target, the last run, decision counts."""
-    out = ["# HELP compat_hook_preflight_images Images of this node's GPU pods by outcome on the target driver.",
-           "# TYPE compat_hook_preflight_images gauge"]
-    counts = {"broken": doc["broken"], "changed": doc["changed"], "unreadable": doc["unreadable"] + doc["not_in_store"],
-              "unchanged": max(0, doc["images"] - doc["broken"] - doc["unreadable"]
-                               - max(0, doc["changed"] - doc["broken"]))}
-    for k in sorted(counts):
-        out.append(f'compat_hook_preflight_images{{outcome="{k}"}} {counts[k]}')
+def textfile_text(details: dict, when_s: float, decisions: dict | None = None) -> str:
+    """node_exporter textfile: workloads per outcome class on the target, the last run, decision counts."""
+    c = details.get("counts") or {}
+    out = ["# HELP compat_hook_preflight_workloads GPU workloads of this node by what the target driver does to them.",
+           "# TYPE compat_hook_preflight_workloads gauge"]
+    not_assessed = c.get("unreadable", 0) + c.get("not_in_store", 0) + c.get("unknown_workloads", 0)
+    classes = {"regression": c.get("regressions", 0), "broken_now_and_after": c.get("broken_now_and_after", 0),
+               "changed": max(0, c.get("changed", 0) - c.get("regressions", 0)), "not_assessed": not_assessed,
+               "unchanged": max(0, c.get("assessed", 0) - c.get("changed", 0) - c.get("broken_now_and_after", 0))}
+    for k in sorted(classes):
+        out.append(f'compat_hook_preflight_workloads{{class="{k}"}} {classes[k]}')
     out += ["# HELP compat_hook_preflight_last_run_timestamp_seconds When the last preflight pass ended.",
             "# TYPE compat_hook_preflight_last_run_timestamp_seconds gauge",
             f"compat_hook_preflight_last_run_timestamp_seconds {when_s:.3f}"]
     out += ["# HELP compat_hook_preflight_result 1 for this node's current preflight verdict.",
             "# TYPE compat_hook_preflight_result gauge"]
     for v in ("pass", "warn", "fail", "unknown"):
-        out.append(f'compat_hook_preflight_result{{result="{v}"}} {1 if doc["preflight"] == v else 0}')
+        out.append(f'compat_hook_preflight_result{{result="{v}"}} {1 if details["verdict"] == v else 0}')
     if decisions:
         out += ["# HELP compat_hook_decisions Decisions in the decision log, by effect and reason.",
                 "# TYPE compat_hook_decisions gauge"]

@@ -1,5 +1,13 @@
 """Image references: the images of this node's GPU pods, and which of them are in the node's store.
 
+:func:`store_index` maps every name an image in the node's stores is known by
+to the ``plan`` source that reads it: containerd's every tag and digest of an
+image, an OCI layout's or archive's ``io.containerd.image.name`` and
+``org.opencontainers.image.ref.name``, a docker-archive's ``RepoTags``, the
+engines' names. A store that names no image by a reference a pod could use (a
+directory; an archive whose images carry a bare tag) is refused in one line, and
+one that cannot be listed makes the index incomplete (``reachable`` False).
+
 Pod specs come from the API server and are untrusted input: pods, images and
 reference lengths are bounded, and a dropped entry is counted, never silently lost.
 
@@ -13,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["normalize_ref", "gpu_pod", "pod_images", "store_index", "MAX_IMAGES", "MAX_REF"]
+__all__ = ["normalize_ref", "gpu_pod", "pod_images", "store_index", "match", "MAX_IMAGES", "MAX_REF"]
 
 MAX_IMAGES = 256
 MAX_REF = 512
@@ -89,58 +97,170 @@ def pod_images(pods: list) -> tuple:
     return images, dropped
 
 
-def _oci_names(path: str) -> list:
-    """The ``org.opencontainers.image.ref.name`` of each image in an OCI layout's index.json."""
-    import json
+#: Images of one layout, archive or store read for their names at most.
+MAX_INDEX = 10000
+_REF_NAME = "org.opencontainers.image.ref.name"
+_CTR_IMAGE_NAME = "io.containerd.image.name"
 
-    try:
-        fd = os.open(os.path.join(path, "index.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(1 << 20)
-        doc = json.loads(data.decode())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return []
-    ms = doc.get("manifests") if isinstance(doc, dict) and isinstance(doc.get("manifests"), list) else []
-    names = []
-    for m in ms:
+
+def _matchable(name) -> str | None:
+    """A reference a pod can name (normalized), or None for a bare tag (``1.0``, ``latest``): an OCI
+    ``ref.name`` is often only the tag, which names no repository.
+
+    >>> _matchable("registry.test/apps/a:1"), _matchable("latest"), _matchable("busybox:1.36")
+    ('registry.test/apps/a:1', None, 'docker.io/library/busybox:1.36')
+    """
+    if not isinstance(name, str) or not name or len(name) > MAX_REF or not name.isprintable() or " " in name:
+        return None
+    if "/" not in name and ":" not in name and "@" not in name:
+        return None
+    return normalize_ref(name)
+
+
+def _oci_entries(index: dict) -> list:
+    """Per image of an index.json: its names (containerd's full name first, then ref.name)."""
+    ms = index.get("manifests") if isinstance(index, dict) and isinstance(index.get("manifests"), list) else []
+    out = []
+    for m in ms[:MAX_INDEX]:
         a = m.get("annotations") if isinstance(m, dict) and isinstance(m.get("annotations"), dict) else {}
-        n = a.get("org.opencontainers.image.ref.name")
-        if isinstance(n, str):
-            names.append(n)
-    return names
+        out.append([str(a[k]) for k in (_CTR_IMAGE_NAME, _REF_NAME) if isinstance(a.get(k), str)])
+    return out
 
 
-def _names(store: str, source: str) -> list:
-    """The references ``source`` (one image, from expanding ``store``) is known by."""
-    if source.startswith("containerd:"):
-        return [source[len("containerd:"):]]
-    if source != store and source.startswith(store + ":"):
-        return [source[len(store) + 1:]]
-    if source.startswith("oci:"):
-        return _oci_names(source[len("oci:"):])
-    return []
+def _archive_entries(kind: str, path: str) -> list:
+    """The names of each image of an ``oci:`` layout or an ``oci-archive:``/``docker-archive:`` file."""
+    from ..images import stores as st
+    from ..images.reader import Limits
+
+    lim = Limits()
+    if kind == "oci":
+        store = st.OciDir(path, lim)
+    elif kind == "oci-archive":
+        store = st.OciArchive(path, lim)
+    else:
+        store = st.DockerArchive(path, lim)
+    try:
+        if kind == "docker-archive":
+            return [[t for t in (e.get("RepoTags") if isinstance(e.get("RepoTags"), list) else [])
+                     if isinstance(t, str)] for e in store.manifest()[:MAX_INDEX]]
+        return _oci_entries(store.index())
+    finally:
+        store.close()
 
 
-def store_index(stores: list, expander) -> tuple:
-    """``({normalized reference: plan source}, [problems])`` for every image in ``stores``."""
+def _pick(entries: list, sel: str) -> list:
+    """The names of the entry selector ``sel`` (``@N``, a tag or a name) picks."""
+    if sel.startswith("@") and sel[1:].isdigit():
+        i = int(sel[1:])
+        return entries[i] if i < len(entries) else []
+    for names in entries:
+        if any(n == sel or n.endswith(":" + sel) for n in names):
+            return names
+    return [sel]
+
+
+def _split_selector(kind: str, rest: str) -> tuple:
+    """``(path, selector or None)`` of a layout or archive source, as the image reader splits it."""
+    exists = os.path.isdir if kind == "oci" else os.path.isfile
+    if exists(rest):
+        return rest, None
+    i = rest.find(":")
+    while i >= 0:
+        if exists(rest[:i]):
+            return rest[:i], rest[i + 1:] or None
+        i = rest.find(":", i + 1)
+    return rest, None
+
+
+def _containerd(store: str, address, namespace: str, host_root: str) -> tuple:
+    """``({normalized reference: source}, listed)`` of every name of every image in containerd: a pod
+    may name any tag or digest of an image (``expand`` keeps one per image)."""
+    from ..images import stores as st
+    from ..images.reader import Limits
+
+    sel = store[len("containerd:"):]
+    if sel:
+        return {normalize_ref(sel): store}, 1
+    addr, _ = st.find_socket(address, host_root or "/")
+    c = st.Containerd(addr, namespace, Limits())
+    best: dict = {}
+    pairs = c.images()[:MAX_INDEX * 4]
+    for ref, digest in pairs:
+        rank = 2 if ref.startswith("sha256:") else 1 if "@" in ref else 0
+        if digest not in best or rank < best[digest][0]:
+            best[digest] = (rank, ref)
+    out: dict = {}
+    for ref, digest in pairs:
+        if ref.startswith("sha256:") or digest not in best:
+            continue
+        out.setdefault(normalize_ref(ref), f"containerd:{best[digest][1]}")
+    return out, len(best)
+
+
+def _names_of(store: str, expander) -> tuple:
+    """``([(source, [names])], problem or None)`` for a store that is not containerd's."""
+    kind = store.split(":", 1)[0] if ":" in store else ""
+    if kind in ("oci", "oci-archive", "docker-archive"):
+        path, sel = _split_selector(kind, store[len(kind) + 1:])
+        entries = _archive_entries(kind, path)
+        if sel is not None:
+            return [(store, _pick(entries, sel))], None
+        sources = expander(store)
+        if len(sources) == len(entries):
+            return list(zip(sources, entries)), None
+        return [(sources[0], [n for names in entries for n in names])] if sources else [], None
+    if kind in ("docker", "containers-storage"):
+        out = []
+        for src in expander(store):
+            ref = src.split("]", 1)[1] if src.startswith("containers-storage:[") else src.split(":", 1)[1]
+            out.append((src, [ref]))
+        return out, None
+    return [], (f"{store}: a directory names no image reference, so the pods' images cannot be matched "
+                f"to it (use an image store: containerd:, oci:, oci-archive:, docker-archive:)")
+
+
+def store_index(stores: list, expander, *, address=None, namespace: str = "k8s.io", host_root: str = "/") -> tuple:
+    """``({normalized reference: plan source}, [problems], reachable)`` for every image in ``stores``.
+
+    ``reachable`` is False when a store could not be listed (containerd down, a missing archive): the
+    pass then cannot know what is in the node's store. A store that can be read but names no image a
+    pod can name (a directory, an archive tagged by tag alone) is refused with one line.
+    """
     from ..core.errors import describe
 
     index: dict = {}
     problems = []
+    reachable = True
     for store in stores:
         try:
-            sources = expander(store)
-        except Exception as e:  # a store that cannot be listed: said, and the pass goes on
+            if store.startswith("containerd:"):
+                found, _ = _containerd(store, address, namespace, host_root)
+                for k, v in found.items():
+                    index.setdefault(k, v)
+                continue
+            pairs, problem = _names_of(store, expander)
+        except Exception as e:  # a store that cannot be listed: said, and the pass knows it is incomplete
             problems.append(f"{store}: {describe(e)[1]}")
+            reachable = False
             continue
-        for src in sources:
-            for n in _names(store, src):
-                key = normalize_ref(n)
+        if problem:
+            problems.append(problem)
+            continue
+        named = 0
+        for src, names in pairs:
+            for n in names:
+                key = _matchable(n)
+                if key is None:
+                    continue
+                named += 1
                 index.setdefault(key, src)
                 digest = key.partition("@")[2]
                 if digest:
                     index.setdefault("@" + digest, src)
-    return index, problems
+        if pairs and not named:
+            problems.append(f"{store}: no image in it is named by a full reference (registry/repository:tag), "
+                            f"only by tags, so the pods' images cannot be matched to it")
+    return index, problems, reachable
 
 
 def match(images: dict, index: dict) -> tuple:

@@ -1,29 +1,51 @@
-"""``compat-hook cluster status``: every GPU node's driver, target, upgrade state and preflight.
+"""``compat-hook cluster status``: every GPU node's driver, target, upgrade state, verdict and hold.
 
 A GPU node is one labelled ``nvidia.com/gpu.present=true`` (the GPU Operator's
-and GPU Feature Discovery's label) or one the agent has published on. The
-driver now is GPU Feature Discovery's ``nvidia.com/cuda.driver-version.full``,
-else what the agent read on the node.
+and GPU Feature Discovery's label) or one an agent has published on. The driver
+now is GPU Feature Discovery's ``nvidia.com/cuda.driver-version.full``, else
+what the agent read on the node.
 
-Exit status: 0 every node passes; 2 some node changes outcome (``warn``), or its
-preflight is ``unknown`` or missing; 3 some node would break (``fail``); 1 an error.
+It never passes on stale data. A node has no valid verdict (``stale``) when:
+
+* its agent's heartbeat (the Lease of its name in the agent's namespace) is
+  missing or expired: the verdict is older than twice the agent's interval;
+* its verdict was computed for another target than the node's current one
+  (the active ClusterPolicy's or the NVIDIADriver's version, or an announced
+  ``next-driver``; read with the agent's own rules, :mod:`.target`).
+
+The row says why. A hold whose agent has not renewed its heartbeat for three
+intervals is shown as a stale hold.
+
+Reads: Nodes, the agent's Leases, ClusterPolicies and NVIDIADrivers, each as
+paginated lists of :data:`PAGE` (four requests for a thousand nodes).
+
+Exit status: 0 every node passes; 2 some node changes outcome (``warn``), its
+verdict is ``unknown``, missing or stale; 3 some node would regress (``fail``,
+not stale); 1 an error.
 
 >>> rows = [{"preflight": "pass"}, {"preflight": "warn"}]
 >>> exit_status(rows), exit_status(rows + [{"preflight": "fail"}]), exit_status([])
 (2, 3, 0)
+>>> exit_status([{"preflight": "stale", "verdict": "fail"}])
+2
 """
 
 from __future__ import annotations
 
 import json
-from .gate import SKIP_LABEL, STATE_LABEL
+import time
 
-__all__ = ["status", "render_text", "exit_status", "node_row"]
+from . import target as targetmod
+from .gate import OVERRIDE, SKIP_LABEL, STATE_LABEL
+
+__all__ = ["status", "render_text", "exit_status", "node_row", "PAGE"]
 
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 PRESENT_LABEL = "nvidia.com/gpu.present"
 MAX_FIELD = 64
 MAX_ANNOTATION = 64 << 10
+PAGE = 1000
+LEASE_SELECTOR = "app.kubernetes.io/name=compat-hook,app.kubernetes.io/component=preflight"
 
 
 def _s(v, n: int = MAX_FIELD):
@@ -33,57 +55,145 @@ def _s(v, n: int = MAX_FIELD):
     return t if len(t) <= n else t[:n - 3] + "..."
 
 
-def node_row(node: dict, prefix: str) -> dict | None:
-    meta = node.get("metadata") if isinstance(node.get("metadata"), dict) else {}
-    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
-    anns = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+def _map(v) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def _parse_time(text) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time (``...Z``, fractions allowed), else None.
+
+    >>> _parse_time("1970-01-01T00:01:00.250000Z"), _parse_time("junk")
+    (60.25, None)
+    """
+    import calendar
+
+    if not isinstance(text, str) or len(text) > 40 or not text.endswith("Z"):
+        return None
+    base, _, frac = text[:-1].partition(".")
+    try:
+        t = calendar.timegm(time.strptime(base, "%Y-%m-%dT%H:%M:%S"))
+        return t + (float("0." + frac) if frac.isdigit() else 0.0)
+    except ValueError:
+        return None
+
+
+def _doc(anns: dict, prefix: str) -> dict:
+    raw = anns.get(f"{prefix}/preflight")
+    if not isinstance(raw, str) or len(raw) > MAX_ANNOTATION:
+        return {}
+    try:
+        d = json.loads(raw)
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None, now: float | None = None) -> dict | None:
+    """A row for ``node`` (None: not a GPU node); ``lease``: its agent's Lease; ``target``: its current
+    :class:`~.target.Target`."""
+    meta = _map(node.get("metadata"))
+    labels, anns = _map(meta.get("labels")), _map(meta.get("annotations"))
     if labels.get(PRESENT_LABEL) != "true" and f"{prefix}/preflight" not in labels:
         return None
-    doc = {}
-    raw = anns.get(f"{prefix}/preflight")
-    if isinstance(raw, str) and len(raw) <= MAX_ANNOTATION:
-        try:
-            d = json.loads(raw)
-            doc = d if isinstance(d, dict) else {}
-        except ValueError:
-            doc = {}
+    now = time.time() if now is None else now
+    doc = _doc(anns, prefix)
     broken = labels.get(f"{prefix}/preflight.broken")
     pre = labels.get(f"{prefix}/preflight")
+    verdict = pre if pre in ("pass", "warn", "fail", "unknown") else None
+    published = _s(doc.get("target") or labels.get(f"{prefix}/preflight.target-driver"))
+    state = _s(labels.get(STATE_LABEL)) or None
+    ours = f"{prefix}/holds-upgrade" in anns
+    skip = labels.get(SKIP_LABEL) == "true"
+    spec = _map(_map(lease).get("spec"))
+    renewed = _parse_time(spec.get("renewTime"))
+    duration = spec.get("leaseDurationSeconds")
+    duration = float(duration) if isinstance(duration, (int, float)) and not isinstance(duration, bool) and duration > 0 else None
+    stale = None
+    if verdict is not None:
+        if lease is None or renewed is None or duration is None:
+            stale = "no heartbeat from its agent (no Lease)"
+        elif now > renewed + duration:
+            stale = f"no heartbeat for {int(now - renewed)} s (its Lease expired after {int(duration)} s)"
+        elif target is not None and not str(doc.get("from") or "").startswith("--driver"):
+            current = target.version if target.version is not None else None
+            if current != (doc.get("target") if doc else published):
+                stale = f"verdict for {published or 'no target'}, the target now is {current or 'unknown'}"
+    gate = doc.get("gate") if isinstance(doc.get("gate"), str) else None
+    if ours and skip:
+        hold = "yes"
+        if renewed is not None and duration is not None and now > renewed + 1.5 * duration:
+            hold = "stale"  # 3 intervals (the Lease lasts 2) without a renewal
+        elif state not in ("", None, "upgrade-done", "upgrade-required"):
+            hold = "too-late"
+    elif gate in ("too-late", "cannot-hold", "override", "released-by-other") and verdict == "fail":
+        hold = gate
+    elif anns.get(f"{prefix}/{OVERRIDE}") == "true":
+        hold = "override"
+    elif skip:
+        hold = "other"
+    else:
+        hold = "-"
     return {
         "name": _s(meta.get("name"), 253),
         "driver": _s(labels.get(DRIVER_LABEL) or doc.get("now")),
-        "target": _s(doc.get("target") or labels.get(f"{prefix}/preflight.target-driver")),
-        "upgrade_state": _s(labels.get(STATE_LABEL)) or None,
-        "preflight": pre if pre in ("pass", "warn", "fail", "unknown") else None,
+        "target": published,
+        "upgrade_state": state,
+        "preflight": "stale" if stale else verdict,
+        "verdict": verdict,
         "broken": int(broken) if isinstance(broken, str) and broken.isdigit() and len(broken) < 7 else None,
-        "held": f"{prefix}/holds-upgrade" in anns and labels.get(SKIP_LABEL) == "true",
-        "skip": labels.get(SKIP_LABEL) == "true",
+        "held": hold in ("yes", "stale"),
+        "hold": hold,
+        "skip": skip,
+        "stale": stale,
+        "renewed": _s(spec.get("renewTime"), 40),
+        "since": _s(doc.get("since"), 40),
     }
 
 
-def status(kube, prefix: str) -> dict:
-    nodes = []
-    cont = None
-    while True:  # pages of 500: a large cluster never comes in one answer
-        doc = kube.get("/api/v1/nodes", limit=500, **({"continue": cont} if cont else {}))
-        for n in doc.get("items") or []:
-            row = node_row(n, prefix) if isinstance(n, dict) else None
-            if row is not None:
-                nodes.append(row)
-        cont = (doc.get("metadata") or {}).get("continue")
+def _pages(kube, path: str, **query) -> list:
+    out, cont = [], None
+    while True:  # pages: a large cluster never comes in one answer
+        doc = kube.get(path, limit=PAGE, **query, **({"continue": cont} if cont else {}))
+        out += [o for o in doc.get("items") or [] if isinstance(o, dict)]
+        cont = _map(doc.get("metadata")).get("continue")
         if not cont:
-            break
-    nodes.sort(key=lambda r: r["name"] or "")
-    summary = {"nodes": len(nodes), "held": sum(1 for r in nodes if r["held"])}
-    for v in ("pass", "warn", "fail", "unknown"):
-        summary[v] = sum(1 for r in nodes if r["preflight"] == v)
-    summary["no_preflight"] = sum(1 for r in nodes if r["preflight"] is None)
+            return out
+
+
+def _optional(kube, path: str) -> list:
+    from .kube import NotFound
+
+    try:
+        return _pages(kube, path)
+    except NotFound:
+        return []
+
+
+def status(kube, prefix: str, namespace: str, now: float | None = None, selector: str | None = None) -> dict:
+    nodes = _pages(kube, "/api/v1/nodes", **({"labelSelector": selector} if selector else {}))
+    leases = {(_map(o.get("metadata")).get("name")): o
+              for o in _pages(kube, f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
+                              labelSelector=LEASE_SELECTOR)}
+    policies = _optional(kube, "/apis/nvidia.com/v1/clusterpolicies")
+    drivers = _optional(kube, "/apis/nvidia.com/v1alpha1/nvidiadrivers")
+    rows = []
+    for n in nodes:
+        name = _map(n.get("metadata")).get("name")
+        tgt = targetmod.node_target(n, policies, drivers, prefix=prefix)
+        row = node_row(n, prefix, lease=leases.get(name), target=tgt, now=now)
+        if row is not None:
+            rows.append(row)
+    rows.sort(key=lambda r: r["name"] or "")
+    summary = {"nodes": len(rows), "held": sum(1 for r in rows if r["held"])}
+    for v in ("pass", "warn", "fail", "unknown", "stale"):
+        summary[v] = sum(1 for r in rows if r["preflight"] == v)
+    summary["no_preflight"] = sum(1 for r in rows if r["preflight"] is None)
     states: dict = {}
-    for r in nodes:
+    for r in rows:
         k = r["upgrade_state"] or "none"
         states[k] = states.get(k, 0) + 1
     summary["upgrade_states"] = dict(sorted(states.items()))
-    return {"nodes": nodes, "summary": summary}
+    return {"nodes": rows, "summary": summary}
 
 
 def exit_status(nodes: list) -> int:
@@ -96,14 +206,14 @@ def exit_status(nodes: list) -> int:
 
 
 def render_text(rep: dict) -> str:
-    rows = [("NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD")]
+    rows = [("NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD", "NOTE")]
     for r in rep["nodes"]:
-        held = "yes" if r["held"] else "skip (not ours)" if r["skip"] else "-"
         rows.append((r["name"] or "?", r["driver"] or "-", r["target"] or "-", r["upgrade_state"] or "-",
-                     r["preflight"] or "-", "-" if r["broken"] is None else str(r["broken"]), held))
+                     r["preflight"] or "-", "-" if r["broken"] is None else str(r["broken"]), r["hold"],
+                     r["stale"] or ""))
     widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
     out = ["  ".join(row[k].ljust(widths[k]) for k in range(len(row))).rstrip() for row in rows]
     s = rep["summary"]
     out.append(f"{s['nodes']} GPU node(s): {s['pass']} pass, {s['warn']} warn, {s['fail']} fail, "
-               f"{s['unknown'] + s['no_preflight']} unknown; {s['held']} held by compat-hook")
+               f"{s['unknown'] + s['no_preflight']} unknown, {s['stale']} stale; {s['held']} held by compat-hook")
     return "\n".join(out) + "\n"

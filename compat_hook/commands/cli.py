@@ -135,7 +135,8 @@ def _parser():
                     help="oci: a config.json hooks entry; cdi: a CDI containerEdits hook; hooks.d: a whole hooks.d file")
 
     cl = sub.add_parser("cluster", add_help=False,
-                        help="the cluster side: `cluster agent` (per node, in the DaemonSet), `cluster status`")
+                        help="the cluster side: `cluster agent` (per node, in the DaemonSet), `cluster status`, "
+                             "`cluster release`")
     cl.add_argument("cluster_args", nargs=argparse.REMAINDER)
 
     d = sub.add_parser("demo", help="show the main job on a built-in example")
@@ -240,6 +241,9 @@ def _deprecated_alias_action():
 
 
 def _main(argv: list) -> int:
+    if argv[:1] == ["cluster"]:
+        # Its own parser: argparse's REMAINDER takes no option as the first word (cluster --help).
+        return _cmd_cluster(argv[1:])
     p = _parser()
     try:
         args = p.parse_args(argv)
@@ -358,11 +362,11 @@ def _cmd_hook_entry(args) -> int:
     return EXIT_OK
 
 
-def _cmd_cluster(args) -> int:
+def _cmd_cluster(argv: list) -> int:
     # Parsed and imported only here: the Kubernetes client never loads on any other command's path.
     from ..cluster.cli import main as cluster_main
 
-    return cluster_main(args.cluster_args)
+    return cluster_main(argv)
 
 
 def _cmd_demo(args) -> int:

@@ -125,8 +125,16 @@ def _opt_str_map(v, where):
     return dict(v)
 
 
+def _name_list(v, where):
+    # RuntimeClass names (DNS subdomains), "" (no RuntimeClass) or "*" (every one).
+    if not isinstance(v, list) or not all(isinstance(x, str) and len(x) <= 253 and x.isascii() and x.isprintable()
+                                          and " " not in x for x in v):
+        raise ConfigError(f"{where}: must be a list of RuntimeClass names (\"\": none, \"*\": every one)")
+    return list(v)
+
+
 _CLUSTER_KEYS = {"gate_upgrade": _bool, "label_prefix": None, "nfd_features_file": _opt_abs_path,
-                 "textfile": _opt_abs_path}
+                 "textfile": _opt_abs_path, "compat_runtime_classes": _name_list}
 
 
 def _cluster(v, where):
@@ -185,7 +193,8 @@ SCHEMA = {
     "wrapper_drop_oom_score_adj": (False, _bool, "wrapper: drop process.oomScoreAdj (hosts without CAP_SYS_RESOURCE)"),
     "annotations": ({}, _opt_str_map, "extra annotations to treat as set on every container (testing)"),
     "cluster": ({}, _cluster, "compat-hook cluster agent: gate_upgrade (false), label_prefix (compat-hook.io), "
-                              "nfd_features_file, textfile (null: not written)"),
+                              "nfd_features_file, textfile (null: not written), compat_runtime_classes "
+                              "([cuda-compat]: the RuntimeClasses that run through compat-hook)"),
 }
 
 

@@ -9,6 +9,11 @@
 * ClusterPolicy and NVIDIADriver CRDs are created from minimal schemas written here.
 * kwok plays the kubelets: nodes annotated ``kwok.x-k8s.io/node: fake`` stay Ready and pods bound
   to them go Running (and deleted pods go away).
+* :class:`FaultProxy` stands between a client and the API server and answers chosen requests with an
+  error (a 500, a 404) while it passes the rest through, watches included: an API server that fails
+  some requests and not others.
+* :func:`clients`: the Python interpreters the cluster commands are run with - Debian's, with its
+  python3-kubernetes, and a venv under the test cache with the newest ``kubernetes`` from PyPI.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "HOME": "/root"}
 ADMIN_TOKEN = "admin-token-compat-hook-tests"
 AGENT_TOKEN = "agent-token-compat-hook-tests"
 NOBODY_TOKEN = "nobody-token-compat-hook-tests"
+RELEASE_TOKEN = "release-token-compat-hook-tests"
 AGENT_USER = "system:serviceaccount:compat-hook:compat-hook"
+RELEASE_USER = "system:serviceaccount:compat-hook:compat-hook-release"
 NAMESPACE = "gpu-operator"
 
 
@@ -164,6 +171,7 @@ class ControlPlane:
         (w / "tokens.csv").write_text(
             f'{ADMIN_TOKEN},admin,admin,"system:masters"\n'
             f'{AGENT_TOKEN},{AGENT_USER},agent-uid,"system:serviceaccounts"\n'
+            f'{RELEASE_TOKEN},{RELEASE_USER},release-uid,"system:serviceaccounts"\n'
             f"{NOBODY_TOKEN},nobody,nobody-uid\n")
         self.etcd = _spawn(["etcd", "--data-dir", w / "etcd", "--listen-client-urls",
                             f"http://127.0.0.1:{self.etcd_port}", "--advertise-client-urls",
@@ -250,3 +258,164 @@ class ControlPlane:
 
     def api(self, token: str) -> Api:
         return Api(self.url, token)
+
+    def metrics(self) -> dict:
+        """``{(verb, resource): n}`` of ``apiserver_request_total`` (the API server's own count)."""
+        text = self.admin.request("GET", "/metrics", timeout=30).get("text", "")
+        out: dict = {}
+        for line in text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            head, _, value = line.rpartition(" ")
+            labels = dict(part.split("=", 1) for part in head[head.index("{") + 1:-1].split(",") if "=" in part)
+            key = (labels.get("verb", "").strip('"'), labels.get("resource", "").strip('"'))
+            out[key] = out.get(key, 0) + int(float(value))
+        return out
+
+
+# ----------------------------------------------------------------------------- the Python clients
+
+#: The newest ``kubernetes`` client from PyPI, in a venv of the test cache (made once, under a lock).
+LATEST_VENV = "venv-k8s-latest"
+
+
+def clients() -> dict:
+    """``{"debian": interpreter, "latest": interpreter}``: Debian's python3 with its python3-kubernetes,
+    and a venv with ``pip install kubernetes pyyaml pyelftools`` (the newest release)."""
+    from tests.support.cache import cache_dir, locked
+
+    venv = cache_dir() / LATEST_VENV
+    py = venv / "bin" / "python"
+    if not py.exists():
+        with locked(LATEST_VENV):
+            if not py.exists():
+                subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, capture_output=True)
+                p = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "kubernetes", "pyyaml", "pyelftools"],
+                                   capture_output=True, text=True, timeout=900)
+                if p.returncode != 0:
+                    import shutil
+
+                    shutil.rmtree(venv, ignore_errors=True)
+                    raise RuntimeError(f"pip install kubernetes: {p.stderr[-2000:]}")
+    return {"debian": "/usr/bin/python3", "latest": str(py)}
+
+
+def client_version(python: str) -> str:
+    p = subprocess.run([python, "-c", "import kubernetes; print(kubernetes.__version__)"], capture_output=True,
+                       text=True, timeout=60)
+    return p.stdout.strip()
+
+
+# ----------------------------------------------------------------------------- an API server that fails
+
+
+class FaultProxy:
+    """A plain-HTTP proxy on loopback in front of the API server (``url``): requests pass through (their
+    bearer token included, answers streamed, watches too) unless a rule set with :meth:`fail` matches
+    their method and path, which then get that HTTP status and a Status body."""
+
+    def __init__(self, url: str) -> None:
+        import http.server
+        import re
+        import threading
+
+        self.upstream = urllib.parse.urlsplit(url)
+        self.rules: list = []
+        self.seen: list = []
+        self.open: set = set()
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _any(self):
+                path = self.path
+                with proxy._lock:
+                    proxy.seen.append((self.command, path))
+                    rule = next((r for r in proxy.rules if r[0] in (self.command, "*") and re.search(r[1], path)), None)
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                if rule is not None:
+                    msg = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": rule[2],
+                                      "message": f"injected by the test: {rule[2]}"}).encode()
+                    self.send_response(rule[2])
+                    if rule[3] is not None:
+                        self.send_header("Retry-After", str(rule[3]))
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(msg)))
+                    self.end_headers()
+                    self.wfile.write(msg)
+                    return
+                import http.client
+
+                ctx = ssl.create_default_context()
+                ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+                up = http.client.HTTPSConnection(proxy.upstream.hostname, proxy.upstream.port, context=ctx, timeout=3700)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                with proxy._lock:
+                    proxy.open.add(self.connection)
+                try:
+                    up.request(self.command, path, body=body, headers=headers)
+                    resp = up.getresponse()
+                    self.send_response(resp.status)
+                    for k, v in resp.getheaders():
+                        if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                            self.send_header(k, v)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    while True:
+                        data = resp.read1(65536)
+                        if not data:
+                            break
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                except OSError:
+                    self.close_connection = True
+                finally:
+                    up.close()
+                    with proxy._lock:
+                        proxy.open.discard(self.connection)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _any
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def fail(self, method: str, path_regex: str, status: int, retry_after: int | None = None) -> None:
+        with self._lock:
+            self.rules.append((method, path_regex, status, retry_after))
+
+    def clear(self) -> None:
+        with self._lock:
+            self.rules.clear()
+
+    def cut(self) -> None:
+        """Break every request in flight (the watches): their clients see the connection drop."""
+        import socket
+
+        with self._lock:
+            conns = list(self.open)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def kubeconfig(self, path: Path, token: str) -> Path:
+        doc = {"apiVersion": "v1", "kind": "Config", "current-context": "proxy",
+               "clusters": [{"name": "proxy", "cluster": {"server": self.url}}],
+               "users": [{"name": "u", "user": {"token": token}}],
+               "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "u"}}]}
+        path.write_text(json.dumps(doc))
+        return path
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,272 @@
+"""Each GPU container of the node's pods, as the engine will start it: the workloads ``plan`` assesses.
+
+The image's env alone says too little. A pod can set ``LD_LIBRARY_PATH`` to a
+compat dir, narrow ``NVIDIA_VISIBLE_DEVICES``, turn compat-hook off with an
+annotation, or run on a RuntimeClass that does not go through compat-hook at
+all. So each GPU container becomes a workload (the policy layer's contract):
+
+* ``env``: the container's ``env`` from the pod spec, to be laid over the
+  image's env. ``$(VAR)`` references are expanded as the kubelet does;
+  ``valueFrom.fieldRef`` is read from the pod. A variable the decision may read
+  (``NVIDIA_*``, ``CUDA_*``, ``LD_*``, ``COMPAT_HOOK_*``) that comes from a
+  ConfigMap, a Secret or another source the agent cannot read, or an
+  ``envFrom`` that may bring one, makes the container ``unknown``: not assessed,
+  never silently dropped. Other variables do not matter to the decision and are
+  left out.
+* a container with a GPU resource (``nvidia.com/gpu*``, ``nvidia.com/mig-*``) or
+  a resource claim gets ``NVIDIA_VISIBLE_DEVICES=all`` last: the device plugin's
+  value (the GPUs it allocates, any of the node's) overrides the spec's;
+* ``annotations``: the pod's compat-hook and CDI annotations;
+* ``runtime``: ``compat-hook`` when the pod's RuntimeClass goes through compat-hook
+  (:func:`runtime_of`; the config's ``cluster.compat_runtime_classes``), else
+  ``toolkit`` (the NVIDIA toolkit alone decides).
+
+Containers alike (same image, env, annotations and runtime) are one workload,
+named after its first pod; the pods behind each are kept (:class:`Workloads`).
+
+Pod specs come from the API server and are untrusted: counts and lengths are
+bounded, and what is left out is counted.
+
+>>> pod = {"metadata": {"name": "p", "namespace": "ns", "annotations": {"compat-hook/disable": "1", "x": "y"}},
+...        "spec": {"runtimeClassName": "nvidia", "containers": [{"name": "c", "image": "registry.test/a:1",
+...                 "env": [{"name": "BASE", "value": "/opt"}, {"name": "LD_LIBRARY_PATH", "value": "$(BASE)/lib"},
+...                         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+...                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+>>> [c] = gpu_containers(pod)[0]
+>>> c.env, c.annotations, c.unknown, c.runtime_class
+(['LD_LIBRARY_PATH=/opt/lib', 'NVIDIA_VISIBLE_DEVICES=all'], {'compat-hook/disable': '1'}, None, 'nvidia')
+>>> runtime_of("nvidia", ["cuda-compat"]), runtime_of(None, ["", "cuda-compat"]), runtime_of("x", ["*"])
+('toolkit', 'compat-hook', 'compat-hook')
+>>> pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "cfg"}}]
+>>> gpu_containers(pod)[0][0].unknown
+'envFrom configMapRef cfg may set NVIDIA_*, CUDA_*, LD_* or COMPAT_HOOK_* variables the agent cannot read'
+"""
+
+from __future__ import annotations
+
+from .refs import normalize_ref
+
+__all__ = ["Container", "Workloads", "gpu_containers", "runtime_of", "build", "RELEVANT", "MAX_PODS"]
+
+#: Env names a decision (compat-hook's or the toolkit's) may read.
+RELEVANT = ("NVIDIA_", "CUDA_", "LD_", "COMPAT_HOOK_")
+GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
+ANNOTATION_PREFIXES = ("compat-hook/", "cdi.k8s.io/")
+MAX_PODS = 1000
+MAX_CONTAINERS = 64
+MAX_ENV = 1000
+MAX_VALUE = 32 << 10
+MAX_WORKLOADS = 256
+MAX_REF = 512
+MAX_PODS_LISTED = 20
+
+
+def _map(v) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def _list(v) -> list:
+    return v if isinstance(v, list) else []
+
+
+def relevant(name: str) -> bool:
+    """Whether the decision may read env variable ``name``.
+
+    >>> relevant("LD_LIBRARY_PATH"), relevant("HOME")
+    (True, False)
+    """
+    return name.startswith(RELEVANT)
+
+
+def _prefix_may_be_relevant(prefix: str) -> bool:
+    return any(r.startswith(prefix) or prefix.startswith(r) for r in RELEVANT)
+
+
+class Container:
+    """One GPU container of a pod: ``pod`` (ns/name), ``name``, ``image``, ``env``, ``annotations``,
+    ``runtime_class``, ``unknown`` (why it cannot be assessed, or None)."""
+
+    __slots__ = ("pod", "name", "image", "env", "annotations", "runtime_class", "unknown")
+
+    def __init__(self, pod, name, image, env, annotations, runtime_class, unknown) -> None:
+        self.pod, self.name, self.image, self.env = pod, name, image, env
+        self.annotations, self.runtime_class, self.unknown = annotations, runtime_class, unknown
+
+
+def _expand(value: str, defined: dict) -> str:
+    """The kubelet's ``$(VAR)`` expansion: earlier variables of the same container; ``$$`` is ``$``.
+
+    >>> _expand("$(A)/x:$$(A):$(NOPE)", {"A": "/a"})
+    '/a/x:$(A):$(NOPE)'
+    """
+    out = []
+    i, n = 0, len(value)
+    while i < n:
+        c = value[i]
+        if c == "$" and i + 1 < n:
+            nxt = value[i + 1]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+                continue
+            if nxt == "(":
+                end = value.find(")", i + 2)
+                if end > 0:
+                    name = value[i + 2:end]
+                    out.append(defined[name] if name in defined else value[i:end + 1])
+                    i = end + 1
+                    continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _field(pod: dict, path: str):
+    """A ``fieldRef.fieldPath`` read from the pod object (None: not set or not supported)."""
+    meta, spec, status = _map(pod.get("metadata")), _map(pod.get("spec")), _map(pod.get("status"))
+    simple = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"),
+              "metadata.uid": meta.get("uid"), "spec.nodeName": spec.get("nodeName"),
+              "spec.serviceAccountName": spec.get("serviceAccountName"), "status.hostIP": status.get("hostIP"),
+              "status.podIP": status.get("podIP")}
+    if path in simple:
+        v = simple[path]
+        return v if isinstance(v, str) else None
+    for kind in ("labels", "annotations"):
+        head = f"metadata.{kind}['"
+        if path.startswith(head) and path.endswith("']"):
+            v = _map(meta.get(kind)).get(path[len(head):-2])
+            return v if isinstance(v, str) else None
+    return None
+
+
+def _env(pod: dict, c: dict) -> tuple:
+    """``(env [K=V] of the relevant variables, unknown reason or None)`` of container ``c``."""
+    unknown = None
+    for src in _list(c.get("envFrom"))[:MAX_ENV]:
+        src = _map(src)
+        prefix = src.get("prefix") if isinstance(src.get("prefix"), str) else ""
+        if not _prefix_may_be_relevant(prefix):
+            continue
+        kind = next((k for k in ("configMapRef", "secretRef") if k in src), "source")
+        ref = str(_map(src.get(kind)).get("name") or "?")[:253]
+        unknown = unknown or (f"envFrom {kind} {ref} may set NVIDIA_*, CUDA_*, LD_* or COMPAT_HOOK_* variables "
+                              f"the agent cannot read")
+    defined: dict = {}
+    entries = _list(c.get("env"))
+    if len(entries) > MAX_ENV:
+        unknown = unknown or f"more than {MAX_ENV} env entries"
+    for e in entries[:MAX_ENV]:
+        e = _map(e)
+        name = e.get("name")
+        if not isinstance(name, str) or not name or "=" in name:
+            continue
+        if "valueFrom" in e and e.get("valueFrom") is not None:
+            vf = _map(e.get("valueFrom"))
+            path = _map(vf.get("fieldRef")).get("fieldPath")
+            v = _field(pod, path) if isinstance(path, str) else None
+            if v is None:
+                defined.pop(name, None)
+                if relevant(name):
+                    kind = next(iter(vf), "valueFrom")
+                    unknown = unknown or f"{name} comes from {kind}, which the agent cannot read"
+                continue
+            defined[name] = v[:MAX_VALUE]
+            continue
+        v = e.get("value")
+        defined[name] = _expand(v, defined)[:MAX_VALUE] if isinstance(v, str) else ""
+    return [f"{k}={v}" for k, v in defined.items() if relevant(k)], unknown
+
+
+def _gpu_by_resource(c: dict) -> bool:
+    res = _map(c.get("resources"))
+    for part in ("limits", "requests"):
+        if any(isinstance(k, str) and k.startswith(GPU_RESOURCES) for k in _map(res.get(part))):
+            return True
+    return bool(_list(res.get("claims")))
+
+
+def gpu_containers(pod: dict) -> tuple:
+    """``([Container], dropped)`` for the GPU containers of a running or pending ``pod``."""
+    if not isinstance(pod, dict) or _map(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
+        return [], 0
+    meta, spec = _map(pod.get("metadata")), _map(pod.get("spec"))
+    who = f"{str(meta.get('namespace'))[:63]}/{str(meta.get('name'))[:253]}"
+    anns = {k: v[:MAX_VALUE] for k, v in _map(meta.get("annotations")).items()
+            if isinstance(k, str) and isinstance(v, str) and k.startswith(ANNOTATION_PREFIXES)}
+    cdi_gpu = any(k.startswith("cdi.k8s.io/") and "nvidia.com/" in v for k, v in anns.items())
+    rc = spec.get("runtimeClassName") if isinstance(spec.get("runtimeClassName"), str) else None
+    out, dropped = [], 0
+    cs = [c for key in ("initContainers", "containers") for c in _list(spec.get(key)) if isinstance(c, dict)]
+    for c in cs[:MAX_CONTAINERS]:
+        env, unknown = _env(pod, c)
+        spec_nvd = next((e.split("=", 1)[1] for e in reversed(env) if e.startswith("NVIDIA_VISIBLE_DEVICES=")), None)
+        by_resource = _gpu_by_resource(c)
+        if not (by_resource or cdi_gpu or spec_nvd not in (None, "", "void", "none")):
+            continue
+        if by_resource:
+            env = [e for e in env if not e.startswith("NVIDIA_VISIBLE_DEVICES=")] + ["NVIDIA_VISIBLE_DEVICES=all"]
+        img = c.get("image")
+        if not isinstance(img, str) or not img or len(img) > MAX_REF or not img.isprintable() or " " in img:
+            dropped += 1
+            continue
+        out.append(Container(who, str(c.get("name"))[:63], normalize_ref(img), env, anns, rc, unknown))
+    dropped += max(0, len(cs) - MAX_CONTAINERS)
+    return out, dropped
+
+
+def runtime_of(runtime_class, classes) -> str:
+    """``compat-hook`` when pods of ``runtime_class`` (None: no RuntimeClass, the engine's default
+    runtime) go through compat-hook by ``classes`` (``"*"``: every one; ``""``: the default runtime)."""
+    classes = list(classes or [])
+    if "*" in classes or (runtime_class or "") in classes:
+        return "compat-hook"
+    return "toolkit"
+
+
+class Workloads:
+    """The node's GPU workloads: ``items`` (the policy layer's workload dicts, ``source`` None until
+    the image is found in a store), ``pods`` (name -> the pods behind it), ``images`` (image -> names),
+    ``dropped`` (what was left out), ``unknown`` (names that cannot be assessed)."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self.pods: dict = {}
+        self.images: dict = {}
+        self.dropped = 0
+        self.containers = 0
+        self._by_key: dict = {}
+
+    def add(self, c: Container, runtime: str) -> None:
+        self.containers += 1
+        key = (c.image, tuple(c.env), tuple(sorted(c.annotations.items())), runtime, c.unknown)
+        w = self._by_key.get(key)
+        if w is None:
+            if len(self.items) >= MAX_WORKLOADS:
+                self.dropped += 1
+                return
+            name = f"{c.image} ({c.pod} {c.name})"
+            w = {"source": None, "name": name, "image": c.image, "env": list(c.env),
+                 "annotations": dict(c.annotations), "runtime": runtime, "runtime_class": c.runtime_class,
+                 "unknown": c.unknown}
+            self._by_key[key] = w
+            self.items.append(w)
+            self.images.setdefault(c.image, []).append(name)
+            self.pods[name] = []
+        pods = self.pods[w["name"]]
+        if c.pod not in pods and len(pods) < MAX_PODS_LISTED:
+            pods.append(c.pod)
+
+    def unknown(self) -> list:
+        return [w for w in self.items if w["unknown"]]
+
+
+def build(pods: list, classes) -> Workloads:
+    """The :class:`Workloads` of ``pods`` (the pods bound to the node)."""
+    ws = Workloads()
+    for pod in pods[:MAX_PODS]:
+        cs, dropped = gpu_containers(pod)
+        ws.dropped += dropped
+        for c in cs:
+            ws.add(c, runtime_of(c.runtime_class, classes))
+    ws.dropped += max(0, len(pods) - MAX_PODS)
+    return ws
