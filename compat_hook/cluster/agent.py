@@ -31,7 +31,7 @@ import time
 from ..core import logjson
 from ..core.errors import describe
 from . import gate as gatemod
-from . import publish, refs, target as targetmod
+from . import publish, refs, target as targetmod, workloads
 from .kube import Conflict, KubeError, NotFound
 
 __all__ = ["AgentOptions", "run_pass", "run", "settings"]
@@ -116,6 +116,7 @@ def assess_node(kube, cfg, opts: AgentOptions, node: dict, prefix: str) -> dict:
         expand, address=opts.address, namespace=opts.namespace))
     problems += store_problems
     found, missing = refs.match(images, index)
+    workloads.record_pass(cfg, opts.state_dir, items, found)  # what the validator proves after a driver change
     report = None
     if tgt.version is not None:
         report, problem = _plan(cfg, opts, tgt.version, sorted(found))

@@ -45,6 +45,7 @@ def _parser():
     a.add_argument("--state-dir", metavar="DIR", default=None,
                    help="where the last result is kept (default /var/lib/compat-hook)")
     a.add_argument("--config", metavar="FILE", help="compat-hook's config (its cluster: settings: gate, prefix ...)")
+    sub.add_parser("validate", add_help=False, help="after a driver change, prove this node's workloads (docs/validation.md)")
     s = sub.add_parser("status", help="every GPU node: driver, target, upgrade state, preflight, held")
     s.add_argument("--kubeconfig", metavar="PATH")
     s.add_argument("--config", metavar="FILE", help="for cluster.label_prefix")
@@ -70,6 +71,9 @@ def _config(path, host_root=None):
 def main(argv: list) -> int:
     from ..core.errors import CompatHookError
 
+    if argv[:1] == ["validate"]:  # its own arguments: compat_hook/cluster/validate.py
+        from .validate import main as validate
+        return validate(argv[1:], load_config=_config, node_name_ok=_dns_subdomain)
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:

@@ -148,7 +148,7 @@ def _image_inputs() -> bytes:
         if p.is_file():
             h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
     pkgs = _sh(["dpkg-query", "-W", "python3", "python3-kubernetes", "python3-yaml", "python3-pyelftools",
-                "python3-tomlkit", "containerd", "busybox-static", "gcc", "libc6-dev"]).stdout
+                "python3-tomlkit", "containerd", "busybox-static", "gcc", "libc6-dev", "binutils"]).stdout
     h.update(pkgs.encode())
     return h.hexdigest()[:16].encode()
 
