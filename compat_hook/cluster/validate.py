@@ -59,6 +59,9 @@ _NOT_ON_NODE = ("ErrImageNeverPull",)
 _HOPELESS = ("InvalidImageName", "CreateContainerConfigError")
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: Where an Event about a Node can be: the API server refuses a core/v1 Event about a cluster-scoped
+#: object in any namespace but ``default`` ("involvedObject.namespace ... does not match").
+EVENT_NAMESPACE = "default"
 
 
 class ValidatorOptions:
@@ -495,7 +498,7 @@ def publish(kube, opts: ValidatorOptions, prefix: str, state: dict, *, event: bo
         kube.patch(path, {"metadata": {"labels": {key: value}}})
     if event:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        kube.create(f"/api/v1/namespaces/{opts.publish_namespace}/events", {
+        kube.create(f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", {
             "metadata": {"generateName": f"{opts.node}.compat-hook-validation."},
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": opts.node, "uid": meta.get("uid")},
             "reason": EVENT_REASON, "type": "Normal" if state["result"] == "pass" else "Warning",
@@ -604,7 +607,7 @@ def _parser():
     p.add_argument("--probe-image", metavar="REF", required=True, help="compat-hook's image (holds compat-hook-probe)")
     p.add_argument("--runtime-class", metavar="NAME", default="cuda-compat", help="compat-hook's RuntimeClass")
     p.add_argument("--publish-namespace", metavar="NS",
-                   help="namespace of the probe pods and Events (default: the service account's, else compat-hook)")
+                   help="namespace of the probe pods (default: the service account's, else compat-hook)")
     p.add_argument("--address", metavar="SOCKET", help="containerd's socket (to read the images)")
     p.add_argument("--namespace", metavar="NS", default="k8s.io", help="containerd namespace (default k8s.io)")
     p.add_argument("--probe-timeout", type=int, default=90, metavar="SECONDS", help="per probe pod (default 90)")
