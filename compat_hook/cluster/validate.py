@@ -508,6 +508,12 @@ def publish(kube, opts: ValidatorOptions, prefix: str, state: dict, *, event: bo
             "firstTimestamp": now, "lastTimestamp": now, "count": 1})
 
 
+def _max_rss_kib() -> int | None:
+    from .agent import _max_rss_kib as rss
+
+    return rss()
+
+
 def _log(rec: dict) -> None:
     line = dict(time=logjson.timestamp())
     line.update(rec)
@@ -530,6 +536,7 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
     kube = None
     backoff = 1.0
     published = False
+    retry_now = True  # a failure recorded before this process started is tried again at once
     while True:
         try:
             if kube is None:
@@ -547,16 +554,17 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
                     publish(kube, opts, prefix, state, event=False)
                     published = True
             elif (state.get("driver") == driver and state.get("result") == "fail" and not opts.once
-                  and time.time() - state.get("epoch", 0) < opts.retry):
+                  and not retry_now and time.time() - state.get("epoch", 0) < opts.retry):
                 _set_ready(opts, None)
             else:
                 _set_ready(opts, None)
                 result = validate(kube, cfg, opts, driver)
                 result["epoch"] = time.time()
+                retry_now = False
                 _log(dict({"event": "validation", "node": opts.node}, **{k: v for k, v in result.items()
                                                                          if k != "images"},
                           images=[{k: r.get(k) for k in ("image", "ok", "code", "message", "seconds")}
-                                  for r in result["images"]]))
+                                  for r in result["images"]], max_rss_kib=_max_rss_kib()))
                 if result["result"] == "waiting":
                     if opts.once:
                         return EXIT_ERROR
