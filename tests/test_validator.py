@@ -177,6 +177,10 @@ def test_the_probe_pod_is_pinned_bounded_and_never_one_of_the_chart_s():
     # no GPU env in the workload: the runtime is asked for one, as the device plugin would
     assert probe_pod(o, dict(w, env=[]))["spec"]["containers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES",
                                                                               "value": "all"}]
+    # or the device plugin gives it one (the runtime ignores an unprivileged pod's env there)
+    o.gpu_resource = "nvidia.com/gpu"
+    c = probe_pod(o, dict(w, env=[]))["spec"]["containers"][0]
+    assert c["env"] == [] and c["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
 # --------------------------------------------------------------------------- the workload record
@@ -329,6 +333,10 @@ def test_the_chart_s_validator_objects():
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert docs[("ClusterRole", "compat-hook-validator")]["rules"] == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    gpu = {(d["kind"], d["metadata"]["name"]): d for d in render("--set", "validator.gpuResource=nvidia.com/gpu")}
+    assert "--gpu-resource=nvidia.com/gpu" in gpu[("DaemonSet", "compat-hook-validator")]["spec"]["template"][
+        "spec"]["containers"][0]["command"]
+    assert not [a for a in c["command"] if a.startswith("--gpu-resource")]
     for values in (["--set", "validator.enabled=false"], ["--set", "agent.enabled=false"]):
         assert not [d for d in render(*values) if "validator" in d["metadata"]["name"]], values
 

@@ -67,18 +67,19 @@ EVENT_NAMESPACE = "default"
 class ValidatorOptions:
     __slots__ = ("node", "publish_namespace", "workloads_dir", "state_dir", "probe_image", "runtime_class",
                  "probe_timeout", "deadline", "parallel", "interval", "retry", "ready_file", "address",
-                 "namespace", "once")
+                 "namespace", "once", "gpu_resource")
 
     def __init__(self, node: str, *, publish_namespace: str = "compat-hook", workloads_dir: str = "",
                  state_dir: str = "", probe_image: str = "", runtime_class: str = "cuda-compat",
                  probe_timeout: int = 90, deadline: int = 420, parallel: int = 4, interval: float = 5.0,
                  retry: float = 300.0, ready_file: str | None = None, address: str | None = None,
-                 namespace: str = "k8s.io", once: bool = False) -> None:
+                 namespace: str = "k8s.io", once: bool = False, gpu_resource: str | None = None) -> None:
         self.node, self.publish_namespace, self.workloads_dir = node, publish_namespace, workloads_dir
         self.state_dir, self.probe_image, self.runtime_class = state_dir, probe_image, runtime_class
         self.probe_timeout, self.deadline, self.parallel = probe_timeout, deadline, parallel
         self.interval, self.retry, self.ready_file = interval, retry, ready_file
         self.address, self.namespace, self.once = address, namespace, once
+        self.gpu_resource = gpu_resource
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -99,16 +100,17 @@ def probe_name(node: str, workload: dict) -> str:
             f"{hashlib.sha256(key.encode()).hexdigest()[:10]}")
 
 
-def _probe_env(workload: dict) -> list:
-    """The workload's env as a pod's; a GPU for the runtime to give when it named none (the device
-    plugin sets NVIDIA_VISIBLE_DEVICES for a pod that asks for nvidia.com/gpu, not its spec)."""
+def _probe_env(workload: dict, ask_gpu: bool = True) -> list:
+    """The workload's env as a pod's; with ``ask_gpu`` a GPU for the runtime to give when it named
+    none (the device plugin sets NVIDIA_VISIBLE_DEVICES for a pod that asks for nvidia.com/gpu, not
+    its spec)."""
     env, names = [], set()
     for item in workload.get("env") or []:
         k, _, v = item.partition("=")
         if k and k not in names:
             names.add(k)
             env.append({"name": k, "value": v})
-    if "NVIDIA_VISIBLE_DEVICES" not in names:
+    if ask_gpu and "NVIDIA_VISIBLE_DEVICES" not in names:
         env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})
     return env
 
@@ -126,6 +128,10 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
     """
     small = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "128Mi"}}
     mount = {"name": "probe", "mountPath": PROBE_DIR}
+    # With --gpu-resource the device plugin gives the probe a GPU (where the runtime ignores a GPU
+    # asked for in the env of an unprivileged pod); by default the env asks, and no GPU is taken.
+    res = small if not opts.gpu_resource else {"requests": small["requests"],
+                                               "limits": dict(small["limits"], **{opts.gpu_resource: "1"})}
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": probe_name(opts.node, workload), "namespace": opts.publish_namespace,
@@ -147,8 +153,8 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
                                     "capabilities": {"drop": ["ALL"]}}}],
             "containers": [{
                 "name": "probe", "image": workload["image"], "imagePullPolicy": "Never",
-                "command": [f"{PROBE_DIR}/compat-hook-probe"], "env": _probe_env(workload),
-                "volumeMounts": [dict(mount, readOnly=True)], "resources": small,
+                "command": [f"{PROBE_DIR}/compat-hook-probe"], "env": _probe_env(workload, not opts.gpu_resource),
+                "volumeMounts": [dict(mount, readOnly=True)], "resources": res,
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "securityContext": {"allowPrivilegeEscalation": False}}]}}
 
@@ -625,6 +631,9 @@ def _parser():
     p.add_argument("--interval", type=float, default=5.0, metavar="SECONDS", help="driver checks (default 5)")
     p.add_argument("--retry", type=float, default=300.0, metavar="SECONDS", help="after a failure (default 300)")
     p.add_argument("--ready-file", metavar="PATH", help="written on a pass (the pod's readiness probe reads it)")
+    p.add_argument("--gpu-resource", metavar="NAME",
+                   help="probe pods request one of this resource (e.g. nvidia.com/gpu) instead of asking the "
+                        "runtime for a GPU in their env")
     return p
 
 
@@ -665,5 +674,6 @@ def _main(args, load_config, node_name_ok) -> int:
                             state_dir=args.state_dir, probe_image=args.probe_image, runtime_class=args.runtime_class,
                             probe_timeout=args.probe_timeout, deadline=args.deadline, parallel=args.parallel,
                             interval=args.interval, retry=args.retry, ready_file=args.ready_file,
-                            address=args.address, namespace=args.namespace, once=args.once)
+                            address=args.address, namespace=args.namespace, once=args.once,
+                            gpu_resource=args.gpu_resource or None)
     return run(lambda: kube.connect(args.kubeconfig), cfg, opts, settings(cfg)["label_prefix"])
