@@ -162,7 +162,7 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
 def parse_probe(text) -> dict | None:
     """The probe's JSON object with its fields checked, or None.
 
-    >>> parse_probe('{"probe": 1, "libcuda": "/usr/lib/libcuda.so.1", "driver_api": 12050, "gpu": false, "maps": []}')["driver_api"]
+    >>> parse_probe('{"probe": 1, "libcuda": "/usr/lib/libcuda.so.1", "driver_api": 12050, "maps": []}')["driver_api"]
     12050
     >>> parse_probe('{"probe": 1, "driver_api": "x"}') is None, parse_probe("not json") is None
     (True, True)
@@ -532,7 +532,8 @@ def _cleanup(kube, opts: ValidatorOptions, state: dict) -> None:
     base = f"/api/v1/namespaces/{opts.publish_namespace}/pods"
     for row in state.get("images") or []:
         if isinstance(row, dict) and isinstance(row.get("image"), str):
-            _delete(kube, f"{base}/{probe_name(opts.node, {'image': row['image'], 'runtime_class': row.get('runtime_class'), 'env': row.get('env') or []})}")
+            w = {"image": row["image"], "runtime_class": row.get("runtime_class"), "env": row.get("env") or []}
+            _delete(kube, f"{base}/{probe_name(opts.node, w)}")
 
 
 def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:

@@ -61,8 +61,6 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "HOME": "/root"}
 CHART = REPO / "packaging" / "helm" / "compat-hook"
 RELEASE_NAMESPACE = "compat-hook"
-#: The image the chart names by default (values.yaml image.repository:tag).
-PROJECT_IMAGE = "localhost/compat-hook:0.1.0"
 #: The node's GPU (what GPU Feature Discovery and /proc/driver/nvidia/gpus say).
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 GPU_BDF = "0000:17:00.0"
@@ -400,7 +398,8 @@ class Node:
         labels = ",".join(f"{k}={v}" for k, v in {
             "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": GPU_MODEL.replace(" ", "-"),
             "nvidia.com/gpu.deploy.driver": "true"}.items())
-        self.kubelet = _spawn(self.nsenter(kubebuild.kubelet(), f"--kubeconfig={self.cluster.kubeconfig(ADMIN_TOKEN, 'admin')}",
+        kubeconfig = self.cluster.kubeconfig(ADMIN_TOKEN, "admin")
+        self.kubelet = _spawn(self.nsenter(kubebuild.kubelet(), f"--kubeconfig={kubeconfig}",
                                            f"--config={w / 'kubelet.yaml'}", "--root-dir=/var/lib/kubelet",
                                            f"--hostname-override={self.name}", f"--node-labels={labels}"),
                               w / "kubelet.log")
