@@ -364,3 +364,114 @@ def test_cli_once_without_a_driver_or_cluster_exits_1(tmp_path):
     cfg.write_text(f"host_root: {tmp_path}\nlog_file: null\n")
     p = _cli("--node", "a", "--probe-image", "i", "--config", str(cfg), "--once", "--state-dir", str(tmp_path / "s"))
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stdout + p.stderr
+
+
+# --------------------------------------------------------------------------- bounded, against a real API server
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    """A real API server with kwok playing the node: a pod bound to it goes Running and never ends,
+    as a probe whose image hangs would."""
+    from compat_hook.cluster import kube
+    from tests.support.gpucluster import gpu_node
+    from tests.support.kube import ADMIN_TOKEN, ControlPlane
+
+    cp = ControlPlane(tmp_path_factory.mktemp("validator-api"))
+    try:
+        cp.start()
+        cp.start_kwok()
+        cp.admin.create("/api/v1/nodes", gpu_node("gpu-k"))
+        cp.admin.create("/apis/node.k8s.io/v1/runtimeclasses", {"metadata": {"name": "cuda-compat"},
+                                                                "handler": "cuda-compat"})
+        cp.admin.wait("gpu-k Ready", lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in cp.admin.get(
+            "/api/v1/nodes/gpu-k").get("status", {}).get("conditions", [])), timeout=60)
+        yield cp, kube.connect(str(cp.kubeconfig(ADMIN_TOKEN, "admin")))
+    finally:
+        cp.stop()
+
+
+def _opts(**kw) -> ValidatorOptions:
+    return ValidatorOptions("gpu-k", publish_namespace="compat-hook", probe_image="localhost/compat-hook:0.1.0",
+                            **kw)
+
+
+W = {"image": "registry.test/apps/hang:1", "runtime_class": None, "env": [], "pods": ["apps/hang"],
+     "source": None, "seen": "2026-12-03T10:00:00.000Z"}
+
+
+def _pods(cp) -> list:
+    return cp.admin.get("/api/v1/namespaces/compat-hook/pods", labelSelector="app.kubernetes.io/name=compat-hook-probe")[
+        "items"]
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_probe_pod_that_never_ends_times_out_and_is_deleted(api):
+    import time
+
+    cp, k = api
+    # a pod of the same name left by an earlier run is replaced, not an error
+    cp.admin.create("/api/v1/namespaces/compat-hook/pods", probe_pod(_opts(), W))
+    t0 = time.monotonic()
+    got = validate.run_probe(k, _opts(probe_timeout=10), W, time.monotonic() + 60)
+    took = time.monotonic() - t0
+    assert got["probe"] is None and "did not finish in 10 s" in got["error"], got
+    assert 10 <= took < 30, took
+    assert _pods(cp) == []
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_stopped_validator_deletes_its_probe_pods_at_once(api):
+    import threading
+    import time
+
+    cp, k = api
+    out = {}
+    t = threading.Thread(target=lambda: out.update(validate.run_probe(k, _opts(probe_timeout=300), W,
+                                                                     time.monotonic() + 600)))
+    t.start()
+    try:
+        cp.admin.wait("the probe pod Running", lambda: [p for p in _pods(cp)
+                                                         if p.get("status", {}).get("phase") == "Running"], timeout=30)
+        t0 = time.monotonic()
+        validate.STOP.set()  # what SIGTERM does
+        t.join(30)
+        assert not t.is_alive() and time.monotonic() - t0 < 5
+    finally:
+        validate.STOP.clear()
+    assert out["error"] == "stopped" and _pods(cp) == []
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_validation_that_cannot_prove_fails_within_its_deadline_and_says_why(api, tmp_path):
+    import time
+
+    from compat_hook.core.config import from_mapping
+    from tests.support import hookenv
+
+    cp, k = api
+    host = hookenv.fake_host(tmp_path / "host", HOST_555)
+    cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
+    rec = tmp_path / "agent"
+    workloads.record(str(rec), [_pod(f"p{i}", f"registry.test/apps/hang{i}:1") for i in range(3)], driver=HOST_535)
+    opts = _opts(probe_timeout=10, deadline=15, parallel=2, workloads_dir=str(rec), state_dir=str(tmp_path / "st"),
+                 once=True, ready_file=str(tmp_path / "ready"))
+    assert validate.read_driver(cfg)[0] == HOST_555
+    t0 = time.monotonic()
+    rc = validate.run(lambda: k, cfg, opts, "compat-hook.io")
+    took = time.monotonic() - t0
+    assert rc == validate.EXIT_FAILED and took < 60, (rc, took)
+    st = json.loads((tmp_path / "st" / validate.STATE_FILE).read_text())
+    assert st["driver"] == HOST_555 and st["result"] == "fail"
+    codes = sorted(r["code"] for r in st["images"])
+    # two probed at a time and timed out; the third started after the deadline: not probed
+    assert codes == ["not_probed", "probe_failed", "probe_failed"], st["images"]
+    assert not (tmp_path / "ready").exists() and _pods(cp) == []
+    node = cp.admin.get("/api/v1/nodes/gpu-k")
+    assert node["metadata"]["labels"]["compat-hook.io/validated"] == "failed"
+    evs = cp.admin.get("/api/v1/namespaces/default/events", fieldSelector="involvedObject.name=gpu-k,"
+                                                                          "reason=CompatHookValidation")["items"]
+    assert evs and evs[-1]["type"] == "Warning" and "registry.test/apps/hang0:1 (pods ml/p0)" in evs[-1]["message"]

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 from ..core import logjson
@@ -58,6 +59,8 @@ MAX_EVENT = 1024
 _NOT_ON_NODE = ("ErrImageNeverPull",)
 _HOPELESS = ("InvalidImageName", "CreateContainerConfigError")
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+#: Set on SIGTERM (the pod going away): probe pods in flight are deleted, nothing half-done is published.
+STOP = threading.Event()
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 #: Where an Event about a Node can be: the API server refuses a core/v1 Event about a cluster-scoped
 #: object in any namespace but ``default`` ("involvedObject.namespace ... does not match").
@@ -371,7 +374,8 @@ def run_probe(kube, opts: ValidatorOptions, workload: dict, deadline: float) -> 
     name = pod["metadata"]["name"]
     base = f"/api/v1/namespaces/{opts.publish_namespace}/pods"
     out = {"probe": None, "error": None, "unverified": False, "pod": name}
-    end = min(deadline, t0 + opts.probe_timeout + 30)
+    # the kubelet ends the pod at activeDeadlineSeconds; a little more for it to say so
+    end = min(deadline, t0 + opts.probe_timeout + min(30, opts.probe_timeout))
     try:
         while True:
             try:
@@ -379,9 +383,9 @@ def run_probe(kube, opts: ValidatorOptions, workload: dict, deadline: float) -> 
                 break
             except Conflict:  # left by an earlier run and still going away
                 _delete(kube, f"{base}/{name}")
-                if time.monotonic() > end:
+                if time.monotonic() > end or STOP.is_set():
                     raise
-                time.sleep(1)
+                STOP.wait(1)
         while True:
             got = kube.get(f"{base}/{name}")
             phase, waiting, message = _pod_state(got)
@@ -401,7 +405,9 @@ def run_probe(kube, opts: ValidatorOptions, workload: dict, deadline: float) -> 
                 out["error"] = (f"the probe pod did not finish in {opts.probe_timeout} s"
                                 + (f" ({waiting})" if waiting else ""))
                 break
-            time.sleep(1)
+            if STOP.wait(1):
+                out["error"] = "stopped"
+                break
     finally:
         _delete(kube, f"{base}/{name}")
         out["seconds"] = round(time.monotonic() - t0, 2)
@@ -432,7 +438,7 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
 
     def one(w: dict) -> dict:
         row = {"image": w["image"], "pods": w["pods"][:5], "env": w["env"], "runtime_class": w["runtime_class"]}
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or STOP.is_set():
             return dict(row, ok=False, code="not_probed", message=f"not probed within {opts.deadline} s")
         exp = expectation(cfg, opts, w, host)
         got = run_probe(kube, opts, w, deadline)
@@ -539,12 +545,16 @@ def _cleanup(kube, opts: ValidatorOptions, state: dict) -> None:
 def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
     """The loop (module docstring); with ``once`` one validation of the current driver:
     exit 0 pass, 3 failed, 1 an API error or no driver."""
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: STOP.set())
     state = _load_state(opts)
     kube = None
     backoff = 1.0
     published = False
     retry_now = True  # a failure recorded before this process started is tried again at once
-    while True:
+    while not STOP.is_set():
         try:
             if kube is None:
                 kube = kube_factory()
@@ -566,6 +576,8 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
             else:
                 _set_ready(opts, None)
                 result = validate(kube, cfg, opts, driver)
+                if STOP.is_set():  # interrupted: its probe pods are gone, its verdict is not one
+                    break
                 result["epoch"] = time.time()
                 retry_now = False
                 _log(dict({"event": "validation", "node": opts.node}, **{k: v for k, v in result.items()
@@ -591,10 +603,12 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
             _log({"event": "validation_error", "node": opts.node, "reason": code, "message": msg})
             if opts.once:
                 return EXIT_ERROR
-            time.sleep(min(backoff, 60.0))
+            STOP.wait(min(backoff, 60.0))
             backoff *= 2
             continue
-        time.sleep(opts.interval)
+        STOP.wait(opts.interval)
+    _log({"event": "validation_stopped", "node": opts.node})
+    return EXIT_OK
 
 
 # --------------------------------------------------------------------------- the command line
