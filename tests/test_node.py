@@ -74,9 +74,9 @@ class World:
         """A GPU pod that runs the probe and stays Running; returns what the probe printed."""
         self.admin.create("/api/v1/namespaces/apps/pods", gpu_pod(name, self.node.name, image,
                                                                   runtime_class=runtime_class))
-        wait_pod(self.admin, "apps", name, running, "Running")
+        wait_pod(self.admin, "apps", name, running, "Running", timeout=180)
         got = self.admin.wait(f"{name}'s probe output", lambda: probe_result(self.node.pod_log("apps", name)).get(
-            "libcuda") and probe_result(self.node.pod_log("apps", name)), timeout=60)
+            "libcuda") and probe_result(self.node.pod_log("apps", name)), timeout=120)
         return got
 
     def events(self) -> list:
@@ -112,7 +112,7 @@ def world(tmp_path_factory):
                   "--set", "agent.interval=10")
         w = World(cluster, node, timings)
         cluster.admin.wait("the DaemonSet Ready", lambda: w.daemonset()["status"].get("numberReady") == 1,
-                           timeout=180, interval=0.5)
+                           timeout=300, interval=0.5)
         timings["install_to_ready"] = time.monotonic() - t
         yield w
     finally:
@@ -153,7 +153,7 @@ def test_daemonset_ready_and_the_installer_registered_cuda_compat(world):
     pod = world.admin.wait("the pod's sandbox refused", lambda: next(
         (e for e in world.admin.get("/api/v1/namespaces/apps/events",
                                     fieldSelector="involvedObject.name=before-restart")["items"]
-         if "cuda-compat" in e.get("message", "")), None), timeout=60)
+         if "cuda-compat" in e.get("message", "")), None), timeout=120)
     assert "no runtime for" in pod["message"] or "not found" in pod["message"], pod["message"]
     world.admin.delete("/api/v1/namespaces/apps/pods/before-restart", gracePeriodSeconds="0")
 
@@ -201,7 +201,7 @@ def test_the_in_cluster_agent_publishes_fail_with_its_projected_token(world):
                                 "metadata": {"annotations": {f"{PREFIX}/next-driver": R470}}})
     # R470 gives CUDA 11.4: that image breaks (error 35); the agent sees the announcement at once
     labels = world.admin.wait("the agent's fail", lambda: (lambda l: l.get(f"{PREFIX}/preflight") == "fail" and l)(
-        world.labels()), timeout=90, interval=1)
+        world.labels()), timeout=180, interval=1)
     assert labels[f"{PREFIX}/preflight.target-driver"] == R470
     doc = json.loads(world.annotations()[f"{PREFIX}/preflight"])
     broken = {b["image"]: b for b in doc["broken_images"]}

@@ -63,7 +63,7 @@ class World:
 
     def wait_recorded(self, image: str) -> None:
         self.admin.wait(f"the agent's record of {image}", lambda: (r := self.record()) is not None and any(
-            w["image"] == image for w in r["workloads"]), timeout=60, interval=0.5)
+            w["image"] == image for w in r["workloads"]), timeout=180, interval=0.5)
 
     def probe_pods(self) -> list:
         return self.admin.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=PROBES)["items"]
@@ -92,7 +92,7 @@ def world(tmp_path_factory):
         w = World(cluster, node)
         cluster.admin.wait("the DaemonSet Ready", lambda: cluster.admin.get(
             f"/apis/apps/v1/namespaces/{NS}/daemonsets/compat-hook")["status"].get("numberReady") == 1,
-            timeout=180, interval=0.5)
+            timeout=300, interval=0.5)
         node.restart_containerd()  # docs/engines.md: load the cuda-compat runtime
         yield w
     finally:
@@ -108,22 +108,22 @@ def world(tmp_path_factory):
 
 
 def test_the_validator_pod_is_what_the_upgrade_controller_waits_for(world):
-    world.admin.wait("the validator Ready", world.validator_ready, timeout=120, interval=0.5)
+    world.admin.wait("the validator Ready", world.validator_ready, timeout=300, interval=0.5)
     labels = world.validator()["metadata"]["labels"]
     # app=nvidia-operator-validator (the controller's hard-coded selector), and never the operator's own
     assert labels["app"] == "nvidia-operator-validator"
     assert "app.kubernetes.io/part-of" not in labels or labels["app.kubernetes.io/part-of"] != "gpu-operator"
-    world.admin.wait("validated=535", lambda: world.label() == HOST_535, timeout=60, interval=0.5)
+    world.admin.wait("validated=535", lambda: world.label() == HOST_535, timeout=120, interval=0.5)
 
 
 def test_a_compatible_driver_change_is_validated(world):
     world.admin.create("/api/v1/namespaces/apps/pods", gpu_pod("train", world.node.name, COMPAT_IMAGE))
-    wait_pod(world.admin, "apps", "train", running, "Running")
+    wait_pod(world.admin, "apps", "train", running, "Running", timeout=180)
     world.wait_recorded(COMPAT_IMAGE)
     t0 = time.monotonic()
     world.node.set_driver(HOST_555)
-    world.admin.wait("validated=555", lambda: world.label() == HOST_555, timeout=180, interval=0.5)
-    world.admin.wait("the validator Ready on 555", world.validator_ready, timeout=60, interval=0.5)
+    world.admin.wait("validated=555", lambda: world.label() == HOST_555, timeout=300, interval=0.5)
+    world.admin.wait("the validator Ready on 555", world.validator_ready, timeout=120, interval=0.5)
     world.timings["compatible"] = time.monotonic() - t0
     st = world.state()
     assert st["driver"] == HOST_555 and st["result"] == "pass", st
@@ -143,11 +143,11 @@ def test_a_compatible_driver_change_is_validated(world):
 
 def test_an_incompatible_rollback_fails_validation_and_names_the_image(world):
     world.admin.create("/api/v1/namespaces/apps/pods", gpu_pod("infer", world.node.name, PLAIN_IMAGE))
-    wait_pod(world.admin, "apps", "infer", running, "Running")
+    wait_pod(world.admin, "apps", "infer", running, "Running", timeout=180)
     world.wait_recorded(PLAIN_IMAGE)
     t0 = time.monotonic()
     world.node.set_driver(HOST_470)
-    world.admin.wait("validated=failed", lambda: world.label() == "failed", timeout=180, interval=0.5)
+    world.admin.wait("validated=failed", lambda: world.label() == "failed", timeout=300, interval=0.5)
     world.timings["incompatible"] = time.monotonic() - t0
     st = world.state()
     assert st["driver"] == HOST_470 and st["result"] == "fail", st

@@ -414,7 +414,7 @@ class Node:
             conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
             return conds.get("Ready") == "True"
 
-        admin.wait(f"node {self.name} Ready", ready, timeout=120, interval=0.5)
+        admin.wait(f"node {self.name} Ready", ready, timeout=240, interval=0.5)
         self.set_gfd_labels(self.driver)
 
     def set_gfd_labels(self, version: str) -> None:
