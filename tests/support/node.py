@@ -237,6 +237,15 @@ class Cluster(ControlPlane):
             "apiVersion": "admissionregistration.k8s.io/v1beta1", "kind": "MutatingAdmissionPolicyBinding",
             "metadata": {"name": "tests-host-network-shim"},
             "spec": {"policyName": "tests-host-network-shim"}})
+        # The API server takes a new policy up through an informer: until it does, pods go unchanged.
+        probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tests-shim-check", "namespace": namespace},
+                 "spec": {"containers": [{"name": "c", "image": "none"}]}}
+
+        def mutated():
+            got = self.admin.request("POST", f"/api/v1/namespaces/{namespace}/pods", probe, query={"dryRun": "All"})
+            return got.get("spec", {}).get("hostNetwork") is True
+
+        self.admin.wait("the host-network shim in effect", mutated, timeout=60, interval=0.2)
 
 
 # --------------------------------------------------------------------------- the node
