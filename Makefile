@@ -15,12 +15,14 @@ RUN_DEPS = python3 python3-yaml python3-pyelftools python3-tomlkit
 # What the demo adds: a real runc container with a static busybox.
 DEMO_DEPS = $(RUN_DEPS) runc busybox-static binutils
 # What the tests use: real runtimes and engines, real ELF tools, a C compiler for the probe,
-# etcd, openssl and the Kubernetes client for the cluster tests (kube-apiserver and kwok are built
-# from Go), logrotate for the shipped /etc/logrotate.d file.
+# etcd, openssl and the Kubernetes client for the cluster tests (kube-apiserver, the kubelet and kwok
+# are built from Go), the bridge CNI and ip(8) for the real node's pods, logrotate for the shipped
+# /etc/logrotate.d file.
 TEST_DEPS = $(DEMO_DEPS) python3-pytest python3-hypothesis crun containerd docker.io umoci skopeo podman \
 	hyperfine jq gcc libc6-dev util-linux dpkg-dev lintian debian-archive-keyring \
 	python3-grpcio python3-grpc-tools python3-venv python3-pip ca-certificates zstd python3-zstandard \
-	etcd-server python3-kubernetes openssl logrotate
+	etcd-server python3-kubernetes openssl logrotate \
+	containernetworking-plugins iproute2
 
 # What `make wheel` needs: pip and the build backend, Debian's (no download, no build isolation).
 WHEEL_DEPS = python3-pip python3-setuptools python3-wheel

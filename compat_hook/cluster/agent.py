@@ -44,7 +44,7 @@ from ..core import logjson
 from ..core.errors import CompatHookError, describe
 from . import gate as gatemod
 from . import pods as podsmod
-from . import predict, publish, target as targetmod
+from . import predict, publish, target as targetmod, workloads
 from .backoff import Backoff, herd_delay, jittered
 from .kube import Conflict, KubeError, NotFound
 
@@ -54,7 +54,6 @@ DEFAULT_PREFIX = "compat-hook.io"
 DEFAULT_NAMESPACE = "compat-hook"
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 STATE_FILE = "cluster-agent.json"
-WORKLOADS_FILE = "workloads.json"
 MAX_BACKOFF = 300.0
 CONFLICT_RETRIES = 4
 MAX_NODE_ANNOTATION = 64 << 10
@@ -252,7 +251,6 @@ class Agent:
         self.cm_rv = None
         self.lease_rv = None
         self.lease_acquired = None
-        self.workloads_doc = None
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
 
     # -- configuration -------------------------------------------------------
@@ -427,7 +425,7 @@ class Agent:
                "event_sent": event_sent, "api_calls": kube.calls - calls0,
                "api_requests": {k: n - by0.get(k, 0) for k, n in sorted(kube.by_kind.items()) if n - by0.get(k, 0)},
                "seconds": round(time.monotonic() - t0, 3), "max_rss_kib": _max_rss_kib()}
-        self._outputs(cfg, s, prefix, doc, details, ws, a)
+        self._outputs(cfg, s, prefix, doc, details, ws, a, pods_list)
         return out
 
     def _details(self, details: dict) -> bool:
@@ -489,14 +487,14 @@ class Agent:
             return
 
     # -- node-local files ----------------------------------------------------
-    def _outputs(self, cfg, s: dict, prefix: str, doc: dict, details: dict, ws, a) -> None:
+    def _outputs(self, cfg, s: dict, prefix: str, doc: dict, details: dict, ws, a, pods_list) -> None:
         """The state file, workloads.json and the optional node-local files (never fatal)."""
         opts = self.opts
         try:
             if opts.state_dir:
                 publish.write_file(os.path.join(opts.state_dir, STATE_FILE),
                                    json.dumps(dict(doc, prefix=prefix), separators=(",", ":")) + "\n")
-                self._workloads_file(ws, a)
+                self._workloads_file(ws, a, pods_list)
             if s["nfd_features_file"]:
                 publish.write_file(s["nfd_features_file"], publish.nfd_text(prefix, doc))
             if s["textfile"]:
@@ -504,35 +502,14 @@ class Agent:
         except OSError as e:
             _log({"event": "cluster_output_error", "node": opts.node, "reason": "os_error", "message": describe(e)[1]})
 
-    def _workloads_file(self, ws, a) -> None:
-        """``<state-dir>/workloads.json``: the GPU workloads seen, per host driver (the previous one kept)."""
-        path = os.path.join(self.opts.state_dir, WORKLOADS_FILE)
-        if self.workloads_doc is None:
-            try:
-                with open(path, "rb") as f:
-                    old = json.loads(f.read(8 << 20).decode())
-                self.workloads_doc = old if isinstance(old, dict) and old.get("version") == 1 else {}
-            except (OSError, ValueError, UnicodeDecodeError):
-                self.workloads_doc = {}
-        old = self.workloads_doc
-        driver = a.now or old.get("driver")
-        seen = {(w.get("image"), tuple(w.get("pods") or [])): w.get("seen")
-                for w in old.get("workloads") or [] if isinstance(w, dict)} if old.get("driver") == driver else {}
-        now = _rfc3339()
-        items = []
+    def _workloads_file(self, ws, a, pods_list) -> None:
+        """``<state-dir>/workloads.json`` (:mod:`.workloads`): the GPU workloads seen per host driver, the
+        previous driver's kept for the validator. Nothing is recorded while the driver is unknown."""
+        sources: dict = {}
         for w in ws.items:
-            pods = list(ws.pods.get(w["name"], []))
-            items.append({"image": w["image"], "source": w["source"], "pods": pods,
-                          "env": [e for e in w["env"]], "runtime_class": w["runtime_class"],
-                          "seen": seen.get((w["image"], tuple(pods))) or now})
-        doc = {"version": 1, "driver": driver, "workloads": items}
-        if old.get("driver") and driver and old.get("driver") != driver:
-            doc["previous"] = {"driver": old["driver"], "workloads": old.get("workloads") or []}
-        elif old.get("previous"):
-            doc["previous"] = old["previous"]
-        if doc != old:
-            publish.write_file(path, json.dumps(doc, separators=(",", ":")) + "\n")
-            self.workloads_doc = doc
+            if w.get("source"):
+                sources.setdefault(w["source"], []).append(w["image"])
+        workloads.record(self.opts.state_dir, pods_list, driver=a.now, sources=sources)
 
     # -- the loop --------------------------------------------------------------
     def _connect(self) -> None:

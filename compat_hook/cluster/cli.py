@@ -56,6 +56,7 @@ def _parser():
     a.add_argument("--publish-namespace", metavar="NS",
                    help="the namespace of the agent's Lease, ConfigMap and Events (default: the pod's own, else "
                         "compat-hook)")
+    sub.add_parser("validate", add_help=False, help="after a driver change, prove this node's workloads (docs/validation.md)")
     s = sub.add_parser("status", help="every GPU node: driver, target, upgrade state, preflight, hold")
     s.add_argument("--kubeconfig", metavar="PATH")
     s.add_argument("--config", metavar="FILE", help="for cluster.label_prefix")
@@ -94,6 +95,9 @@ def _config(path, host_root=None):
 def main(argv: list) -> int:
     from ..core.errors import CompatHookError
 
+    if argv[:1] == ["validate"]:  # its own arguments: compat_hook/cluster/validate.py
+        from .validate import main as validate
+        return validate(argv[1:], load_config=_config, node_name_ok=_dns_subdomain)
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:

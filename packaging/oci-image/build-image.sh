@@ -9,13 +9,14 @@
 # filesystem is stage-payload.sh's (busybox-static, the installer script and the
 # payload copied to the node: the chart's `installer` container) plus stage-agent.sh's
 # (Debian's python3 with python3-kubernetes, and ctr: the chart's `agent` container,
-# `compat-hook cluster agent`). Then, on a node (or for kind, `kind load image-archive`):
+# `compat-hook cluster agent`) plus stage-probe.sh's compat-hook-probe (the validator's probe,
+# compiled here). Then, on a node (or for kind, `kind load image-archive`):
 #
 #   ctr -n k8s.io images import --base-name localhost/compat-hook dist/compat-hook-image_<version>.tar
 #   podman load -i dist/compat-hook-image_<version>.tar    # then: podman tag <id> localhost/compat-hook:<version>
 #
 # or push it: skopeo copy oci:dist/oci/compat-hook:<version> docker://REGISTRY/compat-hook:<version>
-# Needs umoci, dpkg-deb, tar, busybox-static, and installed: python3-yaml, python3-pyelftools,
+# Needs umoci, dpkg-deb, tar, busybox-static, gcc, libc6-dev, binutils, and installed: python3-yaml, python3-pyelftools,
 # python3-tomlkit, python3-kubernetes, containerd (for ctr); Debian bookworm (see stage-agent.sh).
 set -eu
 
@@ -50,6 +51,7 @@ umoci new --image "$layout:$tag"
 umoci unpack --image "$layout:$tag" "$work/bundle" >/dev/null
 "$here/stage-payload.sh" "$deb" "$work/bundle/rootfs"
 "$here/stage-agent.sh" "$work/bundle/rootfs"
+"$here/stage-probe.sh" "$work/bundle/rootfs"
 umoci repack --image "$layout:$tag" "$work/bundle"
 umoci config --image "$layout:$tag" \
     --config.cmd /usr/local/bin/compat-hook-k8s --config.cmd run \

@@ -5,10 +5,15 @@ docs/background.md "The ELF note":
 =============  =========================  ======================
 version        suite/component            cuDriverGetVersion
 =============  =========================  ======================
+470.256.02     bookworm non-free          11040
 535.261.03     bookworm non-free          12020
 550.163.01     trixie non-free            12040
 555.58.02      experimental non-free      12050
 =============  =========================  ======================
+
+470.256.02 is ``libnvidia-tesla-470-cuda1`` (the R470 branch's own package), the others
+``libcuda1``. :func:`old_libc` is bullseye's ``libc6`` (glibc 2.31), unpacked: a root an image
+with an old glibc would have.
 
 The packages are fetched with a *private* apt state (sources, lists and
 archive cache under ``<cache>/apt``); ``/etc/apt`` is never touched.  They are
@@ -29,18 +34,23 @@ import sys
 import tempfile
 
 from tests.support.cache import cache_dir, ensure_dir, locked
-from tests.support.versions import COMPAT_550, HOST_535, HOST_555
+from tests.support.versions import COMPAT_550, HOST_470, HOST_535, HOST_555, OLD_GLIBC
 
 Path = pathlib.Path
 
 #: upstream version -> (Debian suite, expected cuDriverGetVersion)
 VERSIONS: dict[str, tuple[str, int]] = {
+    HOST_470: ("bookworm", 11040),
     HOST_535: ("bookworm", 12020),
     COMPAT_550: ("trixie", 12040),
     HOST_555: ("experimental", 12050),
 }
 EXPECTED_CUDA = {v: cuda for v, (_, cuda) in VERSIONS.items()}
 
+#: The package and the dir in it, where they are not ``libcuda1`` and :data:`LIB_SUBDIR`.
+PACKAGES = {HOST_470: ("libnvidia-tesla-470-cuda1", "usr/lib/x86_64-linux-gnu/nvidia/tesla-470")}
+#: Besides the suites' non-free: the old glibc of :func:`old_libc`.
+EXTRA_SOURCES = {OLD_GLIBC: "bullseye main"}
 MIRROR = "http://deb.debian.org/debian"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 LIB_SUBDIR = "usr/lib/x86_64-linux-gnu/nvidia/current"
@@ -51,8 +61,8 @@ def _apt_dir() -> Path:
     for sub in ("lists/partial", "cache/archives/partial", "sources.list.d", "preferences.d"):
         (a / sub).mkdir(parents=True, exist_ok=True)
     src = "".join(
-        f"deb [signed-by={KEYRING}] {MIRROR} {suite} non-free\n"
-        for suite in sorted({s for s, _ in VERSIONS.values()})
+        f"deb [signed-by={KEYRING}] {MIRROR} {suite}\n"
+        for suite in sorted({f"{s} non-free" for s, _ in VERSIONS.values()} | set(EXTRA_SOURCES.values()))
     )
     sl = a / "sources.list"
     if not sl.exists() or sl.read_text() != src:
@@ -93,43 +103,43 @@ def _run(argv: list[str], what: str, cwd: Path | None = None) -> tuple[str, str]
     return p.stdout, p.stderr
 
 
-def _madison(a: Path, version: str) -> str | None:
-    """Debian version (e.g. ``550.163.01-2``) of libcuda1 whose upstream part is ``version``."""
-    out, _ = _run(["apt-cache", *_apt_opts(a), "madison", "libcuda1"], "apt-cache madison libcuda1")
+def _madison(a: Path, version: str, package: str = "libcuda1") -> str | None:
+    """Debian version (e.g. ``550.163.01-2``) of ``package`` whose upstream part is ``version``."""
+    out, _ = _run(["apt-cache", *_apt_opts(a), "madison", package], f"apt-cache madison {package}")
     for line in out.splitlines():
         parts = [p.strip() for p in line.split("|")]
-        if len(parts) >= 2 and parts[0] == "libcuda1" and parts[1].split("-")[0].split(":")[-1] == version:
+        if len(parts) >= 2 and parts[0] == package and parts[1].split("-")[0].split(":")[-1] == version:
             return parts[1]
     return None
 
 
-def _download_deb(version: str) -> Path:
+def _download_deb(version: str, package: str = "libcuda1", where: str = "") -> Path:
     debs = cache_dir() / "debs"
     debs.mkdir(exist_ok=True)
-    have = sorted(debs.glob(f"libcuda1_{version}-*_amd64.deb"))
+    have = sorted(debs.glob(f"{package}_{version}-*_amd64.deb"))
     if have:
         return have[-1]
     with locked("apt"):
-        have = sorted(debs.glob(f"libcuda1_{version}-*_amd64.deb"))
+        have = sorted(debs.glob(f"{package}_{version}-*_amd64.deb"))
         if have:
             return have[-1]
         a = _apt_dir()
-        what = f"libcuda1 {version}: download from {MIRROR} ({VERSIONS[version][0]} non-free) failed"
+        what = f"{package} {version}: download from {MIRROR} ({where or VERSIONS[version][0] + ' non-free'}) failed"
         debver = None
         if any((a / "lists").glob("*_Packages")):
-            debver = _madison(a, version)
+            debver = _madison(a, version, package)
         update_msgs = ""
         if debver is None:
             out, err = _run(["apt-get", *_apt_opts(a), "-q", "update"], f"{what}: apt-get update")
             update_msgs = _problems(err) if "W:" in err or "E:" in err else ""
-            debver = _madison(a, version)
+            debver = _madison(a, version, package)
         if debver is None:
-            raise RuntimeError(f"{what}: no libcuda1 {version}-* in the package lists"
+            raise RuntimeError(f"{what}: no {package} {version}-* in the package lists"
                                + (f" (apt-get update: {update_msgs})" if update_msgs else ""))
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=debs))
         try:
-            _run(["apt-get", *_apt_opts(a), "-q", "download", f"libcuda1={debver}"], what, cwd=tmp)
-            got = list(tmp.glob("libcuda1_*.deb"))
+            _run(["apt-get", *_apt_opts(a), "-q", "download", f"{package}={debver}"], what, cwd=tmp)
+            got = list(tmp.glob(f"{package}_*.deb"))
             if len(got) != 1:
                 raise RuntimeError(f"{what}: apt-get download produced {[g.name for g in got]}")
             final = debs / got[0].name
@@ -147,21 +157,37 @@ def libcuda(version: str) -> Path:
     """
     if version not in VERSIONS:
         raise ValueError(f"unknown libcuda version {version!r}; known: {', '.join(VERSIONS)}")
+    package, subdir = PACKAGES.get(version, ("libcuda1", LIB_SUBDIR))
     final = cache_dir() / "libcuda" / version
-    lib = final / LIB_SUBDIR / f"libcuda.so.{version}"
+    lib = final / subdir / f"libcuda.so.{version}"
     if lib.is_file():
         return lib
 
     def build(tmp: Path) -> None:
-        deb = _download_deb(version)
+        deb = _download_deb(version, package)
         _run(["dpkg-deb", "-x", str(deb), str(tmp)], f"dpkg-deb -x {deb.name}")
-        got = tmp / LIB_SUBDIR / f"libcuda.so.{version}"
+        got = tmp / subdir / f"libcuda.so.{version}"
         if not got.is_file() or got.is_symlink():
-            raise RuntimeError(f"{deb.name}: no regular file {LIB_SUBDIR}/libcuda.so.{version}")
+            raise RuntimeError(f"{deb.name}: no regular file {subdir}/libcuda.so.{version}")
         got.chmod(0o444)
 
     ensure_dir(final, build, lock=f"libcuda-{version}")
     return lib
+
+
+def old_libc() -> Path:
+    """Bullseye's ``libc6`` (glibc :data:`~tests.support.versions.OLD_GLIBC`) unpacked: a dir holding
+    ``lib/x86_64-linux-gnu/{ld-linux-x86-64.so.2,libc.so.6,libdl.so.2,...}`` and ``lib64``."""
+    final = cache_dir() / "libc6" / OLD_GLIBC
+
+    def build(tmp: Path) -> None:
+        deb = _download_deb(OLD_GLIBC, "libc6", EXTRA_SOURCES[OLD_GLIBC])
+        _run(["dpkg-deb", "-x", str(deb), str(tmp)], f"dpkg-deb -x {deb.name}")
+        if not (tmp / "lib/x86_64-linux-gnu/libc.so.6").exists():
+            raise RuntimeError(f"{deb.name}: no lib/x86_64-linux-gnu/libc.so.6")
+
+    ensure_dir(final, build, lock=f"libc6-{OLD_GLIBC}")
+    return final
 
 
 _VERSION_CODE = r"""

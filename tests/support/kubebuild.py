@@ -1,6 +1,8 @@
 """Go-built binaries for the control-plane tests, each built once into the test cache.
 
-* ``kube_apiserver()``: kube-apiserver ``KUBE_VERSION`` from the ``k8s.io/kubernetes`` module.
+* ``kube_apiserver()``: kube-apiserver ``KUBE_VERSION`` from the ``k8s.io/kubernetes`` module;
+  ``kubelet()``, ``kube_controller_manager()`` and ``kube_scheduler()`` the same way, for the real
+  single-node cluster (tests/support/node.py; 1-3 minutes each once kube-apiserver's packages are cached).
   That module's go.mod replaces its staging modules (``k8s.io/api``, ``k8s.io/apiserver`` ...)
   with ``./staging/...`` paths, so ``go install`` refuses it; a throwaway module requires it and
   replaces each staging module with the published ``v0.X.Y`` of the same release (~10 min on 2 cores).
@@ -65,26 +67,49 @@ def staging_replaces(gomod: str, version: str) -> list:
     return out
 
 
-def kube_apiserver() -> Path:
-    final = cache_dir() / "kube-apiserver" / KUBE_VERSION
+def _kube_binary(name: str) -> Path:
+    """``k8s.io/kubernetes/cmd/<name>`` at ``KUBE_VERSION``, built in the throwaway module (module docstring)."""
+    final = cache_dir() / name / KUBE_VERSION
 
     def build(tmp: Path) -> None:
         info = json.loads(_go("mod", "download", "-json", f"k8s.io/kubernetes@{KUBE_VERSION}"))
         replaces = staging_replaces(Path(info["GoMod"]).read_text(), KUBE_VERSION)
         work = tmp / "mod"
         work.mkdir()
+        # The same module text for every binary: go's build cache keys on it, so what one build
+        # compiled (client-go, apimachinery ...) the next one reuses.
         (work / "go.mod").write_text(
             "module example.invalid/apiserver\n\ngo 1.25\n\n"
             f"require k8s.io/kubernetes {KUBE_VERSION}\n\nreplace (\n"
             + "".join(f"\t{r}\n" for r in replaces) + ")\n")
-        (work / "tools.go").write_text('//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n')
-        env_flags = ("-mod=mod",)
-        _go("build", *env_flags, "-o", str(tmp / "kube-apiserver"), "k8s.io/kubernetes/cmd/kube-apiserver",
-            cwd=work, timeout=3600)
+        (work / "tools.go").write_text(f'//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/{name}"\n')
+        _go("build", "-mod=mod", "-o", str(tmp / name), f"k8s.io/kubernetes/cmd/{name}", cwd=work, timeout=3600)
         shutil.rmtree(work)
 
-    ensure_dir(final, build, lock="kube-apiserver")
-    return final / "kube-apiserver"
+    ensure_dir(final, build, lock=name)
+    return final / name
+
+
+def kube_apiserver() -> Path:
+    return _kube_binary("kube-apiserver")
+
+
+def kubelet() -> Path:
+    """The node agent; with containerd's CRI it runs real pods (tests/support/node.py)."""
+    return _kube_binary("kubelet")
+
+
+def kube_controller_manager() -> Path:
+    """DaemonSets, Jobs, the node lifecycle, service-account tokens' CA, garbage collection."""
+    return _kube_binary("kube-controller-manager")
+
+
+def kube_scheduler() -> Path:
+    return _kube_binary("kube-scheduler")
+
+
+#: What a real single-node cluster needs besides etcd (tests/support/node.py).
+NODE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
 
 
 def kwok() -> tuple:
@@ -143,7 +168,9 @@ def upgrade_harness() -> Path:
 
 
 if __name__ == "__main__":  # pragma: no cover - a convenience for warming the cache
-    which = sys.argv[1:] or ["kube-apiserver", "kwok", "helm", "harness"]
-    fns = {"kube-apiserver": kube_apiserver, "kwok": kwok, "helm": helm, "harness": upgrade_harness}
+    fns = {"kube-apiserver": kube_apiserver, "kube-controller-manager": kube_controller_manager,
+           "kube-scheduler": kube_scheduler, "kubelet": kubelet, "kwok": kwok, "helm": helm,
+           "harness": upgrade_harness}
+    which = sys.argv[1:] or list(fns)
     for name in which:
         print(name, fns[name](), flush=True)

@@ -11,7 +11,7 @@ True
 
 from __future__ import annotations
 
-__all__ = ["HOST_535", "COMPAT_550", "HOST_555", "CONTAINERD2_VERSION", "CRICTL_VERSION"]
+__all__ = ["HOST_535", "COMPAT_550", "HOST_555", "HOST_470", "OLD_GLIBC", "CONTAINERD2_VERSION", "CRICTL_VERSION"]
 
 #: The older host driver (Debian 12 bookworm's libcuda1, CUDA 12.2).
 HOST_535 = "535.261.03"
@@ -19,6 +19,11 @@ HOST_535 = "535.261.03"
 COMPAT_550 = "550.163.01"
 #: The newer host driver (experimental's libcuda1, CUDA 12.5).
 HOST_555 = "555.58.02"
+
+#: An R470 host (CUDA 11.4), the branch a fleet may roll back to: bookworm's libnvidia-tesla-470-cuda1.
+HOST_470 = "470.256.02"
+#: An older glibc than the build machine's (before dlopen moved into libc.so.6): bullseye's libc6.
+OLD_GLIBC = "2.31"
 
 #: containerd 2.x from Debian sid (docs/background.md "Test machines"); any 2.x there is taken when
 #: this one is gone (tests/support/engines.py containerd2()).

@@ -1,0 +1,694 @@
+"""``compat-hook cluster validate``: after a driver change, the node proves its workloads before it takes work again.
+
+The GPU Operator's upgrade controller keeps a node in ``validation-required`` until every pod
+labelled ``app=nvidia-operator-validator`` on it is Ready (600 s at most; then the node goes to
+``upgrade-failed`` and is uncordoned once its driver pod is Ready). The chart's validator
+DaemonSet (templates/validator.yaml) carries that label, so the node waits for this loop:
+
+1. it reads the node's driver (``/proc/driver/nvidia/version`` under ``host_root``) every
+   ``--interval`` seconds; with no pass recorded for that driver the pod is not Ready (its
+   readiness probe compares ``--ready-file`` with the driver's line, so a change is seen at once);
+2. it takes the GPU workloads the agent recorded on this node before the change (and since:
+   :func:`compat_hook.cluster.workloads.for_driver`) and runs each as a short probe pod pinned to
+   the node (:func:`probe_pod`): the workload's image and GPU env, compat-hook's RuntimeClass,
+   the cordon and GPU taints tolerated, and ``compat-hook-probe`` (packaging/oci-image/
+   compat-hook-probe.c), copied from compat-hook's image into an ``emptyDir`` by an init
+   container, as the command. The probe says which libcuda the image's own loader took,
+   ``cuDriverGetVersion``, and ``cuInit`` where a GPU is present. A probe pod has a deadline and
+   is always deleted;
+3. :func:`judge` compares that with compat-hook's decision for the image on this node
+   (:func:`expectation`: the assessment ``plan`` and the hook run): the libcuda it names must be
+   the one loaded, and the driver API must cover the CUDA version the image needs (same major
+   and an older minor passes: minor-version compatibility, as in ``plan``);
+4. it publishes ``<prefix>/validated=<driver version>`` or ``failed`` on the Node, an Event on it
+   (``CompatHookValidation``; a Warning naming each failing image and the pods that ran it), and
+   writes the ready file on a pass.
+
+A failure is retried every ``--retry`` seconds (a fixed image, re-tagged, then passes); the
+pod stays not Ready meanwhile, so past the controller's 600 s the node ends in
+``upgrade-failed`` with the label saying ``failed`` and the Event saying why. An image no
+longer on the node is reported as not verified, not failed: the probe never pulls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+from ..core import logjson
+from ..core.errors import CompatHookError, UsageError, describe
+from . import workloads as wl
+from .kube import KubeError, NotFound
+
+__all__ = ["ValidatorOptions", "expectation", "judge", "probe_pod", "probe_name", "parse_probe", "validate",
+           "run", "main", "LABEL", "EVENT_REASON"]
+
+LABEL = "validated"
+EVENT_REASON = "CompatHookValidation"
+STATE_FILE = "validation.json"
+#: In compat-hook's image (packaging/oci-image/stage-probe.sh) and in the probe pod.
+PROBE_BINARY = "/usr/local/libexec/compat-hook-probe"
+PROBE_DIR = "/compat-hook-probe"
+#: The probe's JSON, as the kubelet keeps it (a termination message is 4096 bytes at most).
+MAX_MESSAGE = 4096
+MAX_EVENT = 1024
+#: Waiting reasons after which the probe pod cannot start by itself.
+_NOT_ON_NODE = ("ErrImageNeverPull",)
+_HOPELESS = ("InvalidImageName", "CreateContainerConfigError")
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
+#: Set on SIGTERM (the pod going away): probe pods in flight are deleted, nothing half-done is published.
+STOP = threading.Event()
+SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: Where an Event about a Node can be: the API server refuses a core/v1 Event about a cluster-scoped
+#: object in any namespace but ``default`` ("involvedObject.namespace ... does not match").
+EVENT_NAMESPACE = "default"
+
+
+class ValidatorOptions:
+    __slots__ = ("node", "publish_namespace", "workloads_dir", "state_dir", "probe_image", "runtime_class",
+                 "probe_timeout", "deadline", "parallel", "interval", "retry", "ready_file", "address",
+                 "namespace", "once", "gpu_resource")
+
+    def __init__(self, node: str, *, publish_namespace: str = "compat-hook", workloads_dir: str = "",
+                 state_dir: str = "", probe_image: str = "", runtime_class: str = "cuda-compat",
+                 probe_timeout: int = 90, deadline: int = 420, parallel: int = 4, interval: float = 5.0,
+                 retry: float = 300.0, ready_file: str | None = None, address: str | None = None,
+                 namespace: str = "k8s.io", once: bool = False, gpu_resource: str | None = None) -> None:
+        self.node, self.publish_namespace, self.workloads_dir = node, publish_namespace, workloads_dir
+        self.state_dir, self.probe_image, self.runtime_class = state_dir, probe_image, runtime_class
+        self.probe_timeout, self.deadline, self.parallel = probe_timeout, deadline, parallel
+        self.interval, self.retry, self.ready_file = interval, retry, ready_file
+        self.address, self.namespace, self.once = address, namespace, once
+        self.gpu_resource = gpu_resource
+
+
+# --------------------------------------------------------------------------- pure parts
+
+
+def probe_name(node: str, workload: dict) -> str:
+    """A probe pod's name: the same for the same node and workload (a restarted validator finds and
+    deletes what it left), a DNS label whatever the node's name.
+
+    >>> w = {"image": "x", "runtime_class": None, "env": []}
+    >>> n = probe_name("gpu-a", w); n == probe_name("gpu-a", dict(w)), n != probe_name("gpu-b", w), len(n)
+    (True, True, 37)
+    """
+    import hashlib
+
+    key = json.dumps([workload["image"], workload.get("runtime_class"), workload.get("env") or []])
+    return (f"compat-hook-probe-{hashlib.sha256(node.encode()).hexdigest()[:8]}-"
+            f"{hashlib.sha256(key.encode()).hexdigest()[:10]}")
+
+
+def _probe_env(workload: dict, ask_gpu: bool = True) -> list:
+    """The workload's env as a pod's; with ``ask_gpu`` a GPU for the runtime to give when it named
+    none (the device plugin sets NVIDIA_VISIBLE_DEVICES for a pod that asks for nvidia.com/gpu, not
+    its spec)."""
+    env, names = [], set()
+    for item in workload.get("env") or []:
+        k, _, v = item.partition("=")
+        if k and k not in names:
+            names.add(k)
+            env.append({"name": k, "value": v})
+    if ask_gpu and "NVIDIA_VISIBLE_DEVICES" not in names:
+        env.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})
+    return env
+
+
+def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
+    """The probe pod of ``workload`` (see the module docstring).
+
+    >>> o = ValidatorOptions("gpu-a", probe_image="localhost/compat-hook:0.1.0")
+    >>> p = probe_pod(o, {"image": "nvcr.io/nvidia/cuda:12.4.1-base", "env": ["CUDA_VISIBLE_DEVICES=0"],
+    ...                   "runtime_class": None, "pods": ["ml/a"]})
+    >>> p["spec"]["nodeName"], p["spec"]["runtimeClassName"], p["spec"]["containers"][0]["command"]
+    ('gpu-a', 'cuda-compat', ['/compat-hook-probe/compat-hook-probe'])
+    >>> [e["name"] for e in p["spec"]["containers"][0]["env"]], p["metadata"]["labels"]["app.kubernetes.io/name"]
+    (['CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES'], 'compat-hook-probe')
+    """
+    small = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "128Mi"}}
+    mount = {"name": "probe", "mountPath": PROBE_DIR}
+    # With --gpu-resource the device plugin gives the probe a GPU (where the runtime ignores a GPU
+    # asked for in the env of an unprivileged pod); by default the env asks, and no GPU is taken.
+    res = small if not opts.gpu_resource else {"requests": small["requests"],
+                                               "limits": dict(small["limits"], **{opts.gpu_resource: "1"})}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": probe_name(opts.node, workload), "namespace": opts.publish_namespace,
+                     "labels": {"app.kubernetes.io/name": wl.PROBE_NAME, "app.kubernetes.io/part-of": "compat-hook",
+                                "app.kubernetes.io/component": "validation-probe"},
+                     "annotations": {"compat-hook.io/probe-of": workload["image"][:512]}},
+        "spec": {
+            "nodeName": opts.node, "runtimeClassName": opts.runtime_class, "restartPolicy": "Never",
+            "activeDeadlineSeconds": int(opts.probe_timeout), "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False, "enableServiceLinks": False,
+            "tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+                            {"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "volumes": [{"name": "probe", "emptyDir": {"sizeLimit": "16Mi"}}],
+            "initContainers": [{
+                "name": "stage", "image": opts.probe_image, "imagePullPolicy": "IfNotPresent",
+                "command": ["/bin/cp", PROBE_BINARY, f"{PROBE_DIR}/compat-hook-probe"],
+                "volumeMounts": [mount], "resources": small,
+                "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}}}],
+            "containers": [{
+                "name": "probe", "image": workload["image"], "imagePullPolicy": "Never",
+                "command": [f"{PROBE_DIR}/compat-hook-probe"], "env": _probe_env(workload, not opts.gpu_resource),
+                "volumeMounts": [dict(mount, readOnly=True)], "resources": res,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "securityContext": {"allowPrivilegeEscalation": False}}]}}
+
+
+def parse_probe(text) -> dict | None:
+    """The probe's JSON object with its fields checked, or None.
+
+    >>> parse_probe('{"probe": 1, "libcuda": "/usr/lib/libcuda.so.1", "driver_api": 12050, "maps": []}')["driver_api"]
+    12050
+    >>> parse_probe('{"probe": 1, "driver_api": "x"}') is None, parse_probe("not json") is None
+    (True, True)
+    """
+    if not isinstance(text, str) or len(text) > 4 * MAX_MESSAGE:
+        return None
+    start = text.find("{")
+    try:
+        doc = json.loads(text[start:]) if start >= 0 else None
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("probe") != 1:
+        return None
+    out = {}
+    for k in ("libcuda", "loaded_as", "glibc", "error"):
+        v = doc.get(k)
+        if v is not None and not isinstance(v, str):
+            return None
+        out[k] = v[:1024] if isinstance(v, str) else None
+    for k in ("driver_api", "driver_api_rc", "cuinit"):
+        v = doc.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            return None
+        out[k] = v
+    out["gpu"] = doc.get("gpu") is True
+    maps = doc.get("maps")
+    out["maps"] = [m[:1024] for m in maps[:8] if isinstance(m, str)] if isinstance(maps, list) else []
+    return out
+
+
+def _api_version(v: int) -> tuple:
+    return (v // 1000, (v % 1000) // 10)
+
+
+def _cuda_tuple(text):
+    try:
+        parts = [int(x) for x in str(text).split(".")[:2]]
+    except ValueError:
+        return None
+    return tuple(parts + [0] * (2 - len(parts))) if parts else None
+
+
+#: What the usual cuInit results mean, for the Event.
+CU_ERRORS = {35: "CUDA_ERROR_INSUFFICIENT_DRIVER", 100: "CUDA_ERROR_NO_DEVICE", 222: "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+             803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", 804: "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+             999: "CUDA_ERROR_UNKNOWN"}
+
+
+def judge(expect: dict, probe: dict | None) -> dict:
+    """``{"ok", "code", "message"}``: does what the probe saw match compat-hook's decision (``expect``,
+    :func:`expectation`) and cover the image's CUDA need?
+
+    >>> e = {"loads": "compat", "compat_version": "550.163.01", "compat_dir": "/usr/local/cuda/compat", "needs": "12.4"}
+    >>> judge(e, {"libcuda": "/usr/local/cuda-12.4/compat/libcuda.so.550.163.01", "driver_api": 12040, "maps": []})["ok"]
+    True
+    >>> r = judge(dict(e, loads="host"), {"libcuda": "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "driver_api": 11040,
+    ...                                   "maps": []})
+    >>> r["ok"], r["code"]
+    (False, 'insufficient_driver')
+    >>> judge(dict(e, needs="12.6"), {"libcuda": "/c/libcuda.so.550.163.01", "driver_api": 12040, "maps": []})["code"]
+    'minor_version_compatibility'
+    """
+    if probe is None:
+        return {"ok": False, "code": "no_probe_result", "message": "the probe gave no result"}
+    if probe.get("error") or not probe.get("libcuda"):
+        return {"ok": False, "code": "no_libcuda", "message": f"libcuda.so.1 did not load: {probe.get('error')}"}
+    lib = probe["libcuda"]
+    base = lib.rsplit("/", 1)[-1]
+    if len(set(probe.get("maps") or [])) > 1:
+        return {"ok": False, "code": "two_libcuda", "message": "two libcuda files mapped: " + ", ".join(probe["maps"])}
+    compat_file = f"libcuda.so.{expect['compat_version']}" if expect.get("compat_version") else None
+    loads = expect.get("loads")
+    if loads in ("compat", "store") and compat_file and base != compat_file:
+        where = f"{expect.get('compat_dir') or 'the compat dir'}/{compat_file}"
+        return {"ok": False, "code": "wrong_libcuda",
+                "message": f"loaded {lib}; compat-hook's decision names the compat driver {where}"}
+    if loads == "host" and compat_file and base == compat_file:
+        return {"ok": False, "code": "wrong_libcuda",
+                "message": f"loaded the image's compat driver {lib}; compat-hook's decision is the host driver's"}
+    v = probe.get("driver_api")
+    if not isinstance(v, int) or probe.get("driver_api_rc") not in (0, None):
+        return {"ok": False, "code": "driver_api_failed",
+                "message": f"cuDriverGetVersion failed ({probe.get('driver_api_rc')}) in {lib}"}
+    api = _api_version(v)
+    needs = _cuda_tuple(expect.get("needs")) if expect.get("needs") else None
+    code, message = "ok", f"loads {lib}, driver API {api[0]}.{api[1]}"
+    if needs is not None and api < needs:
+        if api[0] != needs[0]:
+            return {"ok": False, "code": "insufficient_driver",
+                    "message": f"loads {lib}: driver API {api[0]}.{api[1]} < CUDA {needs[0]}.{needs[1]} the image "
+                               f"needs (CUDA error 35)"}
+        code = "minor_version_compatibility"
+        message += f" < {needs[0]}.{needs[1]}: minor-version compatibility (PTX newer than the driver: error 222)"
+    rc = probe.get("cuinit")
+    if probe.get("gpu") and isinstance(rc, int) and rc != 0:
+        return {"ok": False, "code": "cuinit_failed",
+                "message": f"loads {lib}: cuInit returned {rc} ({CU_ERRORS.get(rc, 'CUDA error')})"}
+    return {"ok": True, "code": code, "message": message}
+
+
+def event_message(driver: str, rows: list) -> str:
+    """The Event's text: the failing images with their pods and why (bounded).
+
+    >>> event_message("470.256.02", [{"image": "a:1", "pods": ["ml/x"], "ok": False, "message": "loads y: no"},
+    ...                              {"image": "b:1", "pods": [], "ok": True, "message": ""}])
+    'driver 470.256.02: 1 of 2 workload image(s) failed validation: a:1 (pods ml/x): loads y: no'
+    """
+    bad = [r for r in rows if not r["ok"]]
+    unverified = [r for r in rows if r.get("unverified")]
+    if not bad:
+        msg = f"driver {driver}: {len(rows)} workload image(s) validated"
+        if unverified:
+            msg += f"; not verified (not on the node): {', '.join(r['image'] for r in unverified)}"
+        return msg[:MAX_EVENT]
+    parts = [f"{r['image']} (pods {', '.join(r['pods'][:3]) or '-'}): {r['message']}" for r in bad]
+    msg = f"driver {driver}: {len(bad)} of {len(rows)} workload image(s) failed validation: " + "; ".join(parts)
+    return msg if len(msg) <= MAX_EVENT else msg[:MAX_EVENT - 3] + "..."
+
+
+# --------------------------------------------------------------------------- node side
+
+
+def read_driver(cfg) -> tuple:
+    """``(version, first line)`` of ``/proc/driver/nvidia/version`` under ``host_root``; ``(None, None)``
+    while no kernel module is loaded."""
+    from ..facts.hostfacts import parse_proc_version
+
+    try:
+        with open(os.path.join(cfg.host_root, "proc/driver/nvidia/version"), "rb") as f:
+            text = f.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return None, None
+    version = parse_proc_version(text)
+    return (version, text.splitlines()[0]) if version else (None, None)
+
+
+def expectation(cfg, opts: ValidatorOptions, workload: dict, host) -> dict:
+    """What compat-hook's decision says ``workload`` loads on this node, from the image in the node's
+    store (the assessment the hook runs and ``plan`` reports):
+    ``{"loads", "compat_version", "compat_dir", "needs", "outcome", "error", "problem"}``."""
+    from ..images.sources import open_source
+    from ..policy.assess import assess
+    from ..policy.outcome import gpu_request, image_needs, result
+
+    src = workload.get("source") or f"containerd:{workload['image']}"
+    out = {"loads": None, "compat_version": None, "compat_dir": None, "needs": None, "outcome": None,
+           "error": None, "problem": None}
+    try:
+        with open_source(src, cfg, address=opts.address, namespace=opts.namespace) as img:
+            env = _overlay(img.env, workload.get("env") or [])
+            need = image_needs(img.root, env)
+            a = assess(cfg, gpu_request(env), img.root, spec={"process": {"env": env}, "root": {"path": "rootfs"}},
+                       host=host, actors=("hook", "wrapper"), toolkit=True)
+    except Exception as e:  # an image the store cannot give: the probe still runs, the check is looser
+        out["problem"] = describe(e)[1]
+        return out
+    loads = a.toolkit["with_wrapper"]["result"] if a.toolkit else "host"
+    if a.effect == "compat":
+        loads = "compat"
+    r = result(a, host, need["version"], loads)
+    d = a.decision if a.decision is not None and a.decision.compat_version else a.image_decision
+    out.update(loads="store" if r["outcome"] == "store" else loads, needs=_text(need["version"]),
+               outcome=r["outcome"], error=r["error"],
+               compat_version=getattr(d, "compat_version", None), compat_dir=getattr(d, "compat_dir", None))
+    return out
+
+
+def _text(v):
+    return ".".join(str(x) for x in v[:2]) if v else None
+
+
+def _overlay(image_env: list, env: list) -> list:
+    """The container's env: the image's, with the pod spec's laid over it."""
+    out = {}
+    for e in list(image_env or []) + list(env):
+        if isinstance(e, str) and "=" in e:
+            k, _, v = e.partition("=")
+            out[k] = v
+    return [f"{k}={v}" for k, v in out.items()]
+
+
+def _pod_state(pod: dict) -> tuple:
+    """``(phase, waiting reason, the probe's message)`` of a probe pod."""
+    st = pod.get("status") if isinstance(pod.get("status"), dict) else {}
+    phase = st.get("phase")
+    waiting, message = None, None
+    for c in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+        state = c.get("state") if isinstance(c, dict) and isinstance(c.get("state"), dict) else {}
+        w = state.get("waiting")
+        if isinstance(w, dict) and w.get("reason") not in (None, "PodInitializing", "ContainerCreating"):
+            waiting = f"{c.get('name')}: {w.get('reason')}: {str(w.get('message') or '')[:200]}".rstrip(": ")
+        t = state.get("terminated")
+        if c.get("name") == "probe" and isinstance(t, dict):
+            message = t.get("message")
+        elif isinstance(t, dict) and t.get("exitCode") not in (0, None):
+            waiting = f"{c.get('name')}: exit {t.get('exitCode')}: {str(t.get('message') or t.get('reason'))[:200]}"
+    return phase, waiting, message
+
+
+def run_probe(kube, opts: ValidatorOptions, workload: dict, deadline: float) -> dict:
+    """One probe pod, created, waited for and deleted: ``{"probe", "error", "unverified", "seconds"}``."""
+    from .kube import Conflict
+
+    t0 = time.monotonic()
+    pod = probe_pod(opts, workload)
+    name = pod["metadata"]["name"]
+    base = f"/api/v1/namespaces/{opts.publish_namespace}/pods"
+    out = {"probe": None, "error": None, "unverified": False, "pod": name}
+    # the kubelet ends the pod at activeDeadlineSeconds; a little more for it to say so
+    end = min(deadline, t0 + opts.probe_timeout + min(30, opts.probe_timeout))
+    try:
+        while True:
+            try:
+                kube.create(base, pod)
+                break
+            except Conflict:  # left by an earlier run and still going away
+                _delete(kube, f"{base}/{name}")
+                if time.monotonic() > end or STOP.is_set():
+                    raise
+                STOP.wait(1)
+        while True:
+            got = kube.get(f"{base}/{name}")
+            phase, waiting, message = _pod_state(got)
+            if phase in ("Succeeded", "Failed"):
+                out["probe"] = parse_probe(message)
+                if out["probe"] is None:
+                    reason = (got.get("status") or {}).get("reason") or phase
+                    out["error"] = f"the probe gave no result ({reason}{': ' + waiting if waiting else ''})"
+                break
+            if waiting and any(r in waiting for r in _NOT_ON_NODE):
+                out.update(unverified=True, error="the image is not on the node (the probe never pulls)")
+                break
+            if waiting and any(r in waiting for r in _HOPELESS):
+                out["error"] = waiting
+                break
+            if time.monotonic() > end:
+                out["error"] = (f"the probe pod did not finish in {opts.probe_timeout} s"
+                                + (f" ({waiting})" if waiting else ""))
+                break
+            if STOP.wait(1):
+                out["error"] = "stopped"
+                break
+    finally:
+        _delete(kube, f"{base}/{name}")
+        out["seconds"] = round(time.monotonic() - t0, 2)
+    return out
+
+
+def _delete(kube, path: str) -> None:
+    try:
+        kube.request("DELETE", path, query={"gracePeriodSeconds": "0"})
+    except NotFound:
+        pass
+
+
+def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
+    """Probe every workload to prove on ``driver``; the result (also kept as the state)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..facts import hostfacts
+
+    t0 = time.monotonic()
+    deadline = t0 + opts.deadline
+    doc = wl.load(opts.workloads_dir)
+    if doc is None:
+        return {"driver": driver, "result": "waiting", "time": logjson.timestamp(), "images": [],
+                "problem": f"no workload record yet in {opts.workloads_dir} (the agent writes it on its first pass)"}
+    items = wl.for_driver(doc, driver)
+    host = hostfacts.gather(cfg)
+
+    def one(w: dict) -> dict:
+        row = {"image": w["image"], "pods": w["pods"][:5], "env": w["env"], "runtime_class": w["runtime_class"]}
+        if time.monotonic() > deadline or STOP.is_set():
+            return dict(row, ok=False, code="not_probed", message=f"not probed within {opts.deadline} s")
+        exp = expectation(cfg, opts, w, host)
+        got = run_probe(kube, opts, w, deadline)
+        row.update(expected=exp["loads"], needs=exp["needs"], seconds=got["seconds"])
+        if got["unverified"]:
+            return dict(row, ok=True, unverified=True, code="not_on_node", message=got["error"])
+        if got["error"]:
+            return dict(row, ok=False, code="probe_failed", message=got["error"])
+        verdict = judge(exp, got["probe"])
+        p = got["probe"]
+        return dict(row, libcuda=p.get("libcuda"), driver_api=p.get("driver_api"), cuinit=p.get("cuinit"),
+                    glibc=p.get("glibc"), **verdict)
+
+    with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool:
+        rows = list(pool.map(one, items))
+    ok = all(r["ok"] for r in rows)
+    return {"driver": driver, "result": "pass" if ok else "fail", "time": logjson.timestamp(), "images": rows,
+            "probes": sum(1 for r in rows if "seconds" in r), "seconds": round(time.monotonic() - t0, 2)}
+
+
+# --------------------------------------------------------------------------- publishing and the loop
+
+
+def _load_state(opts: ValidatorOptions) -> dict:
+    try:
+        with open(os.path.join(opts.state_dir, STATE_FILE), "rb") as f:
+            doc = json.loads(f.read(1 << 20).decode())
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+
+
+def _save_state(opts: ValidatorOptions, state: dict) -> None:
+    from ..core import atomic
+
+    try:
+        os.makedirs(opts.state_dir, exist_ok=True)
+        atomic.replace(os.path.join(opts.state_dir, STATE_FILE),
+                       (json.dumps(state, separators=(",", ":")) + "\n").encode(), 0o644)
+    except OSError as e:
+        _log({"event": "validation_state_error", "message": describe(e)[1]})
+
+
+def _set_ready(opts: ValidatorOptions, line: str | None) -> None:
+    """The ready file holds the driver line a pass was for; the readiness probe compares it."""
+    if not opts.ready_file:
+        return
+    try:
+        if line is None:
+            os.unlink(opts.ready_file)
+        else:
+            from ..core import atomic
+
+            atomic.replace(opts.ready_file, (line + "\n").encode(), 0o644)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        _log({"event": "validation_state_error", "message": describe(e)[1]})
+
+
+def publish(kube, opts: ValidatorOptions, prefix: str, state: dict, *, event: bool) -> None:
+    """The Node's label (when it differs) and, with ``event``, the Event."""
+    path = f"/api/v1/nodes/{opts.node}"
+    node = kube.get(path)
+    meta = node.get("metadata") or {}
+    value = state["driver"] if state["result"] == "pass" else "failed"
+    key = f"{prefix}/{LABEL}"
+    if (meta.get("labels") or {}).get(key) != value:
+        kube.patch(path, {"metadata": {"labels": {key: value}}})
+    if event:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        kube.create(f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", {
+            "metadata": {"generateName": f"{opts.node}.compat-hook-validation."},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": opts.node, "uid": meta.get("uid")},
+            "reason": EVENT_REASON, "type": "Normal" if state["result"] == "pass" else "Warning",
+            "message": event_message(state["driver"], state.get("images") or []),
+            "source": {"component": "compat-hook-validator", "host": opts.node},
+            "reportingComponent": "compat-hook-validator", "reportingInstance": opts.node[:128],
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1})
+
+
+def _max_rss_kib() -> int | None:
+    from .agent import _max_rss_kib as rss
+
+    return rss()
+
+
+def _log(rec: dict) -> None:
+    line = dict(time=logjson.timestamp())
+    line.update(rec)
+    sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def _cleanup(kube, opts: ValidatorOptions, state: dict) -> None:
+    """Delete the probe pods an earlier run may have left (their names are the same for the same workloads)."""
+    base = f"/api/v1/namespaces/{opts.publish_namespace}/pods"
+    for row in state.get("images") or []:
+        if isinstance(row, dict) and isinstance(row.get("image"), str):
+            w = {"image": row["image"], "runtime_class": row.get("runtime_class"), "env": row.get("env") or []}
+            _delete(kube, f"{base}/{probe_name(opts.node, w)}")
+
+
+def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
+    """The loop (module docstring); with ``once`` one validation of the current driver:
+    exit 0 pass, 3 failed, 1 an API error or no driver."""
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: STOP.set())
+    state = _load_state(opts)
+    kube = None
+    backoff = 1.0
+    published = False
+    retry_now = True  # a failure recorded before this process started is tried again at once
+    while not STOP.is_set():
+        try:
+            if kube is None:
+                kube = kube_factory()
+                _cleanup(kube, opts, state)
+            driver, line = read_driver(cfg)
+            if driver is None:
+                _set_ready(opts, None)
+                if opts.once:
+                    _log({"event": "validation", "node": opts.node, "result": "no_driver"})
+                    return EXIT_ERROR
+            elif state.get("driver") == driver and state.get("result") == "pass" and not opts.once:
+                _set_ready(opts, line)
+                if not published:
+                    publish(kube, opts, prefix, state, event=False)
+                    published = True
+            elif (state.get("driver") == driver and state.get("result") == "fail" and not opts.once
+                  and not retry_now and time.time() - state.get("epoch", 0) < opts.retry):
+                _set_ready(opts, None)
+            else:
+                _set_ready(opts, None)
+                result = validate(kube, cfg, opts, driver)
+                if STOP.is_set():  # interrupted: its probe pods are gone, its verdict is not one
+                    break
+                result["epoch"] = time.time()
+                retry_now = False
+                _log(dict({"event": "validation", "node": opts.node}, **{k: v for k, v in result.items()
+                                                                         if k != "images"},
+                          images=[{k: r.get(k) for k in ("image", "ok", "code", "message", "seconds")}
+                                  for r in result["images"]], max_rss_kib=_max_rss_kib()))
+                if result["result"] == "waiting":
+                    if opts.once:
+                        return EXIT_ERROR
+                else:
+                    changed = (state.get("driver"), state.get("result")) != (result["driver"], result["result"])
+                    state = result
+                    _save_state(opts, state)
+                    publish(kube, opts, prefix, state, event=changed or state["result"] == "fail")
+                    published = True
+                    if state["result"] == "pass":
+                        _set_ready(opts, line)
+                    if opts.once:
+                        return EXIT_OK if state["result"] == "pass" else EXIT_FAILED
+            backoff = 1.0
+        except KubeError as e:
+            code, msg = describe(e)
+            _log({"event": "validation_error", "node": opts.node, "reason": code, "message": msg})
+            if opts.once:
+                return EXIT_ERROR
+            STOP.wait(min(backoff, 60.0))
+            backoff *= 2
+            continue
+        STOP.wait(opts.interval)
+    _log({"event": "validation_stopped", "node": opts.node})
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def _parser():
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            sys.stderr.write(f"{self.prog}: {message} (see --help)\n")
+            raise SystemExit(EXIT_USAGE)
+
+    p = Parser(prog="compat-hook cluster validate",
+               description="After a driver change, run each GPU workload image seen on this node as a probe pod "
+                           "and publish <prefix>/validated on the Node (docs/validation.md).")
+    p.add_argument("--node", required=True, metavar="NAME", help="this node's name (the downward API's spec.nodeName)")
+    p.add_argument("--once", action="store_true", help="validate the current driver once: exit 0 pass, 3 failed, 1 error")
+    p.add_argument("--kubeconfig", metavar="PATH", help="default: the pod's service account, else $KUBECONFIG")
+    p.add_argument("--config", metavar="FILE", help="compat-hook's config (host_root, cluster.label_prefix)")
+    p.add_argument("--host-root", metavar="DIR", help="read the node's files under DIR (default: the config's)")
+    p.add_argument("--workloads-dir", metavar="DIR", default="/var/lib/compat-hook",
+                   help="where the agent records the node's workloads (its --state-dir)")
+    p.add_argument("--state-dir", metavar="DIR", default="/var/lib/compat-hook-validator", help="the last result")
+    p.add_argument("--probe-image", metavar="REF", required=True, help="compat-hook's image (holds compat-hook-probe)")
+    p.add_argument("--runtime-class", metavar="NAME", default="cuda-compat", help="compat-hook's RuntimeClass")
+    p.add_argument("--publish-namespace", metavar="NS",
+                   help="namespace of the probe pods (default: the service account's, else compat-hook)")
+    p.add_argument("--address", metavar="SOCKET", help="containerd's socket (to read the images)")
+    p.add_argument("--namespace", metavar="NS", default="k8s.io", help="containerd namespace (default k8s.io)")
+    p.add_argument("--probe-timeout", type=int, default=90, metavar="SECONDS", help="per probe pod (default 90)")
+    p.add_argument("--deadline", type=int, default=420, metavar="SECONDS",
+                   help="for one validation (default 420, inside the upgrade controller's 600)")
+    p.add_argument("--parallel", type=int, default=4, metavar="N", help="probe pods at a time (default 4)")
+    p.add_argument("--interval", type=float, default=5.0, metavar="SECONDS", help="driver checks (default 5)")
+    p.add_argument("--retry", type=float, default=300.0, metavar="SECONDS", help="after a failure (default 300)")
+    p.add_argument("--ready-file", metavar="PATH", help="written on a pass (the pod's readiness probe reads it)")
+    p.add_argument("--gpu-resource", metavar="NAME",
+                   help="probe pods request one of this resource (e.g. nvidia.com/gpu) instead of asking the "
+                        "runtime for a GPU in their env")
+    return p
+
+
+def main(argv: list, *, load_config, node_name_ok) -> int:
+    """``compat-hook cluster validate ARGS``; ``load_config(path, host_root)`` and ``node_name_ok(name)``
+    are the cluster command line's own (compat_hook/cluster/cli.py), so both commands check alike."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:
+        return EXIT_USAGE if e.code not in (0, None) else EXIT_OK
+    try:
+        return _main(args, load_config, node_name_ok)
+    except CompatHookError as e:
+        sys.stderr.write(f"compat-hook cluster validate: {e}\n")
+        return EXIT_USAGE if e.code == "usage" else EXIT_ERROR
+
+
+def _main(args, load_config, node_name_ok) -> int:
+    from . import kube
+    from .agent import settings
+
+    if not node_name_ok(args.node):
+        raise UsageError(f"--node: not a node name (a DNS subdomain), got {args.node[:80]!r}")
+    for flag, v, low in (("--probe-timeout", args.probe_timeout, 10), ("--deadline", args.deadline, 10),
+                         ("--parallel", args.parallel, 1), ("--interval", args.interval, 1),
+                         ("--retry", args.retry, 1)):
+        if v < low:
+            raise UsageError(f"{flag}: at least {low}")
+    cfg = load_config(args.config, args.host_root)
+    ns = args.publish_namespace
+    if ns is None:
+        try:
+            with open(SA_NAMESPACE) as f:
+                ns = f.read(256).strip() or None
+        except OSError:
+            ns = None
+    opts = ValidatorOptions(args.node, publish_namespace=ns or "compat-hook", workloads_dir=args.workloads_dir,
+                            state_dir=args.state_dir, probe_image=args.probe_image, runtime_class=args.runtime_class,
+                            probe_timeout=args.probe_timeout, deadline=args.deadline, parallel=args.parallel,
+                            interval=args.interval, retry=args.retry, ready_file=args.ready_file,
+                            address=args.address, namespace=args.namespace, once=args.once,
+                            gpu_resource=args.gpu_resource or None)
+    return run(lambda: kube.connect(args.kubeconfig), cfg, opts, settings(cfg)["label_prefix"])

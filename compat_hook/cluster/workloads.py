@@ -1,0 +1,304 @@
+"""The GPU workloads a node ran, per host driver: what the validator proves after a driver change.
+
+The agent calls :func:`record` on every pass with the pods bound to its node; the record is
+``<state-dir>/workloads.json``, replaced atomically (:mod:`compat_hook.core.atomic`) only
+when it changes::
+
+    {"version": 1, "driver": "535.261.03",
+     "workloads": [{"image": "nvcr.io/nvidia/pytorch:24.05-py3", "source": "containerd:nvcr.io/...",
+                    "pods": ["ml/train-0"], "env": ["NVIDIA_VISIBLE_DEVICES=all"],
+                    "runtime_class": "cuda-compat", "seen": "2026-12-03T10:00:00.000Z"}],
+     "previous": {"driver": "525.147.05", "until": "...", "workloads": [...]}}
+
+A *workload* is one container image of a running or pending GPU pod (as the agent counts GPU
+pods: :func:`compat_hook.cluster.refs.gpu_pod`) with the env from its pod spec that can change
+what it loads (``NVIDIA_*``, ``CUDA_*``, ``LD_LIBRARY_PATH``, ``COMPAT_HOOK_DISABLE``; literal
+values only) and its ``runtimeClassName``. Workloads seen under one driver accumulate (a job
+that ran this morning counts) until the driver changes; then the record moves to
+``previous`` and a new one starts. Entries not seen for :data:`MAX_AGE_S` are dropped. The
+validator's own probe pods (label ``app.kubernetes.io/name: compat-hook-probe``) are never
+workloads.
+
+Everything is bounded: :data:`MAX_WORKLOADS` workloads, :data:`MAX_PODS` pod names each,
+:data:`MAX_ENV` env entries of at most :data:`MAX_VALUE` characters; the file is read
+``O_NOFOLLOW`` up to :data:`MAX_FILE` bytes and every field of it is checked
+(:func:`load` keeps what is well-formed and drops the rest).
+
+>>> pod = {"metadata": {"namespace": "ml", "name": "train-0"},
+...        "spec": {"runtimeClassName": "cuda-compat", "containers": [{"image": "cuda-app:1",
+...                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "HOME", "value": "/"}]}]},
+...        "status": {"phase": "Running"}}
+>>> [(w["image"], w["env"], w["pods"], w["runtime_class"]) for w in from_pods([pod])]
+[('docker.io/library/cuda-app:1', ['NVIDIA_VISIBLE_DEVICES=all'], ['ml/train-0'], 'cuda-compat')]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from . import refs
+
+__all__ = ["FILE", "PROBE_NAME", "from_pods", "record", "record_pass", "load", "for_driver", "is_probe", "workload_env"]
+
+FILE = "workloads.json"
+VERSION = 1
+#: The label value (``app.kubernetes.io/name``) of the validator's probe pods: never a workload.
+PROBE_NAME = "compat-hook-probe"
+MAX_WORKLOADS = 128
+MAX_PODS = 8
+MAX_ENV = 32
+MAX_VALUE = 1024
+MAX_FILE = 1 << 20
+#: A workload not seen for a week under the same driver is dropped.
+MAX_AGE_S = 7 * 24 * 3600
+#: "seen" is refreshed at most this often (so an unchanged node does not rewrite the file each pass).
+SEEN_REFRESH_S = 3600
+_ENV_NAMES = ("LD_LIBRARY_PATH", "COMPAT_HOOK_DISABLE")
+_ENV_PREFIXES = ("NVIDIA_", "CUDA_")
+
+
+def _dict(v) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def _list(v) -> list:
+    return v if isinstance(v, list) else []
+
+
+def _text(v, limit: int) -> str | None:
+    """A printable string of at most ``limit`` characters, else None."""
+    return v if isinstance(v, str) and 0 < len(v) <= limit and v.isprintable() else None
+
+
+def _containers(pod: dict) -> list:
+    spec = _dict(pod.get("spec"))
+    return [c for key in ("initContainers", "containers") for c in _list(spec.get(key)) if isinstance(c, dict)]
+
+
+def is_probe(pod: dict) -> bool:
+    """The validator's own probe pod (:mod:`compat_hook.cluster.validate`)."""
+    labels = _dict(_dict(pod.get("metadata")).get("labels"))
+    return labels.get("app.kubernetes.io/name") == PROBE_NAME
+
+
+def workload_env(container: dict) -> list:
+    """``["K=V", ...]``: the container's literal env entries that can change which libcuda it loads.
+
+    >>> workload_env({"env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}, {"name": "PATH", "value": "/bin"},
+    ...                       {"name": "NVIDIA_DRIVER_CAPABILITIES", "valueFrom": {}}]})
+    ['CUDA_VISIBLE_DEVICES=0']
+    """
+    out = []
+    for e in _list(container.get("env")):
+        name, value = _dict(e).get("name"), _dict(e).get("value")
+        if not isinstance(name, str) or not isinstance(value, str) or "=" in name or len(value) > MAX_VALUE:
+            continue
+        if name in _ENV_NAMES or name.startswith(_ENV_PREFIXES):
+            out.append(f"{name}={value}")
+            if len(out) >= MAX_ENV:
+                break
+    return out
+
+
+def from_pods(pods: list, *, sources: dict | None = None, when: str | None = None) -> list:
+    """The workloads of ``pods`` (the running or pending GPU pods among them, probes left out).
+
+    ``sources``: ``{plan source: [normalized image refs]}`` (the agent's store match), so that each
+    workload names where its image is read from.
+    """
+    by_ref = {}
+    for src, names in _dict(sources).items():
+        for n in _list(names):
+            by_ref.setdefault(n, src)
+    when = when or _now()
+    out: dict = {}
+    for pod in _list(pods)[:refs.MAX_PODS]:
+        if not isinstance(pod, dict) or is_probe(pod) or not refs.gpu_pod(pod):
+            continue
+        if _dict(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
+            continue
+        meta, spec = _dict(pod.get("metadata")), _dict(pod.get("spec"))
+        who = f"{str(meta.get('namespace'))[:63]}/{str(meta.get('name'))[:253]}"
+        rc = _text(spec.get("runtimeClassName"), 253)
+        for c in _containers(pod):
+            img = c.get("image")
+            if not isinstance(img, str) or not img or len(img) > refs.MAX_REF or not img.isprintable() or " " in img:
+                continue
+            ref = refs.normalize_ref(img)
+            env = workload_env(c)
+            key = (ref, rc, tuple(env))
+            w = out.get(key)
+            if w is None:
+                if len(out) >= MAX_WORKLOADS:
+                    continue
+                w = out[key] = {"image": ref, "source": by_ref.get(ref), "pods": [], "env": env,
+                                "runtime_class": rc, "seen": when}
+            if who not in w["pods"] and len(w["pods"]) < MAX_PODS:
+                w["pods"].append(who)
+    return list(out.values())
+
+
+def _key(w: dict) -> tuple:
+    return (w["image"], w["runtime_class"], tuple(w["env"]))
+
+
+def _now() -> str:
+    from ..core.logjson import timestamp
+
+    return timestamp()
+
+
+def _epoch(stamp: str) -> float | None:
+    """``2026-12-03T10:00:00.000Z`` as seconds since the epoch (None when it is not that)."""
+    import calendar
+
+    try:
+        return calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, TypeError):
+        return None
+
+
+def _clean_workload(w) -> dict | None:
+    """A well-formed workload entry from the file, or None."""
+    w = _dict(w)
+    image = _text(w.get("image"), refs.MAX_REF)
+    if image is None or " " in image:
+        return None
+    source = w.get("source")
+    source = _text(source, 4096) if source is not None else None
+    rc = w.get("runtime_class")
+    rc = _text(rc, 253) if rc is not None else None
+    pods = [p for p in _list(w.get("pods"))[:MAX_PODS] if _text(p, 320)]
+    env = [e for e in _list(w.get("env"))[:MAX_ENV]
+           if isinstance(e, str) and "=" in e and len(e) <= MAX_VALUE + 256 and e.isprintable()]
+    seen = _text(w.get("seen"), 40) or "1970-01-01T00:00:00.000Z"
+    return {"image": image, "source": source, "pods": pods, "env": env, "runtime_class": rc, "seen": seen}
+
+
+def _clean_list(items) -> list:
+    out, keys = [], set()
+    for w in _list(items)[:MAX_WORKLOADS]:
+        c = _clean_workload(w)
+        if c is not None and _key(c) not in keys:
+            keys.add(_key(c))
+            out.append(c)
+    return out
+
+
+def load(state_dir: str) -> dict | None:
+    """The record in ``state_dir``, every field checked; None when there is none or it is unusable."""
+    from ..core.bounded import read_all
+
+    path = os.path.join(state_dir, FILE)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = read_all(lambda n: os.read(fd, n), MAX_FILE, 1 << 16, lambda: ValueError("too big"))
+        doc = json.loads(data.decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        return None
+    driver = doc.get("driver")
+    out = {"version": VERSION, "driver": _text(driver, 64) if driver is not None else None,
+           "workloads": _clean_list(doc.get("workloads"))}
+    prev = doc.get("previous")
+    if isinstance(prev, dict):
+        out["previous"] = {"driver": _text(prev.get("driver"), 64), "until": _text(prev.get("until"), 40),
+                           "workloads": _clean_list(prev.get("workloads"))}
+    return out
+
+
+def _merge(old: list, new: list, now: str) -> list:
+    """``old`` workloads still young enough, updated with the ones seen now (newest first, bounded)."""
+    t_now = _epoch(now) or time.time()
+    merged = {_key(w): dict(w) for w in new}
+    for w in old:
+        k = _key(w)
+        if k in merged:
+            cur = merged[k]
+            t_old = _epoch(w["seen"]) or 0
+            if t_now - t_old < SEEN_REFRESH_S:
+                cur["seen"] = w["seen"]  # recently stamped: keep the file unchanged
+            cur["pods"] = (cur["pods"] + [p for p in w["pods"] if p not in cur["pods"]])[:MAX_PODS]
+            if cur["source"] is None:
+                cur["source"] = w["source"]
+        elif t_now - (_epoch(w["seen"]) or 0) <= MAX_AGE_S:
+            merged[k] = dict(w)
+    out = sorted(merged.values(), key=lambda w: w["seen"], reverse=True)
+    return out[:MAX_WORKLOADS]
+
+
+def record(state_dir: str, pods: list, *, driver: str | None, sources: dict | None = None,
+           when: str | None = None) -> dict | None:
+    """Add what ``pods`` run to the record for host driver ``driver``; returns the record.
+
+    A new driver moves the record to ``previous``. With ``driver`` None (the kernel module is
+    not loaded, as in the middle of a driver upgrade) nothing is recorded. The file is written
+    only when it changes; a write that fails is not fatal (the record is returned anyway).
+    """
+    if not state_dir or not driver:
+        return None
+    from ..core import atomic
+
+    now = when or _now()
+    old = load(state_dir)
+    seen = from_pods(pods, sources=sources, when=now)
+    if old is None:
+        doc = {"version": VERSION, "driver": driver, "workloads": _merge([], seen, now)}
+    elif old["driver"] == driver:
+        doc = dict(old, workloads=_merge(old["workloads"], seen, now))
+    else:
+        doc = {"version": VERSION, "driver": driver, "workloads": _merge([], seen, now),
+               "previous": {"driver": old["driver"], "until": now, "workloads": old["workloads"]}}
+    if doc != old:
+        try:
+            os.makedirs(state_dir, mode=0o755, exist_ok=True)
+            atomic.replace(os.path.join(state_dir, FILE),
+                           (json.dumps(doc, separators=(",", ":"), sort_keys=True) + "\n").encode(), 0o644)
+        except OSError:
+            pass
+    return doc
+
+
+def record_pass(cfg, state_dir: str | None, pods: list, sources: dict | None = None) -> dict | None:
+    """:func:`record` for an agent pass: the driver is the node's now (``/proc/driver/nvidia/version``
+    under the config's ``host_root``)."""
+    if not state_dir:
+        return None
+    from ..facts.hostfacts import gather
+
+    return record(state_dir, pods, driver=gather(cfg).driver_text, sources=sources)
+
+
+def for_driver(doc: dict | None, driver: str) -> list:
+    """The workloads to prove on ``driver``: those seen before it came (and those seen since).
+
+    >>> w = lambda i: {"image": i, "source": None, "pods": [], "env": [], "runtime_class": None, "seen": "x"}
+    >>> doc = {"driver": "555.58.02", "workloads": [w("a")], "previous": {"driver": "535.261.03", "workloads": [w("b")]}}
+    >>> [x["image"] for x in for_driver(doc, "555.58.02")], [x["image"] for x in for_driver(doc, "470.256.02")]
+    (['b', 'a'], ['a'])
+    """
+    if not doc:
+        return []
+    if doc.get("driver") == driver:
+        before = _dict(doc.get("previous")).get("workloads") or []
+        items = list(before) + list(doc.get("workloads") or [])
+    else:  # the agent has not seen the new driver yet: its record is the old driver's
+        items = list(doc.get("workloads") or [])
+    out, keys = [], set()
+    for w in items:
+        if _key(w) not in keys:
+            keys.add(_key(w))
+            out.append(w)
+    return out
