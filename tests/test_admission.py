@@ -63,8 +63,7 @@ class World:
 
 def _pod(w_docs: list, node: str, name: str) -> dict:
     """A Pod of the DaemonSet's own template, bound to ``node`` (no kubelet runs it)."""
-    [ds] = [d for d in w_docs if d["kind"] == "DaemonSet"]
-    tpl = json.loads(json.dumps(ds["spec"]["template"]))
+    tpl = json.loads(json.dumps(chart.daemonset(w_docs)["spec"]["template"]))
     tpl["metadata"]["name"] = name
     tpl["spec"]["nodeName"] = node
     return tpl

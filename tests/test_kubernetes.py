@@ -193,8 +193,7 @@ def _host_mounts(docs: list, container: str) -> dict:
     """mountPath -> (hostPath, the mount) of one DaemonSet container's host mounts."""
     from tests.support import chart
 
-    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
-    vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    vols = {v["name"]: v for v in chart.daemonset(docs)["spec"]["template"]["spec"]["volumes"]}
     return {m["mountPath"]: (vols[m["name"]]["hostPath"]["path"], m)
             for m in chart.containers(docs)[container]["volumeMounts"] if "hostPath" in vols[m["name"]]}
 
@@ -224,8 +223,7 @@ def test_helm_template_defaults_confine_both_containers():
         assert sc["allowPrivilegeEscalation"] is False and sc["seccompProfile"] == {"type": "RuntimeDefault"}, sc
         assert sc["capabilities"]["drop"] == ["ALL"]
     assert "add" not in agent["securityContext"]["capabilities"]  # no DAC_READ_SEARCH: it reads as root's files
-    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
-    pod = ds["spec"]["template"]["spec"]
+    pod = chart.daemonset(docs)["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     vols = {v["name"]: v for v in pod["volumes"]}
     token_mounts = [(name, m["name"]) for name, ctr in c.items() for m in ctr["volumeMounts"]
@@ -261,14 +259,13 @@ def test_helm_template_value_switches():
     assert not [d for d in chart.render("admissionPolicy.enabled=false") if "AdmissionPolicy" in d["kind"]]
     p = chart.helm("template", "x", chart.CHART, "--kube-version", "1.29.4", check=False)
     assert p.returncode != 0 and "admissionPolicy.enabled=false" in p.stderr
-    assert len([d for d in chart.render("admissionPolicy.enabled=false") if d["kind"] == "DaemonSet"]) == 1
+    assert chart.daemonset(chart.render("admissionPolicy.enabled=false"))
     # recursiveReadOnly: "" leaves the field out (API servers before 1.30)
     for _, m in _host_mounts(chart.render("agent.recursiveReadOnly="), "agent").values():
         assert "recursiveReadOnly" not in m
     # a config change rolls the pods (the checksum on the template); an unrelated value does not
     def checksum(*values):
-        [ds] = [d for d in chart.render(*values) if d["kind"] == "DaemonSet"]
-        return ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        return chart.daemonset(chart.render(*values))["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
 
     assert checksum() != checksum("agent.gate=true") != checksum("agent.labelPrefix=preflight.example.com")
     assert checksum() == checksum("agent.interval=60")
@@ -334,8 +331,7 @@ def test_agent_tmp_holds_the_readers_whole_spool():
     from compat_hook.images.reader import Limits
     from tests.support import chart
 
-    [ds] = [d for d in chart.render() if d["kind"] == "DaemonSet"]
-    [tmp] = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "agent-tmp"]
+    [tmp] = [v for v in chart.daemonset(chart.render())["spec"]["template"]["spec"]["volumes"] if v["name"] == "agent-tmp"]
     limit = tmp["emptyDir"]["sizeLimit"]
     assert limit.endswith("Gi")
     assert int(limit[:-2]) << 30 >= Limits.max_spool_bytes + (512 << 20)

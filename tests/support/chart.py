@@ -86,7 +86,12 @@ def apply(api, docs: list, *, dry_run: bool = False) -> None:
         api.request("PATCH", object_path(d), d, content_type="application/apply-patch+yaml", query=query)
 
 
-def containers(docs: list) -> dict:
-    """The DaemonSet's containers by name."""
-    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
-    return {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
+def daemonset(docs: list, name: str = "compat-hook") -> dict:
+    """The DaemonSet ``name``: the installer's and the agent's by default (the validator has its own)."""
+    [ds] = [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == name]
+    return ds
+
+
+def containers(docs: list, name: str = "compat-hook") -> dict:
+    """The containers of DaemonSet ``name`` (:func:`daemonset`), by name."""
+    return {c["name"]: c for c in daemonset(docs, name)["spec"]["template"]["spec"]["containers"]}
