@@ -34,6 +34,7 @@ SKIP = "nvidia.com/gpu-driver-upgrade.skip"
 DEPLOY = "nvidia.com/gpu.deploy.driver"
 AGENT_POLICY = "ValidatingAdmissionPolicy 'compat-hook-agent-node'"
 OBJECTS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-agent-objects'"
+EVENTS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-events'"
 RELEASE_POLICY = "ValidatingAdmissionPolicy 'compat-hook-release-node'"
 MERGE, SMP, JSONP = ("application/merge-patch+json", "application/strategic-merge-patch+json",
                      "application/json-patch+json")
@@ -217,8 +218,10 @@ def _create(api: Api, path: str, obj: dict) -> dict:
 def test_agent_writes_only_its_own_lease_configmap_and_events(world):
     w = world
     a = w.api["gpu-a"]
+    # Events about a Node go to default (the API server takes one about a cluster-scoped object nowhere
+    # else), where `kubectl describe node` finds them
     leases, cms, events = (f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases", f"/api/v1/namespaces/{NS}/configmaps",
-                           f"/api/v1/namespaces/{NS}/events")
+                           "/api/v1/namespaces/default/events")
     lease = _create(a, leases, {"metadata": {"name": "gpu-a"}, "spec": {"holderIdentity": "gpu-a",
                                                                         "leaseDurationSeconds": 600}})
     lease["spec"]["renewTime"] = "2026-12-03T10:05:00.000000Z"
@@ -237,8 +240,11 @@ def test_agent_writes_only_its_own_lease_configmap_and_events(world):
     assert w.admin.get(f"{leases}/gpu-b")["spec"]["holderIdentity"] == "gpu-b"
     w.admin.delete(f"{leases}/gpu-b")
     ev = {"metadata": {"generateName": "gpu-a.compat-hook-"}, "reason": "CompatHookPreflight", "message": "m",
-          "type": "Normal", "involvedObject": {"kind": "Node", "name": "gpu-a", "apiVersion": "v1", "namespace": NS}}
-    _create(a, events, ev)
+          "type": "Normal", "involvedObject": {"kind": "Node", "name": "gpu-a", "apiVersion": "v1"}}
+    made = _create(a, events, ev)
+    described = w.admin.get("/api/v1/events", fieldSelector="involvedObject.kind=Node,involvedObject.name=gpu-a,"
+                                                            "involvedObject.namespace=")["items"]
+    assert made["metadata"]["name"] in [e["metadata"]["name"] for e in described]
 
     def refused(api, path, obj, policy=OBJECTS_POLICY):
         with pytest.raises(ApiError) as e:
@@ -249,18 +255,23 @@ def test_agent_writes_only_its_own_lease_configmap_and_events(world):
     assert "writes only the Lease named gpu-a, not gpu-b" in refused(
         a, leases, {"metadata": {"name": "gpu-b"}, "spec": {"holderIdentity": "gpu-b"}})
     refused(a, cms, {"metadata": {"name": "gpu-b"}, "data": {}})
-    refused(a, events, dict(ev, involvedObject=dict(ev["involvedObject"], name="gpu-b")))
-    refused(a, events, dict(ev, involvedObject={"kind": "Pod", "name": "gpu-a", "namespace": NS}))
+    assert "records Events only about the Node gpu-a" in refused(
+        a, events, dict(ev, involvedObject=dict(ev["involvedObject"], name="gpu-b")), EVENTS_POLICY)
+    refused(a, events, dict(ev, involvedObject={"kind": "Pod", "name": "gpu-a", "namespace": "default"}),
+            EVENTS_POLICY)
+    refused(a, events, dict(ev, involvedObject={"name": "gpu-a"}), EVENTS_POLICY)  # no kind: not a Node's
     with pytest.raises(ApiError) as e:
         a.delete(f"{leases}/gpu-a")
     assert e.value.status == 403  # no delete verb (RBAC)
     # a token that names no node writes none of them, not even under the right name
     assert "pod-bound token" in refused(w.api["unbound"], leases, {"metadata": {"name": "gpu-a-x"}, "spec": {}})
-    # outside its namespace: RBAC has nothing for it
-    with pytest.raises(ApiError) as e:
-        _create(a, "/api/v1/namespaces/default/events", dict(ev, involvedObject=dict(ev["involvedObject"],
-                                                                                     namespace="default")))
-    assert e.value.status == 403 and "ValidatingAdmissionPolicy" not in str(e.value)
+    assert "pod-bound token" in refused(w.api["unbound"], events, ev, EVENTS_POLICY)
+    # Events anywhere else, its own namespace included: RBAC has nothing for it
+    for ns in (NS, "kube-system"):
+        with pytest.raises(ApiError) as e:
+            _create(a, f"/api/v1/namespaces/{ns}/events", dict(ev, involvedObject=dict(ev["involvedObject"],
+                                                                                       namespace=ns)))
+        assert e.value.status == 403 and "ValidatingAdmissionPolicy" not in str(e.value), e.value
     assert [c["metadata"]["name"] for c in w.admin.get(cms)["items"] if c["metadata"]["name"].startswith("gpu-")] == [
         "gpu-a"]
 
@@ -315,11 +326,12 @@ def test_rbac_grants_the_agent_only_what_it_uses(world):
                ("patch", "nodes", "", None), ("list", "pods", "", None), ("watch", "pods", "", None),
                ("list", "clusterpolicies", "nvidia.com", None), ("watch", "nvidiadrivers", "nvidia.com", None),
                ("create", "leases", "coordination.k8s.io", NS), ("update", "leases", "coordination.k8s.io", NS),
-               ("get", "configmaps", "", NS), ("update", "configmaps", "", NS), ("create", "events", "", NS)]
+               ("get", "configmaps", "", NS), ("update", "configmaps", "", NS), ("create", "events", "", "default")]
     denied = [("update", "nodes", "", None), ("delete", "nodes", "", None), ("create", "nodes", "", None),
               ("get", "pods", "", None), ("get", "clusterpolicies", "nvidia.com", None),
-              ("get", "nvidiadrivers", "nvidia.com", None), ("create", "events", "", "default"),
-              ("create", "events", "", "kube-system"), ("create", "leases", "coordination.k8s.io", "default"),
+              ("get", "nvidiadrivers", "nvidia.com", None), ("create", "events", "", NS),
+              ("create", "events", "", "kube-system"), ("create", "events", "events.k8s.io", "default"),
+              ("update", "events", "", "default"), ("delete", "events", "", "default"), ("create", "leases", "coordination.k8s.io", "default"),
               ("list", "configmaps", "", NS), ("delete", "leases", "coordination.k8s.io", NS),
               ("patch", "configmaps", "", NS), ("patch", "leases", "coordination.k8s.io", NS),
               ("get", "secrets", "", NS), ("list", "secrets", "", None), ("create", "pods", "", NS)]

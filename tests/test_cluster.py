@@ -99,8 +99,10 @@ class World:
         return json.loads(cm["data"]["preflight.json"])
 
     def events(self, node: str) -> list:
-        evs = self.admin.get("/api/v1/namespaces/compat-hook/events",
-                             fieldSelector=f"involvedObject.name={node},reason=CompatHookPreflight")["items"]
+        # where `kubectl describe node` looks: in default, about the Node (no namespace in the reference)
+        evs = self.admin.get("/api/v1/namespaces/default/events",
+                             fieldSelector=f"involvedObject.kind=Node,involvedObject.name={node},"
+                                           "involvedObject.namespace=,reason=CompatHookPreflight")["items"]
         return sorted(evs, key=lambda e: e["metadata"]["creationTimestamp"] + e["metadata"]["name"])
 
     def forget(self, nodes) -> None:
@@ -117,7 +119,7 @@ class World:
                 except ApiError as e:
                     assert e.status == 404, e
             for ev in self.events(n):
-                self.admin.delete(f"/api/v1/namespaces/compat-hook/events/{ev['metadata']['name']}")
+                self.admin.delete(f"/api/v1/namespaces/default/events/{ev['metadata']['name']}")
 
     # -- the commands ----------------------------------------------------------
     def agent(self, node: str, *extra, client: str = "debian", kubeconfig=None, check=True, timeout=120,

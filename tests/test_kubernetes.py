@@ -111,11 +111,14 @@ def test_daemonset_shape():
                          ("ServiceAccount", "compat-hook-release"), ("ConfigMap", "compat-hook-agent"),
                          ("ClusterRole", "compat-hook-agent"), ("ClusterRoleBinding", "compat-hook-agent"),
                          ("Role", "compat-hook-agent"), ("RoleBinding", "compat-hook-agent"),
+                         ("Role", "compat-hook-agent-events"), ("RoleBinding", "compat-hook-agent-events"),
                          ("ClusterRole", "compat-hook-release"), ("ClusterRoleBinding", "compat-hook-release"),
                          ("ValidatingAdmissionPolicy", "compat-hook-agent-node"),
                          ("ValidatingAdmissionPolicyBinding", "compat-hook-agent-node"),
                          ("ValidatingAdmissionPolicy", "compat-hook-agent-objects"),
                          ("ValidatingAdmissionPolicyBinding", "compat-hook-agent-objects"),
+                         ("ValidatingAdmissionPolicy", "compat-hook-events"),
+                         ("ValidatingAdmissionPolicyBinding", "compat-hook-events"),
                          ("ValidatingAdmissionPolicy", "compat-hook-release-node"),
                          ("ValidatingAdmissionPolicyBinding", "compat-hook-release-node"),
                          ("DaemonSet", "compat-hook"), ("RuntimeClass", "cuda-compat")}
@@ -157,10 +160,16 @@ def test_daemonset_shape():
     assert local["metadata"]["namespace"] == "compat-hook"
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in local["rules"]] == [
         (["coordination.k8s.io"], ["leases"], ["get", "create", "update"]),
-        ([""], ["configmaps"], ["get", "create", "update"]), ([""], ["events"], ["create"])]
+        ([""], ["configmaps"], ["get", "create", "update"])]
+    # Events about its Node: in default (the only namespace that takes one about a cluster-scoped object)
+    events = docs[("Role", "compat-hook-agent-events")]
+    assert events["metadata"]["namespace"] == "default"
+    assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in events["rules"]] == [([""], ["events"], ["create"])]
+    assert docs[("RoleBinding", "compat-hook-agent-events")]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "compat-hook", "namespace": "compat-hook"}]
     assert [(r["resources"], r["verbs"]) for r in docs[("ClusterRole", "compat-hook-release")]["rules"]] == [
         (["nodes"], ["list", "patch"])]
-    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-release-node"):
+    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node"):
         binding = docs[("ValidatingAdmissionPolicyBinding", name)]
         assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
         assert docs[("ValidatingAdmissionPolicy", name)]["spec"]["failurePolicy"] == "Fail"
@@ -233,7 +242,7 @@ def test_helm_template_defaults_confine_both_containers():
     assert [s for s in sources if "serviceAccountToken" in s][0]["serviceAccountToken"]["path"] == "token"
     assert {e["name"]: e["value"] for e in installer["env"]}["UNINSTALL_ON_STOP"] == "false"
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-release-node"):
+    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node"):
         assert ("ValidatingAdmissionPolicy", name) in kinds and ("ValidatingAdmissionPolicyBinding", name) in kinds
     # the pre-delete hook: `cluster release --all` as its own account, nothing else of the node
     [job] = [d for d in docs if d["kind"] == "Job"]

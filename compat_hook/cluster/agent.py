@@ -16,9 +16,10 @@ A pass (:meth:`Agent.run_pass`):
 5. publishes (:mod:`.publish`): the Node only when its verdict, target,
    regressions or gate changed (one strategic-merge PATCH, conditional on the
    Node's resourceVersion: a conflict reads it again and decides again); the
-   details in the agent's ConfigMap when they changed; an Event when the
-   verdict, the gate or the regressions changed; the Lease (the heartbeat)
-   every pass; ``workloads.json`` in the state dir.
+   details in the agent's ConfigMap when they changed; an Event about the Node
+   (in ``default``, where ``kubectl describe node`` finds it) when the verdict,
+   the gate or the regressions changed; the Lease (the heartbeat) every pass;
+   ``workloads.json`` in the state dir.
 
 :class:`Agent` loops: a pass every ``interval`` seconds (jittered), and soon
 after a change that matters to this node (its target, the hold-ability, its own
@@ -409,8 +410,8 @@ class Agent:
         event_sent = False
         if prev is None or publish.event_signature(prev) != publish.event_signature(doc) or \
                 (tgt.reason == "bad_announcement" and (prev or {}).get("reasons") != doc["reasons"]):
-            kube.create(f"/api/v1/namespaces/{opts.publish_namespace}/events",
-                        publish.event(node=node, details=details, namespace=opts.publish_namespace, when=_rfc3339(),
+            kube.create(f"/api/v1/namespaces/{publish.EVENT_NAMESPACE}/events",
+                        publish.event(node=node, details=details, when=_rfc3339(),
                                       warning_reason=tgt.reason if tgt.reason == "bad_announcement" else None))
             event_sent = True
         self._renew()

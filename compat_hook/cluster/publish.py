@@ -21,7 +21,8 @@ namespace, named after the node:
   (``leaseDurationSeconds`` = 2 x interval): ``cluster status`` reads a verdict
   whose Lease expired as stale;
 * an Event on the Node (:func:`event`) when the verdict, the gate or the
-  regressions change.
+  regressions change: in the namespace ``default`` (:data:`EVENT_NAMESPACE`),
+  where ``kubectl describe node`` finds it.
 
 The verdict of a pass (:func:`verdict`) over the assessed workloads:
 
@@ -47,7 +48,8 @@ import json
 import os
 
 __all__ = ["verdict", "counts", "regression", "node_doc", "node_patch", "details_doc", "lease", "event",
-           "event_signature", "label_value", "nfd_text", "textfile_text", "write_file", "MAX_NODE_DOC"]
+           "event_signature", "label_value", "nfd_text", "textfile_text", "write_file", "MAX_NODE_DOC",
+           "EVENT_NAMESPACE"]
 
 #: The Node annotation's largest size.
 MAX_NODE_DOC = 1024
@@ -55,6 +57,11 @@ MAX_NODE_DOC = 1024
 MAX_DETAILS = 256 << 10
 MAX_STR = 200
 DETAILS_KEY = "preflight.json"
+#: Where an Event about a Node goes. The API server takes a core/v1 Event whose involvedObject has no
+#: namespace (a cluster-scoped object) only in ``default`` (``kube-system`` too through events.k8s.io);
+#: in another namespace it must name that namespace, and ``kubectl describe node``, which selects
+#: ``involvedObject.namespace=""``, never shows it. The kubelet writes its Node Events there too.
+EVENT_NAMESPACE = "default"
 COMPONENT_LABELS = {"app.kubernetes.io/name": "compat-hook", "app.kubernetes.io/component": "preflight"}
 
 
@@ -261,9 +268,15 @@ def event_signature(doc: dict) -> str:
     return "|".join(str(x) for x in (doc.get("verdict"), doc.get("gate"), key, doc.get("regressions")))
 
 
-def event(*, node: dict, details: dict, namespace: str, when: str, warning_reason: str | None = None) -> dict:
-    """A core/v1 Event on the Node (reason ``CompatHookPreflight``; Warning on ``fail``, on a gate that
-    cannot hold, and on a bad announcement)."""
+def event(*, node: dict, details: dict, when: str, warning_reason: str | None = None) -> dict:
+    """A core/v1 Event on the Node, for :data:`EVENT_NAMESPACE` (reason ``CompatHookPreflight``; Warning
+    on ``fail``, on a gate that cannot hold, and on a bad announcement).
+
+    >>> e = event(node={"metadata": {"name": "gpu-a", "uid": "u1"}}, when="2026-12-03T10:00:00Z",
+    ...           details={"verdict": "pass", "target": "580.95.05", "gate": "clear", "counts": {}})
+    >>> e["metadata"]["namespace"], e["involvedObject"], e["type"]
+    ('default', {'kind': 'Node', 'name': 'gpu-a', 'uid': 'u1', 'apiVersion': 'v1'}, 'Normal')
+    """
     meta = node.get("metadata") if isinstance(node.get("metadata"), dict) else {}
     name = str(meta.get("name"))
     d = details
@@ -288,11 +301,9 @@ def event(*, node: dict, details: dict, namespace: str, when: str, warning_reaso
     warn = d["verdict"] == "fail" or d["gate"] in WARNING or warning_reason is not None
     return {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"generateName": f"{name[:200]}.compat-hook-", "namespace": namespace},
-        # The API server takes an Event about a cluster-scoped object only in "default" or "kube-system";
-        # the agent may write Events only in its own namespace, so the reference names that namespace.
-        "involvedObject": {"kind": "Node", "name": name, "uid": meta.get("uid"), "apiVersion": "v1",
-                           "namespace": namespace},
+        "metadata": {"generateName": f"{name[:200]}.compat-hook-", "namespace": EVENT_NAMESPACE},
+        # no namespace: the Node is cluster-scoped (EVENT_NAMESPACE says why the Event is in "default")
+        "involvedObject": {"kind": "Node", "name": name, "uid": meta.get("uid"), "apiVersion": "v1"},
         "reason": "CompatHookPreflight", "message": msg[:1024],
         "type": "Warning" if warn else "Normal",
         "source": {"component": "compat-hook", "host": name},

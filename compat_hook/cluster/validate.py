@@ -42,6 +42,7 @@ from ..core import logjson
 from ..core.errors import CompatHookError, UsageError, describe
 from . import workloads as wl
 from .kube import KubeError, NotFound
+from .publish import EVENT_NAMESPACE  # where an Event about a Node can be (the agent's too)
 
 __all__ = ["ValidatorOptions", "expectation", "judge", "probe_pod", "probe_name", "parse_probe", "validate",
            "run", "main", "LABEL", "EVENT_REASON"]
@@ -62,9 +63,6 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED = 0, 1, 2, 3
 #: Set on SIGTERM (the pod going away): probe pods in flight are deleted, nothing half-done is published.
 STOP = threading.Event()
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-#: Where an Event about a Node can be: the API server refuses a core/v1 Event about a cluster-scoped
-#: object in any namespace but ``default`` ("involvedObject.namespace ... does not match").
-EVENT_NAMESPACE = "default"
 
 
 class ValidatorOptions:

@@ -86,8 +86,9 @@ AGENT_CLUSTER_RULES = [
 AGENT_NAMESPACE_RULES = [
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
+#: In ``default``, where Events about a Node go.
+AGENT_EVENT_RULES = [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 RELEASE_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}]
 
 
@@ -103,12 +104,12 @@ def agent_rbac(cp: ControlPlane) -> None:
         cp.admin.create(f"{rbac}/clusterrolebindings", {
             "metadata": {"name": sa}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": sa},
             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": "compat-hook"}]})
-    cp.admin.create(f"{rbac}/namespaces/compat-hook/roles",
-                    {"metadata": {"name": "compat-hook"}, "rules": AGENT_NAMESPACE_RULES})
-    cp.admin.create(f"{rbac}/namespaces/compat-hook/rolebindings", {
-        "metadata": {"name": "compat-hook"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                                         "name": "compat-hook"},
-        "subjects": [{"kind": "ServiceAccount", "name": "compat-hook", "namespace": "compat-hook"}]})
+    for ns, rules in (("compat-hook", AGENT_NAMESPACE_RULES), ("default", AGENT_EVENT_RULES)):
+        cp.admin.create(f"{rbac}/namespaces/{ns}/roles", {"metadata": {"name": "compat-hook"}, "rules": rules})
+        cp.admin.create(f"{rbac}/namespaces/{ns}/rolebindings", {
+            "metadata": {"name": "compat-hook"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                             "name": "compat-hook"},
+            "subjects": [{"kind": "ServiceAccount", "name": "compat-hook", "namespace": "compat-hook"}]})
 
 
 def runtime_classes(admin: Api) -> None:

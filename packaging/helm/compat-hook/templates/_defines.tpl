@@ -41,3 +41,6 @@ system:serviceaccount:{{ .Release.Namespace }}:compat-hook
 {{- define "compat-hook.releaseUser" -}}
 system:serviceaccount:{{ .Release.Namespace }}:compat-hook-release
 {{- end -}}
+{{- define "compat-hook.validatorUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:compat-hook-validator
+{{- end -}}
