@@ -34,6 +34,9 @@ SKIP = "nvidia.com/gpu-driver-upgrade.skip"
 DEPLOY = "nvidia.com/gpu.deploy.driver"
 AGENT_POLICY = "ValidatingAdmissionPolicy 'compat-hook-agent-node'"
 OBJECTS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-agent-objects'"
+VALIDATOR_NODE_POLICY = "ValidatingAdmissionPolicy 'compat-hook-validator-node'"
+VALIDATOR_PODS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-validator-pods'"
+VALIDATED = f"{PREFIX}/validated"
 EVENTS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-events'"
 RELEASE_POLICY = "ValidatingAdmissionPolicy 'compat-hook-release-node'"
 MERGE, SMP, JSONP = ("application/merge-patch+json", "application/strategic-merge-patch+json",
@@ -62,9 +65,9 @@ class World:
         return str(e.value)
 
 
-def _pod(w_docs: list, node: str, name: str) -> dict:
-    """A Pod of the DaemonSet's own template, bound to ``node`` (no kubelet runs it)."""
-    tpl = json.loads(json.dumps(chart.daemonset(w_docs)["spec"]["template"]))
+def _pod(w_docs: list, node: str, name: str, ds: str = "compat-hook") -> dict:
+    """A Pod of DaemonSet ``ds``'s own template, bound to ``node`` (no kubelet runs it)."""
+    tpl = json.loads(json.dumps(chart.daemonset(w_docs, ds)["spec"]["template"]))
     tpl["metadata"]["name"] = name
     tpl["spec"]["nodeName"] = node
     return tpl
@@ -91,9 +94,19 @@ def _wait_policy(w: World, who: str, node: str, body, policy: str) -> None:
     w.admin.wait(f"{policy} enforced", enforced, timeout=30)
 
 
+class PrivilegedControlPlane(ControlPlane):
+    """The API server allows privileged containers, as kubeadm's and most clusters' do: a privileged
+    probe pod is then refused by the chart's policy, not by the API server itself."""
+
+    def start_apiserver(self) -> None:
+        if "--allow-privileged=true" not in self._apiserver_argv:
+            self._apiserver_argv.append("--allow-privileged=true")
+        super().start_apiserver()
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    cp = ControlPlane(tmp_path_factory.mktemp("admission") / "cp")
+    cp = PrivilegedControlPlane(tmp_path_factory.mktemp("admission") / "cp")
     cp.start()
     try:
         docs = chart.render()
@@ -110,6 +123,11 @@ def world(tmp_path_factory):
         w.api["unbound"] = Api(cp.url, _token(cp.admin, "compat-hook"))
         w.api["static"] = Api(cp.url, AGENT_TOKEN)  # the same user name, from the token file: no extra at all
         w.api["release"] = Api(cp.url, _token(cp.admin, "compat-hook-release"))
+        # the validator's pod on gpu-a (the validator DaemonSet's template), and a token bound to none
+        vpod = cp.admin.create(f"/api/v1/namespaces/{NS}/pods",
+                               _pod(docs, "gpu-a", "compat-hook-validator-gpu-a", ds="compat-hook-validator"))
+        w.api["validator"] = Api(cp.url, _token(cp.admin, "compat-hook-validator", vpod))
+        w.api["validator-unbound"] = Api(cp.url, _token(cp.admin, "compat-hook-validator"))
         _wait_policy(w, "gpu-a", "gpu-b", {"metadata": {"labels": {f"{PREFIX}/preflight": "pass"}}}, AGENT_POLICY)
         yield w
     finally:
@@ -276,6 +294,120 @@ def test_agent_writes_only_its_own_lease_configmap_and_events(world):
         "gpu-a"]
 
 
+# ----------------------------------------------------------------------------- the validator's account
+
+
+def test_validator_sets_only_its_own_nodes_validated_label(world):
+    """What the validator publishes (compat_hook/cluster/validate.py ``publish``, a strategic-merge patch of
+    one label) goes through on its own Node; nothing else does."""
+    w = world
+    w.patch("validator", "gpu-a", {"metadata": {"labels": {VALIDATED: "555.58.02"}}}, SMP)
+    assert w.node("gpu-a")["metadata"]["labels"][VALIDATED] == "555.58.02"
+    w.patch("validator", "gpu-a", {"metadata": {"labels": {VALIDATED: "failed"}}}, SMP)
+    assert w.node("gpu-a")["metadata"]["labels"][VALIDATED] == "failed"
+    assert "on node gpu-a may change only that Node, not gpu-b" in w.refused(
+        "validator", "gpu-b", {"metadata": {"labels": {VALIDATED: "555.58.02"}}}, policy=VALIDATOR_NODE_POLICY)
+    # (values no other test sets: a patch that changes nothing is no change)
+    for body, says in (({"metadata": {"labels": {f"{PREFIX}/preflight": "by-validator"}}}, f"{PREFIX}/preflight"),
+                       ({"metadata": {"labels": {SKIP: "by-validator"}}}, SKIP),
+                       ({"metadata": {"labels": {VALIDATED: None}}}, None),  # removed: fine, it is its label
+                       ({"metadata": {"annotations": {f"{PREFIX}/preflight": "by-validator"}}}, f"{PREFIX}/preflight"),
+                       ({"metadata": {"annotations": {"team.example.com/owner": None}}}, "team.example.com/owner"),
+                       ({"spec": {"unschedulable": True}}, "spec"),
+                       ({"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}, "spec")):
+        if says is None:
+            w.patch("validator", "gpu-a", body)
+            assert VALIDATED not in w.node("gpu-a")["metadata"]["labels"]
+            continue
+        assert says in w.refused("validator", "gpu-a", body, policy=VALIDATOR_NODE_POLICY), body
+    assert "pod-bound token" in w.refused("validator-unbound", "gpu-a", {"metadata": {"labels": {VALIDATED: "x"}}},
+                                          policy=VALIDATOR_NODE_POLICY)
+
+
+def _probe(node: str = "gpu-a") -> dict:
+    """The probe pod the validator on ``node`` makes for a workload (its own code builds it)."""
+    from compat_hook.cluster.validate import ValidatorOptions, probe_pod
+
+    opts = ValidatorOptions(node, publish_namespace=NS, probe_image="localhost/compat-hook:0.1.0",
+                            runtime_class="cuda-compat")
+    return probe_pod(opts, {"image": "registry.test/apps/infer:1", "env": ["CUDA_VISIBLE_DEVICES=0"],
+                            "runtime_class": "cuda-compat", "pods": ["apps/infer"]})
+
+
+def _changed(pod: dict, change) -> dict:
+    p = json.loads(json.dumps(pod))
+    change(p, p["spec"])
+    return p
+
+
+def _sc(c: dict, **kw) -> None:
+    c.setdefault("securityContext", {}).update(kw)
+
+
+PROBES = f"/api/v1/namespaces/{NS}/pods"
+BAD_PROBES = {
+    "other-node": (lambda p, s: s.update(nodeName="gpu-b"), "not one on gpu-b"),
+    "unbound": (lambda p, s: s.pop("nodeName"), "not an unbound one"),
+    "not-a-probe": (lambda p, s: p["metadata"]["labels"].update({"app.kubernetes.io/name": "other"}), "probe pods"),
+    "token": (lambda p, s: s.update(automountServiceAccountToken=True), "no service-account token"),
+    "no-runtime-class": (lambda p, s: s.pop("runtimeClassName"), "RuntimeClass cuda-compat"),
+    "host-network": (lambda p, s: s.update(hostNetwork=True), "host namespace"),
+    "host-pid": (lambda p, s: s.update(hostPID=True), "host namespace"),
+    "host-ipc": (lambda p, s: s.update(hostIPC=True), "host namespace"),
+    "host-path": (lambda p, s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "only emptyDir"),
+    "secret": (lambda p, s: s["volumes"].append({"name": "s", "secret": {"secretName": "x"}}), "only emptyDir"),
+    "privileged": (lambda p, s: _sc(s["containers"][0], privileged=True, allowPrivilegeEscalation=True),
+                   "no privileged container"),
+    "capability": (lambda p, s: _sc(s["initContainers"][0], capabilities={"add": ["SYS_ADMIN"]}), "add no capability"),
+}
+
+
+def test_validator_creates_and_deletes_probe_pods_on_its_own_node(world):
+    w = world
+    v = w.api["validator"]
+    pod = v.create(PROBES, _probe())
+    assert pod["spec"]["nodeName"] == "gpu-a" and pod["spec"]["runtimeClassName"] == "cuda-compat"
+    assert v.get(f"{PROBES}/{pod['metadata']['name']}")["metadata"]["uid"] == pod["metadata"]["uid"]
+    v.delete(f"{PROBES}/{pod['metadata']['name']}", gracePeriodSeconds="0")
+    # a pod bound to another node, even one shaped like its own probes: not its to delete
+    other = w.admin.create(PROBES, _probe("gpu-b"))
+    try:
+        with pytest.raises(ApiError) as e:
+            v.delete(f"{PROBES}/{other['metadata']['name']}", gracePeriodSeconds="0")
+        assert e.value.status == 403 and VALIDATOR_PODS_POLICY in str(e.value), e.value
+        assert "not one on gpu-b" in str(e.value)
+        assert w.admin.get(f"{PROBES}/{other['metadata']['name']}")["metadata"]["uid"] == other["metadata"]["uid"]
+    finally:
+        w.admin.delete(f"{PROBES}/{other['metadata']['name']}", gracePeriodSeconds="0")
+    # a token bound to no pod names no node: no probe at all
+    with pytest.raises(ApiError) as e:
+        w.api["validator-unbound"].create(PROBES, _probe())
+    assert e.value.status == 403 and VALIDATOR_PODS_POLICY in str(e.value) and "pod-bound token" in str(e.value)
+    # outside the release namespace RBAC gives it nothing
+    with pytest.raises(ApiError) as e:
+        v.create("/api/v1/namespaces/apps/pods", dict(_probe(), metadata=dict(_probe()["metadata"], namespace="apps")))
+    assert e.value.status == 403 and "ValidatingAdmissionPolicy" not in str(e.value), e.value
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PROBES))
+def test_validator_creates_nothing_but_a_confined_probe(world, case):
+    change, says = BAD_PROBES[case]
+    with pytest.raises(ApiError) as e:
+        world.api["validator"].create(PROBES, _changed(_probe(), change))
+    assert e.value.status == 403 and VALIDATOR_PODS_POLICY in str(e.value) and says in str(e.value), e.value
+    assert not [p for p in world.admin.get(PROBES, labelSelector="app.kubernetes.io/component=validation-probe")["items"]]
+
+
+def test_validator_records_events_only_about_its_node(world):
+    v, events = world.api["validator"], "/api/v1/namespaces/default/events"
+    ev = {"metadata": {"generateName": "gpu-a.compat-hook-validation."}, "reason": "CompatHookValidation",
+          "message": "m", "type": "Warning", "involvedObject": {"kind": "Node", "name": "gpu-a", "apiVersion": "v1"}}
+    v.create(events, ev)
+    with pytest.raises(ApiError) as e:
+        v.create(events, dict(ev, involvedObject=dict(ev["involvedObject"], name="gpu-b")))
+    assert e.value.status == 403 and EVENTS_POLICY in str(e.value), e.value
+
+
 # ----------------------------------------------------------------------------- the release Job's account
 
 
@@ -341,6 +473,15 @@ def test_rbac_grants_the_agent_only_what_it_uses(world):
     assert _can(w, "compat-hook-release", "list", "nodes") and _can(w, "compat-hook-release", "patch", "nodes")
     assert not any(_can(w, "compat-hook-release", v, r) for v, r in
                    (("get", "nodes"), ("update", "nodes"), ("list", "pods"), ("create", "events")))
+    # the validator: its Node, probe pods in its namespace, Events in default; nothing cluster-wide beyond
+    v_allowed = [("get", "nodes", None), ("patch", "nodes", None), ("create", "pods", NS), ("get", "pods", NS),
+                 ("delete", "pods", NS), ("create", "events", "default")]
+    v_denied = [("list", "nodes", None), ("update", "nodes", None), ("list", "pods", None), ("list", "pods", NS),
+                ("update", "pods", NS), ("patch", "pods", NS), ("create", "pods", "apps"), ("delete", "pods", "apps"),
+                ("create", "events", NS), ("get", "secrets", NS), ("create", "serviceaccounts/token", NS)]
+    assert [a for a in v_allowed if not _can(w, "compat-hook-validator", a[0], a[1], namespace=a[2])] == []
+    assert [d for d in v_denied if _can(w, "compat-hook-validator", d[0], d[1].split("/")[0], namespace=d[2],
+                                        sub=(d[1].split("/") + [None])[1])] == []
 
 
 # ----------------------------------------------------------------------------- helm template, helm install
@@ -353,8 +494,8 @@ def test_rbac_grants_the_agent_only_what_it_uses(world):
      "agent.textfile=/var/lib/node_exporter/textfile_collector/compat-hook.prom",
      "release.formerLabelPrefixes={compat-hook.io,old.example.com}"],
     ["agent.enabled=false", "runtimeClass.create=false", "release.enabled=false", "admissionPolicy.enabled=false"],
-    # (not restartContainerd here: this API server runs without --allow-privileged)
-    ["containerd.distribution=k3s", "gpuOperator.toolkitEnv=true",
+    # (restartContainerd: a privileged installer with hostPID, which this API server allows)
+    ["containerd.distribution=k3s", "gpuOperator.toolkitEnv=true", "registration.restartContainerd=true",
      "agent.recursiveReadOnly=", "containerd.snapshotters={overlayfs,native}"],
     ["containerd.distribution=microk8s", "agent.recursiveReadOnly=Enabled", "namespace.create=false"],
 ], ids=["defaults", "gate-prefix-target-outputs", "registration-only", "k3s-toolkit-env", "microk8s"])
