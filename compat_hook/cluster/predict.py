@@ -9,9 +9,17 @@ and whether it regresses. Images not in the store are listed, not assessed.
 A precompiled branch target (``570``) is assessed as the branch's first release
 (``570.0``): the branch fixes the highest CUDA version and the GPUs supported.
 
->>> rows = [{"name": "a", "now": {"outcome": "host"}, "after": {"outcome": "broken"}}]
->>> _finish(rows, {"driver": {"now": "535.261.03", "after": "535.261.03"}})[0]["regression"]
-False
+The workloads go to :func:`compat_hook.policy.preflight.plan` as its contract
+says: ``{"source", "name", "env", "annotations", "runtime", "unknown"}`` each,
+``env`` the container's from the pod spec (laid over the image's there),
+``runtime`` ``compat-hook`` or ``toolkit``. Its workload rows (``"workload":
+true``, in the report's ``images`` after the images, none here) carry ``now``,
+``after`` (the outcome of the workload's runtime), ``compat_hook_after``,
+``toolkit_only_after`` and ``regression``.
+
+>>> [w["runtime"] for w in _payload([{"source": "oci:/s:a", "name": "ns/p:c", "env": ("A=1",), "annotations": {},
+...                                   "runtime": "toolkit", "unknown": None, "image": "r/a:1", "pods": []}])]
+['toolkit']
 """
 
 from __future__ import annotations
@@ -37,58 +45,6 @@ class Assessment:
         self.reasons: list = []
         self.reachable = True
         self.now = None
-
-
-def _supports_workloads(plan) -> bool:
-    import inspect
-
-    try:
-        return "workloads" in inspect.signature(plan).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _plan_workloads(cfg, version: str, items: list, opener, expander) -> dict:
-    """The policy layer's plan over workloads (its contract: one row per workload)."""
-    from ..policy import preflight
-
-    return preflight.plan(cfg, [], driver=version, opener=opener, expander=expander, workloads=items)
-
-
-def _plan_workloads_stub(cfg, version: str, items: list, opener, expander) -> dict:
-    """Until the policy layer's workloads API is on main: today's per-image plan. It opens each image
-    once and gives each workload its image's row; the pod's env and annotations are not laid over the
-    image's yet, and the toolkit-alone outcome stands for ``runtime: toolkit`` only after the upgrade."""
-    from ..policy import preflight
-
-    sources = sorted({w["source"] for w in items if not w["unknown"]})
-    rep = preflight.plan(cfg, sources, driver=version, opener=opener, expander=expander)
-    by_source = {r["image"]: r for r in rep["images"]}
-    rows = []
-    for w in items:
-        base = {"workload": True, "name": w["name"], "runtime": w["runtime"]}
-        if w["unknown"]:
-            rows.append(dict(base, image=w["source"], now=None, after=None, unknown=w["unknown"]))
-            continue
-        r = dict(by_source.get(w["source"]) or {"image": w["source"], "now": None, "after": None,
-                                                "error": "not read"}, **base)
-        if r.get("now") is not None:
-            r["compat_hook_after"] = r["after"]
-            if w["runtime"] == "toolkit" and r.get("toolkit_only_after") is not None:
-                r["after"] = r["toolkit_only_after"]
-        rows.append(r)
-    rep["workloads"] = rows
-    return rep
-
-
-def _finish(rows: list, report: dict) -> list:
-    """Rows without the policy's ``regression``: none when the target is the driver now."""
-    drv = report.get("driver") if isinstance(report.get("driver"), dict) else {}
-    same = drv.get("now") is not None and drv.get("now") == drv.get("after")
-    for r in rows:
-        if "regression" not in r and same:
-            r["regression"] = False
-    return rows
 
 
 def assess(cfg, *, version: str | None, workloads, stores: list, address, namespace: str) -> Assessment:
@@ -124,22 +80,24 @@ def assess(cfg, *, version: str | None, workloads, stores: list, address, namesp
         return a
     from ..policy import preflight
 
-    plan = _plan_workloads if _supports_workloads(preflight.plan) else _plan_workloads_stub
-    payload = [{"source": w["source"], "name": w["name"], "env": list(w["env"]), "annotations": dict(w["annotations"]),
-                "runtime": w["runtime"], "unknown": w["unknown"]} for w in send]
     try:
-        a.report = plan(cfg, version, payload, functools.partial(open_source, **where), expander)
+        a.report = preflight.plan(cfg, [], driver=version, opener=functools.partial(open_source, **where),
+                                  expander=expander, workloads=_payload(send))
     except Exception as e:  # the host driver unknown, a bad target: the verdict is unknown, said why
         code, msg = describe(e)
         a.problems.append(msg)
         a.reasons.append("driver_unknown" if "host driver is unknown" in msg else "plan_error")
         return a
-    rows = a.report.get("workloads")
-    if not isinstance(rows, list):
-        rows = [r for r in a.report.get("images", []) if isinstance(r, dict) and r.get("workload")]
+    rows = [r for r in a.report.get("images") or [] if isinstance(r, dict) and r.get("workload")]
     image_of = {w["name"]: w["image"] for w in items}
     for r in rows:
         r["workload_image"] = image_of.get(r.get("name"), r.get("image"))
-    a.rows = _finish(rows, a.report)
+    a.rows = rows
     a.now = (a.report.get("driver") or {}).get("now")
     return a
+
+
+def _payload(workloads: list) -> list:
+    """The policy layer's workload dicts (module docstring) of :class:`~.pods.Workloads` items."""
+    return [{"source": w["source"], "name": w["name"], "env": list(w["env"]), "annotations": dict(w["annotations"]),
+             "runtime": w["runtime"], "unknown": w["unknown"]} for w in workloads]
