@@ -83,3 +83,55 @@ def test_unreachable_api_server_is_one_line(tmp_path):
                   '"contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}]}')
     p = _run("cluster", "status", "--kubeconfig", str(kc))
     assert p.returncode == 1 and "unreachable" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_each_pass_frees_what_the_image_reader_spooled(tmp_path):
+    """An agent pass reads its pods' images with an image reader of its own and removes what it spooled
+    (the compat libcuda kept for the ELF checks) when it ends. The process's shared reader keeps its
+    spool until the process exits: in a long-running agent, past its 4 GiB bound every image that
+    needs a spool would fail. Two passes in one process, then the shared reader for contrast."""
+    import json
+    import os
+
+    from tests.support import debs
+    from tests.support.gpucluster import A100, build_store, ref
+    from tests.support.toolkit import noted_compat_lib
+    from tests.support.trees import write_fake_host
+    from tests.support.versions import COMPAT_550, HOST_535
+
+    store = build_store(tmp_path / "store", ["train"],
+                        {"noted": noted_compat_lib(debs.libcuda(COMPAT_550), tmp_path / "noted")})
+    host = write_fake_host(tmp_path / "host", version=HOST_535, gpus={"0000:17:00.0": A100})
+    spool = tmp_path / "tmp"
+    spool.mkdir()
+    code = r'''
+import json, os, sys
+from compat_hook.cluster import pods, predict
+from compat_hook.core.config import from_mapping
+from compat_hook.images import reader
+from compat_hook.images.sources import open_source
+cfg = from_mapping({"log_file": None, "nvml": "off", "host_root": sys.argv[1]})
+pod = {"metadata": {"name": "p", "namespace": "apps"},
+       "spec": {"runtimeClassName": "cuda-compat", "containers": [
+           {"name": "c", "image": sys.argv[3], "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+out = []
+for _ in range(2):
+    a = predict.assess(cfg, version="580.95.05", workloads=pods.build([pod], ["cuda-compat"]),
+                       stores=[sys.argv[2]], address=None, namespace="k8s.io")
+    out.append({"now": [(r.get("now") or {}).get("outcome") for r in a.rows],
+                "left": sorted(os.listdir(os.environ["TMPDIR"]))})
+shared_before = reader._default is not None
+src = a.rows[0]["image"]
+with open_source(src, cfg) as img:
+    pass
+print(json.dumps({"passes": out, "shared_before": shared_before, "shared_left": sorted(os.listdir(os.environ["TMPDIR"]))}))
+'''
+    p = subprocess.run([sys.executable, "-c", code, str(host), f"oci:{store}", ref("train")], cwd=REPO,
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, TMPDIR=str(spool)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(p.stdout.splitlines()[-1])
+    # each pass read the image (its compat driver found) and left nothing in the temp dir
+    assert doc["passes"] == [{"now": ["compat"], "left": []}] * 2, doc
+    assert doc["shared_before"] is False, doc
+    # the same image through the process's shared reader: its spool stays while the process lives
+    assert [n for n in doc["shared_left"] if n.startswith("compat-hook-images-")], doc

@@ -48,11 +48,28 @@ class Assessment:
 
 
 def assess(cfg, *, version: str | None, workloads, stores: list, address, namespace: str) -> Assessment:
-    """See the module docstring; ``workloads`` is a :class:`~.pods.Workloads`."""
+    """See the module docstring; ``workloads`` is a :class:`~.pods.Workloads`.
+
+    A pass reads with an image reader of its own, closed when it ends: the process's shared one would
+    keep every file it spooled (its private temp dir, bounded to ``Limits.max_spool_bytes`` in all)
+    for the agent's lifetime, until every image needing a spool failed, and its cached store
+    listings would hide images pulled since.
+    """
+    from ..images.reader import Reader
+
+    reader = Reader()
+    try:
+        return _assess(cfg, version=version, workloads=workloads, stores=stores, address=address,
+                       namespace=namespace, reader=reader)
+    finally:
+        reader.close()
+
+
+def _assess(cfg, *, version, workloads, stores: list, address, namespace: str, reader) -> Assessment:
     from ..images.sources import expand, open_source
 
     a = Assessment()
-    where = {"address": address, "namespace": namespace}
+    where = {"address": address, "namespace": namespace, "reader": reader}
     expander = functools.partial(expand, **where)
     items = [w for w in workloads.items]
     if any(not w["unknown"] for w in items):

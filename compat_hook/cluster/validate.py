@@ -300,10 +300,11 @@ def read_driver(cfg) -> tuple:
     return (version, text.splitlines()[0]) if version else (None, None)
 
 
-def expectation(cfg, opts: ValidatorOptions, workload: dict, host) -> dict:
+def expectation(cfg, opts: ValidatorOptions, workload: dict, host, reader=None) -> dict:
     """What compat-hook's decision says ``workload`` loads on this node, from the image in the node's
     store (the assessment the hook runs and ``plan`` reports):
-    ``{"loads", "compat_version", "compat_dir", "needs", "outcome", "error", "problem"}``."""
+    ``{"loads", "compat_version", "compat_dir", "needs", "outcome", "error", "problem"}``; ``reader``:
+    the image reader (:func:`validate`'s own)."""
     from ..images.sources import open_source
     from ..policy.assess import assess
     from ..policy.outcome import gpu_request, image_needs, result
@@ -312,7 +313,7 @@ def expectation(cfg, opts: ValidatorOptions, workload: dict, host) -> dict:
     out = {"loads": None, "compat_version": None, "compat_dir": None, "needs": None, "outcome": None,
            "error": None, "problem": None}
     try:
-        with open_source(src, cfg, address=opts.address, namespace=opts.namespace) as img:
+        with open_source(src, cfg, address=opts.address, namespace=opts.namespace, reader=reader) as img:
             env = _overlay(img.env, workload.get("env") or [])
             need = image_needs(img.root, env)
             a = assess(cfg, gpu_request(env), img.root, spec={"process": {"env": env}, "root": {"path": "rootfs"}},
@@ -433,12 +434,17 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
                 "problem": f"no workload record yet in {opts.workloads_dir} (the agent writes it on its first pass)"}
     items = wl.for_driver(doc, driver)
     host = hostfacts.gather(cfg)
+    # A reader of this validation's own, closed with it: the process's would keep what it spooled
+    # (up to its 4 GiB bound in all) for as long as the validator runs.
+    from ..images.reader import Reader
+
+    reader = Reader()
 
     def one(w: dict) -> dict:
         row = {"image": w["image"], "pods": w["pods"][:5], "env": w["env"], "runtime_class": w["runtime_class"]}
         if time.monotonic() > deadline or STOP.is_set():
             return dict(row, ok=False, code="not_probed", message=f"not probed within {opts.deadline} s")
-        exp = expectation(cfg, opts, w, host)
+        exp = expectation(cfg, opts, w, host, reader)
         got = run_probe(kube, opts, w, deadline)
         row.update(expected=exp["loads"], needs=exp["needs"], seconds=got["seconds"])
         if got["unverified"]:
@@ -450,8 +456,11 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
         return dict(row, libcuda=p.get("libcuda"), driver_api=p.get("driver_api"), cuinit=p.get("cuinit"),
                     glibc=p.get("glibc"), **verdict)
 
-    with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool:
-        rows = list(pool.map(one, items))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, opts.parallel)) as pool:
+            rows = list(pool.map(one, items))
+    finally:
+        reader.close()
     ok = all(r["ok"] for r in rows)
     return {"driver": driver, "result": "pass" if ok else "fail", "time": logjson.timestamp(), "images": rows,
             "probes": sum(1 for r in rows if "seconds" in r), "seconds": round(time.monotonic() - t0, 2)}

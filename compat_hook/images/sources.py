@@ -16,26 +16,28 @@ from .reader import TRANSPORTS  # the one list: images/reader opens them
 __all__ = ["open_source", "open_dir", "expand", "TRANSPORTS"]
 
 
-def open_source(source: str, config=None, *, address: str | None = None, namespace: str = "k8s.io"):
-    """The image behind ``source`` (see the module docstring)."""
+def open_source(source: str, config=None, *, address: str | None = None, namespace: str = "k8s.io", reader=None):
+    """The image behind ``source`` (see the module docstring); ``reader``: the
+    :class:`~compat_hook.images.reader.Reader` to read it with (default: the process's, which keeps its
+    caches and spooled files until the process ends; a long-running caller gives its own and closes it)."""
     if source.startswith(TRANSPORTS):
         from . import reader as images
 
         # the snapshotter's and graph driver's layer dirs are node paths: read under host_root
-        return images.open_image(source, address=address, namespace=namespace,
+        return images.open_image(source, address=address, namespace=namespace, reader=reader,
                                  host_root=getattr(config, "host_root", None))
     if os.path.isdir(source):
         return open_dir(source)
     raise UsageError(f"{source}: not a directory, nor {', '.join(t + '...' for t in TRANSPORTS)}")
 
 
-def expand(source: str, *, address: str | None = None, namespace: str = "k8s.io") -> list:
+def expand(source: str, *, address: str | None = None, namespace: str = "k8s.io", reader=None) -> list:
     """One source per image: ``containerd:``, ``docker:`` and ``containers-storage:`` list every image,
-    a layout or archive every tag."""
+    a layout or archive every tag (``reader`` as for :func:`open_source`)."""
     if source.startswith(TRANSPORTS):
         from . import reader as images
 
-        return images.expand_sources([source], address=address, namespace=namespace)
+        return images.expand_sources([source], address=address, namespace=namespace, reader=reader)
     return [source]
 
 
