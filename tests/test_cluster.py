@@ -199,7 +199,7 @@ def _table(out: str) -> dict:
     """``cluster status``'s text table as ``{node: {column: value}}`` (columns by the header's positions)."""
     lines = out.splitlines()
     header = lines[0]
-    cols = ["NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD", "NOTE"]
+    cols = ["NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD", "VALIDATED", "NOTE"]
     starts = [header.index(c) for c in cols]
     rows = {}
     for ln in lines[1:-1]:
@@ -605,6 +605,26 @@ def test_status_marks_a_hold_whose_agent_stopped_renewing_it(world, client):
     rc, out, _ = w.status(node, client=client)
     row = _table(out)[node]
     assert rc == 2 and (row["HELD"], row["PREFLIGHT"]) == ("stale", "stale") and "no heartbeat" in row["NOTE"], out
+
+
+def test_status_shows_what_the_validator_published(world, client):
+    """The validator's ``compat-hook.io/validated`` (a driver version, or ``failed``) in its own column, in
+    ``--json`` and counted in the summary; a node it never validated shows ``-``."""
+    w = world
+    case = f"validated-{client}"
+    nodes = {f"{case}-{k}": v for k, v in (("ok", R535), ("failed", "failed"), ("none", None))}
+    for n, value in nodes.items():
+        w.add_node(n, image="legacy", labels={CASE: case})
+        if value is not None:  # what `compat-hook cluster validate` publishes on its Node
+            w.admin.merge(f"/api/v1/nodes/{n}", {"metadata": {"labels": {f"{PREFIX}/validated": value}}})
+        w.agent(n, client=client)
+    rc, out, _ = w.status(case, client=client)
+    rows = _table(out)
+    assert {n: rows[n]["VALIDATED"] for n in nodes} == {n: v or "-" for n, v in nodes.items()}, out
+    assert out.splitlines()[-1].endswith("; 1 failed validation"), out
+    rc_json, doc, summary = w.status_json(case, client)
+    assert {n: doc[n]["validated"] for n in nodes} == nodes and summary["validation_failed"] == 1, (doc, summary)
+    assert rc == rc_json
 
 
 def test_backoff_honours_retry_after(world, client, tmp_path):

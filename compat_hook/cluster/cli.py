@@ -57,7 +57,7 @@ def _parser():
                    help="the namespace of the agent's Lease, ConfigMap and Events (default: the pod's own, else "
                         "compat-hook)")
     sub.add_parser("validate", add_help=False, help="after a driver change, prove this node's workloads (docs/validation.md)")
-    s = sub.add_parser("status", help="every GPU node: driver, target, upgrade state, preflight, hold")
+    s = sub.add_parser("status", help="every GPU node: driver, target, upgrade state, preflight, hold, validation")
     s.add_argument("--kubeconfig", metavar="PATH")
     s.add_argument("--config", metavar="FILE", help="for cluster.label_prefix")
     s.add_argument("--publish-namespace", metavar="NS", default="compat-hook",
@@ -166,7 +166,7 @@ def _status(args) -> int:
     rep = status.status(k, prefix, args.publish_namespace, selector=args.selector)
     if args.json:
         keys = ("name", "driver", "target", "upgrade_state", "preflight", "verdict", "broken", "held", "hold",
-                "stale", "renewed", "since")
+                "stale", "renewed", "since", "validated")
         out = {"nodes": [{key: r[key] for key in keys} for r in rep["nodes"]], "summary": rep["summary"]}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
     else:

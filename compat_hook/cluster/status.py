@@ -16,6 +16,10 @@ It never passes on stale data. A node has no valid verdict (``stale``) when:
 The row says why. A hold whose agent has not renewed its heartbeat for three
 intervals is shown as a stale hold.
 
+Each row also shows what the validator (:mod:`.validate`) published after the
+node's last driver change: ``<prefix>/validated``, the driver version its
+workloads were proven on, or ``failed``; the summary counts the ``failed`` nodes.
+
 Reads: Nodes, the agent's Leases, ClusterPolicies and NVIDIADrivers, each as
 paginated lists of :data:`PAGE` (four requests for a thousand nodes).
 
@@ -147,6 +151,7 @@ def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None,
         "stale": stale,
         "renewed": _s(spec.get("renewTime"), 40),
         "since": _s(doc.get("since"), 40),
+        "validated": _s(labels.get(f"{prefix}/validated")),
     }
 
 
@@ -184,7 +189,8 @@ def status(kube, prefix: str, namespace: str, now: float | None = None, selector
         if row is not None:
             rows.append(row)
     rows.sort(key=lambda r: r["name"] or "")
-    summary = {"nodes": len(rows), "held": sum(1 for r in rows if r["held"])}
+    summary = {"nodes": len(rows), "held": sum(1 for r in rows if r["held"]),
+               "validation_failed": sum(1 for r in rows if r["validated"] == "failed")}
     for v in ("pass", "warn", "fail", "unknown", "stale"):
         summary[v] = sum(1 for r in rows if r["preflight"] == v)
     summary["no_preflight"] = sum(1 for r in rows if r["preflight"] is None)
@@ -206,14 +212,26 @@ def exit_status(nodes: list) -> int:
 
 
 def render_text(rep: dict) -> str:
-    rows = [("NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD", "NOTE")]
+    """The table and the summary line.
+
+    >>> row = {"name": "gpu-a", "driver": "470.256.02", "target": "470.256.02", "upgrade_state": "upgrade-done",
+    ...        "preflight": "pass", "broken": 0, "hold": "-", "validated": "failed", "stale": None}
+    >>> s = {"nodes": 1, "pass": 1, "warn": 0, "fail": 0, "unknown": 0, "no_preflight": 0, "stale": 0, "held": 0,
+    ...      "validation_failed": 1}
+    >>> print(render_text({"nodes": [row], "summary": s}), end="")
+    NODE   DRIVER      TARGET      UPGRADE STATE  PREFLIGHT  BROKEN  HELD  VALIDATED  NOTE
+    gpu-a  470.256.02  470.256.02  upgrade-done   pass       0       -     failed
+    1 GPU node(s): 1 pass, 0 warn, 0 fail, 0 unknown, 0 stale; 0 held by compat-hook; 1 failed validation
+    """
+    rows = [("NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD", "VALIDATED", "NOTE")]
     for r in rep["nodes"]:
         rows.append((r["name"] or "?", r["driver"] or "-", r["target"] or "-", r["upgrade_state"] or "-",
                      r["preflight"] or "-", "-" if r["broken"] is None else str(r["broken"]), r["hold"],
-                     r["stale"] or ""))
+                     r["validated"] or "-", r["stale"] or ""))
     widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
     out = ["  ".join(row[k].ljust(widths[k]) for k in range(len(row))).rstrip() for row in rows]
     s = rep["summary"]
     out.append(f"{s['nodes']} GPU node(s): {s['pass']} pass, {s['warn']} warn, {s['fail']} fail, "
-               f"{s['unknown'] + s['no_preflight']} unknown, {s['stale']} stale; {s['held']} held by compat-hook")
+               f"{s['unknown'] + s['no_preflight']} unknown, {s['stale']} stale; {s['held']} held by compat-hook; "
+               f"{s['validation_failed']} failed validation")
     return "\n".join(out) + "\n"
