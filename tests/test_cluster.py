@@ -547,6 +547,33 @@ def test_cluster_release_removes_compat_hooks_holds_and_leaves_an_operators_own(
     assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1 and "403" in p.stderr, p.stderr
 
 
+def test_a_release_while_the_agent_runs_is_not_undone(world, client):
+    """`helm uninstall` runs `cluster release --all` (its pre-delete Job) while the agents still run: an
+    agent that saw its hold released holds no more for the same target and regressions, so no hold
+    outlives the agents stopped right after."""
+    w = world
+    node = f"release-running-{client}"
+    w.add_node(node, image="infer")
+    agent = w.spawn(node, "--driver", R470, "--interval", "300", client=client)  # a pass only on a change
+    try:
+        w.admin.wait("held", lambda: w.labels(node).get(SKIP) == "true" and HOLDS in w.annotations(node), timeout=60)
+        n0 = len(w.passes(node))
+        p = w.run("release", "--node", node, client=client, kubeconfig=w.release_kc)
+        assert p.returncode == 0 and f"released the hold on {node}" in p.stdout, p.stdout + p.stderr
+        # the agent watches its Node: the release starts a pass at once
+        w.admin.wait("a pass after the release", lambda: len(w.passes(node)) > n0, timeout=30)
+        time.sleep(2)
+        last = w.passes(node)[-1]
+        assert (last["preflight"], last["gate"]) == ("fail", "released-by-other"), last
+        assert SKIP not in w.labels(node) and HOLDS not in w.annotations(node)
+        assert json.loads(w.annotations(node)[f"{PREFIX}/preflight"])["gate"] == "released-by-other"
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(10)
+    assert SKIP not in w.labels(node)
+
+
 def test_a_changed_label_prefix_leaves_no_hold_unsaid(world, client, tmp_path):
     w = world
     node = f"prefix-{client}"

@@ -29,9 +29,12 @@ does nothing. So the gate (:func:`decide`, one state per pass):
     The admin's annotation ``<prefix>/allow-upgrade=true``: ours is lifted and
     none is set while it is there.
 ``released-by-other``
-    Someone took our skip label off by hand (our annotation still there): we
-    take our annotation off and do not hold again for the same target and
-    regressions (a new target or a new regression holds again).
+    Someone took our skip label off by hand (our annotation still there), or
+    released our hold (``compat-hook cluster release``: both gone while our
+    last published gate was ``held``, as when ``helm uninstall``'s pre-delete
+    Job runs before the agent is stopped): we take our annotation off and do
+    not hold again for the same target and regressions (a new target or a new
+    regression holds again).
 ``skipped-by-other``
     A skip label someone else set: never touched.
 ``off``
@@ -55,6 +58,11 @@ does nothing. So the gate (:func:`decide`, one state per pass):
 >>> theirs = {"labels": {SKIP_LABEL: "true"}, "annotations": {}}
 >>> g = decide(theirs, **dict(fail, verdict="pass")); (g.labels, g.state)
 ({}, 'skipped-by-other')
+>>> released = {"labels": {}, "annotations": {}}  # `cluster release` took both off
+>>> g = decide(released, **fail, key="k1", previous={"gate": "held", "key": "k1"}); (g.labels, g.state)
+({}, 'released-by-other')
+>>> decide(released, **fail, key="k2", previous={"gate": "held", "key": "k1"}).state  # a new regression
+'held'
 """
 
 from __future__ import annotations
@@ -153,4 +161,10 @@ def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool,
     if prev.get("gate") == "released-by-other" and prev.get("key") == key:
         return Gate("released-by-other", f"{SKIP_LABEL} was removed by someone else: not held again for this "
                                          f"target; {why}")
+    if prev.get("gate") == "held" and prev.get("key") == key:
+        # Our last word on this Node was a hold, and both its keys are gone: someone released it (the
+        # release command, as helm uninstall runs it while this agent still runs). Holding again at
+        # once would undo that, and outlive the agent about to be stopped.
+        return Gate("released-by-other", f"our hold was released by someone else ({SKIP_LABEL} and "
+                                         f"{hold_key} removed): not held again for this target; {why}")
     return Gate("held", f"holding the upgrade: {why}", labels={SKIP_LABEL: "true"}, annotations={hold_key: why})
