@@ -204,9 +204,13 @@ def test_the_in_cluster_agent_publishes_fail_with_its_projected_token(world):
         world.labels()), timeout=180, interval=1)
     assert labels[f"{PREFIX}/preflight.target-driver"] == R470
     doc = json.loads(world.annotations()[f"{PREFIX}/preflight"])
-    broken = {b["image"]: b for b in doc["broken_images"]}
-    assert PLAIN_IMAGE in broken and broken[PLAIN_IMAGE]["error"] == 35, doc
     assert doc["now"] == HOST_555  # read by the agent from the node's /proc/driver under /host
+    assert doc["regressions"] >= 1 and doc["details"] == f"{NS}/{world.node.name}", doc
+    # the details, in the agent's ConfigMap of the node's name: the regressing image, its pod, why
+    cm = world.admin.get(f"/api/v1/namespaces/{NS}/configmaps/{world.node.name}")
+    regressions = {r["image"]: r for r in json.loads(cm["data"]["preflight.json"])["regressions"]}
+    assert PLAIN_IMAGE in regressions, regressions
+    assert regressions[PLAIN_IMAGE]["error"] == 35 and "apps/infer" in regressions[PLAIN_IMAGE]["pods"], regressions
     # who wrote it: the agent's ServiceAccount, with the token the kubelet projected for its pod
     node = world.admin.get(f"/api/v1/nodes/{world.node.name}")
     managers = {m["manager"] for m in node["metadata"]["managedFields"]}

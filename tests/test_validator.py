@@ -324,6 +324,10 @@ def test_the_chart_s_validator_objects():
     assert c["readinessProbe"]["exec"]["command"][0] == "/bin/sh"
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert mounts["/host"]["readOnly"] and mounts["/var/lib/compat-hook-agent"]["readOnly"]
+    # DAC_READ_SEARCH with the node's / mounted: only under the runtime's seccomp profile (no open_by_handle_at)
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["seccompProfile"] == {"type": "RuntimeDefault"}
     # least privilege: pods create/get/delete in its namespace, Events in "default", its Node cluster-wide
     assert docs[("Role", "compat-hook-validator")]["metadata"]["namespace"] == "gpu-ops"
     assert docs[("Role", "compat-hook-validator")]["rules"] == [

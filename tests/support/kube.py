@@ -152,6 +152,9 @@ CRDS = [
 class ControlPlane:
     """etcd + kube-apiserver under ``work``; :meth:`api` for a user, :meth:`kubeconfig` files."""
 
+    #: Made at start (with their default ServiceAccount): the GPU Operator's, compat-hook's, the workloads'.
+    NAMESPACES = ("default", NAMESPACE, "compat-hook", "apps")
+
     def __init__(self, work: Path) -> None:
         self.work = Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
@@ -190,7 +193,7 @@ class ControlPlane:
             self.admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
         for plural, version in (("clusterpolicies", "v1"), ("nvidiadrivers", "v1alpha1")):
             self.admin.wait(f"CRD {plural}", lambda p=plural, v=version: self.admin.get(f"/apis/nvidia.com/{v}/{p}"))
-        for ns in ("default", NAMESPACE, "compat-hook", "apps"):
+        for ns in self.NAMESPACES:
             try:
                 self.admin.create("/api/v1/namespaces", {"metadata": {"name": ns}})
             except ApiError as e:

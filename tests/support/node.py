@@ -29,7 +29,8 @@ held by one ``sleep`` process; containerd and the kubelet join it with ``nsenter
 **No kube-proxy runs**, so ``10.96.0.1`` leads nowhere. The tests' stand-in, which lives here and
 never in the chart: a MutatingAdmissionPolicy (``admissionregistration.k8s.io/v1beta1``, enabled
 on this API server) puts every pod of :data:`RELEASE_NAMESPACE` that mounts a service-account
-token on the host network with ``KUBERNETES_SERVICE_HOST=127.0.0.1`` and the API server's port.
+token (the kubelet's, or a projected volume's, as the agent's container does) on the host network
+with ``KUBERNETES_SERVICE_HOST=127.0.0.1`` and the API server's port.
 Its projected token and ``ca.crt`` then verify (the serving certificate names 127.0.0.1).
 
 The pods' network is a ``bridge`` CNI with its own bridge name (no gateway, no masquerade: no
@@ -61,6 +62,8 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "HOME": "/root"}
 CHART = REPO / "packaging" / "helm" / "compat-hook"
 RELEASE_NAMESPACE = "compat-hook"
+#: The dry-run pod that shows the host-network shim in effect (:meth:`Cluster.host_network_shim`).
+SHIM_CHECK = "tests-shim-check"
 #: The node's GPU (what GPU Feature Discovery and /proc/driver/nvidia/gpus say).
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 GPU_BDF = "0000:17:00.0"
@@ -175,6 +178,9 @@ def project_image() -> Path:
 class Cluster(ControlPlane):
     """etcd, kube-apiserver (with MutatingAdmissionPolicy on), kube-controller-manager, kube-scheduler."""
 
+    #: Not the release namespace: `helm install --create-namespace` makes it, with the chart's Namespace
+    #: (its Pod Security label), as docs/cluster.md says; one made before would not be Helm's to own.
+    NAMESPACES = ("default", "apps")
     EXTRA_APISERVER_FLAGS = ("--kubelet-preferred-address-types=InternalIP",
                              "--feature-gates=MutatingAdmissionPolicy=true",
                              "--runtime-config=admissionregistration.k8s.io/v1beta1=true")
@@ -226,9 +232,16 @@ class Cluster(ControlPlane):
                 "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
                                                         "operations": ["CREATE"], "resources": ["pods"]}]},
                 "matchConditions": [
-                    {"name": "release-namespace", "expression": f"request.namespace == '{namespace}'"},
-                    {"name": "mounts-a-token", "expression": "!has(object.spec.automountServiceAccountToken) "
-                                                             "|| object.spec.automountServiceAccountToken"}],
+                    # (and the dry-run check below: the release namespace is helm install's to make)
+                    {"name": "release-namespace", "expression": f"request.namespace == '{namespace}' || "
+                                                                f"(request.namespace == 'default' && "
+                                                                f"object.metadata.name == '{SHIM_CHECK}')"},
+                    # the token the kubelet mounts, or one a projected volume asks for (the agent's, in
+                    # its container only, with automountServiceAccountToken: false)
+                    {"name": "mounts-a-token", "expression": (
+                        "!has(object.spec.automountServiceAccountToken) || object.spec.automountServiceAccountToken "
+                        "|| (has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.projected) "
+                        "&& has(v.projected.sources) && v.projected.sources.exists(s, has(s.serviceAccountToken))))")}],
                 "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": (
                     "Object{spec: Object.spec{hostNetwork: true, containers: object.spec.containers.map(c, "
                     f"Object.spec.containers{{name: c.name, env: {env}}})}}}}")}}]}}
@@ -238,11 +251,11 @@ class Cluster(ControlPlane):
             "metadata": {"name": "tests-host-network-shim"},
             "spec": {"policyName": "tests-host-network-shim"}})
         # The API server takes a new policy up through an informer: until it does, pods go unchanged.
-        probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tests-shim-check", "namespace": namespace},
+        probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": SHIM_CHECK, "namespace": "default"},
                  "spec": {"containers": [{"name": "c", "image": "none"}]}}
 
         def mutated():
-            got = self.admin.request("POST", f"/api/v1/namespaces/{namespace}/pods", probe, query={"dryRun": "All"})
+            got = self.admin.request("POST", "/api/v1/namespaces/default/pods", probe, query={"dryRun": "All"})
             return got.get("spec", {}).get("hostNetwork") is True
 
         self.admin.wait("the host-network shim in effect", mutated, timeout=60, interval=0.2)
