@@ -330,8 +330,8 @@ def test_several_candidate_dirs(h, imgs, action, reason, chosen, reasons):
     img = several(*imgs())
     d = decide(h, img, GPU_REQ, CFG)
     assert (d.action, d.reason, d.compat_dir) == (action, reason, chosen), d.to_dict()
-    assert [c["decision"] for c in d.details["candidates"]] == reasons
-    assert [c["chosen"] for c in d.details["candidates"]] == [c.compat_dir == chosen for c in img.all()]
+    assert [c["decision"] for c in d.details["compat_dirs"]] == reasons
+    assert [c["chosen"] for c in d.details["compat_dirs"]] == [c.compat_dir == chosen for c in img.all()]
     if d.enable:
         assert d.compat_version == next(c.compat_version_text for c in img.all() if c.compat_dir == chosen)
 

@@ -148,6 +148,17 @@ def test_cli_text(make_rootfs, fake_host, tmp_path):
     assert "(explain changes nothing)" in out.stdout
 
 
+def test_cli_text_of_an_ambiguous_compat_dir(make_rootfs, fake_host, tmp_path):
+    """Several libcuda.so.<version> in one dir: the skip's file list is not the per-dir list of a
+    multi-dir image (the two once shared a key, and text and the hook's log line failed on it)."""
+    root = {f"usr/local/cuda/compat/libcuda.so.590.{i}.01": elf(NOTE_590) for i in range(3)}
+    out = cli("--rootfs", str(make_rootfs(root)), "--host-root", str(fake_host()),
+              "--host-driver-version", "535.54.03", "--config", write_config(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("decision: SKIP  (ambiguous_candidates)\n"), out.stdout
+    assert "compat dirs (each decided alone" not in out.stdout
+
+
 def _bundle(tmp_path, entries, env, make_rootfs, root_path="rootfs"):
     bundle = tmp_path / "bundle"
     bundle.mkdir()

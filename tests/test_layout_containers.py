@@ -238,8 +238,8 @@ def test_two_compat_dirs_the_chosen_one_loads(tmp_path, libs, runtime, host):
     # alone, the LD_LIBRARY_PATH entry wins: the 550 driver, whatever the host
     assert loaded(box.hook_run(None, TWO_ENV, [PROBE])) == (CUDA[COMPAT_550], f"{C124}/libcuda.so.{COMPAT_550}")
     report = box.explain(TWO_ENV)
-    chosen = [c for c in report["candidates"] if c["chosen"]]
-    assert [c["dir"] for c in report["candidates"]] == [C125, C124]
+    chosen = [c for c in report["compat_dirs"] if c["chosen"]]
+    assert [c["dir"] for c in report["compat_dirs"]] == [C125, C124]
     assert [c["dir"] for c in chosen] == ([C125] if host != HOST_555 else [])
     assert [x["dir"] for x in report["losing_compat_dirs"]] == ([C124] if host != HOST_555 else [C125, C124])
     res = box.hook_run("createContainer", TWO_ENV, [PROBE])

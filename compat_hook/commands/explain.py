@@ -77,7 +77,7 @@ def explain(config, *, rootfs: str | None = None, bundle: str | None = None,
         "hook_actions": [list(x) for x in hook.hook],
         "compat_dropins": hook.dropins,
         "ld_library_path_compat": hook.ld_compat_entries,
-        "candidates": decision.details.get("candidates") if isinstance(decision.details, dict) else None,
+        "compat_dirs": decision.details.get("compat_dirs") if isinstance(decision.details, dict) else None,
         "losing_compat_dirs": _losers(hook, wrapper),
         "toolkit": hook.toolkit,
         "rootfs": rootfs,
@@ -196,9 +196,9 @@ def render_text(report: dict) -> str:
             out.append(f"  compat drop-in: /etc/ld.so.conf.d/{d['file']} -> {', '.join(d['dirs'])} ({d['by']})")
     if report["ld_library_path_compat"]:
         out.append(f"  LD_LIBRARY_PATH names compat dirs: {', '.join(report['ld_library_path_compat'])}")
-    if report.get("candidates"):
+    if report.get("compat_dirs"):
         out.append("compat dirs (each decided alone; the newest that may be used is chosen):")
-        for c in report["candidates"]:
+        for c in report["compat_dirs"]:
             out.append(f"  {c['dir']} ({c['origin']}, {c['compat_version']}): {c['decision']}"
                        + ("  <- chosen" if c["chosen"] else ""))
     for x in report.get("losing_compat_dirs") or []:

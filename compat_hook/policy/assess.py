@@ -120,9 +120,9 @@ class Assessment:
             out["compat_dropins"] = [f"{x['file']} ({x['by']})" for x in self.dropins]
         if self.ld_compat_entries:
             out["ld_library_path_compat"] = list(self.ld_compat_entries)
-        cands = d.details.get("candidates") if isinstance(d.details, dict) else None
+        cands = d.details.get("compat_dirs") if isinstance(d.details, dict) else None
         if cands:
-            out["candidates"] = [f"{c['dir']} ({c['origin']}): {c['decision']}" + (" (chosen)" if c["chosen"] else "")
+            out["compat_dirs"] = [f"{c['dir']} ({c['origin']}): {c['decision']}" + (" (chosen)" if c["chosen"] else "")
                                  for c in cands]
         if self.losers:
             out["losing_compat_dirs"] = [f"{x['dir']}: {'; '.join(x['how'])}" for x in self.losers]

@@ -38,7 +38,7 @@ An image may carry several candidate dirs (:meth:`ImageFacts.all
 these rules alone; of those that enable, the newest compat driver is chosen (it
 serves every CUDA runtime an older one does); when none does, the skip of
 the first candidate built for this kind of host (rule 3b) is the decision, else
-the first one's. ``details["candidates"]`` lists each with its
+the first one's. ``details["compat_dirs"]`` lists each with its
 reason.
 
 Rules 9 and 10 look at the GPUs the container gets
@@ -343,7 +343,7 @@ def decide(host, image, request, config) -> Decision:
         c, d = (meant or tried)[0]
     else:
         c, d = chosen
-    d.details["candidates"] = [
+    d.details["compat_dirs"] = [
         {"dir": x.compat_dir, "origin": getattr(x, "origin", None), "candidate": x.candidate or list(x.candidates),
          "compat_version": x.compat_version_text, "decision": y.reason, "chosen": chosen is not None and x is c}
         for x, y in tried]
