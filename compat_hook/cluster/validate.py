@@ -55,6 +55,8 @@ PROBE_BINARY = "/usr/local/libexec/compat-hook-probe"
 PROBE_DIR = "/compat-hook-probe"
 #: The probe's JSON, as the kubelet keeps it (a termination message is 4096 bytes at most).
 MAX_MESSAGE = 4096
+#: The probe pod's user and group: nobody (65534), never root.
+PROBE_UID = 65534
 MAX_EVENT = 1024
 #: Waiting reasons after which the probe pod cannot start by itself.
 _NOT_ON_NODE = ("ErrImageNeverPull",)
@@ -126,9 +128,18 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
     ('gpu-a', 'cuda-compat', ['/compat-hook-probe/compat-hook-probe'])
     >>> [e["name"] for e in p["spec"]["containers"][0]["env"]], p["metadata"]["labels"]["app.kubernetes.io/name"]
     (['CUDA_VISIBLE_DEVICES', 'NVIDIA_VISIBLE_DEVICES'], 'compat-hook-probe')
+    >>> sc = p["spec"]["containers"][0]["securityContext"]
+    >>> p["spec"]["serviceAccountName"], sc["runAsUser"], sc["capabilities"], sc["seccompProfile"]["type"]
+    ('default', 65534, {'drop': ['ALL']}, 'RuntimeDefault')
     """
     small = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "128Mi"}}
     mount = {"name": "probe", "mountPath": PROBE_DIR}
+    # The image's code runs here: as nobody, with no capability, no way to gain one and the
+    # runtime's seccomp profile. The probe only reads the image's libraries and writes its
+    # termination message (the kubelet makes that file writable by any user).
+    confined = {"runAsNonRoot": True, "runAsUser": PROBE_UID, "runAsGroup": PROBE_UID,
+                "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"}}
     # With --gpu-resource the device plugin gives the probe a GPU (where the runtime ignores a GPU
     # asked for in the env of an unprivileged pod); by default the env asks, and no GPU is taken.
     res = small if not opts.gpu_resource else {"requests": small["requests"],
@@ -142,7 +153,9 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
         "spec": {
             "nodeName": opts.node, "runtimeClassName": opts.runtime_class, "restartPolicy": "Never",
             "activeDeadlineSeconds": int(opts.probe_timeout), "terminationGracePeriodSeconds": 1,
-            "automountServiceAccountToken": False, "enableServiceLinks": False,
+            # the namespace's "default" account, which the chart grants nothing: a node's kubelet may
+            # mint a token for the account of any pod bound to it, so never one of the chart's own
+            "serviceAccountName": "default", "automountServiceAccountToken": False, "enableServiceLinks": False,
             "tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
                             {"key": "nvidia.com/gpu", "operator": "Exists"}],
             "volumes": [{"name": "probe", "emptyDir": {"sizeLimit": "16Mi"}}],
@@ -150,14 +163,13 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
                 "name": "stage", "image": opts.probe_image, "imagePullPolicy": "IfNotPresent",
                 "command": ["/bin/cp", PROBE_BINARY, f"{PROBE_DIR}/compat-hook-probe"],
                 "volumeMounts": [mount], "resources": small,
-                "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                    "capabilities": {"drop": ["ALL"]}}}],
+                "securityContext": dict(confined, readOnlyRootFilesystem=True)}],
             "containers": [{
                 "name": "probe", "image": workload["image"], "imagePullPolicy": "Never",
                 "command": [f"{PROBE_DIR}/compat-hook-probe"], "env": _probe_env(workload, not opts.gpu_resource),
                 "volumeMounts": [dict(mount, readOnly=True)], "resources": res,
                 "terminationMessagePolicy": "FallbackToLogsOnError",
-                "securityContext": {"allowPrivilegeEscalation": False}}]}}
+                "securityContext": dict(confined)}]}}
 
 
 def parse_probe(text) -> dict | None:
