@@ -44,3 +44,24 @@ system:serviceaccount:{{ .Release.Namespace }}:compat-hook-release
 {{- define "compat-hook.validatorUser" -}}
 system:serviceaccount:{{ .Release.Namespace }}:compat-hook-validator
 {{- end -}}
+
+{{/*
+The label prefixes the agent writes under and the release Job removes under: never nvidia.com,
+kubernetes.io, k8s.io or a subdomain of one, whose keys belong to the GPU Operator and to
+Kubernetes (the admission policy would otherwise let every node's agent write them). The schema
+says so too; this holds for a values file that skips it.
+*/}}
+{{- define "compat-hook.checkPrefixes" -}}
+{{- range $p := prepend .Values.release.formerLabelPrefixes .Values.agent.labelPrefix -}}
+{{- if regexMatch "(^|\\.)(nvidia\\.com|kubernetes\\.io|k8s\\.io)$" (toString $p) -}}
+{{- fail (printf "label prefix %s is reserved (nvidia.com, kubernetes.io, k8s.io and their subdomains belong to the GPU Operator and to Kubernetes): choose another agent.labelPrefix / release.formerLabelPrefixes" $p) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The release Job's account and grant: pre-delete hooks made before the Job (weight 0). */}}
+{{- define "compat-hook.releaseHook" -}}
+helm.sh/hook: pre-delete
+helm.sh/hook-weight: "-10"
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end -}}
