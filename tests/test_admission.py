@@ -39,6 +39,8 @@ VALIDATOR_PODS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-validator-pods'"
 VALIDATED = f"{PREFIX}/validated"
 EVENTS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-events'"
 RELEASE_POLICY = "ValidatingAdmissionPolicy 'compat-hook-release-node'"
+#: The labels of the agent's Lease and ConfigMap (compat_hook/cluster/publish.py)
+AGENT_LABELS = {"app.kubernetes.io/name": "compat-hook", "app.kubernetes.io/component": "preflight"}
 MERGE, SMP, JSONP = ("application/merge-patch+json", "application/strategic-merge-patch+json",
                      "application/json-patch+json")
 
@@ -94,6 +96,18 @@ def _wait_policy(w: World, who: str, node: str, body, policy: str) -> None:
     w.admin.wait(f"{policy} enforced", enforced, timeout=30)
 
 
+def _wait_refused(w: World, policy: str, call) -> None:
+    """Until ``call`` (a dry run) is refused by ``policy``."""
+    def enforced():
+        try:
+            call()
+        except ApiError as e:
+            return e.status == 403 and policy in str(e)
+        return False
+
+    w.admin.wait(f"{policy} enforced", enforced, timeout=30)
+
+
 class PrivilegedControlPlane(ControlPlane):
     """The API server allows privileged containers, as kubeadm's and most clusters' do: a privileged
     probe pod is then refused by the chart's policy, not by the API server itself."""
@@ -129,6 +143,14 @@ def world(tmp_path_factory):
         w.api["validator"] = Api(cp.url, _token(cp.admin, "compat-hook-validator", vpod))
         w.api["validator-unbound"] = Api(cp.url, _token(cp.admin, "compat-hook-validator"))
         _wait_policy(w, "gpu-a", "gpu-b", {"metadata": {"labels": {f"{PREFIX}/preflight": "pass"}}}, AGENT_POLICY)
+        # (each policy is loaded on its own: wait for the others too, each with a dry run it refuses)
+        _wait_refused(w, OBJECTS_POLICY, lambda: w.api["gpu-a"].request(
+            "POST", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases", {"metadata": {"name": "gpu-b"}},
+            query={"dryRun": "All"}))
+        _wait_refused(w, VALIDATOR_PODS_POLICY, lambda: w.api["validator"].request(
+            "POST", f"/api/v1/namespaces/{NS}/pods", dict(_probe("gpu-b")), query={"dryRun": "All"}))
+        _wait_policy(w, "validator", "gpu-b", {"metadata": {"labels": {VALIDATED: "x"}}}, VALIDATOR_NODE_POLICY)
+        _wait_policy(w, "release", "gpu-b", {"metadata": {"labels": {"x": "1"}}}, RELEASE_POLICY)
         yield w
     finally:
         cp.stop()
@@ -194,13 +216,15 @@ def test_agent_cannot_change_another_node(world):
      "nvidia.com/gpu-driver-upgrade-requested"),
     ({"metadata": {"annotations": {"team.example.com/owner": None}}}, MERGE, "team.example.com/owner"),
     ({"metadata": {"annotations": {f"{PREFIX}/allow-upgrade": "true"}}}, MERGE, f"{PREFIX}/allow-upgrade"),
+    ({"metadata": {"labels": {VALIDATED: "555.58.02"}}}, MERGE, VALIDATED),    # the validator's result
+    ({"metadata": {"annotations": {VALIDATED: "555.58.02"}}}, MERGE, VALIDATED),
     ({"spec": {"unschedulable": True}}, MERGE, "spec"),                          # a cordon
     ({"spec": {"taints": [{"key": "compat-hook", "effect": "NoSchedule"}]}}, SMP, "spec"),
     ({"spec": {"podCIDR": "10.9.0.0/24"}}, MERGE, "spec"),
     ({"metadata": {"finalizers": ["example.com/keep"]}}, MERGE, "finalizers"),
     ([{"op": "add", "path": "/metadata/labels/other", "value": "1"}], JSONP, "not other"),
 ], ids=["deploy-driver", "deploy-driver-removed", "upgrade-state", "foreign-label", "upgrade-requested",
-        "foreign-annotation-removed", "allow-upgrade", "unschedulable", "taint", "spec-field", "finalizer",
+        "foreign-annotation-removed", "allow-upgrade", "validated-label", "validated-annotation", "unschedulable", "taint", "spec-field", "finalizer",
         "json-patch"])
 def test_agent_cannot_change_anything_else_on_its_node(world, body, ct, says):
     assert says in world.refused("gpu-a", "gpu-a", body, ct)
@@ -240,13 +264,12 @@ def test_agent_writes_only_its_own_lease_configmap_and_events(world):
     # else), where `kubectl describe node` finds them
     leases, cms, events = (f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases", f"/api/v1/namespaces/{NS}/configmaps",
                            "/api/v1/namespaces/default/events")
-    lease = _create(a, leases, {"metadata": {"name": "gpu-a"}, "spec": {"holderIdentity": "gpu-a",
-                                                                        "leaseDurationSeconds": 600}})
+    lease = _create(a, leases, {"metadata": {"name": "gpu-a", "labels": AGENT_LABELS},
+                                "spec": {"holderIdentity": "gpu-a", "leaseDurationSeconds": 600}})
     lease["spec"]["renewTime"] = "2026-12-03T10:05:00.000000Z"
     a.request("PUT", f"{leases}/gpu-a", lease)  # the heartbeat: an update, as the agent renews it
     assert w.admin.get(f"{leases}/gpu-a")["spec"]["renewTime"].startswith("2026-12-03T10:05:00")
-    cm = _create(a, cms, {"metadata": {"name": "gpu-a", "labels": {"app.kubernetes.io/component": "preflight"}},
-                          "data": {"images": "[]"}})
+    cm = _create(a, cms, {"metadata": {"name": "gpu-a", "labels": AGENT_LABELS}, "data": {"images": "[]"}})
     cm["data"]["images"] = '["x"]'
     a.request("PUT", f"{cms}/gpu-a", cm)
     assert w.admin.get(f"{cms}/gpu-a")["data"]["images"] == '["x"]'
@@ -292,6 +315,43 @@ def test_agent_writes_only_its_own_lease_configmap_and_events(world):
         assert e.value.status == 403 and "ValidatingAdmissionPolicy" not in str(e.value), e.value
     assert [c["metadata"]["name"] for c in w.admin.get(cms)["items"] if c["metadata"]["name"].startswith("gpu-")] == [
         "gpu-a"]
+
+
+def test_agent_writes_nothing_of_the_chart_s_even_on_a_node_named_like_it(world):
+    """A node named like one of the chart's own objects (the agent's config, ``compat-hook-agent``):
+    its agent's Lease and ConfigMap have that name, but it may write only objects that carry the
+    labels compat-hook's agent puts on them (compat_hook/cluster/publish.py), before and after."""
+    from compat_hook.cluster.publish import COMPONENT_LABELS
+
+    assert COMPONENT_LABELS == AGENT_LABELS  # what the policy asks is what the agent writes
+    w, name = world, "compat-hook-agent"
+    cms, leases = f"/api/v1/namespaces/{NS}/configmaps", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+    w.admin.create("/api/v1/nodes", {"metadata": {"name": name}})
+    try:
+        pod = w.admin.create(f"/api/v1/namespaces/{NS}/pods", _pod(w.docs, name, f"compat-hook-{name}"))
+        a = Api(w.cp.url, _token(w.admin, "compat-hook", pod))
+        chart_cm = w.admin.get(f"{cms}/{name}")
+        config = chart_cm["data"]["config.yaml"]
+        for change in ({}, {"labels": AGENT_LABELS}):  # as it is, or labelled like the agent's own
+            forged = json.loads(json.dumps(chart_cm))
+            forged["metadata"].setdefault("labels", {}).update(change.get("labels", {}))
+            forged["data"]["config.yaml"] = config.replace("gate_upgrade: false", "gate_upgrade: true")
+            with pytest.raises(ApiError) as e:
+                a.request("PUT", f"{cms}/{name}", forged)
+            assert e.value.status == 403 and OBJECTS_POLICY in str(e.value), e.value
+            assert "labelled" in str(e.value)
+        assert w.admin.get(f"{cms}/{name}")["data"]["config.yaml"] == config
+        # a Lease of that name without the agent's labels: refused; with them, its own heartbeat
+        with pytest.raises(ApiError) as e:
+            a.create(leases, {"metadata": {"name": name}, "spec": {"holderIdentity": name}})
+        assert e.value.status == 403 and OBJECTS_POLICY in str(e.value) and "labelled" in str(e.value), e.value
+        a.create(leases, {"metadata": {"name": name, "labels": AGENT_LABELS}, "spec": {"holderIdentity": name}})
+    finally:
+        for path in (f"{leases}/{name}", f"/api/v1/namespaces/{NS}/pods/compat-hook-{name}", f"/api/v1/nodes/{name}"):
+            try:
+                w.admin.delete(path)
+            except ApiError as e:
+                assert e.status == 404, e
 
 
 # ----------------------------------------------------------------------------- the validator's account
@@ -359,6 +419,18 @@ BAD_PROBES = {
     "privileged": (lambda p, s: _sc(s["containers"][0], privileged=True, allowPrivilegeEscalation=True),
                    "no privileged container"),
     "capability": (lambda p, s: _sc(s["initContainers"][0], capabilities={"add": ["SYS_ADMIN"]}), "add no capability"),
+    # an account the node's kubelet could then mint a token for: the release Job's, the agent's
+    "release-account": (lambda p, s: s.update(serviceAccountName="compat-hook-release"), "service account default"),
+    "agent-account": (lambda p, s: s.update(serviceAccountName="compat-hook"), "service account default"),
+    # the image's code runs confined: not root, no capability kept, no escalation, the runtime's seccomp
+    "root": (lambda p, s: _sc(s["containers"][0], runAsNonRoot=False, runAsUser=0), "as a non-root user"),
+    "no-user": (lambda p, s: [c["securityContext"].pop("runAsUser") for c in s["containers"]], "as a non-root user"),
+    "init-root": (lambda p, s: s["initContainers"][0]["securityContext"].pop("runAsNonRoot"), "as a non-root user"),
+    "caps-kept": (lambda p, s: _sc(s["containers"][0], capabilities={"drop": ["NET_RAW"]}), "drop ALL"),
+    "escalation": (lambda p, s: s["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+                   "allowPrivilegeEscalation"),
+    "unconfined": (lambda p, s: _sc(s["containers"][0], seccompProfile={"type": "Unconfined"}), "RuntimeDefault"),
+    "no-seccomp": (lambda p, s: s["containers"][0]["securityContext"].pop("seccompProfile"), "RuntimeDefault"),
 }
 
 
@@ -367,6 +439,13 @@ def test_validator_creates_and_deletes_probe_pods_on_its_own_node(world):
     v = w.api["validator"]
     pod = v.create(PROBES, _probe())
     assert pod["spec"]["nodeName"] == "gpu-a" and pod["spec"]["runtimeClassName"] == "cuda-compat"
+    assert pod["spec"]["serviceAccountName"] == "default"
+    # the API server's ServiceAccount admission fills in "default" before the policy looks: a probe
+    # that names no account is admitted too, and runs as the account with no grant
+    bare = _changed(_probe(), lambda p, s: s.pop("serviceAccountName"))
+    bare["metadata"]["name"] += "-bare"
+    assert v.create(PROBES, bare)["spec"]["serviceAccountName"] == "default"
+    v.delete(f"{PROBES}/{bare['metadata']['name']}", gracePeriodSeconds="0")
     assert v.get(f"{PROBES}/{pod['metadata']['name']}")["metadata"]["uid"] == pod["metadata"]["uid"]
     v.delete(f"{PROBES}/{pod['metadata']['name']}", gracePeriodSeconds="0")
     # a pod bound to another node, even one shaped like its own probes: not its to delete
@@ -379,6 +458,16 @@ def test_validator_creates_and_deletes_probe_pods_on_its_own_node(world):
         assert w.admin.get(f"{PROBES}/{other['metadata']['name']}")["metadata"]["uid"] == other["metadata"]["uid"]
     finally:
         w.admin.delete(f"{PROBES}/{other['metadata']['name']}", gracePeriodSeconds="0")
+    # on its own node, a pod that is not a probe (the DaemonSet's, with the installer): not its to delete
+    mine = w.admin.create(PROBES, _pod(w.docs, "gpu-a", "compat-hook-installer-gpu-a"))
+    try:
+        with pytest.raises(ApiError) as e:
+            v.delete(f"{PROBES}/{mine['metadata']['name']}", gracePeriodSeconds="0")
+        assert e.value.status == 403 and VALIDATOR_PODS_POLICY in str(e.value), e.value
+        assert "deletes only probe pods" in str(e.value)
+        assert w.admin.get(f"{PROBES}/{mine['metadata']['name']}")["metadata"]["uid"] == mine["metadata"]["uid"]
+    finally:
+        w.admin.delete(f"{PROBES}/{mine['metadata']['name']}", gracePeriodSeconds="0")
     # a token bound to no pod names no node: no probe at all
     with pytest.raises(ApiError) as e:
         w.api["validator-unbound"].create(PROBES, _probe())
@@ -426,6 +515,17 @@ def test_release_account_removes_holds_and_adds_none(world):
     w.refused("release", "gpu-a", {"spec": {"unschedulable": True}}, policy=RELEASE_POLICY)
     w.refused("release", "gpu-a", {"metadata": {"annotations": {f"{PREFIX}/holds-upgrade": "later"}}},
               policy=RELEASE_POLICY)
+    # the skip label alone is not compat-hook's hold: never without the annotation that says it is,
+    # neither on a node where someone else set it nor, on a held node, leaving the annotation behind
+    w.admin.merge("/api/v1/nodes/gpu-b", {"metadata": {"labels": {SKIP: "true"},
+                                                      "annotations": {f"{PREFIX}/holds-upgrade": None}}})
+    try:
+        assert "holds-upgrade" in w.refused("release", "gpu-b", {"metadata": {"labels": {SKIP: None}}},
+                                            policy=RELEASE_POLICY)
+    finally:
+        w.admin.merge("/api/v1/nodes/gpu-b", {"metadata": {"labels": {SKIP: None}}})
+    assert "holds-upgrade" in w.refused("release", "gpu-a", {"metadata": {"labels": {SKIP: None}}},
+                                        policy=RELEASE_POLICY)
     # what `cluster release` does: the skip label and its annotation, together
     w.patch("release", "gpu-a", {"metadata": {"labels": {SKIP: None},
                                               "annotations": {f"{PREFIX}/holds-upgrade": None}}})
@@ -593,3 +693,21 @@ def test_a_changed_prefix_moves_the_policy(world):
         assert f"under {new}/" in w.refused("gpu-a", "gpu-a", {"metadata": {"labels": {f"{PREFIX}/preflight": "warn"}}})
     finally:
         chart.apply(w.admin, [d for d in w.docs if d["kind"] == "ValidatingAdmissionPolicy"])
+
+
+@pytest.mark.parametrize("values", [
+    ["agent.labelPrefix=nvidia.com"], ["agent.labelPrefix=gpu.nvidia.com"], ["agent.labelPrefix=kubernetes.io"],
+    ["agent.labelPrefix=node.kubernetes.io"], ["agent.labelPrefix=k8s.io"],
+    ["release.formerLabelPrefixes={compat-hook.io,x.k8s.io}"],
+], ids=["nvidia", "nvidia-sub", "kubernetes", "kubernetes-sub", "k8s", "former-k8s-sub"])
+def test_a_reserved_label_prefix_is_refused(values):
+    """The prefix is what the agent may write on its Node (and the release Job remove): one of the GPU
+    Operator's or Kubernetes' own would hand every node's agent their keys. The schema refuses it, and
+    the templates do for values that skip the schema."""
+    sets = [a for v in values for a in ("--set", v)]
+    for extra, says in (([], "'not' failed"), (["--skip-schema-validation"], "is reserved")):
+        p = chart.helm("template", "compat-hook", chart.CHART, "--namespace", NS, *sets, *extra, check=False)
+        assert p.returncode != 0 and says in p.stderr, (extra, p.stderr)
+    # a prefix that only ends like one, or holds one as a label, is someone's own domain
+    for prefix in ("mynvidia.com", "nvidia.com.example.org"):
+        chart.render(f"agent.labelPrefix={prefix}")

@@ -104,15 +104,14 @@ def _pod(docs: dict) -> dict:
 def test_daemonset_shape():
     """The one plain manifest: Namespace, DaemonSet (installer + agent of one image), RuntimeClass, the
     agent's ServiceAccount, its ClusterRole (cluster reads, Node patch) and Role (its namespace's
-    writes), the release account, the admission policies and the agent's config; the validator's
-    objects (tests/test_validator.py)."""
+    writes), the admission policies and the agent's config; the validator's objects
+    (tests/test_validator.py). The release Job's account is a pre-delete hook, as the Job is: not here."""
     docs = _rendered()
     assert {k for k in docs if "validator" not in k[1]} == {("Namespace", "compat-hook"), ("ServiceAccount", "compat-hook"),
-                         ("ServiceAccount", "compat-hook-release"), ("ConfigMap", "compat-hook-agent"),
+                         ("ConfigMap", "compat-hook-agent"),
                          ("ClusterRole", "compat-hook-agent"), ("ClusterRoleBinding", "compat-hook-agent"),
                          ("Role", "compat-hook-agent"), ("RoleBinding", "compat-hook-agent"),
                          ("Role", "compat-hook-agent-events"), ("RoleBinding", "compat-hook-agent-events"),
-                         ("ClusterRole", "compat-hook-release"), ("ClusterRoleBinding", "compat-hook-release"),
                          ("ValidatingAdmissionPolicy", "compat-hook-agent-node"),
                          ("ValidatingAdmissionPolicyBinding", "compat-hook-agent-node"),
                          ("ValidatingAdmissionPolicy", "compat-hook-agent-objects"),
@@ -167,8 +166,6 @@ def test_daemonset_shape():
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in events["rules"]] == [([""], ["events"], ["create"])]
     assert docs[("RoleBinding", "compat-hook-agent-events")]["subjects"] == [
         {"kind": "ServiceAccount", "name": "compat-hook", "namespace": "compat-hook"}]
-    assert [(r["resources"], r["verbs"]) for r in docs[("ClusterRole", "compat-hook-release")]["rules"]] == [
-        (["nodes"], ["list", "patch"])]
     for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node"):
         binding = docs[("ValidatingAdmissionPolicyBinding", name)]
         assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
@@ -252,6 +249,15 @@ def test_helm_template_defaults_confine_both_containers():
     assert jpod["containers"][0]["command"][:4] == ["compat-hook", "cluster", "release", "--all"]
     assert "--prefix=compat-hook.io" in jpod["containers"][0]["command"]
     assert not any("hostPath" in v for v in jpod.get("volumes", []))
+    # its account and grant exist only for it: pre-delete hooks made before it, deleted with it
+    release = {d["kind"]: d for d in docs if d["metadata"]["name"] == "compat-hook-release" and d["kind"] != "Job"}
+    assert set(release) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    assert [(r["resources"], r["verbs"]) for r in release["ClusterRole"]["rules"]] == [(["nodes"], ["list", "patch"])]
+    for d in release.values():
+        a = d["metadata"]["annotations"]
+        assert a["helm.sh/hook"] == "pre-delete", d
+        assert int(a["helm.sh/hook-weight"]) < int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
+        assert set(a["helm.sh/hook-delete-policy"].split(",")) == {"before-hook-creation", "hook-succeeded"}
 
 
 @pytest.mark.slow

@@ -323,10 +323,26 @@ def test_the_chart_s_validator_objects():
     assert "--probe-image=localhost/compat-hook:0.1.0" in c["command"]
     assert c["readinessProbe"]["exec"]["command"][0] == "/bin/sh"
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-    assert mounts["/host"]["readOnly"] and mounts["/var/lib/compat-hook-agent"]["readOnly"]
-    # DAC_READ_SEARCH with the node's / mounted: only under the runtime's seccomp profile (no open_by_handle_at)
+    assert mounts["/var/lib/compat-hook-agent"]["readOnly"]
+    # of the node, only what it reads (the agent's own view, read-only): not its /, not the kubelet's keys
+    vols = {v["name"]: v for v in tpl["spec"]["volumes"]}
+    host = {m["mountPath"]: vols[m["name"]]["hostPath"]["path"] for m in c["volumeMounts"] if "hostPath" in vols[m["name"]]}
+    agent = docs[("DaemonSet", "compat-hook")]["spec"]["template"]["spec"]
+    avols = {v["name"]: v for v in agent["volumes"]}
+    [actr] = [x for x in agent["containers"] if x["name"] == "agent"]
+    agent_host = {m["mountPath"]: avols[m["name"]]["hostPath"]["path"] for m in actr["volumeMounts"]
+                  if "hostPath" in avols[m["name"]] and m["mountPath"].startswith("/host/")}
+    assert "/" not in host.values() and "/host" not in host
+    assert {k: v for k, v in host.items() if k.startswith("/host/")} == agent_host, host
+    assert all(mounts[m]["readOnly"] for m in agent_host)
+    assert {k: v for k, v in host.items() if not k.startswith("/host/")} == {
+        "/var/lib/compat-hook-agent": "/var/lib/compat-hook-agent",
+        "/var/lib/compat-hook-validator": "/var/lib/compat-hook-validator"}
+    sock = [a for a in c["command"] if a.startswith("--address=")][0].split("=", 1)[1]
+    assert any(sock.startswith(m + "/") for m in host), sock  # its socket is under what it mounts
+    # no capability at all (no DAC_READ_SEARCH: it reads as root what root may read)
     sc = c["securityContext"]
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}
+    assert sc["capabilities"] == {"drop": ["ALL"]}
     assert sc["allowPrivilegeEscalation"] is False and sc["seccompProfile"] == {"type": "RuntimeDefault"}
     # least privilege: pods create/get/delete in its namespace, Events in "default", its Node cluster-wide
     assert docs[("Role", "compat-hook-validator")]["metadata"]["namespace"] == "gpu-ops"
