@@ -748,6 +748,31 @@ def test_pods_are_read_as_the_engine_starts_them(world, client):
         (ref("infer"), (f"apps/a-{node}", f"apps/b-{node}")), (ref("legacy"), (f"apps/c-{node}",))])
 
 
+def test_only_the_validators_own_probe_pods_are_left_out(world, client):
+    """A tenant's GPU pod labelled like the validator's probe is a workload like any other (assessed,
+    held, recorded for the validator); the validator's own probe pod, in compat-hook's namespace, is not
+    (its image is in no store: counted, it would make the pass incomplete)."""
+    from compat_hook.cluster import validate
+
+    w = world
+    node = f"probe-label-{client}"
+    w.add_node(node)
+    w.admin.create("/api/v1/namespaces/apps/pods", gpu_pod(f"infer-{node}", node, ref("infer"),
+                                                           labels={"app.kubernetes.io/name": "compat-hook-probe"}))
+    opts = validate.ValidatorOptions(node, publish_namespace="compat-hook", probe_image="localhost/compat-hook:0")
+    probe = validate.probe_pod(opts, {"image": "registry.test/apps/missing:1", "env": [], "runtime_class": None})
+    w.admin.create("/api/v1/namespaces/compat-hook/pods", probe)
+    try:
+        r = w.agent(node, "--driver", R470, client=client)["last"]
+        assert (r["workloads"], r["not_in_store"], r["regressions"]) == (1, 0, 1), r
+        assert (r["preflight"], r["gate"], r["complete"]) == ("fail", "held", True), r
+        assert w.labels(node)[SKIP] == "true" and HOLDS in w.annotations(node)
+        recorded = json.loads((w.work / "state" / node / "workloads.json").read_text())["workloads"]
+        assert [(x["image"], x["pods"]) for x in recorded] == [(ref("infer"), [f"apps/infer-{node}"])], recorded
+    finally:
+        w.admin.delete(f"/api/v1/namespaces/compat-hook/pods/{probe['metadata']['name']}", gracePeriodSeconds="0")
+
+
 # ----------------------------------------------------------------------------- the operator's view
 
 

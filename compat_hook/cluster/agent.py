@@ -290,7 +290,8 @@ class Agent:
         node_key = (labels.get(gatemod.STATE_LABEL), labels.get(gatemod.SKIP_LABEL),
                     anns.get(f"{prefix}/{gatemod.OVERRIDE}"), f"{prefix}/holds-upgrade" in anns,
                     labels.get("nvidia.com/cuda.driver-version.full"))
-        ws = podsmod.build(v.pods() if pods_list is None else pods_list, s["compat_runtime_classes"])
+        ws = podsmod.build(v.pods() if pods_list is None else pods_list, s["compat_runtime_classes"],
+                           self.opts.publish_namespace)
         pods_key = tuple((w["name"], tuple(w["env"]), w["runtime"], w["unknown"], tuple(ws.pods[w["name"]]))
                          for w in ws.items)
         return (tgt.key(), node_key, pods_key)
@@ -328,7 +329,7 @@ class Agent:
                 self._last_trigger = self._trigger_key(node, pods_list, policies, drivers)
         stale = v.stale()
         tgt = targetmod.node_target(node, policies, drivers, prefix=prefix, override=opts.driver)
-        ws = podsmod.build(pods_list, s["compat_runtime_classes"])
+        ws = podsmod.build(pods_list, s["compat_runtime_classes"], opts.publish_namespace)
         a = predict.assess(cfg, version=tgt.plan_version(), workloads=ws, stores=opts.stores, address=opts.address,
                            namespace=opts.namespace)
         c = publish.counts(a.rows)
@@ -510,7 +511,8 @@ class Agent:
         for w in ws.items:
             if w.get("source"):
                 sources.setdefault(w["source"], []).append(w["image"])
-        workloads.record(self.opts.state_dir, pods_list, driver=a.now, sources=sources)
+        workloads.record(self.opts.state_dir, pods_list, driver=a.now, sources=sources,
+                         probe_namespace=self.opts.publish_namespace)
 
     # -- the loop --------------------------------------------------------------
     def _connect(self) -> None:
