@@ -737,6 +737,11 @@ def test_pods_are_read_as_the_engine_starts_them(world, client):
     r = w.agent(node, "--driver", R470, client=client)["last"]
     assert (r["workloads"], r["regressions"], r["unknown_workloads"]) == (2, 1, 1), r
     assert (r["preflight"], r["complete"]) == ("fail", False), r
+    # a regression, but not everything was read: an incomplete pass never sets a hold (nor lifts one)
+    assert r["gate"] == "incomplete" and "unknown_workload" in r["gate_message"], r
+    assert SKIP not in w.labels(node) and HOLDS not in w.annotations(node)
+    rc, nodes, _ = w.status_json(node, client)
+    assert (rc, nodes[node]["hold"], nodes[node]["held"]) == (3, "incomplete", False), nodes
     d = w.details(node)
     [reg] = d["regressions"]
     assert reg["pods"] == [f"apps/a-{node}", f"apps/b-{node}"], reg

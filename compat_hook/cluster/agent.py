@@ -10,9 +10,10 @@ A pass (:meth:`Agent.run_pass`):
 3. matches their images to the node's store and asks ``plan`` for each on the
    driver now and on the target (:mod:`.predict`); the driver now comes from the
    node itself (``/proc/driver/nvidia/version`` under ``host_root``);
-4. decides the gate (:mod:`.gate`): a regression holds; only a complete pass
-   (target and driver known, every GPU workload's image read from a reachable
-   store, every cache current) with no regression lifts a hold;
+4. decides the gate (:mod:`.gate`): a complete pass (target and driver known,
+   every GPU workload's image read from a reachable store, every cache current)
+   that finds a regression holds, one that finds none lifts a hold; a pass that
+   is not complete keeps what is there and sets nothing;
 5. publishes (:mod:`.publish`): the Node only when its verdict, target,
    regressions or gate changed (one strategic-merge PATCH, conditional on the
    Node's resourceVersion: a conflict reads it again and decides again); the
@@ -378,7 +379,9 @@ class Agent:
             meta = _map(node.get("metadata"))
             prev = _node_doc_of(meta, prefix)
             g = gatemod.decide(meta, verdict=verdict, complete=complete, why=why, enabled=bool(s["gate_upgrade"]),
-                               prefix=prefix, blocked=tgt.blocked, key=key, previous=prev)
+                               prefix=prefix, blocked=tgt.blocked, key=key, previous=prev,
+                               problem="; ".join(problems) or
+                               "reasons " + ", ".join(sorted(set(reasons) - {"regression"})))
             doc = publish.node_doc(verdict_=verdict, target=tgt.version, target_from=tgt.where, now=a.now,
                                    gate=g.state, c=c, reasons=sorted(set(reasons)), key=key, interval=opts.interval,
                                    details=f"{opts.publish_namespace}/{opts.node}", since=_rfc3339())

@@ -7,13 +7,17 @@ there and nowhere else: on a node already past ``upgrade-required`` the label
 does nothing. So the gate (:func:`decide`, one state per pass):
 
 ``held``
-    The pass found a regression (``fail``) and the node is in ``""``,
+    A complete pass found a regression (``fail``) and the node is in ``""``,
     ``upgrade-done`` (between upgrades: a version change moves it from there to
     ``upgrade-required``, where the label parks it) or ``upgrade-required``: the
     skip label and ``<prefix>/holds-upgrade`` (why) are set together. An existing
     hold is kept by any pass that is not complete (the target or the node's
     driver unknown, an image not read, the store or the API failing): only a
     complete pass with no regression lifts it.
+``incomplete``
+    A regression, but the pass is not complete and there is no hold of ours:
+    none is set (only a complete pass sets a hold, as only one lifts it); the
+    message says why the pass is incomplete.
 ``clear``
     No hold; nothing to hold, or a complete pass found no regression (a hold of
     ours is lifted).
@@ -47,6 +51,9 @@ does nothing. So the gate (:func:`decide`, one state per pass):
 >>> unknown = dict(fail, verdict="unknown", complete=False)
 >>> (decide(mine, **unknown).state, decide(mine, **unknown).labels)
 ('held', {})
+>>> g = decide({"labels": {}, "annotations": {}}, **dict(fail, complete=False, problem="store unreachable"))
+>>> (g.state, g.labels, g.annotations, g.message)
+('incomplete', {}, {}, 'not held: a regression, but this pass is incomplete (store unreachable); 2 workload(s) break')
 >>> decide(mine, **dict(fail, verdict="pass")).labels
 {'nvidia.com/gpu-driver-upgrade.skip': None}
 >>> late = {"labels": {SKIP_LABEL: "true", STATE_LABEL: "drain-required"}, "annotations": {"p.io/holds-upgrade": "x"}}
@@ -75,9 +82,10 @@ SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
 HOLDABLE = ("", "upgrade-done", "upgrade-required")
 #: ``<prefix>/`` + this, value ``true``: the admin's override.
 OVERRIDE = "allow-upgrade"
-STATES = ("off", "clear", "held", "too-late", "cannot-hold", "override", "released-by-other", "skipped-by-other")
-#: States worth a Warning Event.
-WARNING = ("too-late", "cannot-hold", "released-by-other")
+STATES = ("off", "clear", "held", "incomplete", "too-late", "cannot-hold", "override", "released-by-other",
+          "skipped-by-other")
+#: States worth a Warning Event (a regression not held).
+WARNING = ("incomplete", "too-late", "cannot-hold", "released-by-other")
 MAX_WHY = 512
 
 
@@ -101,11 +109,11 @@ def _map(v) -> dict:
 
 
 def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool, prefix: str,
-           blocked: str | None = None, key: str = "", previous: dict | None = None) -> Gate:
+           blocked: str | None = None, key: str = "", previous: dict | None = None, problem: str = "") -> Gate:
     """The gate for a node whose ``metadata`` is ``meta`` (see the module docstring).
 
     ``verdict``: the pass's (``fail`` means a regression); ``complete``: whether it read everything a
-    release needs; ``blocked``: why a hold cannot work here (None: it can); ``key``: what the
+    release (or a new hold) needs, ``problem`` what it could not; ``blocked``: why a hold cannot work here (None: it can); ``key``: what the
     regressions are (target and workloads); ``previous``: the last published summary (its ``gate``
     and ``key``), for ``released-by-other``.
     """
@@ -167,4 +175,9 @@ def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool,
         # once would undo that, and outlive the agent about to be stopped.
         return Gate("released-by-other", f"our hold was released by someone else ({SKIP_LABEL} and "
                                          f"{hold_key} removed): not held again for this target; {why}")
+    if not complete:
+        # What this pass could not read may be what decides (an unknown workload, an image not in the
+        # store): the issue's rule is that an incomplete pass never sets a hold, as it never lifts one.
+        return Gate("incomplete", f"not held: a regression, but this pass is incomplete "
+                                  f"({(problem or 'not everything was read')[:MAX_WHY]}); {why}")
     return Gate("held", f"holding the upgrade: {why}", labels={SKIP_LABEL: "true"}, annotations={hold_key: why})
