@@ -574,6 +574,40 @@ def test_a_release_while_the_agent_runs_is_not_undone(world, client):
     assert SKIP not in w.labels(node)
 
 
+def test_pods_replaced_under_new_names_leave_the_node_and_a_released_hold_alone(world, client):
+    """A Job's or a Deployment's pods come back under new names: the same workloads, so the Node is not
+    written, no Event is sent, and a hold someone released does not come back."""
+    w = world
+    node = f"renamed-{client}"
+    w.add_node(node)
+
+    def replace(old: str | None, new: str) -> None:
+        if old:
+            w.admin.delete(f"/api/v1/namespaces/apps/pods/{old}", gracePeriodSeconds="0")
+        w.admin.create("/api/v1/namespaces/apps/pods", gpu_pod(new, node, ref("infer")))
+
+    replace(None, f"job-{node}-1")
+    r = w.agent(node, "--driver", R470, client=client)["last"]
+    assert (r["preflight"], r["gate"], r["node_write"]) == ("fail", "held", "written"), r
+    before = w.node(node)["metadata"]
+    assert f"job-{node}-1" not in before["annotations"][HOLDS] + before["annotations"][f"{PREFIX}/preflight"]
+    events = len(w.events(node))
+    replace(f"job-{node}-1", f"job-{node}-2")
+    r = w.agent(node, "--driver", R470, client=client)["last"]
+    assert (r["gate"], r["node_write"], r["event_sent"]) == ("held", "unchanged", False), r
+    assert w.node(node)["metadata"]["resourceVersion"] == before["resourceVersion"]
+    assert len(w.events(node)) == events
+    assert w.details(node)["regressions"][0]["pods"] == [f"apps/job-{node}-2"]  # the details name them
+    # an admin pushes the node through: the next pods are the same workloads, so no hold comes back
+    w.admin.merge(f"/api/v1/nodes/{node}", {"metadata": {"labels": {SKIP: None}}})
+    r = w.agent(node, "--driver", R470, client=client)["last"]
+    assert r["gate"] == "released-by-other", r
+    replace(f"job-{node}-2", f"job-{node}-3")
+    r = w.agent(node, "--driver", R470, client=client)["last"]
+    assert (r["gate"], r["node_write"]) == ("released-by-other", "unchanged"), r
+    assert SKIP not in w.labels(node) and HOLDS not in w.annotations(node)
+
+
 def test_a_changed_label_prefix_leaves_no_hold_unsaid(world, client, tmp_path):
     w = world
     node = f"prefix-{client}"

@@ -135,12 +135,27 @@ def _patched(node: dict, patch: dict) -> dict:
     return dict(node, metadata=meta)
 
 
-def _key(target, rows: list) -> str:
-    """What the regressions are: the target and the regressing workloads (a short hash)."""
+def _identity(w: dict) -> list:
+    """What a workload is, whichever pods run it: its image, the env and annotations that decide, and
+    its runtime (never a pod's name: a Job's or a Deployment's pods come and go under new names)."""
+    return [w.get("image"), list(w.get("env") or []), sorted((w.get("annotations") or {}).items()), w.get("runtime")]
+
+
+def _key(target, rows: list, items: list) -> str:
+    """What the regressions are: the target and the regressing workloads' identities (a short hash).
+
+    >>> w = {"name": "r/a:1 (ml/job-x1 c)", "image": "r/a:1", "env": ["A=1"], "annotations": {}, "runtime": "toolkit"}
+    >>> row = {"name": w["name"], "regression": True}
+    >>> same = dict(w, name="r/a:1 (ml/job-y7 c)")
+    >>> _key("570", [row], [w]) == _key("570", [dict(row, name=same["name"])], [same]) != _key("580", [row], [w])
+    True
+    """
     import hashlib
 
-    names = sorted(str(r.get("name")) for r in rows if publish.regression(r))
-    return hashlib.sha256("\0".join([str(target)] + names).encode()).hexdigest()[:12]
+    by_name = {w.get("name"): w for w in items}
+    ids = sorted(json.dumps(_identity(by_name.get(r.get("name")) or {"image": r.get("image")}))
+                 for r in rows if publish.regression(r))
+    return hashlib.sha256("\0".join([str(target)] + ids).encode()).hexdigest()[:12]
 
 
 # ----------------------------------------------------------------------------- what a pass reads
@@ -366,12 +381,12 @@ class Agent:
                     and not a.problems)
         verdict = publish.verdict(c, target_known=tgt.version is not None, report=a.report is not None,
                                   incomplete=not complete)
-        key = _key(tgt.version, a.rows)
+        key = _key(tgt.version, a.rows, ws.items)
         if verdict == "fail":
-            regs = [r for r in a.rows if publish.regression(r)]
-            why = (f"{len(regs)} workload(s) regress on driver {tgt.version}: "
-                   + "; ".join(f"{r.get('workload_image')} ({', '.join(ws.pods.get(r.get('name'), [])[:3])})"
-                               for r in regs[:3]))
+            # Images, not pods: the hold's reason changes (a Node write) only when the regressions do.
+            regs = sorted({str(r.get("workload_image")) for r in a.rows if publish.regression(r)})
+            why = (f"{c['regressions']} workload(s) regress on driver {tgt.version}: " + "; ".join(regs[:3])
+                   + (f" and {len(regs) - 3} more image(s)" if len(regs) > 3 else ""))
         else:
             why = "; ".join(problems) or verdict
         result, conflicts = None, 0

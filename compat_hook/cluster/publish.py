@@ -10,8 +10,10 @@ what changes with the verdict (:func:`node_doc`, :func:`node_patch`):
   bytes: verdict, target and where from, driver now, gate state, counts, reason
   codes, when it last changed, the agent's interval, where the details are).
 
-A pass whose verdict, target, regressions and gate did not change writes
-nothing to the Node. The rest goes to objects of the agent's own, in its
+A pass writes to the Node only when that changes: the verdict, the target
+(and where from), the driver now, the gate and the hold's reason, the counts,
+the reason codes, or the regressions' key (what the regressing workloads are,
+never their pods' names); pods replaced under new names write nothing. The rest goes to objects of the agent's own, in its
 namespace, named after the node:
 
 * a ConfigMap (:func:`details_doc`): every workload that regresses, with its
