@@ -535,6 +535,8 @@ def test_cluster_release_removes_compat_hooks_holds_and_leaves_an_operators_own(
     p = w.run("release", "--node", mine[0], client=client, kubeconfig=w.release_kc)
     assert p.returncode == 0 and f"released the hold on {mine[0]}" in p.stdout, p.stdout + p.stderr
     assert SKIP not in w.labels(mine[0]) and HOLDS not in w.annotations(mine[0])
+    # the agent's last word goes with the hold (its labels stay): an agent installed again starts fresh
+    assert f"{PREFIX}/preflight" not in w.annotations(mine[0]) and w.labels(mine[0])[f"{PREFIX}/preflight"] == "fail"
     assert w.labels(mine[1])[SKIP] == "true"
     p = w.run("release", "--all", "--prefix", "old.example.com", client=client, kubeconfig=w.release_kc)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -550,7 +552,8 @@ def test_cluster_release_removes_compat_hooks_holds_and_leaves_an_operators_own(
 def test_a_release_while_the_agent_runs_is_not_undone(world, client):
     """`helm uninstall` runs `cluster release --all` (its pre-delete Job) while the agents still run: an
     agent that saw its hold released holds no more for the same target and regressions, so no hold
-    outlives the agents stopped right after."""
+    outlives the agents stopped right after. An agent installed again (`helm install`) starts fresh:
+    the node whose upgrade breaks a workload is held again."""
     w = world
     node = f"release-running-{client}"
     w.add_node(node, image="infer")
@@ -572,6 +575,9 @@ def test_a_release_while_the_agent_runs_is_not_undone(world, client):
         agent.terminate()
         agent.wait(10)
     assert SKIP not in w.labels(node)
+    r = w.agent(node, "--driver", R470, client=client)["last"]  # installed again
+    assert (r["preflight"], r["gate"]) == ("fail", "held"), r
+    assert w.labels(node)[SKIP] == "true" and HOLDS in w.annotations(node)
 
 
 def test_pods_replaced_under_new_names_leave_the_node_and_a_released_hold_alone(world, client):

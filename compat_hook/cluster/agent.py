@@ -269,6 +269,7 @@ class Agent:
         self.lease_rv = None
         self.lease_acquired = None
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
+        self.published = None    # (prefix, the Node doc) this process last decided: its own last word
 
     # -- configuration -------------------------------------------------------
     def config(self):
@@ -393,13 +394,15 @@ class Agent:
         for attempt in range(CONFLICT_RETRIES):
             meta = _map(node.get("metadata"))
             prev = _node_doc_of(meta, prefix)
+            previous = self._previous(prev, prefix)
             g = gatemod.decide(meta, verdict=verdict, complete=complete, why=why, enabled=bool(s["gate_upgrade"]),
-                               prefix=prefix, blocked=tgt.blocked, key=key, previous=prev,
+                               prefix=prefix, blocked=tgt.blocked, key=key, previous=previous,
                                problem="; ".join(problems) or
                                "reasons " + ", ".join(sorted(set(reasons) - {"regression"})))
             doc = publish.node_doc(verdict_=verdict, target=tgt.version, target_from=tgt.where, now=a.now,
                                    gate=g.state, c=c, reasons=sorted(set(reasons)), key=key, interval=opts.interval,
-                                   details=f"{opts.publish_namespace}/{opts.node}", since=_rfc3339())
+                                   details=f"{opts.publish_namespace}/{opts.node}", since=_rfc3339(),
+                                   released_by=g.released_by if g.state == "released-by-other" else None)
             if publish.same_node_doc(prev, doc):
                 doc["since"] = prev.get("since", doc["since"])
             patch = publish.node_patch(prefix=prefix, doc=doc, gate=g, current=meta,
@@ -420,6 +423,7 @@ class Agent:
                 if attempt == CONFLICT_RETRIES - 1:
                     raise
                 node = kube.get(f"/api/v1/nodes/{opts.node}")  # changed since read: decide again on what is there now
+        self.published = (prefix, doc)
         details = publish.details_doc(node=opts.node, verdict_=verdict, complete=complete, target=tgt.version,
                                       target_from=tgt.where, now=a.now, gate=g.state, gate_message=g.message,
                                       problem="; ".join(problems) or None, reasons=sorted(set(reasons)),
@@ -447,6 +451,20 @@ class Agent:
                "seconds": round(time.monotonic() - t0, 3), "max_rss_kib": _max_rss_kib()}
         self._outputs(cfg, s, prefix, doc, details, ws, a, pods_list)
         return out
+
+    def _previous(self, on_node: dict | None, prefix: str) -> dict | None:
+        """The last word the gate goes on: what this process decided last, else the Node's annotation.
+
+        A hold ``cluster release`` took off (``released_by`` ``release``) is remembered by the process
+        that saw it, not by the Node: the release removes the annotation, and an agent installed
+        again (``helm uninstall`` then ``install``) must decide afresh, not read the word of the one
+        that ran while the release did as its own.
+        """
+        if self.published is not None and self.published[0] == prefix:
+            return self.published[1]
+        if on_node is not None and on_node.get("released_by") == "release":
+            return None
+        return on_node
 
     def _details(self, details: dict) -> bool:
         """The ConfigMap, written when its details changed (read once, then remembered)."""

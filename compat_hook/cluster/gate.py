@@ -33,12 +33,16 @@ does nothing. So the gate (:func:`decide`, one state per pass):
     The admin's annotation ``<prefix>/allow-upgrade=true``: ours is lifted and
     none is set while it is there.
 ``released-by-other``
-    Someone took our skip label off by hand (our annotation still there), or
-    released our hold (``compat-hook cluster release``: both gone while our
-    last published gate was ``held``, as when ``helm uninstall``'s pre-delete
-    Job runs before the agent is stopped): we take our annotation off and do
-    not hold again for the same target and regressions (a new target or a new
-    regression holds again).
+    Someone took our skip label off by hand (our annotation still there,
+    ``released_by`` ``label``), or released our hold (``released_by``
+    ``release``: ``compat-hook cluster release``, both gone while our last
+    published gate was ``held``, as when ``helm uninstall``'s pre-delete Job
+    runs before the agent is stopped): we take our annotation off and do not
+    hold again for the same target and regressions (a new target or a new
+    regression holds again). ``previous`` is the agent's own last word: the
+    Node's annotation for a label taken off, but a ``release`` only as long as
+    the agent process that saw it runs (the release command removes that
+    annotation, so that an agent installed again starts fresh).
 ``skipped-by-other``
     A skip label someone else set: never touched.
 ``off``
@@ -66,8 +70,8 @@ does nothing. So the gate (:func:`decide`, one state per pass):
 >>> g = decide(theirs, **dict(fail, verdict="pass")); (g.labels, g.state)
 ({}, 'skipped-by-other')
 >>> released = {"labels": {}, "annotations": {}}  # `cluster release` took both off
->>> g = decide(released, **fail, key="k1", previous={"gate": "held", "key": "k1"}); (g.labels, g.state)
-({}, 'released-by-other')
+>>> g = decide(released, **fail, key="k1", previous={"gate": "held", "key": "k1"}); (g.labels, g.state, g.released_by)
+({}, 'released-by-other', 'release')
 >>> decide(released, **fail, key="k2", previous={"gate": "held", "key": "k1"}).state  # a new regression
 'held'
 """
@@ -93,11 +97,14 @@ class Gate:
     """What to change: ``labels``/``annotations`` (value None: remove) and the resulting ``state``
     (one of :data:`STATES`) with a one-line ``message``."""
 
-    __slots__ = ("labels", "annotations", "state", "message")
+    __slots__ = ("labels", "annotations", "state", "message", "released_by")
 
-    def __init__(self, state: str, message: str = "", labels=None, annotations=None) -> None:
+    def __init__(self, state: str, message: str = "", labels=None, annotations=None, released_by=None) -> None:
         self.state, self.message = state, message
         self.labels, self.annotations = labels or {}, annotations or {}
+        #: For ``released-by-other``: ``label`` (the skip label taken off, our annotation left) or
+        #: ``release`` (both keys gone while our last word was ``held``: ``cluster release``).
+        self.released_by = released_by
 
     @property
     def warning(self) -> bool:
@@ -145,7 +152,7 @@ def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool,
     if ours and not skipped:
         # Our annotation without our label: someone removed the label (to push the node through).
         return Gate("released-by-other", f"{SKIP_LABEL} was removed by someone else: the hold is released "
-                                         f"for this target", **drop_annotation)
+                                         f"for this target", released_by="label", **drop_annotation)
     if ours:
         if not holdable:
             return Gate("clear", f"the upgrade has begun ({state}): our hold is lifted", **release)
@@ -168,13 +175,14 @@ def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool,
     prev = _map(previous)
     if prev.get("gate") == "released-by-other" and prev.get("key") == key:
         return Gate("released-by-other", f"{SKIP_LABEL} was removed by someone else: not held again for this "
-                                         f"target; {why}")
+                                         f"target; {why}", released_by=prev.get("released_by") or "label")
     if prev.get("gate") == "held" and prev.get("key") == key:
         # Our last word on this Node was a hold, and both its keys are gone: someone released it (the
         # release command, as helm uninstall runs it while this agent still runs). Holding again at
         # once would undo that, and outlive the agent about to be stopped.
         return Gate("released-by-other", f"our hold was released by someone else ({SKIP_LABEL} and "
-                                         f"{hold_key} removed): not held again for this target; {why}")
+                                         f"{hold_key} removed): not held again for this target; {why}",
+                    released_by="release")
     if not complete:
         # What this pass could not read may be what decides (an unknown workload, an image not in the
         # store): the issue's rule is that an incomplete pass never sets a hold, as it never lifts one.
