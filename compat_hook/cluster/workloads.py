@@ -10,8 +10,9 @@ when it changes::
                     "runtime_class": "cuda-compat", "seen": "2026-12-03T10:00:00.000Z"}],
      "previous": {"driver": "525.147.05", "until": "...", "workloads": [...]}}
 
-A *workload* is one container image of a running or pending GPU pod (as the agent counts GPU
-pods: :func:`compat_hook.cluster.refs.gpu_pod`) with the env from its pod spec that can change
+A *workload* is one container image of a running or pending GPU pod (as the agent's preflight
+counts GPU pods, by a GPU resource, a resource claim, an NVIDIA CDI annotation or
+``NVIDIA_VISIBLE_DEVICES`` in the spec: :func:`compat_hook.cluster.refs.gpu_pod`) with the env from its pod spec that can change
 what it loads (``NVIDIA_*``, ``CUDA_*``, ``LD_LIBRARY_PATH``, ``COMPAT_HOOK_DISABLE``; literal
 values only) and its ``runtimeClassName``. Workloads seen under one driver accumulate (a job
 that ran this morning counts) until the driver changes; then the record moves to
