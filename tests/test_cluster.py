@@ -316,7 +316,8 @@ def test_scenario_gate_holds_the_regressing_node_under_nvidias_state_machine(wor
         "cuda": "11.4", "needs": "12.4"}, reg
     assert reg["reason"] == _plan_reason(w, "infer", R570, R470), reg
     hold = w.annotations("gpu-c")[HOLDS]
-    assert hold.startswith(f"1 workload(s) regress on driver {R470}: {ref('infer')} (apps/infer-gpu-c)"), hold
+    # the workloads by what they are: the pods behind them (replaced under new names) are in the details
+    assert hold == f"1 workload(s) regress on driver {R470}: {ref('infer')}", hold
     rc, out, _ = w.status("scenario", client=client)
     assert rc == 3, out
     table = _table(out)
@@ -535,6 +536,8 @@ def test_cluster_release_removes_compat_hooks_holds_and_leaves_an_operators_own(
     p = w.run("release", "--node", mine[0], client=client, kubeconfig=w.release_kc)
     assert p.returncode == 0 and f"released the hold on {mine[0]}" in p.stdout, p.stdout + p.stderr
     assert SKIP not in w.labels(mine[0]) and HOLDS not in w.annotations(mine[0])
+    # the agent's last word goes with the hold (its labels stay): an agent installed again starts fresh
+    assert f"{PREFIX}/preflight" not in w.annotations(mine[0]) and w.labels(mine[0])[f"{PREFIX}/preflight"] == "fail"
     assert w.labels(mine[1])[SKIP] == "true"
     p = w.run("release", "--all", "--prefix", "old.example.com", client=client, kubeconfig=w.release_kc)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -550,7 +553,8 @@ def test_cluster_release_removes_compat_hooks_holds_and_leaves_an_operators_own(
 def test_a_release_while_the_agent_runs_is_not_undone(world, client):
     """`helm uninstall` runs `cluster release --all` (its pre-delete Job) while the agents still run: an
     agent that saw its hold released holds no more for the same target and regressions, so no hold
-    outlives the agents stopped right after."""
+    outlives the agents stopped right after. An agent installed again (`helm install`) starts fresh:
+    the node whose upgrade breaks a workload is held again."""
     w = world
     node = f"release-running-{client}"
     w.add_node(node, image="infer")
@@ -572,6 +576,43 @@ def test_a_release_while_the_agent_runs_is_not_undone(world, client):
         agent.terminate()
         agent.wait(10)
     assert SKIP not in w.labels(node)
+    r = w.agent(node, "--driver", R470, client=client)["last"]  # installed again
+    assert (r["preflight"], r["gate"]) == ("fail", "held"), r
+    assert w.labels(node)[SKIP] == "true" and HOLDS in w.annotations(node)
+
+
+def test_pods_replaced_under_new_names_leave_the_node_and_a_released_hold_alone(world, client):
+    """A Job's or a Deployment's pods come back under new names: the same workloads, so the Node is not
+    written, no Event is sent, and a hold someone released does not come back."""
+    w = world
+    node = f"renamed-{client}"
+    w.add_node(node)
+
+    def replace(old: str | None, new: str) -> None:
+        if old:
+            w.admin.delete(f"/api/v1/namespaces/apps/pods/{old}", gracePeriodSeconds="0")
+        w.admin.create("/api/v1/namespaces/apps/pods", gpu_pod(new, node, ref("infer")))
+
+    replace(None, f"job-{node}-1")
+    r = w.agent(node, "--driver", R470, client=client)["last"]
+    assert (r["preflight"], r["gate"], r["node_write"]) == ("fail", "held", "written"), r
+    before = w.node(node)["metadata"]
+    assert f"job-{node}-1" not in before["annotations"][HOLDS] + before["annotations"][f"{PREFIX}/preflight"]
+    events = len(w.events(node))
+    replace(f"job-{node}-1", f"job-{node}-2")
+    r = w.agent(node, "--driver", R470, client=client)["last"]
+    assert (r["gate"], r["node_write"], r["event_sent"]) == ("held", "unchanged", False), r
+    assert w.node(node)["metadata"]["resourceVersion"] == before["resourceVersion"]
+    assert len(w.events(node)) == events
+    assert w.details(node)["regressions"][0]["pods"] == [f"apps/job-{node}-2"]  # the details name them
+    # an admin pushes the node through: the next pods are the same workloads, so no hold comes back
+    w.admin.merge(f"/api/v1/nodes/{node}", {"metadata": {"labels": {SKIP: None}}})
+    r = w.agent(node, "--driver", R470, client=client)["last"]
+    assert r["gate"] == "released-by-other", r
+    replace(f"job-{node}-2", f"job-{node}-3")
+    r = w.agent(node, "--driver", R470, client=client)["last"]
+    assert (r["gate"], r["node_write"]) == ("released-by-other", "unchanged"), r
+    assert SKIP not in w.labels(node) and HOLDS not in w.annotations(node)
 
 
 def test_a_changed_label_prefix_leaves_no_hold_unsaid(world, client, tmp_path):
@@ -737,6 +778,11 @@ def test_pods_are_read_as_the_engine_starts_them(world, client):
     r = w.agent(node, "--driver", R470, client=client)["last"]
     assert (r["workloads"], r["regressions"], r["unknown_workloads"]) == (2, 1, 1), r
     assert (r["preflight"], r["complete"]) == ("fail", False), r
+    # a regression, but not everything was read: an incomplete pass never sets a hold (nor lifts one)
+    assert r["gate"] == "incomplete" and "unknown_workload" in r["gate_message"], r
+    assert SKIP not in w.labels(node) and HOLDS not in w.annotations(node)
+    rc, nodes, _ = w.status_json(node, client)
+    assert (rc, nodes[node]["hold"], nodes[node]["held"]) == (3, "incomplete", False), nodes
     d = w.details(node)
     [reg] = d["regressions"]
     assert reg["pods"] == [f"apps/a-{node}", f"apps/b-{node}"], reg
@@ -746,6 +792,31 @@ def test_pods_are_read_as_the_engine_starts_them(world, client):
     assert workloads["driver"] == R535 and workloads["version"] == 1
     assert sorted((x["image"], tuple(x["pods"])) for x in workloads["workloads"]) == sorted([
         (ref("infer"), (f"apps/a-{node}", f"apps/b-{node}")), (ref("legacy"), (f"apps/c-{node}",))])
+
+
+def test_only_the_validators_own_probe_pods_are_left_out(world, client):
+    """A tenant's GPU pod labelled like the validator's probe is a workload like any other (assessed,
+    held, recorded for the validator); the validator's own probe pod, in compat-hook's namespace, is not
+    (its image is in no store: counted, it would make the pass incomplete)."""
+    from compat_hook.cluster import validate
+
+    w = world
+    node = f"probe-label-{client}"
+    w.add_node(node)
+    w.admin.create("/api/v1/namespaces/apps/pods", gpu_pod(f"infer-{node}", node, ref("infer"),
+                                                           labels={"app.kubernetes.io/name": "compat-hook-probe"}))
+    opts = validate.ValidatorOptions(node, publish_namespace="compat-hook", probe_image="localhost/compat-hook:0")
+    probe = validate.probe_pod(opts, {"image": "registry.test/apps/missing:1", "env": [], "runtime_class": None})
+    w.admin.create("/api/v1/namespaces/compat-hook/pods", probe)
+    try:
+        r = w.agent(node, "--driver", R470, client=client)["last"]
+        assert (r["workloads"], r["not_in_store"], r["regressions"]) == (1, 0, 1), r
+        assert (r["preflight"], r["gate"], r["complete"]) == ("fail", "held", True), r
+        assert w.labels(node)[SKIP] == "true" and HOLDS in w.annotations(node)
+        recorded = json.loads((w.work / "state" / node / "workloads.json").read_text())["workloads"]
+        assert [(x["image"], x["pods"]) for x in recorded] == [(ref("infer"), [f"apps/infer-{node}"])], recorded
+    finally:
+        w.admin.delete(f"/api/v1/namespaces/compat-hook/pods/{probe['metadata']['name']}", gracePeriodSeconds="0")
 
 
 # ----------------------------------------------------------------------------- the operator's view

@@ -135,3 +135,31 @@ print(json.dumps({"passes": out, "shared_before": shared_before, "shared_left": 
     assert doc["shared_before"] is False, doc
     # the same image through the process's shared reader: its spool stays while the process lives
     assert [n for n in doc["shared_left"] if n.startswith("compat-hook-images-")], doc
+
+
+def test_the_validators_record_counts_the_gpu_pods_the_preflight_counts():
+    """A pod with a GPU by a resource, a resource claim, a CDI annotation or its env is a workload of
+    the preflight (pods.build) and of the record the validator proves (workloads.from_pods) alike; a
+    CPU pod is in neither, and neither is the validator's own probe."""
+    from compat_hook.cluster import pods, validate, workloads
+
+    def pod(name, *, resources=None, env=None, annotations=None, ns="apps"):
+        c = {"name": "c", "image": f"registry.test/{name}:1"}
+        if resources:
+            c["resources"] = resources
+        if env:
+            c["env"] = env
+        return {"metadata": {"name": name, "namespace": ns, "annotations": annotations or {}},
+                "spec": {"nodeName": "n", "containers": [c]}, "status": {"phase": "Running"}}
+
+    listed = [pod("resource", resources={"limits": {"nvidia.com/gpu": "1"}}),
+              pod("claim", resources={"claims": [{"name": "gpu"}]}),
+              pod("cdi", annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}),
+              pod("env", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"}]),
+              pod("cpu"), pod("cdi-other", annotations={"cdi.k8s.io/x": "vendor.example/dev=0"}),
+              validate.probe_pod(validate.ValidatorOptions("n", publish_namespace="compat-hook"),
+                                 {"image": "registry.test/probed:1", "env": [], "runtime_class": None})]
+    preflight = sorted(w["image"] for w in pods.build(listed, ["cuda-compat"], "compat-hook").items)
+    record = sorted(w["image"] for w in workloads.from_pods(listed, probe_namespace="compat-hook"))
+    want = sorted(f"registry.test/{n}:1" for n in ("resource", "claim", "cdi", "env"))
+    assert preflight == want and record == want, (preflight, record)

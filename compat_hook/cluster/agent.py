@@ -10,9 +10,10 @@ A pass (:meth:`Agent.run_pass`):
 3. matches their images to the node's store and asks ``plan`` for each on the
    driver now and on the target (:mod:`.predict`); the driver now comes from the
    node itself (``/proc/driver/nvidia/version`` under ``host_root``);
-4. decides the gate (:mod:`.gate`): a regression holds; only a complete pass
-   (target and driver known, every GPU workload's image read from a reachable
-   store, every cache current) with no regression lifts a hold;
+4. decides the gate (:mod:`.gate`): a complete pass (target and driver known,
+   every GPU workload's image read from a reachable store, every cache current)
+   that finds a regression holds, one that finds none lifts a hold; a pass that
+   is not complete keeps what is there and sets nothing;
 5. publishes (:mod:`.publish`): the Node only when its verdict, target,
    regressions or gate changed (one strategic-merge PATCH, conditional on the
    Node's resourceVersion: a conflict reads it again and decides again); the
@@ -134,12 +135,27 @@ def _patched(node: dict, patch: dict) -> dict:
     return dict(node, metadata=meta)
 
 
-def _key(target, rows: list) -> str:
-    """What the regressions are: the target and the regressing workloads (a short hash)."""
+def _identity(w: dict) -> list:
+    """What a workload is, whichever pods run it: its image, the env and annotations that decide, and
+    its runtime (never a pod's name: a Job's or a Deployment's pods come and go under new names)."""
+    return [w.get("image"), list(w.get("env") or []), sorted((w.get("annotations") or {}).items()), w.get("runtime")]
+
+
+def _key(target, rows: list, items: list) -> str:
+    """What the regressions are: the target and the regressing workloads' identities (a short hash).
+
+    >>> w = {"name": "r/a:1 (ml/job-x1 c)", "image": "r/a:1", "env": ["A=1"], "annotations": {}, "runtime": "toolkit"}
+    >>> row = {"name": w["name"], "regression": True}
+    >>> same = dict(w, name="r/a:1 (ml/job-y7 c)")
+    >>> _key("570", [row], [w]) == _key("570", [dict(row, name=same["name"])], [same]) != _key("580", [row], [w])
+    True
+    """
     import hashlib
 
-    names = sorted(str(r.get("name")) for r in rows if publish.regression(r))
-    return hashlib.sha256("\0".join([str(target)] + names).encode()).hexdigest()[:12]
+    by_name = {w.get("name"): w for w in items}
+    ids = sorted(json.dumps(_identity(by_name.get(r.get("name")) or {"image": r.get("image")}))
+                 for r in rows if publish.regression(r))
+    return hashlib.sha256("\0".join([str(target)] + ids).encode()).hexdigest()[:12]
 
 
 # ----------------------------------------------------------------------------- what a pass reads
@@ -253,6 +269,7 @@ class Agent:
         self.lease_rv = None
         self.lease_acquired = None
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
+        self.published = None    # (prefix, the Node doc) this process last decided: its own last word
 
     # -- configuration -------------------------------------------------------
     def config(self):
@@ -290,7 +307,8 @@ class Agent:
         node_key = (labels.get(gatemod.STATE_LABEL), labels.get(gatemod.SKIP_LABEL),
                     anns.get(f"{prefix}/{gatemod.OVERRIDE}"), f"{prefix}/holds-upgrade" in anns,
                     labels.get("nvidia.com/cuda.driver-version.full"))
-        ws = podsmod.build(v.pods() if pods_list is None else pods_list, s["compat_runtime_classes"])
+        ws = podsmod.build(v.pods() if pods_list is None else pods_list, s["compat_runtime_classes"],
+                           self.opts.publish_namespace)
         pods_key = tuple((w["name"], tuple(w["env"]), w["runtime"], w["unknown"], tuple(ws.pods[w["name"]]))
                          for w in ws.items)
         return (tgt.key(), node_key, pods_key)
@@ -328,7 +346,7 @@ class Agent:
                 self._last_trigger = self._trigger_key(node, pods_list, policies, drivers)
         stale = v.stale()
         tgt = targetmod.node_target(node, policies, drivers, prefix=prefix, override=opts.driver)
-        ws = podsmod.build(pods_list, s["compat_runtime_classes"])
+        ws = podsmod.build(pods_list, s["compat_runtime_classes"], opts.publish_namespace)
         a = predict.assess(cfg, version=tgt.plan_version(), workloads=ws, stores=opts.stores, address=opts.address,
                            namespace=opts.namespace)
         c = publish.counts(a.rows)
@@ -364,23 +382,27 @@ class Agent:
                     and not a.problems)
         verdict = publish.verdict(c, target_known=tgt.version is not None, report=a.report is not None,
                                   incomplete=not complete)
-        key = _key(tgt.version, a.rows)
+        key = _key(tgt.version, a.rows, ws.items)
         if verdict == "fail":
-            regs = [r for r in a.rows if publish.regression(r)]
-            why = (f"{len(regs)} workload(s) regress on driver {tgt.version}: "
-                   + "; ".join(f"{r.get('workload_image')} ({', '.join(ws.pods.get(r.get('name'), [])[:3])})"
-                               for r in regs[:3]))
+            # Images, not pods: the hold's reason changes (a Node write) only when the regressions do.
+            regs = sorted({str(r.get("workload_image")) for r in a.rows if publish.regression(r)})
+            why = (f"{c['regressions']} workload(s) regress on driver {tgt.version}: " + "; ".join(regs[:3])
+                   + (f" and {len(regs) - 3} more image(s)" if len(regs) > 3 else ""))
         else:
             why = "; ".join(problems) or verdict
         result, conflicts = None, 0
         for attempt in range(CONFLICT_RETRIES):
             meta = _map(node.get("metadata"))
             prev = _node_doc_of(meta, prefix)
+            previous = self._previous(prev, prefix)
             g = gatemod.decide(meta, verdict=verdict, complete=complete, why=why, enabled=bool(s["gate_upgrade"]),
-                               prefix=prefix, blocked=tgt.blocked, key=key, previous=prev)
+                               prefix=prefix, blocked=tgt.blocked, key=key, previous=previous,
+                               problem="; ".join(problems) or
+                               "reasons " + ", ".join(sorted(set(reasons) - {"regression"})))
             doc = publish.node_doc(verdict_=verdict, target=tgt.version, target_from=tgt.where, now=a.now,
                                    gate=g.state, c=c, reasons=sorted(set(reasons)), key=key, interval=opts.interval,
-                                   details=f"{opts.publish_namespace}/{opts.node}", since=_rfc3339())
+                                   details=f"{opts.publish_namespace}/{opts.node}", since=_rfc3339(),
+                                   released_by=g.released_by if g.state == "released-by-other" else None)
             if publish.same_node_doc(prev, doc):
                 doc["since"] = prev.get("since", doc["since"])
             patch = publish.node_patch(prefix=prefix, doc=doc, gate=g, current=meta,
@@ -401,6 +423,7 @@ class Agent:
                 if attempt == CONFLICT_RETRIES - 1:
                     raise
                 node = kube.get(f"/api/v1/nodes/{opts.node}")  # changed since read: decide again on what is there now
+        self.published = (prefix, doc)
         details = publish.details_doc(node=opts.node, verdict_=verdict, complete=complete, target=tgt.version,
                                       target_from=tgt.where, now=a.now, gate=g.state, gate_message=g.message,
                                       problem="; ".join(problems) or None, reasons=sorted(set(reasons)),
@@ -428,6 +451,20 @@ class Agent:
                "seconds": round(time.monotonic() - t0, 3), "max_rss_kib": _max_rss_kib()}
         self._outputs(cfg, s, prefix, doc, details, ws, a, pods_list)
         return out
+
+    def _previous(self, on_node: dict | None, prefix: str) -> dict | None:
+        """The last word the gate goes on: what this process decided last, else the Node's annotation.
+
+        A hold ``cluster release`` took off (``released_by`` ``release``) is remembered by the process
+        that saw it, not by the Node: the release removes the annotation, and an agent installed
+        again (``helm uninstall`` then ``install``) must decide afresh, not read the word of the one
+        that ran while the release did as its own.
+        """
+        if self.published is not None and self.published[0] == prefix:
+            return self.published[1]
+        if on_node is not None and on_node.get("released_by") == "release":
+            return None
+        return on_node
 
     def _details(self, details: dict) -> bool:
         """The ConfigMap, written when its details changed (read once, then remembered)."""
@@ -510,7 +547,8 @@ class Agent:
         for w in ws.items:
             if w.get("source"):
                 sources.setdefault(w["source"], []).append(w["image"])
-        workloads.record(self.opts.state_dir, pods_list, driver=a.now, sources=sources)
+        workloads.record(self.opts.state_dir, pods_list, driver=a.now, sources=sources,
+                         probe_namespace=self.opts.publish_namespace)
 
     # -- the loop --------------------------------------------------------------
     def _connect(self) -> None:

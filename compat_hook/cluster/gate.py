@@ -7,13 +7,17 @@ there and nowhere else: on a node already past ``upgrade-required`` the label
 does nothing. So the gate (:func:`decide`, one state per pass):
 
 ``held``
-    The pass found a regression (``fail``) and the node is in ``""``,
+    A complete pass found a regression (``fail``) and the node is in ``""``,
     ``upgrade-done`` (between upgrades: a version change moves it from there to
     ``upgrade-required``, where the label parks it) or ``upgrade-required``: the
     skip label and ``<prefix>/holds-upgrade`` (why) are set together. An existing
     hold is kept by any pass that is not complete (the target or the node's
     driver unknown, an image not read, the store or the API failing): only a
     complete pass with no regression lifts it.
+``incomplete``
+    A regression, but the pass is not complete and there is no hold of ours:
+    none is set (only a complete pass sets a hold, as only one lifts it); the
+    message says why the pass is incomplete.
 ``clear``
     No hold; nothing to hold, or a complete pass found no regression (a hold of
     ours is lifted).
@@ -29,12 +33,16 @@ does nothing. So the gate (:func:`decide`, one state per pass):
     The admin's annotation ``<prefix>/allow-upgrade=true``: ours is lifted and
     none is set while it is there.
 ``released-by-other``
-    Someone took our skip label off by hand (our annotation still there), or
-    released our hold (``compat-hook cluster release``: both gone while our
-    last published gate was ``held``, as when ``helm uninstall``'s pre-delete
-    Job runs before the agent is stopped): we take our annotation off and do
-    not hold again for the same target and regressions (a new target or a new
-    regression holds again).
+    Someone took our skip label off by hand (our annotation still there,
+    ``released_by`` ``label``), or released our hold (``released_by``
+    ``release``: ``compat-hook cluster release``, both gone while our last
+    published gate was ``held``, as when ``helm uninstall``'s pre-delete Job
+    runs before the agent is stopped): we take our annotation off and do not
+    hold again for the same target and regressions (a new target or a new
+    regression holds again). ``previous`` is the agent's own last word: the
+    Node's annotation for a label taken off, but a ``release`` only as long as
+    the agent process that saw it runs (the release command removes that
+    annotation, so that an agent installed again starts fresh).
 ``skipped-by-other``
     A skip label someone else set: never touched.
 ``off``
@@ -47,6 +55,9 @@ does nothing. So the gate (:func:`decide`, one state per pass):
 >>> unknown = dict(fail, verdict="unknown", complete=False)
 >>> (decide(mine, **unknown).state, decide(mine, **unknown).labels)
 ('held', {})
+>>> g = decide({"labels": {}, "annotations": {}}, **dict(fail, complete=False, problem="store unreachable"))
+>>> (g.state, g.labels, g.annotations, g.message)
+('incomplete', {}, {}, 'not held: a regression, but this pass is incomplete (store unreachable); 2 workload(s) break')
 >>> decide(mine, **dict(fail, verdict="pass")).labels
 {'nvidia.com/gpu-driver-upgrade.skip': None}
 >>> late = {"labels": {SKIP_LABEL: "true", STATE_LABEL: "drain-required"}, "annotations": {"p.io/holds-upgrade": "x"}}
@@ -59,8 +70,8 @@ does nothing. So the gate (:func:`decide`, one state per pass):
 >>> g = decide(theirs, **dict(fail, verdict="pass")); (g.labels, g.state)
 ({}, 'skipped-by-other')
 >>> released = {"labels": {}, "annotations": {}}  # `cluster release` took both off
->>> g = decide(released, **fail, key="k1", previous={"gate": "held", "key": "k1"}); (g.labels, g.state)
-({}, 'released-by-other')
+>>> g = decide(released, **fail, key="k1", previous={"gate": "held", "key": "k1"}); (g.labels, g.state, g.released_by)
+({}, 'released-by-other', 'release')
 >>> decide(released, **fail, key="k2", previous={"gate": "held", "key": "k1"}).state  # a new regression
 'held'
 """
@@ -75,9 +86,10 @@ SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
 HOLDABLE = ("", "upgrade-done", "upgrade-required")
 #: ``<prefix>/`` + this, value ``true``: the admin's override.
 OVERRIDE = "allow-upgrade"
-STATES = ("off", "clear", "held", "too-late", "cannot-hold", "override", "released-by-other", "skipped-by-other")
-#: States worth a Warning Event.
-WARNING = ("too-late", "cannot-hold", "released-by-other")
+STATES = ("off", "clear", "held", "incomplete", "too-late", "cannot-hold", "override", "released-by-other",
+          "skipped-by-other")
+#: States worth a Warning Event (a regression not held).
+WARNING = ("incomplete", "too-late", "cannot-hold", "released-by-other")
 MAX_WHY = 512
 
 
@@ -85,11 +97,14 @@ class Gate:
     """What to change: ``labels``/``annotations`` (value None: remove) and the resulting ``state``
     (one of :data:`STATES`) with a one-line ``message``."""
 
-    __slots__ = ("labels", "annotations", "state", "message")
+    __slots__ = ("labels", "annotations", "state", "message", "released_by")
 
-    def __init__(self, state: str, message: str = "", labels=None, annotations=None) -> None:
+    def __init__(self, state: str, message: str = "", labels=None, annotations=None, released_by=None) -> None:
         self.state, self.message = state, message
         self.labels, self.annotations = labels or {}, annotations or {}
+        #: For ``released-by-other``: ``label`` (the skip label taken off, our annotation left) or
+        #: ``release`` (both keys gone while our last word was ``held``: ``cluster release``).
+        self.released_by = released_by
 
     @property
     def warning(self) -> bool:
@@ -101,11 +116,11 @@ def _map(v) -> dict:
 
 
 def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool, prefix: str,
-           blocked: str | None = None, key: str = "", previous: dict | None = None) -> Gate:
+           blocked: str | None = None, key: str = "", previous: dict | None = None, problem: str = "") -> Gate:
     """The gate for a node whose ``metadata`` is ``meta`` (see the module docstring).
 
     ``verdict``: the pass's (``fail`` means a regression); ``complete``: whether it read everything a
-    release needs; ``blocked``: why a hold cannot work here (None: it can); ``key``: what the
+    release (or a new hold) needs, ``problem`` what it could not; ``blocked``: why a hold cannot work here (None: it can); ``key``: what the
     regressions are (target and workloads); ``previous``: the last published summary (its ``gate``
     and ``key``), for ``released-by-other``.
     """
@@ -137,7 +152,7 @@ def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool,
     if ours and not skipped:
         # Our annotation without our label: someone removed the label (to push the node through).
         return Gate("released-by-other", f"{SKIP_LABEL} was removed by someone else: the hold is released "
-                                         f"for this target", **drop_annotation)
+                                         f"for this target", released_by="label", **drop_annotation)
     if ours:
         if not holdable:
             return Gate("clear", f"the upgrade has begun ({state}): our hold is lifted", **release)
@@ -160,11 +175,17 @@ def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool,
     prev = _map(previous)
     if prev.get("gate") == "released-by-other" and prev.get("key") == key:
         return Gate("released-by-other", f"{SKIP_LABEL} was removed by someone else: not held again for this "
-                                         f"target; {why}")
+                                         f"target; {why}", released_by=prev.get("released_by") or "label")
     if prev.get("gate") == "held" and prev.get("key") == key:
         # Our last word on this Node was a hold, and both its keys are gone: someone released it (the
         # release command, as helm uninstall runs it while this agent still runs). Holding again at
         # once would undo that, and outlive the agent about to be stopped.
         return Gate("released-by-other", f"our hold was released by someone else ({SKIP_LABEL} and "
-                                         f"{hold_key} removed): not held again for this target; {why}")
+                                         f"{hold_key} removed): not held again for this target; {why}",
+                    released_by="release")
+    if not complete:
+        # What this pass could not read may be what decides (an unknown workload, an image not in the
+        # store): the issue's rule is that an incomplete pass never sets a hold, as it never lifts one.
+        return Gate("incomplete", f"not held: a regression, but this pass is incomplete "
+                                  f"({(problem or 'not everything was read')[:MAX_WHY]}); {why}")
     return Gate("held", f"holding the upgrade: {why}", labels={SKIP_LABEL: "true"}, annotations={hold_key: why})

@@ -261,11 +261,12 @@ class Workloads:
         return [w for w in self.items if w["unknown"]]
 
 
-def build(pods: list, classes) -> Workloads:
-    """The :class:`Workloads` of ``pods`` (the pods bound to the node)."""
+def build(pods: list, classes, probe_namespace: str | None = None) -> Workloads:
+    """The :class:`Workloads` of ``pods`` (the pods bound to the node); the validator's probes, in
+    ``probe_namespace`` (the agent's own), are left out (:func:`~.workloads.is_probe`)."""
     ws = Workloads()
     for pod in pods[:MAX_PODS]:
-        if isinstance(pod, dict) and is_probe(pod):  # the validator's own probe: never a workload
+        if isinstance(pod, dict) and is_probe(pod, probe_namespace):  # the validator's own: never a workload
             continue
         cs, dropped = gpu_containers(pod)
         ws.dropped += dropped

@@ -10,8 +10,10 @@ what changes with the verdict (:func:`node_doc`, :func:`node_patch`):
   bytes: verdict, target and where from, driver now, gate state, counts, reason
   codes, when it last changed, the agent's interval, where the details are).
 
-A pass whose verdict, target, regressions and gate did not change writes
-nothing to the Node. The rest goes to objects of the agent's own, in its
+A pass writes to the Node only when that changes: the verdict, the target
+(and where from), the driver now, the gate and the hold's reason, the counts,
+the reason codes, or the regressions' key (what the regressing workloads are,
+never their pods' names); pods replaced under new names write nothing. The rest goes to objects of the agent's own, in its
 namespace, named after the node:
 
 * a ConfigMap (:func:`details_doc`): every workload that regresses, with its
@@ -132,12 +134,15 @@ def label_value(v) -> str | None:
 
 
 def node_doc(*, verdict_: str, target, target_from, now, gate: str, c: dict, reasons: list, key: str,
-             interval: float, details: str, since: str) -> dict:
-    """The Node's small annotation (see the module docstring); ``since`` is when it last changed."""
+             interval: float, details: str, since: str, released_by: str | None = None) -> dict:
+    """The Node's small annotation (see the module docstring); ``since`` is when it last changed;
+    ``released_by``: how a ``released-by-other`` gate came (:class:`~.gate.Gate`)."""
     doc = {"v": 2, "verdict": verdict_, "target": _s(target, 64), "from": _s(target_from, 160), "now": _s(now, 64),
            "gate": gate, "regressions": c.get("regressions", 0), "broken_now": c.get("broken_now_and_after", 0),
            "reasons": [_s(r, 32) for r in reasons[:12]], "key": key, "interval": int(interval),
            "details": _s(details, 320), "since": since}
+    if released_by:
+        doc["released_by"] = _s(released_by, 16)
     while len(json.dumps(doc, separators=(",", ":"))) > MAX_NODE_DOC and doc["reasons"]:
         doc["reasons"].pop()
     return doc

@@ -3,7 +3,13 @@
 A hold is compat-hook's when the Node carries both the skip label
 ``nvidia.com/gpu-driver-upgrade.skip=true`` and the annotation
 ``<prefix>/holds-upgrade``; release removes both together, with one patch
-conditional on the Node's resourceVersion (a concurrent change is read again).
+conditional on the Node's resourceVersion (a concurrent change is read again),
+and with them the agent's last word on the Node, the annotation
+``<prefix>/preflight`` (its labels stay): an agent installed afterwards starts
+fresh, and holds again where a workload regresses, instead of reading its
+predecessor's ``held`` with both keys gone as a hold someone released for good
+(an agent still running when release runs, as under ``helm uninstall``,
+remembers what it published and does not hold again until it is restarted).
 A skip label without that annotation is someone else's and is never touched.
 Several prefixes can be given (``--prefix``, repeatable): the holds of an agent
 that ran with another ``cluster.label_prefix`` are found and released too.
@@ -17,7 +23,7 @@ error, 2 bad usage.
 >>> ours({"labels": {SKIP_LABEL: "true"}, "annotations": {}}, ["p.io"])
 []
 >>> release_patch({"resourceVersion": "7"}, ["p.io"])
-{'metadata': {'resourceVersion': '7', 'labels': {'nvidia.com/gpu-driver-upgrade.skip': None}, 'annotations': {'p.io/holds-upgrade': None}}}
+{'metadata': {'resourceVersion': '7', 'labels': {'nvidia.com/gpu-driver-upgrade.skip': None}, 'annotations': {'p.io/holds-upgrade': None, 'p.io/preflight': None}}}
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ def ours(meta: dict, prefixes: list) -> list:
 
 def release_patch(meta: dict, prefixes: list) -> dict:
     return {"metadata": {"resourceVersion": str(meta.get("resourceVersion") or ""), "labels": {SKIP_LABEL: None},
-                         "annotations": {f"{p}/holds-upgrade": None for p in prefixes}}}
+                         "annotations": {f"{p}/{key}": None for p in prefixes for key in ("holds-upgrade", "preflight")}}}
 
 
 def _nodes(kube, **query) -> list:

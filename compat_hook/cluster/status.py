@@ -129,7 +129,7 @@ def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None,
             hold = "stale"  # 3 intervals (the Lease lasts 2) without a renewal
         elif state not in ("", None, "upgrade-done", "upgrade-required"):
             hold = "too-late"
-    elif gate in ("too-late", "cannot-hold", "override", "released-by-other") and verdict == "fail":
+    elif gate in ("incomplete", "too-late", "cannot-hold", "override", "released-by-other") and verdict == "fail":
         hold = gate
     elif anns.get(f"{prefix}/{OVERRIDE}") == "true":
         hold = "override"

@@ -10,14 +10,17 @@ when it changes::
                     "runtime_class": "cuda-compat", "seen": "2026-12-03T10:00:00.000Z"}],
      "previous": {"driver": "525.147.05", "until": "...", "workloads": [...]}}
 
-A *workload* is one container image of a running or pending GPU pod (as the agent counts GPU
-pods: :func:`compat_hook.cluster.refs.gpu_pod`) with the env from its pod spec that can change
+A *workload* is one container image of a running or pending GPU pod (as the agent's preflight
+counts GPU pods, by a GPU resource, a resource claim, an NVIDIA CDI annotation or
+``NVIDIA_VISIBLE_DEVICES`` in the spec: :func:`compat_hook.cluster.refs.gpu_pod`) with the env from its pod spec that can change
 what it loads (``NVIDIA_*``, ``CUDA_*``, ``LD_LIBRARY_PATH``, ``COMPAT_HOOK_DISABLE``; literal
 values only) and its ``runtimeClassName``. Workloads seen under one driver accumulate (a job
 that ran this morning counts) until the driver changes; then the record moves to
 ``previous`` and a new one starts. Entries not seen for :data:`MAX_AGE_S` are dropped. The
-validator's own probe pods (label ``app.kubernetes.io/name: compat-hook-probe``) are never
-workloads.
+validator's own probe pods are never workloads (:func:`is_probe`: the label
+``app.kubernetes.io/name: compat-hook-probe``, the annotation ``compat-hook.io/probe-of`` and the
+agent's own namespace, where the validator creates them, all three: a tenant's pod that carries the
+label elsewhere is a workload like any other).
 
 Everything is bounded: :data:`MAX_WORKLOADS` workloads, :data:`MAX_PODS` pod names each,
 :data:`MAX_ENV` env entries of at most :data:`MAX_VALUE` characters; the file is read
@@ -40,12 +43,14 @@ import time
 
 from . import refs
 
-__all__ = ["FILE", "PROBE_NAME", "from_pods", "record", "record_pass", "load", "for_driver", "is_probe", "workload_env"]
+__all__ = ["FILE", "PROBE_NAME", "PROBE_OF", "from_pods", "record", "record_pass", "load", "for_driver", "is_probe", "workload_env"]
 
 FILE = "workloads.json"
 VERSION = 1
 #: The label value (``app.kubernetes.io/name``) of the validator's probe pods: never a workload.
 PROBE_NAME = "compat-hook-probe"
+#: The annotation every probe pod carries (the image it proves; :func:`compat_hook.cluster.validate.probe_pod`).
+PROBE_OF = "compat-hook.io/probe-of"
 MAX_WORKLOADS = 128
 MAX_PODS = 8
 MAX_ENV = 32
@@ -77,10 +82,23 @@ def _containers(pod: dict) -> list:
     return [c for key in ("initContainers", "containers") for c in _list(spec.get(key)) if isinstance(c, dict)]
 
 
-def is_probe(pod: dict) -> bool:
-    """The validator's own probe pod (:mod:`compat_hook.cluster.validate`)."""
-    labels = _dict(_dict(pod.get("metadata")).get("labels"))
-    return labels.get("app.kubernetes.io/name") == PROBE_NAME
+def is_probe(pod: dict, namespace: str | None) -> bool:
+    """The validator's own probe pod (:mod:`compat_hook.cluster.validate`): in ``namespace`` (the agent's
+    and the validator's, the release namespace), labelled and annotated as the validator makes it. The
+    label alone is anyone's to set: a GPU pod left out of the preflight on its word would be a silent
+    fail-open, so a pod short of any of the three is a workload.
+
+    >>> probe = {"metadata": {"namespace": "compat-hook", "labels": {"app.kubernetes.io/name": PROBE_NAME},
+    ...                       "annotations": {PROBE_OF: "registry.test/a:1"}}}
+    >>> is_probe(probe, "compat-hook"), is_probe(probe, "ml"), is_probe(probe, None)
+    (True, False, False)
+    >>> del probe["metadata"]["annotations"]; is_probe(probe, "compat-hook")
+    False
+    """
+    meta = _dict(pod.get("metadata"))
+    return (namespace is not None and meta.get("namespace") == namespace
+            and _dict(meta.get("labels")).get("app.kubernetes.io/name") == PROBE_NAME
+            and PROBE_OF in _dict(meta.get("annotations")))
 
 
 def workload_env(container: dict) -> list:
@@ -102,8 +120,10 @@ def workload_env(container: dict) -> list:
     return out
 
 
-def from_pods(pods: list, *, sources: dict | None = None, when: str | None = None) -> list:
-    """The workloads of ``pods`` (the running or pending GPU pods among them, probes left out).
+def from_pods(pods: list, *, sources: dict | None = None, when: str | None = None,
+              probe_namespace: str | None = None) -> list:
+    """The workloads of ``pods`` (the running or pending GPU pods among them, the validator's probes in
+    ``probe_namespace`` left out: :func:`is_probe`).
 
     ``sources``: ``{plan source: [normalized image refs]}`` (the agent's store match), so that each
     workload names where its image is read from.
@@ -115,7 +135,7 @@ def from_pods(pods: list, *, sources: dict | None = None, when: str | None = Non
     when = when or _now()
     out: dict = {}
     for pod in _list(pods)[:refs.MAX_PODS]:
-        if not isinstance(pod, dict) or is_probe(pod) or not refs.gpu_pod(pod):
+        if not isinstance(pod, dict) or is_probe(pod, probe_namespace) or not refs.gpu_pod(pod):
             continue
         if _dict(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
             continue
@@ -240,7 +260,7 @@ def _merge(old: list, new: list, now: str) -> list:
 
 
 def record(state_dir: str, pods: list, *, driver: str | None, sources: dict | None = None,
-           when: str | None = None) -> dict | None:
+           when: str | None = None, probe_namespace: str | None = None) -> dict | None:
     """Add what ``pods`` run to the record for host driver ``driver``; returns the record.
 
     A new driver moves the record to ``previous``. With ``driver`` None (the kernel module is
@@ -253,7 +273,7 @@ def record(state_dir: str, pods: list, *, driver: str | None, sources: dict | No
 
     now = when or _now()
     old = load(state_dir)
-    seen = from_pods(pods, sources=sources, when=now)
+    seen = from_pods(pods, sources=sources, when=now, probe_namespace=probe_namespace)
     if old is None:
         doc = {"version": VERSION, "driver": driver, "workloads": _merge([], seen, now)}
     elif old["driver"] == driver:
@@ -271,14 +291,15 @@ def record(state_dir: str, pods: list, *, driver: str | None, sources: dict | No
     return doc
 
 
-def record_pass(cfg, state_dir: str | None, pods: list, sources: dict | None = None) -> dict | None:
+def record_pass(cfg, state_dir: str | None, pods: list, sources: dict | None = None,
+                probe_namespace: str | None = None) -> dict | None:
     """:func:`record` for an agent pass: the driver is the node's now (``/proc/driver/nvidia/version``
     under the config's ``host_root``)."""
     if not state_dir:
         return None
     from ..facts.hostfacts import gather
 
-    return record(state_dir, pods, driver=gather(cfg).driver_text, sources=sources)
+    return record(state_dir, pods, driver=gather(cfg).driver_text, sources=sources, probe_namespace=probe_namespace)
 
 
 def for_driver(doc: dict | None, driver: str) -> list:
