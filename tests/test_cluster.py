@@ -941,9 +941,11 @@ def test_api_server_stops_mid_run_and_comes_back(world, client):
     node = f"apistop-{client}"
     w.add_node(node, image="infer")
     agent = w.spawn(node, "--driver", R470, "--interval", "1", client=client)
+    down = False
     try:
         w.admin.wait("first pass", lambda: w.labels(node).get(f"{PREFIX}/preflight") == "fail")
         w.cp.stop_apiserver()
+        down = True
         time.sleep(4)
         assert agent.poll() is None, "the agent exited while the API server was down"
         errors = [r for r in w.log(node) if r["event"] == "cluster_error"]
@@ -951,6 +953,7 @@ def test_api_server_stops_mid_run_and_comes_back(world, client):
         assert errors[-1]["last_result"].startswith(f"fail for {R470}"), errors[-1]
         assert "unreachable" in errors[-1]["message"] or errors[-1]["status"] >= 500, errors[-1]
         w.cp.start_apiserver()
+        down = False
         # the next pass after it is back sees the fix
         w.admin.delete(f"/api/v1/namespaces/apps/pods/infer-{node}", gracePeriodSeconds="0")
         w.admin.wait("a pass after the API server came back",
@@ -959,6 +962,8 @@ def test_api_server_stops_mid_run_and_comes_back(world, client):
     finally:
         agent.terminate()
         agent.wait(10)
+        if down:  # the module's other tests need it back, whatever failed above
+            w.cp.start_apiserver()
 
 
 def test_a_conflicting_writer_never_loses_its_labels(world, client):

@@ -15,7 +15,7 @@ The story, in order (the tests share the cluster and run in file order):
    through ``cuda-compat`` (and the host one on plain runc), and the host libcuda once the
    driver is 555;
 3. the in-cluster agent, with its pod-bound projected token, publishes ``fail`` for a running
-   CUDA 12.4 pod without compat when R470 is announced;
+   CUDA 12.4 pod without compat when a rollback to R520 (CUDA 11.8) is announced;
 4. ``helm upgrade --set agent.gate=true``: the agent holds the node;
 5. ``helm uninstall`` with the node held and a GPU pod running: the pod keeps running and the
    hold is released (the chart's pre-delete Job).
@@ -36,7 +36,9 @@ from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
 
-R470 = "470.256.02"
+#: The announced rollback: R520 (CUDA 11.8) is the first branch that drives the node's H100, and no
+#: CUDA 12 runtime runs on it (minor-version compatibility starts at R525).
+TARGET = "520.61.05"
 NS = nodemod.RELEASE_NAMESPACE
 PREFIX = "compat-hook.io"
 SKIP = "nvidia.com/gpu-driver-upgrade.skip"
@@ -105,7 +107,8 @@ def world(tmp_path_factory):
         cluster.host_network_shim()
         cluster.admin.create("/apis/nvidia.com/v1/clusterpolicies", {
             "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
-            "spec": {"driver": {"version": HOST_535}}})
+            # the operator's driver, upgraded by its controller (else a hold could do nothing: cannot-hold)
+            "spec": {"driver": {"enabled": True, "version": HOST_535, "upgradePolicy": {"autoUpgrade": True}}}})
         t = time.monotonic()
         # docs/cluster.md "Install" (a short agent interval so that a new pod is seen within seconds)
         node.helm("install", "compat-hook", nodemod.CHART, "-n", NS, "--create-namespace",
@@ -198,11 +201,11 @@ def test_the_in_cluster_agent_publishes_fail_with_its_projected_token(world):
     got = world.run_pod("infer", PLAIN_IMAGE)
     assert got["cuDriverGetVersion"] == str(CUDA[HOST_555]), got
     world.admin.merge(CP_PATH, {"spec": {"driver": {"version": HOST_555}},
-                                "metadata": {"annotations": {f"{PREFIX}/next-driver": R470}}})
-    # R470 gives CUDA 11.4: that image breaks (error 35); the agent sees the announcement at once
+                                "metadata": {"annotations": {f"{PREFIX}/next-driver": TARGET}}})
+    # R520 gives CUDA 11.8: that image breaks (error 35); the agent sees the announcement at once
     labels = world.admin.wait("the agent's fail", lambda: (lambda l: l.get(f"{PREFIX}/preflight") == "fail" and l)(
         world.labels()), timeout=180, interval=1)
-    assert labels[f"{PREFIX}/preflight.target-driver"] == R470
+    assert labels[f"{PREFIX}/preflight.target-driver"] == TARGET
     doc = json.loads(world.annotations()[f"{PREFIX}/preflight"])
     assert doc["now"] == HOST_555  # read by the agent from the node's /proc/driver under /host
     assert doc["regressions"] >= 1 and doc["details"] == f"{NS}/{world.node.name}", doc
@@ -216,14 +219,23 @@ def test_the_in_cluster_agent_publishes_fail_with_its_projected_token(world):
     managers = {m["manager"] for m in node["metadata"]["managedFields"]}
     assert "compat-hook" in managers, managers
     pod = world.ds_pod()
-    (vol,) = [v for v in pod["spec"]["volumes"] if v["name"].startswith("kube-api-access-")]
-    token = world.node.path(f"/var/lib/kubelet/pods/{pod['metadata']['uid']}/volumes/kubernetes.io~projected/"
-                            f"{vol['name']}/token").read_text()
+    token = _agent_token(world, pod)
     claims = _claims(token)
     k8s = claims["kubernetes.io"]
     assert claims["sub"] == "system:serviceaccount:compat-hook:compat-hook"
     assert k8s["pod"]["name"] == pod["metadata"]["name"] and k8s["node"]["name"] == world.node.name, claims
     assert any(e.get("reason") == "CompatHookPreflight" and e.get("type") == "Warning" for e in world.events())
+
+
+def _agent_token(world, pod) -> str:
+    """The token the kubelet projected for the agent's container (the chart's own projected volume:
+    the pod mounts no token of the kubelet's)."""
+    assert pod["spec"].get("automountServiceAccountToken") is False, pod["spec"]
+    (vol,) = [v for v in pod["spec"]["volumes"]
+              if any("serviceAccountToken" in s for s in (v.get("projected") or {}).get("sources", []))]
+    (src,) = [s["serviceAccountToken"] for s in vol["projected"]["sources"] if "serviceAccountToken" in s]
+    return world.node.path(f"/var/lib/kubelet/pods/{pod['metadata']['uid']}/volumes/kubernetes.io~projected/"
+                           f"{vol['name']}/{src['path']}").read_text()
 
 
 def test_the_agents_token_cannot_touch_another_node(world):
@@ -232,9 +244,7 @@ def test_the_agents_token_cannot_touch_another_node(world):
     from tests.support.kube import Api
 
     pod = world.ds_pod()
-    (vol,) = [v for v in pod["spec"]["volumes"] if v["name"].startswith("kube-api-access-")]
-    token = world.node.path(f"/var/lib/kubelet/pods/{pod['metadata']['uid']}/volumes/kubernetes.io~projected/"
-                            f"{vol['name']}/token").read_text()
+    token = _agent_token(world, pod)
     agent = Api(world.cluster.url, token)
     try:
         world.admin.create("/api/v1/nodes", {"metadata": {"name": "other-node",
@@ -263,8 +273,11 @@ def test_helm_upgrade_turns_the_gate_on_and_the_agent_holds_the_node(world):
     assert world.labels().get(f"{PREFIX}/preflight") == "fail"
     assert SKIP not in world.labels()  # the gate is off by default: the agent only publishes
     world.node.helm("upgrade", "compat-hook", nodemod.CHART, "-n", NS, "--reuse-values", "--set", "agent.gate=true")
-    world.admin.wait("the node held", lambda: world.labels().get(SKIP) == "true"
-                     and f"{PREFIX}/holds-upgrade" in world.annotations(), timeout=150, interval=1)
+    try:
+        world.admin.wait("the node held", lambda: world.labels().get(SKIP) == "true"
+                         and f"{PREFIX}/holds-upgrade" in world.annotations(), timeout=150, interval=1)
+    except AssertionError as e:  # say what the agent published instead
+        raise AssertionError(f"{e}: {world.annotations().get(f'{PREFIX}/preflight')}") from None
     world.admin.wait("the DaemonSet Ready again", lambda: world.daemonset()["status"].get("numberReady") == 1,
                      timeout=120, interval=0.5)
 

@@ -51,6 +51,21 @@ class World:
         p = self.validator()
         return p is not None and ready(p)
 
+    def wait_validator_ready(self, what: str, timeout: float) -> None:
+        """Until the validator's pod is Ready; else fail with its status and log (what it said)."""
+        try:
+            self.admin.wait(what, self.validator_ready, timeout=timeout, interval=0.5)
+        except AssertionError as e:
+            p = self.validator() or {}
+            raise AssertionError(f"{e}\nstatus: {json.dumps(p.get('status', {}).get('containerStatuses'))}"
+                                 f"\n{self.logs()}") from None
+
+    def logs(self) -> str:
+        """The tails of the release's containers' logs (the agent's, the validator's), as the kubelet keeps them."""
+        logs = sorted(self.node.path("/var/log/pods").glob(f"{NS}_*/*/*.log"))
+        return "\n".join(f"{f.parent.parent.name}/{f.parent.name}: {f.read_text(errors='replace')[-1500:]}"
+                         for f in logs)
+
     def label(self):
         return self.admin.get(f"/api/v1/nodes/{self.node.name}")["metadata"].get("labels", {}).get(LABEL)
 
@@ -62,8 +77,11 @@ class World:
         return json.loads(self.node.path("/var/lib/compat-hook-validator/validation.json").read_text())
 
     def wait_recorded(self, image: str) -> None:
-        self.admin.wait(f"the agent's record of {image}", lambda: (r := self.record()) is not None and any(
-            w["image"] == image for w in r["workloads"]), timeout=180, interval=0.5)
+        try:
+            self.admin.wait(f"the agent's record of {image}", lambda: (r := self.record()) is not None and any(
+                w["image"] == image for w in r["workloads"]), timeout=180, interval=0.5)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.logs()}") from None
 
     def probe_pods(self) -> list:
         return self.admin.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=PROBES)["items"]
@@ -108,7 +126,7 @@ def world(tmp_path_factory):
 
 
 def test_the_validator_pod_is_what_the_upgrade_controller_waits_for(world):
-    world.admin.wait("the validator Ready", world.validator_ready, timeout=300, interval=0.5)
+    world.wait_validator_ready("the validator Ready", timeout=300)
     labels = world.validator()["metadata"]["labels"]
     # app=nvidia-operator-validator (the controller's hard-coded selector), and never the operator's own
     assert labels["app"] == "nvidia-operator-validator"
@@ -123,7 +141,7 @@ def test_a_compatible_driver_change_is_validated(world):
     t0 = time.monotonic()
     world.node.set_driver(HOST_555)
     world.admin.wait("validated=555", lambda: world.label() == HOST_555, timeout=300, interval=0.5)
-    world.admin.wait("the validator Ready on 555", world.validator_ready, timeout=120, interval=0.5)
+    world.wait_validator_ready("the validator Ready on 555", timeout=120)
     world.timings["compatible"] = time.monotonic() - t0
     st = world.state()
     assert st["driver"] == HOST_555 and st["result"] == "pass", st

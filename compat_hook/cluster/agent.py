@@ -424,6 +424,9 @@ class Agent:
                     raise
                 node = kube.get(f"/api/v1/nodes/{opts.node}")  # changed since read: decide again on what is there now
         self.published = (prefix, doc)
+        # What the Node now says, on the node at once: the ConfigMap, Event and Lease below may fail
+        # (the API server gone mid-pass), and the error line's last_result must still be this.
+        self._state_file(prefix, doc)
         details = publish.details_doc(node=opts.node, verdict_=verdict, complete=complete, target=tgt.version,
                                       target_from=tgt.where, now=a.now, gate=g.state, gate_message=g.message,
                                       problem="; ".join(problems) or None, reasons=sorted(set(reasons)),
@@ -525,13 +528,22 @@ class Agent:
             return
 
     # -- node-local files ----------------------------------------------------
+    def _state_file(self, prefix: str, doc: dict) -> None:
+        """``<state-dir>/cluster-agent.json``: the doc on the Node (never fatal)."""
+        if not self.opts.state_dir:
+            return
+        try:
+            publish.write_file(os.path.join(self.opts.state_dir, STATE_FILE),
+                               json.dumps(dict(doc, prefix=prefix), separators=(",", ":")) + "\n")
+        except OSError as e:
+            _log({"event": "cluster_output_error", "node": self.opts.node, "reason": "os_error",
+                  "message": describe(e)[1]})
+
     def _outputs(self, cfg, s: dict, prefix: str, doc: dict, details: dict, ws, a, pods_list) -> None:
-        """The state file, workloads.json and the optional node-local files (never fatal)."""
+        """workloads.json and the optional node-local files (never fatal)."""
         opts = self.opts
         try:
             if opts.state_dir:
-                publish.write_file(os.path.join(opts.state_dir, STATE_FILE),
-                                   json.dumps(dict(doc, prefix=prefix), separators=(",", ":")) + "\n")
                 self._workloads_file(ws, a, pods_list)
             if s["nfd_features_file"]:
                 publish.write_file(s["nfd_features_file"], publish.nfd_text(prefix, doc))

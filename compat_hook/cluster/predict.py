@@ -94,6 +94,9 @@ def _assess(cfg, *, version, workloads, stores: list, address, namespace: str, r
             a.reasons.append("not_in_store")
     send = [w for w in items if w["unknown"] or w["source"] is not None]
     if version is None:
+        # No target, nothing to predict; the node's driver still counts: the workloads record the
+        # validator proves after a driver change is kept per driver, announced or not.
+        a.now = _driver_now(cfg)
         return a
     from ..policy import preflight
 
@@ -112,6 +115,19 @@ def _assess(cfg, *, version, workloads, stores: list, address, namespace: str, r
     a.rows = rows
     a.now = (a.report.get("driver") or {}).get("now")
     return a
+
+
+def _driver_now(cfg) -> str | None:
+    """The loaded kernel module's version under ``host_root`` (None while there is none)."""
+    import os
+
+    from ..facts.hostfacts import parse_proc_version
+
+    try:
+        with open(os.path.join(getattr(cfg, "host_root", "/") or "/", "proc/driver/nvidia/version"), "rb") as f:
+            return parse_proc_version(f.read(65536).decode("utf-8", "replace"))
+    except OSError:
+        return None
 
 
 def _payload(workloads: list) -> list:
