@@ -434,6 +434,20 @@ BAD_PROBES = {
 }
 
 
+
+def _delete_refused(w, v, pod: dict, why: str) -> None:
+    """The validator's delete of ``pod`` (made by the admin) is refused by its policy, saying ``why``,
+    and the pod is still there."""
+    made = w.admin.create(PROBES, pod)
+    try:
+        with pytest.raises(ApiError) as e:
+            v.delete(f"{PROBES}/{made['metadata']['name']}", gracePeriodSeconds="0")
+        assert e.value.status == 403 and VALIDATOR_PODS_POLICY in str(e.value), e.value
+        assert why in str(e.value)
+        assert w.admin.get(f"{PROBES}/{made['metadata']['name']}")["metadata"]["uid"] == made["metadata"]["uid"]
+    finally:
+        w.admin.delete(f"{PROBES}/{made['metadata']['name']}", gracePeriodSeconds="0")
+
 def test_validator_creates_and_deletes_probe_pods_on_its_own_node(world):
     w = world
     v = w.api["validator"]
@@ -449,25 +463,9 @@ def test_validator_creates_and_deletes_probe_pods_on_its_own_node(world):
     assert v.get(f"{PROBES}/{pod['metadata']['name']}")["metadata"]["uid"] == pod["metadata"]["uid"]
     v.delete(f"{PROBES}/{pod['metadata']['name']}", gracePeriodSeconds="0")
     # a pod bound to another node, even one shaped like its own probes: not its to delete
-    other = w.admin.create(PROBES, _probe("gpu-b"))
-    try:
-        with pytest.raises(ApiError) as e:
-            v.delete(f"{PROBES}/{other['metadata']['name']}", gracePeriodSeconds="0")
-        assert e.value.status == 403 and VALIDATOR_PODS_POLICY in str(e.value), e.value
-        assert "not one on gpu-b" in str(e.value)
-        assert w.admin.get(f"{PROBES}/{other['metadata']['name']}")["metadata"]["uid"] == other["metadata"]["uid"]
-    finally:
-        w.admin.delete(f"{PROBES}/{other['metadata']['name']}", gracePeriodSeconds="0")
+    _delete_refused(w, v, _probe("gpu-b"), "not one on gpu-b")
     # on its own node, a pod that is not a probe (the DaemonSet's, with the installer): not its to delete
-    mine = w.admin.create(PROBES, _pod(w.docs, "gpu-a", "compat-hook-installer-gpu-a"))
-    try:
-        with pytest.raises(ApiError) as e:
-            v.delete(f"{PROBES}/{mine['metadata']['name']}", gracePeriodSeconds="0")
-        assert e.value.status == 403 and VALIDATOR_PODS_POLICY in str(e.value), e.value
-        assert "deletes only probe pods" in str(e.value)
-        assert w.admin.get(f"{PROBES}/{mine['metadata']['name']}")["metadata"]["uid"] == mine["metadata"]["uid"]
-    finally:
-        w.admin.delete(f"{PROBES}/{mine['metadata']['name']}", gracePeriodSeconds="0")
+    _delete_refused(w, v, _pod(w.docs, "gpu-a", "compat-hook-installer-gpu-a"), "deletes only probe pods")
     # a token bound to no pod names no node: no probe at all
     with pytest.raises(ApiError) as e:
         w.api["validator-unbound"].create(PROBES, _probe())
