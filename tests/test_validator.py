@@ -235,11 +235,22 @@ def test_from_pods_keeps_gpu_workloads_only_and_their_gpu_env():
                              {"name": "LD_LIBRARY_PATH", "valueFrom": {"configMapKeyRef": {}}}]),
             _pod("cpu", "cpu-only:1", gpu=False),
             _pod("done", "finished:1", phase="Succeeded"),
-            _pod("probe", "probe-of:1", labels={"app.kubernetes.io/name": workloads.PROBE_NAME}),
+            _probe_pod("probe", "probe-of:1"),
             "not a pod", {"metadata": None, "spec": {"containers": "x"}}]
-    got = workloads.from_pods(pods)
+    got = workloads.from_pods(pods, probe_namespace="compat-hook")
     assert [(w["image"], w["env"]) for w in got] == [
         ("docker.io/library/cuda-app:1", ["CUDA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=all"])]
+    # the label alone, in a tenant's namespace: a workload like any other
+    tenant = _pod("tenant", "labelled:1", labels={"app.kubernetes.io/name": workloads.PROBE_NAME})
+    got = workloads.from_pods([tenant], probe_namespace="compat-hook")
+    assert [w["image"] for w in got] == ["docker.io/library/labelled:1"]
+
+
+def _probe_pod(name, image) -> dict:
+    """A probe pod as the validator makes it: its namespace, label and probe-of annotation."""
+    pod = _pod(name, image, labels={"app.kubernetes.io/name": workloads.PROBE_NAME})
+    pod["metadata"].update(namespace="compat-hook", annotations={workloads.PROBE_OF: "docker.io/library/x:1"})
+    return pod
 
 
 def test_from_pods_is_bounded():
