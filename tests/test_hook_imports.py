@@ -49,6 +49,8 @@ COMMON = frozenset({
     "compat_hook.core.config", "compat_hook.core.cache", "compat_hook.core.versions", "compat_hook.core.bounded",
     "compat_hook.facts", "compat_hook.facts.oci", "compat_hook.facts.container", "compat_hook.facts.surface",
     "compat_hook.facts.rootfs", "compat_hook.facts.hostfacts", "compat_hook.facts.imagefacts",
+    # ldconfig's reading of the image (/etc/ld.so.conf, its includes) and the env roots, at every start
+    "compat_hook.facts.loader",
     "compat_hook.facts.elfinfo",
     "compat_hook.policy", "compat_hook.policy.assess", "compat_hook.policy.decision",
     "compat_hook.effects", "compat_hook.effects.mounts", "compat_hook.effects.ldcache",

@@ -157,7 +157,8 @@ def test_explain_leaves_out_compat_hooks_own_dropin(make_rootfs, conf):
     assert (r["decision"], r["reason"]) == ("enable", "compat_major_newer")
     assert r["toolkit"]["with_hook"] == {
         "result": "compat", "by": "compat-hook's drop-in names the compat dir and sorts first",
-        "via": "compat-hook", "path": None, "dir": "/usr/local/cuda-12.4/compat"}
+        "via": "compat-hook", "path": None, "dir": "/usr/local/cuda-12.4/compat",
+        "maps": "/usr/local/cuda-12.4/compat/libcuda.so.550.163.01"}
     assert r["summary"].endswith("-> compat library (/usr/local/cuda-12.4/compat)")
     assert any(n.startswith(f"{ldcache.DROPIN_NAME} in the rootfs is compat-hook's own from an earlier start "
                             "(naming /usr/lib/x86_64-linux-gnu)") for n in r["notes"]), r["notes"]
@@ -255,4 +256,6 @@ def test_a_start_without_conda_costs_one_lookup_per_root(tmp_path):
     assert img.status == "none" and img.others == []
     conda = [w for w in Counting.walks if "conda" in w or "mamba" in w]
     assert conda == list(imagefacts.CONDA_ROOTS), Counting.walks
-    assert len(Counting.walks) == len(config_for(None).compat_dirs) + len(imagefacts.CONDA_ROOTS)
+    # the homes of /etc/passwd (none here: one lookup), nothing under the system PATH dirs
+    assert len(Counting.walks) == len(config_for(None).compat_dirs) + len(imagefacts.CONDA_ROOTS) + 1
+    assert "/etc/passwd" in Counting.walks

@@ -15,6 +15,8 @@ entries are never dropped, never duplicated, and keep their order.
 True
 >>> is_compat_entry("/usr/local/cuda-12.9/compat/lib.real"), is_compat_entry("/opt/conda/cuda-compat")
 (True, True)
+>>> is_compat_entry("/usr/local/cuda-12.4/compat-tools/lib")
+False
 
 In ldconfig mode the chosen compat dir may stay where the image put it:
 ``keep`` names entries that are never removed.
@@ -44,9 +46,10 @@ def is_compat_entry(entry: str, known=()) -> bool:
     parts = p.split("/")
     if "cuda-compat" in parts:  # conda's cuda-compat package: $PREFIX/cuda-compat
         return True
-    # /usr/local/cuda[-X.Y]/compat[_orin][/lib.real|/lib]
+    # /usr/local/cuda[-X.Y]/compat[_orin][/lib.real|/lib]; not a sibling such as compat-tools
     for i, part in enumerate(parts[:-1]):
-        if (part == "cuda" or part.startswith("cuda-")) and parts[i + 1].startswith("compat"):
+        nxt = parts[i + 1]
+        if (part == "cuda" or part.startswith("cuda-")) and (nxt == "compat" or nxt.startswith("compat_")):
             return True
     return False
 

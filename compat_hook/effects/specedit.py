@@ -151,11 +151,26 @@ def _copy_for_edit(spec: dict) -> dict:
         new["mounts"] = list(spec["mounts"])
     if isinstance(spec.get("hooks"), dict):
         new["hooks"] = {k: (list(v) if isinstance(v, list) else v) for k, v in spec["hooks"].items()}
+    if isinstance(spec.get("annotations"), dict):
+        new["annotations"] = dict(spec["annotations"])
     return new
 
 
+def add_annotation(spec: dict, key: str, value: str) -> bool:
+    """Set ``annotations[key]`` to ``value``; whether it changed."""
+    ann = spec.get("annotations")
+    if ann is None:
+        ann = spec["annotations"] = {}
+    if not isinstance(ann, dict):
+        raise SpecError("annotations is not an object")
+    if ann.get(key) == value:
+        return False
+    ann[key] = value
+    return True
+
+
 def plan(spec: dict, *, ld_dir: str | None = None, strip: bool = False, known=(), keep=(),
-         mounts=(), hooks=(), drop_oom: bool = False) -> tuple:
+         mounts=(), hooks=(), drop_oom: bool = False, record_ld: str | None = None) -> tuple:
     """Apply the wanted edits to a copy of ``spec``: ``(new_spec, done)``.
 
     ``ld_dir``: put this container dir first on ``LD_LIBRARY_PATH``;
@@ -163,7 +178,9 @@ def plan(spec: dict, *, ld_dir: str | None = None, strip: bool = False, known=()
     entries of ``keep`` (the chosen compat dir, in ldconfig mode); ``known``:
     extra paths that count as compat dirs; ``mounts``: mounts to add;
     ``hooks``: ``(stage, entry)`` pairs to add; ``drop_oom``: drop
-    ``process.oomScoreAdj``. ``done`` lists what changed, for the log.
+    ``process.oomScoreAdj``; ``record_ld``: an annotation that keeps
+    ``LD_LIBRARY_PATH``'s value from before an edit, for the hook added after
+    it. ``done`` lists what changed, for the log.
     ``spec`` itself is never modified.
     """
     new = _copy_for_edit(spec)
@@ -176,6 +193,8 @@ def plan(spec: dict, *, ld_dir: str | None = None, strip: bool = False, known=()
         if changed:
             done.append(f"LD_LIBRARY_PATH={value}" if value is not None
                         else f"unset LD_LIBRARY_PATH (was {old})")
+            if record_ld and old:
+                add_annotation(new, record_ld, old)
     for stage, entry in hooks:
         if add_hook(new, stage, entry):
             done.append(f"added {stage} hook {entry['path']}")

@@ -67,7 +67,11 @@ LABEL_PREFIX = "io.kubernetes."
 #: may be; ``NVIDIA_DRIVER_CAPABILITIES``: whether the CUDA driver is given at
 #: all); ``Request.env`` holds these only.
 ENV_KEYS = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_REQUIRE_CUDA", "NVIDIA_DISABLE_REQUIRE", "CUDA_VERSION",
-            "LD_LIBRARY_PATH", ENV_DISABLE, "CONDA_PREFIX", "MAMBA_ROOT_PREFIX", "NVIDIA_DRIVER_CAPABILITIES")
+            "LD_LIBRARY_PATH", ENV_DISABLE, "CONDA_PREFIX", "MAMBA_ROOT_PREFIX", "NVIDIA_DRIVER_CAPABILITIES",
+            "PATH", "PIXI_PROJECT_ROOT")
+#: What the runtime wrapper took off ``LD_LIBRARY_PATH`` (its value before), so the hook it
+#: adds sees the same candidate dirs (:mod:`compat_hook.policy.assess`).
+ANNOTATION_LD_BEFORE = "compat-hook/ld-library-path-before-wrapper"
 
 
 def _pick_env(items: list, may_hold_nul: bool = True) -> dict:
@@ -276,6 +280,18 @@ class Request:
             return spec.get(key)
         except ValueError:  # a member past the hook's early stop that is not JSON
             return None
+
+    @property
+    def cwd(self):
+        """The process's working dir (``process.cwd``), or ``None``: where a pixi project lives."""
+        p = self._spec.get("process") if self._spec is not None else None
+        c = p.get("cwd") if isinstance(p, dict) else None
+        return c if isinstance(c, str) and c.startswith("/") else None
+
+    def ld_before_wrapper(self) -> list:
+        """The ``LD_LIBRARY_PATH`` entries the runtime wrapper took off (its annotation), or ``[]``."""
+        v = self.annotations.get(ANNOTATION_LD_BEFORE)
+        return [e for e in v.split(":") if e.startswith("/")][:64] if isinstance(v, str) else []
 
     def gpu_names(self):
         """The GPUs the container is given, as ``[(kind, value, source)]``, or ``None`` (none named).

@@ -36,6 +36,7 @@ from ..core import fastos as os  # os without importing os: ~1 ms of a container
 import stat as _stat
 
 from ..core.versions import try_parse_version
+from . import loader as _loader
 
 __all__ = ["ImageFacts", "gather", "scan_compat_dir", "is_candidate_name", "host_lib_dir",
            "compat_dropins", "conda_prefixes", "CANDIDATE_PREFIX", "CONTAINER_LIB_DIRS", "CONDA_ROOTS"]
@@ -45,9 +46,8 @@ _OTHER_LIBS = ("libcudadebugger.so.", "libnvidia-nvvm.so.", "libnvidia-ptxjitcom
                "libnvidia-gpucomp.so.", "libnvidia-tileiras.so.", "libnvidia-pkcs11.so.",
                "libnvidia-pkcs11-openssl3.so.", "libnvidia-nvvm70.so.")
 _KNOWN = _OTHER_LIBS + (CANDIDATE_PREFIX,)
-#: Where a conda install usually lives when no env variable says: conda's, miniforge's and the
-#: micromamba image's root (``/opt/conda``), and micromamba's default root for root.
-CONDA_ROOTS = ("/opt/conda", "/root/micromamba")
+#: Where a conda install usually lives when no env variable says (:data:`compat_hook.facts.loader.KNOWN_ROOTS`).
+CONDA_ROOTS = _loader.KNOWN_ROOTS
 #: The package's own dir under a prefix (conda-forge ``cuda-compat-impl``).
 CONDA_COMPAT = "cuda-compat"
 #: At most this many ``envs/*`` of one root, compat entries of ``LD_LIBRARY_PATH`` and
@@ -196,12 +196,13 @@ def _inspect(root, path: str, state_dir: str | None, use_cache: bool, facts: Ima
         f.close()
 
 
-def conda_prefixes(root, env=None, roots=CONDA_ROOTS) -> list:
-    """The conda prefixes an image may use: ``[(prefix, why)]``, probed only on cheap evidence.
+def conda_prefixes(root, env=None, roots=None, cwd=None) -> list:
+    """The conda, pixi and mamba prefixes an image may use: ``[(prefix, why)]``, probed only on cheap evidence.
 
-    ``CONDA_PREFIX`` (the env an image built with ``ENV`` or an activation
-    runs in) is taken as named; ``MAMBA_ROOT_PREFIX`` and each of ``roots``
-    cost one lookup when absent, and when present add their ``envs/*``.
+    :func:`compat_hook.facts.loader.env_prefixes`: ``CONDA_PREFIX`` as named,
+    ``PATH`` entries with a ``conda-meta`` beside them, the working dir's pixi
+    envs, ``MAMBA_ROOT_PREFIX``, the well-known roots and each home's, with
+    their ``envs/*``.
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp(); os.makedirs(d + "/opt/conda/envs/torch")
@@ -210,29 +211,7 @@ def conda_prefixes(root, env=None, roots=CONDA_ROOTS) -> list:
     ...     conda_prefixes(r, {"CONDA_PREFIX": "/srv/env"})
     [('/srv/env', 'CONDA_PREFIX'), ('/opt/conda', 'a conda root'), ('/opt/conda/envs/torch', 'an env of /opt/conda')]
     """
-    out: list = []
-    env = env or {}
-    named = env.get("CONDA_PREFIX")
-    if isinstance(named, str) and named.startswith("/"):
-        out.append((named.rstrip("/") or "/", "CONDA_PREFIX"))
-    mamba = env.get("MAMBA_ROOT_PREFIX")
-    tops = [(mamba.rstrip("/") or "/", "MAMBA_ROOT_PREFIX")] if isinstance(mamba, str) and mamba.startswith("/") else []
-    tops += [(r, "a conda root") for r in roots]
-    for top, why in tops:
-        try:
-            if not _stat.S_ISDIR(root.stat(top).st_mode):
-                continue
-        except OSError:
-            continue  # the common case: one lookup, nothing more
-        out.append((top, why))
-        try:
-            entries = root.listdir(top + "/envs")
-        except OSError:
-            continue
-        for name, kind in sorted(entries)[:MAX_ENVS]:
-            if kind in ("dir", "symlink"):
-                out.append((f"{top}/envs/{name}", f"an env of {top}"))
-    return out
+    return _loader.env_prefixes(root, env, cwd, _loader.KNOWN_ROOTS if roots is None else roots)
 
 
 def _links_into(root, prefix: str, resolved: str) -> tuple:
@@ -281,49 +260,44 @@ def _conda_package(root, prefix: str) -> str | None:
     return pick[0][:-len(".json")] if pick else None
 
 
-def _ld_compat_entries(env, known) -> list:
-    value = (env or {}).get("LD_LIBRARY_PATH")
-    # Most images set one (/usr/local/nvidia/lib...): core.ldpath is imported only when
-    # an entry may be a compat dir, so the usual start imports nothing more.
-    if not value or ("compat" not in value and not any(k in value for k in known)):
-        return []
-    from ..core.ldpath import is_compat_entry
-
-    return [e for e in value.split(":") if is_compat_entry(e, known)]
-
-
-def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, env=None) -> ImageFacts:
+def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, env=None,
+           cwd: str | None = None, conf=None, extra_ld=()) -> ImageFacts:
     """Find and inspect the compat candidates in the image behind ``root``.
 
     ``env``: the container's environment (:attr:`compat_hook.facts.container.Request.env`):
-    ``CONDA_PREFIX``, ``MAMBA_ROOT_PREFIX`` and ``LD_LIBRARY_PATH`` name further dirs.
+    ``CONDA_PREFIX``, ``MAMBA_ROOT_PREFIX``, ``PATH`` and ``LD_LIBRARY_PATH`` name further
+    dirs; ``cwd``: the process's working dir (a pixi project); ``conf``: ldconfig's reading of
+    the image (:func:`compat_hook.facts.loader.ld_so_conf`), whose dirs holding a libcuda are
+    candidates too; ``extra_ld``: ``LD_LIBRARY_PATH`` entries a runtime wrapper took off.
     """
     facts = ImageFacts()
     found: list = []
     seen: set = set()
 
-    def scan(d: str, origin: str, prefix: str | None = None, quiet_missing: bool = False) -> None:
+    def scan(d: str, origin: str, prefix: str | None = None, quiet_missing: bool = False):
+        """Whether ``d`` holds a candidate (a new one, or one found through another name); ``None``: no dir."""
         try:
             resolved, candidates, others = scan_compat_dir(root, d)
         except FileNotFoundError:
             if not quiet_missing:
                 facts.dirs_checked.append({"dir": d, "resolved": None, "status": "missing"})
-            return
+            return None
         except NotADirectoryError:
             facts.dirs_checked.append({"dir": d, "resolved": None, "status": "not a directory"})
-            return
-        except OSError as e:
-            facts.dirs_checked.append({"dir": d, "resolved": None, "status": f"unreadable: {e.strerror or e}"})
-            return
+            return False
+        except (OSError, ValueError) as e:
+            facts.dirs_checked.append({"dir": d, "resolved": None,
+                                       "status": f"unreadable: {getattr(e, 'strerror', None) or e}"})
+            return False
         if resolved in seen:
             facts.dirs_checked.append({"dir": d, "resolved": resolved, "status": "checked already"})
-            return
+            return any(c.compat_dir == resolved for c in found)
         seen.add(resolved)
         facts.dirs_checked.append({"dir": d, "resolved": resolved, "status": f"{len(candidates)} candidate(s)"})
         if not candidates:
             if others and not facts.other_libs and not found:
                 facts.other_libs = others
-            return
+            return False
         c = facts if not found else ImageFacts()
         if c is facts:
             facts.other_libs = []
@@ -336,7 +310,7 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
             c.package = _conda_package(root, prefix)
         if len(candidates) > 1:
             c.status = "ambiguous"
-            return
+            return True
         c.status = "found"
         name = candidates[0]
         c.candidate = name
@@ -357,16 +331,73 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
                 # (or an unreadable file) means we cannot vouch for it.
                 c.notes.append(f"cannot open {path}: {e}")
                 c.elf = None
+        return True
 
     for d in config.compat_dirs:
-        scan(d, "configured")
-    for prefix, _why in conda_prefixes(root, env):
+        if scan(d, "configured") is False:
+            # NGC's images keep the driver in <compat>/lib.real, named through a lib -> lib.real link
+            # (which a build may remove) by their own drop-in: the dir the loader really reads.
+            for sub in NGC_SUBDIRS:
+                if scan(d.rstrip("/") + "/" + sub, "configured", quiet_missing=True):
+                    break
+    for prefix, _why in conda_prefixes(root, env, cwd=cwd):
         scan(prefix.rstrip("/") + "/" + CONDA_COMPAT, "conda", prefix, quiet_missing=True)
     known = set(config.compat_dirs) | seen
-    for e in _ld_compat_entries(env, known)[:MAX_LD_DIRS]:
+    for e in _ld_entries_with_libcuda(root, env, known, extra_ld)[:MAX_LD_DIRS]:
         scan(e, "LD_LIBRARY_PATH")
+    if conf is not None:
+        # A dir ldconfig reads (a drop-in, a line of /etc/ld.so.conf) holding a libcuda of its own:
+        # /opt/nvidia/compat named only by an image's drop-in is as reachable as the configured dir.
+        for _key, _src, d in conf.entries[:MAX_CONF_DIRS]:
+            if d in CONTAINER_LIB_DIRS or d in seen:
+                continue
+            if _may_hold_libcuda(root, d, known):
+                scan(d, "ld.so.conf", quiet_missing=True)
     facts.others = found[1:]
     return facts
+
+
+#: NGC's layout: ``<compat>/lib.real`` holds the driver, ``<compat>/lib`` links to it.
+NGC_SUBDIRS = ("lib.real", "lib")
+#: At most this many dirs of ldconfig's configuration are looked at.
+MAX_CONF_DIRS = 128
+
+
+def _may_hold_libcuda(root, d: str, known=()) -> bool:
+    """Whether dir ``d`` may hold a compat libcuda: a compat dir's name, or a ``libcuda.so.1`` in it.
+
+    One lookup for a dir that is neither (the image's ``/usr/local/lib``,
+    ``/usr/local/cuda/lib64``): its listing is never read.
+    """
+    if "compat" in d or d in known:
+        # core.ldpath only where a name may be one: the usual start imports nothing more
+        from ..core.ldpath import is_compat_entry
+
+        if is_compat_entry(d, known):
+            return True
+    try:
+        root.lstat(d.rstrip("/") + "/libcuda.so.1")
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _ld_entries_with_libcuda(root, env, known, extra=()) -> list:
+    """The ``LD_LIBRARY_PATH`` entries that may hold a compat libcuda, in order.
+
+    ``extra``: entries a runtime wrapper took off before this hook ran (its
+    annotation), so hook and wrapper see the same candidates.
+    """
+    value = (env or {}).get("LD_LIBRARY_PATH") or ""
+    entries = [e for e in value.split(":") if e.startswith("/")] + [e for e in extra if e.startswith("/")]
+    out = []
+    for e in entries[:2 * MAX_LD_DIRS]:
+        n = e.rstrip("/") or "/"
+        if n in CONTAINER_LIB_DIRS or n in out:
+            continue
+        if _may_hold_libcuda(root, n, known):
+            out.append(e)
+    return out
 
 
 #: Container dirs where runtimes put the host driver's libraries (the NVIDIA
@@ -402,40 +433,47 @@ def host_lib_dir(root, driver_text: str | None, dirs=CONTAINER_LIB_DIRS) -> str 
 MAX_DROPINS = 512
 
 
-def compat_dropins(root, own: str = "00-00-compat-hook.conf", limit: int = MAX_DROPINS) -> tuple:
-    """``(dropins, notes)``: the ``/etc/ld.so.conf.d/*.conf`` files naming a compat dir.
+def compat_dropins(root, own: str = "00-00-compat-hook.conf", limit: int = MAX_DROPINS, conf=None,
+                   dirs=()) -> tuple:
+    """``(dropins, notes)``: what ldconfig's configuration names that is a compat dir.
 
-    Each is ``{"file": name, "dirs": [...], "by": "nvidia-toolkit" | "image"}``
-    in ldconfig's order (file name). ``00-compat-*.conf`` files are the
-    NVIDIA toolkit's ``enable-cuda-compat`` (at this start or a stale one);
-    others are baked into the image (NGC's ``00-cuda-compat.conf``, vLLM's
-    ``cuda-compat.conf``). Only regular files are read (at most 4 KiB each,
-    confined to the root); our own drop-in is left out.
+    Each is ``{"file", "path", "dirs", "by", "key"}`` in ldconfig's order (the
+    key of :class:`compat_hook.facts.loader.LdConf`): the ``/etc/ld.so.conf.d``
+    files (``file`` their name) and the lines of ``/etc/ld.so.conf`` itself
+    (``file`` ``ld.so.conf:LINE``), naming a compat dir by its name or, with
+    ``dirs`` (the candidate dirs, resolved), one resolving into a candidate
+    (``/opt/nvidia/compat``). ``00-compat-*.conf`` files are the NVIDIA toolkit's
+    ``enable-cuda-compat`` (at this start or a stale one); others are the image's
+    (NGC's ``00-cuda-compat.conf``, vLLM's ``cuda-compat.conf``). Only regular
+    files are read (bounded, confined to the root); our own drop-in is left out.
     """
     from ..core.ldpath import is_compat_entry
 
-    notes: list = []
-    try:
-        entries = root.listdir("/etc/ld.so.conf.d")
-    except OSError:
-        return [], notes
-    names = sorted(n for n, kind in entries if n.endswith(".conf") and n != own and kind in ("file", "symlink"))
-    if len(names) > limit:
-        notes.append(f"{len(names)} drop-ins in /etc/ld.so.conf.d: only the first {limit} read")
-        names = names[:limit]
-    out = []
-    for n in names:
+    if conf is None:
+        conf = _loader.ld_so_conf(root, skip=own)
+    notes = [n for n in conf.notes if "ld.so.conf" in n and "includes no" not in n]
+    resolved_dirs = [d.rstrip("/") for d in dirs if d]
+
+    def into_candidate(d: str) -> bool:
+        if not resolved_dirs:
+            return False
         try:
-            text = root.read_file("/etc/ld.so.conf.d/" + n, 4096).decode("utf-8", "replace")
-        except OSError as e:  # a symlink out, a FIFO, a vanished file: not a drop-in we can vouch for
-            notes.append(f"/etc/ld.so.conf.d/{n}: not read ({getattr(e, 'strerror', None) or e})")
+            r = root.realpath(d)
+        except (OSError, ValueError):
+            return False
+        return any(r == c or r.startswith(c + "/") for c in resolved_dirs)
+
+    out: list = []
+    for key, source, d in conf.entries:
+        if not (is_compat_entry(d) or into_candidate(d)):
             continue
-        dirs = []
-        for line in text.splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line and not line.startswith("include") and is_compat_entry(line):
-                dirs.append(line)
-        if dirs:
-            out.append({"file": n, "dirs": dirs,
-                        "by": "nvidia-toolkit" if n.startswith("00-compat-") else "image"})
+        top = source.startswith(_loader.CONF + ":")
+        path = source.rsplit(":", 1)[0]  # the file; a line of /etc/ld.so.conf itself keeps its number
+        name = source[len("/etc/"):] if top else path.rsplit("/", 1)[-1]
+        if out and out[-1]["path"] == (source if top else path) and out[-1]["key"] == key:
+            out[-1]["dirs"].append(d)
+            continue
+        by = ("nvidia-toolkit" if name.startswith("00-compat-") and path.startswith(_loader.CONF_D + "/")
+              else "image")
+        out.append({"file": name, "path": source if top else path, "dirs": [d], "by": by, "key": key})
     return out, notes

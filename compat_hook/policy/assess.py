@@ -54,7 +54,8 @@ class Assessment:
     __slots__ = ("request", "host", "image", "decision", "image_decision", "store", "effect",
                  "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "hook_refresh",
                  "existing_dropin", "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins",
-                 "ld_compat_entries", "toolkit", "actors", "losers")
+                 "ld_compat_entries", "toolkit", "actors", "losers", "ldconf", "maps",
+                 "wrapper_adds_hook")
 
     def __init__(self) -> None:
         self.request = None
@@ -81,6 +82,9 @@ class Assessment:
         self.toolkit = None         # what the NVIDIA toolkit alone would do (explain, plan)
         self.actors: tuple = ()
         self.losers: list = []      # candidate dirs the decision did not choose, and what names them
+        self.ldconf = None          # ldconfig's reading of the image (facts/loader.LdConf)
+        self.maps = None            # the libcuda the container maps, as the loader model predicts (toolkit=True)
+        self.wrapper_adds_hook = False  # the wrapper's spec runs compat-hook's createContainer hook
 
     def replan_hook(self, existing: str | None) -> list:
         """The hook's ld cache actions given the drop-in found now (under the lock)."""
@@ -118,6 +122,9 @@ class Assessment:
             out["gpus_checked"] = checked
         if self.dropins:
             out["compat_dropins"] = [f"{x['file']} ({x['by']})" for x in self.dropins]
+        maps = self.maps or self._intended_lib()
+        if maps:
+            out["maps"] = maps
         if self.ld_compat_entries:
             out["ld_library_path_compat"] = list(self.ld_compat_entries)
         cands = d.details.get("compat_dirs") if isinstance(d.details, dict) else None
@@ -136,6 +143,18 @@ class Assessment:
         if warnings:
             out["warnings"] = warnings
         return out
+
+    def _intended_lib(self):
+        """The libcuda compat-hook makes the container map (its decision's file), where it acts."""
+        d = self.decision
+        if self.effect == "compat" and d.compat_dir:
+            name = d.details.get("candidate") if isinstance(d.details, dict) else None
+            name = name or (self.image.candidate if self.image is not None and d.source == "image" else None)
+            return f"{d.compat_dir.rstrip('/')}/{name}" if name else None
+        if self.effect == "host" and self.hook_purpose == "host" and self.hook_target and self.host is not None \
+                and self.host.driver_text:
+            return f"{self.hook_target.rstrip('/')}/libcuda.so.{self.host.driver_text}"
+        return None
 
     def effects(self) -> dict:
         """Each actor's planned effects as the lines its log would carry."""
@@ -227,10 +246,14 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
         # Fast path: an opted-out or non-GPU container needs no facts.
         a.decision = a.image_decision = first
     else:
-        from ..facts import hostfacts, imagefacts
+        from ..facts import hostfacts, imagefacts, loader
+        from ..effects.ldcache import DROPIN_NAME
 
+        a.ldconf = loader.ld_so_conf(root, skip=DROPIN_NAME) if root is not None else None
         a.image = imagefacts.gather(root, config, state_dir=state_dir,
-                                    env=request.env if request is not None else None)
+                                    env=request.env if request is not None else None,
+                                    cwd=request.cwd if request is not None else None, conf=a.ldconf,
+                                    extra_ld=request.ld_before_wrapper() if request is not None else ())
         a.host = host if host is not None else hostfacts.gather(config)
         a.decision = a.image_decision = decide(a.host, a.image, request, config)
         for d in a.image.dirs_checked:
@@ -252,7 +275,8 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
         if a.image.status != "none" or toolkit or full:
             # Without a compat libcuda in the image no drop-in of it can matter;
             # a GPU container without compat libs is the common start (hot path).
-            a.dropins, notes = imagefacts.compat_dropins(root)
+            a.dropins, notes = imagefacts.compat_dropins(root, conf=a.ldconf,
+                                                         dirs=[c.compat_dir for c in a.image.all()])
             a.notes.extend(notes)
             a.ld_compat_entries = _ld_entries(request, known)
     a.effect = a.decision.effect
@@ -290,8 +314,25 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
             f"conda's compat driver, which must not be used {_not_used_why(a)}, and a hook outside the "
             "container's mount namespace (prestart, createRuntime) cannot hide it: register the hook at "
             "createContainer, or use compat-hook's runtime wrapper (compat-hook install containerd|docker|crio)")
+    # A line ldconfig reads before compat-hook's drop-in (a line of /etc/ld.so.conf before its
+    # include, a drop-in sorting first) beats ours in the cache: the dir it names must go.
+    early = [x for x in a.losers if x["early"] and x["dir"] not in a.hook_masks]
+    if early and "hook" in a.actors and mount_ns and root is not None:
+        if _plan_masks(a, root, [x["dir"] for x in early], "a dir ldconfig reads before compat-hook's drop-in"):
+            a.hook_refresh = True
+            a.hook = a.replan_hook(a.existing_dropin)
+    elif early and "hook" in a.actors and "wrapper" not in a.actors:
+        a.warnings.append(
+            f"{', '.join(x['early'][0] for x in early)} names {', '.join(x['dir'] for x in early)}, a compat dir "
+            f"that must not be used {_not_used_why(a)}, before compat-hook's drop-in, and a hook outside the "
+            "container's mount namespace (prestart, createRuntime) cannot hide it: register the hook at "
+            "createContainer, or use compat-hook's runtime wrapper (compat-hook install containerd|docker|crio)")
     for x in a.losers:
         x["how"] = _how_it_loses(a, config, x)
+    if a.effect in ("compat", "host") and a.ldconf is not None and a.ldconf.has_conf and _our_key(a) is None \
+            and a.hook_target is not None and "hook" in a.actors:
+        a.warnings.append("/etc/ld.so.conf includes no /etc/ld.so.conf.d/*.conf: ldconfig never reads "
+                          "compat-hook's drop-in there; add the include to the image")
     if toolkit:
         _toolkit_view(a, root, config)
     return a
@@ -326,11 +367,29 @@ def _find_losers(a: Assessment, config, root) -> None:
     for c in a.image.all():
         if chosen is not None and (c.compat_dir == chosen or chosen.startswith(c.compat_dir.rstrip("/") + "/")):
             continue
-        dropins = [f"/etc/ld.so.conf.d/{x['file']}" for x in a.dropins
-                   if any(_resolves_into(root, e, c.compat_dir) for e in x["dirs"])]
+        naming = [x for x in a.dropins if any(_resolves_into(root, e, c.compat_dir) for e in x["dirs"])]
+        ours = _our_key(a)
+        # read by ldconfig before compat-hook's drop-in: it would beat ours in the ld cache
+        early = [_where(x) for x in naming if ours is None or x.get("key") is None or x["key"] < ours]
         a.losers.append({"dir": c.compat_dir, "origin": c.origin, "compat_version": c.compat_version_text,
                          "ld_entries": [e for e in a.ld_compat_entries if _resolves_into(root, e, c.compat_dir)],
-                         "links": list(c.links), "dropins": dropins, "how": []})
+                         "links": list(c.links), "dropins": [_where(x) for x in naming], "early": early,
+                         "how": []})
+
+
+def _where(x: dict) -> str:
+    """Where a line of ldconfig's configuration is, for a person: the drop-in's path or ``/etc/ld.so.conf:N``."""
+    f = x["file"]
+    return f"/etc/{f}" if f.startswith("ld.so.conf:") else f"/etc/ld.so.conf.d/{f}"
+
+
+def _our_key(a: Assessment):
+    """Where ldconfig reads compat-hook's drop-in (``None``: no include reads it)."""
+    from ..effects.ldcache import DROPIN_NAME
+
+    if a.ldconf is None:
+        return None
+    return a.ldconf.dropin_key(DROPIN_NAME)
 
 
 def _how_it_loses(a: Assessment, config, x: dict) -> list:
@@ -349,10 +408,17 @@ def _how_it_loses(a: Assessment, config, x: dict) -> list:
     if x["links"] and not masked:
         how.append(f"{', '.join(x['links'])} link into it: the hook the wrapper adds hides it"
                    if "wrapper" in a.actors else f"{', '.join(x['links'])} link into it (see the warning)")
-    if x["dropins"]:
-        how.append(f"{', '.join(x['dropins'])} names it: compat-hook's drop-in sorts first"
-                   if a.hook_target is not None or (a.effect == "compat" and config.mode != "env")
-                   else f"{', '.join(x['dropins'])} names it")
+    if x["dropins"] and not masked:
+        late = [f for f in x["dropins"] if f not in x.get("early", ())]
+        if late:
+            how.append(f"{', '.join(late)} names it: compat-hook's drop-in is read first"
+                       if a.hook_target is not None or (a.effect == "compat" and config.mode != "env")
+                       else f"{', '.join(late)} names it")
+        if x.get("early"):
+            how.append(f"{', '.join(x['early'])} names it before compat-hook's drop-in"
+                       + (" (see the warning)" if "wrapper" not in a.actors else ": the hook the wrapper adds hides it"))
+    elif x["dropins"]:
+        how.append(f"{', '.join(x['dropins'])} names it")
     if not how:
         how.append("nothing names it: the loader never looks there")
     return how
@@ -439,7 +505,7 @@ def _plan_hook(a: Assessment, config, root, mount_ns: bool) -> None:
             # The ld cache cannot be made to prefer a library we cannot name, and the
             # image's drop-in keeps the compat dir first: the dir itself must go.
             dirs = [d for x in a.dropins for d in x["dirs"]]
-            files = ", ".join(f"/etc/ld.so.conf.d/{x['file']}" for x in a.dropins)
+            files = ", ".join(_where(x) for x in a.dropins)
             if mount_ns and root is not None:
                 if _plan_masks(a, root, dirs, "drop-in entry"):
                     a.hook_refresh = True
@@ -471,9 +537,15 @@ def _plan_wrapper(a: Assessment, config, spec, known, hook_entry, root=None) -> 
     from ..effects import specedit
 
     d = a.decision
-    kw: dict = {"known": sorted(known), "drop_oom": config.wrapper_drop_oom_score_adj}
+    from ..facts.container import ANNOTATION_LD_BEFORE
+
+    # What comes off LD_LIBRARY_PATH is kept in an annotation: the hook added below then sees
+    # the same candidate dirs as this assessment, and makes the same decision.
+    kw: dict = {"known": sorted(known), "drop_oom": config.wrapper_drop_oom_score_adj,
+                "record_ld": ANNOTATION_LD_BEFORE}
     # conda's links into a losing dir: only the hook can hide them (in the container's mount namespace)
-    hook_work = a.effect == "host" or a.existing_dropin is not None or any(x["links"] for x in a.losers)
+    hook_work = (a.effect == "host" or a.existing_dropin is not None
+                 or any(x["links"] or x["early"] for x in a.losers))
     if a.effect == "compat" and d.source == "store":
         kw["mounts"] = [specedit.store_mount(d.details.get("host_dir"), d.compat_dir)]
         kw["ld_dir"] = d.compat_dir
@@ -488,8 +560,9 @@ def _plan_wrapper(a: Assessment, config, spec, known, hook_entry, root=None) -> 
         hook_work = hook_work or config.mode != "env"
     elif a.effect == "host":
         kw["strip"] = True
-    if (hook_work and config.wrapper_add_hook and hook_entry is not None and isinstance(spec, dict)
-            and not hook_in_spec(spec)):
+    already = isinstance(spec, dict) and hook_in_spec(spec)
+    a.wrapper_adds_hook = already or bool(hook_work and config.wrapper_add_hook)
+    if hook_work and config.wrapper_add_hook and hook_entry is not None and isinstance(spec, dict) and not already:
         kw["hooks"] = [("createContainer", hook_entry())]
     a.wrapper = kw
     if isinstance(spec, dict):
@@ -501,7 +574,10 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
 
     Predicts the *next* start: compat-hook's own drop-in from an earlier start
     is left out (:func:`compat_hook.policy.toolkit.ld_conf`; the start
-    rewrites or removes it), and the hook's masks hide what they cover.
+    rewrites or removes it), and the hook's masks hide what they cover. With
+    the wrapper, the prediction is the hook's own assessment of the spec the
+    wrapper hands the runtime (its ``LD_LIBRARY_PATH``, the hook it adds):
+    the code path that runs then, not a second model of it.
     """
     from . import toolkit
 
@@ -517,54 +593,110 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
         enables, why = toolkit.would_enable(a.image, drv, cuda, root=tk_root)
     else:
         enables, why = False, "not assessed"
-    has_compat = a.image is not None and a.image.status in ("found", "ambiguous")
-    conf = toolkit.ld_conf(root) if root is not None else {"files": [], "debian_like": False, "arch": None}
+    cands = a.image.all() if a.image is not None else []
+    has_compat = any(c.status == "found" for c in cands) or (a.image is not None and a.image.status == "ambiguous")
+    conf = (toolkit.ld_conf(root, ldconf=a.ldconf) if root is not None
+            else {"files": [], "debian_like": False, "arch": None})
     if a.existing_dropin is not None:
         named = [x for x in a.existing_dropin.splitlines() if x.strip() and not x.startswith("#")]
         a.notes.append(f"{toolkit.OUR_DROPIN} in the rootfs is compat-hook's own from an earlier start"
                        + (f" (naming {', '.join(named)})" if named else "")
                        + ": the next start rewrites or removes it, so this prediction leaves it out")
-    from ..facts.imagefacts import host_lib_dir
+    from ..facts.imagefacts import host_lib_dir, CONTAINER_LIB_DIRS
 
     host_dir = (host_lib_dir(root, a.host.driver_text if a.host is not None else None) if root is not None
                 else None) or toolkit.default_host_dir(conf)
     masked = list(a.hook_masks)
-    cands = a.image.all() if a.image is not None else []
+    usable = [c for c in cands if c.status == "found"]
 
-    def reachable(entries):
-        return [e for e in entries if not any(_resolves_into(root, e, m) for m in masked)]
+    def holds(entry, hidden):
+        """The unmasked candidate an entry resolves into, or None."""
+        return next((c for c in usable if c.compat_dir not in hidden and _resolves_into(root, entry, c.compat_dir)),
+                    None)
+
+    def ld_path(value, hidden):
+        out = []
+        for e in (value or "").split(":"):
+            if not e.startswith("/"):
+                continue
+            if holds(e, hidden) is not None:
+                out.append({"entry": e, "kind": "compat"})
+            elif _resolves_into(root, e, host_dir) or (
+                    (e.rstrip("/") in CONTAINER_LIB_DIRS) and root is not None
+                    and root.exists(e.rstrip("/") + "/libcuda.so.1")):
+                out.append({"entry": e, "kind": "host"})
+        return out
+
+    def dropins(hidden):
+        out = []
+        for x in a.dropins:
+            dirs = [e for e in x["dirs"] if holds(e, hidden) is not None]
+            if dirs:
+                out.append(dict(x, dirs=dirs))
+        return out
 
     def links(hidden):
-        return [p for c in cands if c.compat_dir not in hidden for p in c.links]
+        return [p for c in usable if c.compat_dir not in hidden for p in c.links]
 
-    common = dict(has_compat=has_compat, toolkit_enables=enables, dropins=a.dropins,
-                  host_first=toolkit.host_dir_first(conf, host_dir))
-    alone = toolkit.effective(hook_effect=None, wrapper_strips=False, ld_library_path=a.ld_compat_entries,
-                              links=links(()), **common)
+    env_ld = a.request.env.get("LD_LIBRARY_PATH") if a.request is not None else None
+    first_host = toolkit.host_dir_first(conf, host_dir)
+    common = dict(has_compat=has_compat, toolkit_enables=enables, host_first=first_host, conf=conf,
+                  ld_library_path=list(a.ld_compat_entries), wrapper_strips=False)
+    if not has_compat:
+        # what names a compat dir that holds nothing reachable: the model says so
+        common["ld_library_path"] = list(a.ld_compat_entries)
+    alone = toolkit.effective(hook_effect=None, dropins=dropins(()) if has_compat else a.dropins,
+                              ld_path=ld_path(env_ld, ()), links=links(()), **common)
     # effect "host" counts even where the host library is not in the rootfs
     # yet (explain on a bare rootfs): the NVIDIA runtime mounts it at start.
-    hook_eff = a.effect
-    hook_only = toolkit.effective(hook_effect=hook_eff, wrapper_strips=False,
-                                  ld_library_path=reachable(a.ld_compat_entries), links=links(masked), **common)
-    # The wrapper takes compat dirs off LD_LIBRARY_PATH where compat is wrong, and every one
-    # but the chosen where it is right; the hook it adds masks what links into a losing dir.
-    d = a.decision
-    if a.effect == "host":
-        kept = []
-    elif a.effect == "compat":
-        kept = [e for e in a.ld_compat_entries if _resolves_into(root, e, d.compat_dir)]
-        if config is not None and config.mode in ("env", "both") or d.source == "store":
-            kept = [d.compat_dir] + kept
-    else:
-        kept = list(a.ld_compat_entries)
-    wrapper_masked = masked if a.effect != "leave" else []
-    with_wrapper = toolkit.effective(hook_effect=hook_eff, wrapper_strips=False,
-                                     ld_library_path=kept,
-                                     links=links(wrapper_masked), **common)
-    for res in (alone, hook_only, with_wrapper):
-        res["dir"] = _winning_dir(res, root, cands, d, tk_root)
+    hook_only = toolkit.effective(hook_effect=a.effect, dropins=dropins(masked), ld_path=ld_path(env_ld, masked),
+                                  links=links(masked), **common)
+    with_wrapper = _wrapper_view(a, root, config) if "wrapper" in a.actors else None
+    if with_wrapper is None:
+        with_wrapper = dict(hook_only)
+    for res in (alone, hook_only):
+        res["dir"] = _winning_dir(res, root, cands, a.decision, tk_root)
+        res["maps"] = _maps(res, root, cands, host_dir, a.host)
     a.toolkit = {"enables": enables, "why": why, "root": tk_root, "alone": alone, "with_hook": hook_only,
                  "with_wrapper": with_wrapper}
+    a.maps = (with_wrapper if "wrapper" in a.actors else hook_only).get("maps")
+
+
+def _wrapper_view(a: Assessment, root, config) -> dict | None:
+    """What the container maps through the wrapper: the hook's own assessment of the spec it hands on.
+
+    ``None`` without a spec to edit (then the hook's view stands).
+    """
+    if not isinstance(a.new_spec, dict) or config is None:
+        return None
+    from ..facts.container import Request
+
+    req = None
+    if a.request is not None:
+        import copy
+
+        # The same request (its GPUs, opt-outs), seen through the spec the wrapper hands on.
+        edited = Request.from_spec(a.new_spec)
+        req = copy.copy(a.request)
+        req.env = edited.env
+        req.annotations = {**a.request.annotations, **edited.annotations}
+        req._spec = a.new_spec
+    hooked = a.wrapper_adds_hook
+    second = assess(config, req, root, spec=a.new_spec, host=a.host, actors=("hook",), mount_ns=True,
+                    toolkit=True, full=True)
+    res = dict(second.toolkit["with_hook" if hooked else "alone"])
+    if not hooked:
+        res["by"] = res["by"] + " (the wrapper adds no hook)"
+    return res
+
+
+def _maps(res: dict, root, cands: list, host_dir: str, host) -> str | None:
+    """The file the loader maps for a model result: the compat driver's, or the host driver's by name."""
+    if res["result"] == "compat":
+        c = next((c for c in cands if c.compat_dir == res.get("dir")), None)
+        return f"{c.compat_dir.rstrip('/')}/{c.candidate}" if c is not None and c.candidate else None
+    drv = host.driver_text if host is not None else None
+    return f"{host_dir.rstrip('/')}/libcuda.so.{drv}" if drv else f"{host_dir.rstrip('/')}/libcuda.so.1"
 
 
 def _winning_dir(res: dict, root, cands: list, d, tk_root: str):

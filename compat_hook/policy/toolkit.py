@@ -157,55 +157,49 @@ def would_enable(image, host_driver, host_cuda_version=None, root: str = COMPAT_
 # --------------------------------------------------------------------------- ldconfig's order
 
 
-def _conf_dirs(text: str) -> list:
-    out = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line and not line.startswith("include") and line.startswith("/"):
-            out.append(line.rstrip("/") or "/")
-    return out
-
-
-def ld_conf(root, limit: int = MAX_CONF, skip: str = OUR_DROPIN) -> dict:
-    """The image's ld.so.conf.d as ldconfig reads it: ``{"files", "debian_like", "arch", "notes"}``.
+def ld_conf(root, limit: int = MAX_CONF, skip: str = OUR_DROPIN, ldconf=None) -> dict:
+    """The image's ldconfig configuration as ldconfig reads it: ``{"files", "order", "ldconf", "debian_like", "arch", "notes"}``.
 
     ``skip``: compat-hook's own drop-in is left out: every start rewrites it
     (or removes it), so an earlier start's file says nothing about the next;
     :func:`effective` adds what the next start writes (``hook_effect``).
 
-    ``files``: ``[(name, [dir, ...]), ...]`` in file name order (the glob of
-    ``include /etc/ld.so.conf.d/*.conf``), dirs resolved in the root where
-    they exist (ldconfig skips a dir it met before under another name: on a
-    merged-/usr image ``/lib/x86_64-linux-gnu`` *is* ``/usr/lib/x86_64-linux-gnu``);
-    ``debian_like``: ``/etc/debian_version`` is a regular file (the toolkit's
-    own test); ``arch``: the machine of the image's multiarch drop-in
-    (``aarch64-linux-gnu.conf``: ``aarch64``), else ``None``. Only regular
-    files are read, at most 4 KiB each, confined to the root.
+    ``order``: ``[(key, label, [dir, ...])]``, every line ldconfig reads in its
+    order (:func:`compat_hook.facts.loader.ld_so_conf`: ``/etc/ld.so.conf`` line
+    by line, each ``include`` expanded in place); ``files``: the
+    ``/etc/ld.so.conf.d`` files among them, ``[(name, [dir, ...])]``. Dirs are
+    resolved in the root where they exist (ldconfig skips a dir it met before
+    under another name: on a merged-/usr image ``/lib/x86_64-linux-gnu`` *is*
+    ``/usr/lib/x86_64-linux-gnu``); ``debian_like``: ``/etc/debian_version`` is a
+    regular file (the toolkit's own test); ``arch``: the machine of the image's
+    multiarch drop-in (``aarch64-linux-gnu.conf``: ``aarch64``), else ``None``.
     """
     import stat as _stat
+    from ..facts import loader
 
-    notes: list = []
-    try:
-        entries = root.listdir("/etc/ld.so.conf.d")
-    except OSError:
-        entries = []
-    names = sorted(n for n, kind in entries if n.endswith(".conf") and n != skip and kind in ("file", "symlink"))
-    if len(names) > limit:
-        notes.append(f"{len(names)} drop-ins in /etc/ld.so.conf.d: only the first {limit} read")
-        names = names[:limit]
-    files = []
-    for n in names:
-        try:
-            text = root.read_file("/etc/ld.so.conf.d/" + n, 4096).decode("utf-8", "replace")
-        except OSError:
-            continue
-        files.append((n, [_resolved(root, d) for d in _conf_dirs(text)]))
+    lc = ldconf if ldconf is not None else loader.ld_so_conf(root, skip=skip)
+    order: list = []
+    files: list = []
+    for key, source, d in lc.entries:
+        label = source if source.startswith(loader.CONF + ":") else source.rsplit(":", 1)[0].rsplit("/", 1)[-1]
+        r = _resolved(root, d)
+        if order and order[-1][0] == key and order[-1][1] == label:
+            order[-1][2].append(r)
+        else:
+            order.append((key, label, [r]))
+        if source.startswith(loader.CONF_D + "/"):
+            if files and files[-1][0] == label:
+                files[-1][1].append(r)
+            else:
+                files.append((label, [r]))
     try:
         debian_like = _stat.S_ISREG(root.stat("/etc/debian_version").st_mode)
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, ValueError):
         debian_like = False
+    names = set(lc.globs.get(loader.CONF_D, (0, 0, [], ""))[2])
     arch = next((m for m, t in TRIPLETS.items() if (t + ".conf") in names), None)
-    return {"files": files, "debian_like": debian_like, "arch": arch, "notes": notes}
+    return {"files": files, "order": order, "ldconf": lc, "debian_like": debian_like, "arch": arch,
+            "notes": list(lc.notes)}
 
 
 def _resolved(root, path: str) -> str:
@@ -253,13 +247,14 @@ def default_host_dir(conf: dict) -> str:
 
 
 def host_dir_first(conf: dict, host_dir: str, *, update_ldcache: bool = True) -> tuple:
-    """``(file, why)``: the first ld.so.conf.d file naming ``host_dir``, or ``(None, why)``.
+    """``(file, why)``: the first line of ldconfig's configuration naming ``host_dir``, or ``(None, why)``.
 
-    ``None``: no drop-in names it, so ldconfig meets it (if at all) only
-    among its trusted dirs, after every drop-in. ``update_ldcache``: the
+    ``None``: nothing names it, so ldconfig meets it (if at all) only among its
+    trusted dirs, after every configured line. ``update_ldcache``: the
     toolkit's ``update-ldcache --folder host_dir`` runs at this start (the CDI
     trio) and adds ``00-nvcr-*`` or ``zz-nvcr-*``; the file it writes is named
     by its prefix (the random part only breaks ties among its own files).
+    ``file`` is a drop-in's name or ``/etc/ld.so.conf:LINE``.
 
     >>> deb = {"files": [("x86_64-linux-gnu.conf", ["/usr/lib/x86_64-linux-gnu"])], "debian_like": True}
     >>> host_dir_first(deb, "/usr/lib/x86_64-linux-gnu")[0]
@@ -270,33 +265,63 @@ def host_dir_first(conf: dict, host_dir: str, *, update_ldcache: bool = True) ->
     >>> host_dir_first(rhel, "/usr/lib64")[0], host_dir_first(rhel, "/usr/lib64", update_ldcache=False)[0]
     ('zz-nvcr-', None)
     """
-    for name, dirs in conf["files"]:
-        if host_dir in dirs:
-            return name, f"/etc/ld.so.conf.d/{name} names {host_dir}"
+    lines = conf.get("order")
+    named = [(label, dirs) for _k, label, dirs in lines] if lines is not None else conf["files"]
+    first = next(((label, f"{label if label.startswith('/') else '/etc/ld.so.conf.d/' + label} names {host_dir}")
+                  for label, dirs in named if host_dir in dirs), None)
     if not update_ldcache:
-        return None, f"no drop-in names {host_dir}: ldconfig meets it after every drop-in, if at all"
+        return first or (None, f"nothing names {host_dir}: ldconfig meets it after every configured dir, if at all")
     if host_dir in system_dirs(conf["debian_like"], conf.get("arch")):
-        return NVCR_SYSTEM, (f"{host_dir} is a system dir of the image: update-ldcache names it in "
+        nvcr = (NVCR_SYSTEM, f"{host_dir} is a system dir of the image: update-ldcache names it in "
                              f"{NVCR_SYSTEM}*.conf")
-    return NVCR_FOLDERS, f"update-ldcache names {host_dir} in {NVCR_FOLDERS}*.conf"
+    else:
+        nvcr = (NVCR_FOLDERS, f"update-ldcache names {host_dir} in {NVCR_FOLDERS}*.conf")
+    if first is None:
+        return nvcr
+    # whichever ldconfig reads first: the image's line or the toolkit's file
+    kf, kn = _key(conf, first[0]), _key(conf, nvcr[0])
+    if kn is None or (kf is not None and kf <= kn):
+        return first
+    return nvcr
+
+
+def _key(conf, name):
+    """Where ldconfig reads ``name`` (a drop-in's name or prefix, or ``/etc/ld.so.conf:LINE``).
+
+    Without the loader's reading (``conf`` without ``ldconf``), the name itself:
+    file name order, every drop-in read by one include. ``None``: never read.
+    """
+    lc = conf.get("ldconf") if isinstance(conf, dict) else None
+    if lc is None:
+        return name
+    for k, label, _dirs in conf.get("order", ()):
+        if label == name:
+            return k
+    # a prefix (the toolkit's 00-compat-<random>.conf): where its files sort
+    return lc.dropin_key(name if name.endswith(".conf") else name + ".conf")
 
 
 def effective(*, has_compat: bool, toolkit_enables: bool, dropins: list, ld_library_path: list,
               hook_effect: str | None, wrapper_strips: bool, host_first: tuple = (None, ""),
-              links: list = ()) -> dict:
+              links: list = (), conf: dict | None = None, ld_path: list | None = None) -> dict:
     """Which libcuda the container loads: ``{"result": "compat"|"host", "by": ...}``.
 
+    The loader's order: ``LD_LIBRARY_PATH``, then an env's RUNPATH (``links``),
+    then the ld cache, where the line ldconfig reads first wins.
+
     ``has_compat``: the image carries a compat libcuda; ``toolkit_enables``:
-    :func:`would_enable`; ``dropins``: the image's (and stale toolkit)
-    compat drop-ins (:func:`compat_hook.facts.imagefacts.compat_dropins`);
-    ``ld_library_path``: compat dirs on the image's ``LD_LIBRARY_PATH``;
-    ``hook_effect``: compat-hook's ``compat``/``host``/``leave`` where its
-    hook runs (``None``: not registered); ``wrapper_strips``: the wrapper
-    takes compat dirs off ``LD_LIBRARY_PATH``; ``host_first``:
-    :func:`host_dir_first` (``(None, ...)``: no drop-in names the host
-    driver's dir); ``links``: symlinks in a conda prefix's ``lib`` into its
-    ``cuda-compat`` dir that are still reachable (not masked): the env's
-    libraries search ``$PREFIX/lib`` (their RUNPATH) before the ld cache.
+    :func:`would_enable`; ``dropins``: the compat dirs ldconfig's
+    configuration names (:func:`compat_hook.facts.imagefacts.compat_dropins`,
+    only dirs that hold a reachable compat libcuda); ``ld_library_path``: compat
+    dirs on the image's ``LD_LIBRARY_PATH``; ``ld_path``: instead, every entry
+    that holds a libcuda, in order, ``[{"entry", "kind": "compat"|"host"}]`` (an
+    earlier host dir wins, a missing dir is not there); ``hook_effect``:
+    compat-hook's ``compat``/``host``/``leave`` where its hook runs (``None``:
+    not registered); ``wrapper_strips``: the wrapper takes compat dirs off
+    ``LD_LIBRARY_PATH``; ``host_first``: :func:`host_dir_first`; ``links``:
+    symlinks in an env prefix's ``lib`` into its ``cuda-compat`` dir that are
+    still reachable (not masked); ``conf``: :func:`ld_conf` (the order of the
+    lines; without it, file name order).
 
     >>> effective(has_compat=True, toolkit_enables=False, dropins=[], ld_library_path=[], hook_effect="host",
     ...           wrapper_strips=True, links=["/opt/conda/lib/libcuda.so.1"])["result"]
@@ -313,26 +338,58 @@ def effective(*, has_compat: bool, toolkit_enables: bool, dropins: list, ld_libr
     >>> effective(has_compat=True, toolkit_enables=False, dropins=img, ld_library_path=[],
     ...           hook_effect=None, wrapper_strips=False, host_first=arm)["result"]
     'host'
+
+    An earlier ``LD_LIBRARY_PATH`` entry holding the host's library wins:
+
+    >>> effective(has_compat=True, toolkit_enables=False, dropins=[], ld_library_path=[], hook_effect=None,
+    ...           wrapper_strips=False, ld_path=[{"entry": "/usr/local/nvidia/lib64", "kind": "host"},
+    ...                                          {"entry": "/usr/local/cuda/compat", "kind": "compat"}])["result"]
+    'host'
     """
     if not has_compat:
+        named = [d["dirs"][0] for d in dropins if d.get("dirs")] + list(ld_library_path)
+        if named:
+            return {"result": "host", "by": (f"{', '.join(named)} named, but no compat libcuda the loader can "
+                                             "reach there (a missing dir, a removed link, none or several files)")}
         return {"result": "host", "by": "the image carries no compat libcuda"}
-    if ld_library_path and not wrapper_strips:
-        return {"result": "compat", "by": f"LD_LIBRARY_PATH names {ld_library_path[0]} (beats the ld cache)",
-                "via": "LD_LIBRARY_PATH", "path": ld_library_path[0]}
+    if ld_path is None:
+        ld_path = [{"entry": e, "kind": "compat"} for e in ld_library_path]
+    for item in ld_path:
+        if item["kind"] == "host":
+            return {"result": "host", "by": f"LD_LIBRARY_PATH names {item['entry']}, the host driver's dir, first",
+                    "via": "LD_LIBRARY_PATH"}
+        if not wrapper_strips:
+            return {"result": "compat", "by": f"LD_LIBRARY_PATH names {item['entry']} (beats the ld cache)",
+                    "via": "LD_LIBRARY_PATH", "path": item["entry"]}
     if links:
         return {"result": "compat", "by": (f"{links[0]} links into conda's cuda-compat (the env's RUNPATH is "
                                            "searched before the ld cache)"), "via": "link", "path": links[0]}
     host_at, host_why = host_first
+    if conf is not None and conf.get("ldconf") is not None:
+        def key(name, explicit=None):
+            return explicit if explicit is not None else _key(conf, name)
+        host_at = key(host_at) if host_at is not None else None
+    else:
+        def key(name, explicit=None):
+            return name
+
+    def where(d):
+        f = d["file"]
+        return f if f.startswith("/") else (f"/etc/{f}" if f.startswith("ld.so.conf:") else f"/etc/ld.so.conf.d/{f}")
+
     # (sort key, why, via, path): ``via``/``path`` say which compat dir wins (the caller resolves it)
-    compat = [(d["file"], f"/etc/ld.so.conf.d/{d['file']} names {d['dirs'][0]}", "drop-in", d["dirs"][0])
-              for d in dropins]
+    compat = [(key(d["file"], d.get("key")), f"{where(d)} names {d['dirs'][0]}", "drop-in", d["dirs"][0])
+              for d in dropins if d.get("dirs")]
     if toolkit_enables:
-        compat.append((TOOLKIT_COMPAT, "the toolkit's enable-cuda-compat drop-in (00-compat-*.conf)", "toolkit", None))
-    if hook_effect == "compat":
-        compat.append((OUR_DROPIN, "compat-hook's drop-in names the compat dir and sorts first", "compat-hook", None))
-    elif hook_effect == "host" and (host_at is None or OUR_DROPIN < host_at):
-        host_at, host_why = OUR_DROPIN, "compat-hook's drop-in naming the host driver's dir sorts first"
-    first = min(compat) if compat else None
+        compat.append((key(TOOLKIT_COMPAT), "the toolkit's enable-cuda-compat drop-in (00-compat-*.conf)",
+                       "toolkit", None))
+    ours = key(OUR_DROPIN)
+    if hook_effect == "compat" and ours is not None:
+        compat.append((ours, "compat-hook's drop-in names the compat dir and sorts first", "compat-hook", None))
+    elif hook_effect == "host" and ours is not None and (host_at is None or ours < host_at):
+        host_at, host_why = ours, "compat-hook's drop-in naming the host driver's dir sorts first"
+    compat = [c for c in compat if c[0] is not None]
+    first = min(compat, key=lambda c: c[0]) if compat else None
     # A tie (one file naming both) is left to the host: ldconfig's line order is not modelled.
     if first is not None and (host_at is None or first[0] < host_at):
         return {"result": "compat", "by": first[1], "via": first[2], "path": first[3]}

@@ -1,0 +1,344 @@
+"""Where the container's dynamic loader looks for ``libcuda.so.1``, in its own order.
+
+glibc's loader maps the first ``libcuda.so.1`` it meets along:
+
+1. ``LD_LIBRARY_PATH``, entry by entry (a missing dir is passed over);
+2. the ``DT_RUNPATH`` of the object that asks for it: a conda, pixi or mamba
+   env's libraries carry ``$ORIGIN``-relative RUNPATHs, so a process of the env
+   searches ``$PREFIX/lib`` (where conda's activation links ``cuda-compat``'s
+   files) before the cache;
+3. ``/etc/ld.so.cache``, which ``ldconfig`` builds from ``/etc/ld.so.conf``
+   *line by line*, each ``include`` expanded in place (its glob's files in name
+   order), and then its built-in trusted dirs; for one soname the dir met first
+   wins. Every GPU start rebuilds it (the NVIDIA toolkit's ``update-ldcache``,
+   compat-hook's own ``ldconfig -r``).
+
+This module reads (2)'s roots and (3)'s order from the image; the decision and
+``explain`` (:mod:`compat_hook.policy.toolkit`) walk them. Every read is confined
+to the root (:class:`compat_hook.facts.rootfs.Root` or an image view), bounded, and
+costs a few lookups on an image without any of it (docs/design.md, "Hot path rules").
+
+>>> c = LdConf([((0.0, ""), "/etc/ld.so.conf:1", "/opt/first"), ((2.0, "a.conf"), "/etc/ld.so.conf.d/a.conf", "/a")],
+...            {"/etc/ld.so.conf.d": (1.0, 3.0, ["a.conf"], "*.conf")})
+>>> c.dropin_key("00-00-compat-hook.conf") < c.dropin_key("a.conf") < c.dropin_key("b.conf")
+True
+>>> c.label(c.dropin_key("a.conf"))
+'/etc/ld.so.conf.d/a.conf'
+"""
+
+from __future__ import annotations
+
+import stat as _stat
+
+__all__ = ["LdConf", "ld_so_conf", "env_prefixes", "TRUSTED", "CONF", "CONF_D"]
+
+CONF = "/etc/ld.so.conf"
+CONF_D = "/etc/ld.so.conf.d"
+#: The key of ldconfig's built-in trusted dirs: after every configured line.
+TRUSTED = (float("inf"), "")
+#: Bounds: an image may plant thousands of files, lines or homes.
+MAX_FILES = 512
+MAX_LINES = 256
+MAX_DEPTH = 4
+MAX_READ = 16384
+MAX_HOMES = 32
+MAX_ENVS = 64
+MAX_PATH = 16
+
+
+class LdConf:
+    """ldconfig's reading of the image: each configured dir with a sort key, in order.
+
+    ``entries``: ``[(key, source, dir)]`` (``source``: ``/etc/ld.so.conf:LINE`` or
+    the included file's path; ``dir`` as written, without a trailing ``/``); a key
+    is ``(place, file name)``: files that are not there yet sort among each other
+    by name in the gap they fall in;
+    ``globs``: for each included dir, ``(first_key, end_key, names, pattern)``, so
+    the key of a file that is not there yet (compat-hook's own drop-in, the
+    toolkit's ``00-compat-*``) is known: :meth:`dropin_key`.
+    """
+
+    __slots__ = ("entries", "globs", "notes", "has_conf")
+
+    def __init__(self, entries=(), globs=None, notes=(), has_conf: bool = True) -> None:
+        self.entries = list(entries)
+        self.globs = dict(globs or {})
+        self.notes = list(notes)
+        self.has_conf = has_conf
+
+    def dropin_key(self, name: str, where: str = CONF_D):
+        """The key at which ldconfig would read ``<where>/<name>``; ``None``: no include reads it."""
+        g = self.globs.get(where)
+        if g is None or not fnmatchcase(name, g[3]):
+            return None
+        first, end, names, _ = g
+        # A file's own lines are at first + (index + 0.5) * step: between files, ties excluded.
+        step = (end - first) / (len(names) + 1)
+        i = 0
+        while i < len(names) and names[i] < name:
+            i += 1
+        if i < len(names) and names[i] == name:
+            return (first + (i + 1) * step, name)
+        return (first + (i + 0.5) * step, name)
+
+    def label(self, key) -> str:
+        """Where the line at ``key`` comes from, in words."""
+        if key == TRUSTED:
+            return "ldconfig's trusted dirs"
+        key = key[0]
+        for d, (first, end, names, _) in self.globs.items():
+            if first <= key < end:
+                step = (end - first) / (len(names) + 1)
+                i = round((key - first) / step - 1)
+                if 0 <= i < len(names) and abs(first + (i + 1) * step - key) < 1e-9:
+                    return f"{d}/{names[i]}"
+                # a file that is not there yet: by its neighbours
+                return f"{d}/<{'a file sorting there' if names else 'any file'}>"
+        return next((s for k, s, _ in self.entries if k[0] == key), CONF)
+
+    def dirs_before(self, key) -> list:
+        """``[(key, source, dir)]`` read before ``key``."""
+        return [e for e in self.entries if e[0] < key]
+
+
+def fnmatchcase(name: str, pattern: str) -> bool:
+    """glob(3)'s ``*`` and ``?`` on one file name (``[...]`` taken literally).
+
+    Not :mod:`fnmatch`: it imports ``re`` (~10 ms of a container start, docs/design.md).
+
+    >>> fnmatchcase("00-cuda.conf", "*.conf"), fnmatchcase("a.conf~", "*.conf"), fnmatchcase("x1", "x?")
+    (True, False, True)
+    >>> fnmatchcase(".hidden.conf", "*.conf")   # glob(3) never matches a leading dot with a wildcard
+    False
+    """
+    if name.startswith(".") and not pattern.startswith("."):
+        return False
+    if "*" not in pattern and "?" not in pattern:
+        return name == pattern
+    if pattern.startswith("*") and "*" not in pattern[1:] and "?" not in pattern:
+        return name.endswith(pattern[1:])
+    # general case: a small backtracking matcher over * and ?
+    p = n = 0
+    star = -1
+    mark = 0
+    while n < len(name):
+        if p < len(pattern) and (pattern[p] == "?" or pattern[p] == name[n]):
+            p += 1
+            n += 1
+        elif p < len(pattern) and pattern[p] == "*":
+            star, mark = p, n
+            p += 1
+        elif star != -1:
+            p = star + 1
+            mark += 1
+            n = mark
+        else:
+            return False
+    while p < len(pattern) and pattern[p] == "*":
+        p += 1
+    return p == len(pattern)
+
+
+def _lines(text: str) -> list:
+    out = []
+    for n, line in enumerate(text.splitlines()[:MAX_LINES], 1):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            out.append((n, line))
+    return out
+
+
+def _read(root, path: str):
+    try:
+        return root.read_file(path, MAX_READ).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+
+
+def ld_so_conf(root, skip: str | None = None) -> LdConf:
+    """Read ``/etc/ld.so.conf`` as ldconfig does: lines in order, ``include`` globs expanded in place.
+
+    ``skip``: a file name in ``/etc/ld.so.conf.d`` whose lines are left out
+    (compat-hook's own drop-in: every start rewrites it); its place stays known.
+    A relative include is relative to the including file's dir, as in glibc.
+    """
+    conf = LdConf()
+    text = _read(root, CONF)
+    if text is None:
+        # compat-hook's hook creates it with this one line (effects/ldcache) before its ldconfig runs
+        conf.has_conf = False
+        conf.notes.append(f"no readable {CONF}: read as 'include {CONF_D}/*.conf', the file compat-hook's "
+                          "hook creates")
+        text = f"include {CONF_D}/*.conf\n"
+    counter = [0.0]
+    budget = [MAX_FILES]
+
+    def walk(path: str, text: str, depth: int) -> None:
+        base = path.rsplit("/", 1)[0] or "/"
+        for n, line in _lines(text):
+            word, _, rest = line.partition(" ")
+            if word == "include" or line.startswith("include\t"):
+                for pattern in rest.split():
+                    include(pattern if pattern.startswith("/") else f"{base}/{pattern}", depth)
+                continue
+            if word == "hwcap":
+                continue
+            d = line.split("=", 1)[0].strip()  # the old "dir=TYPE" form
+            if d.startswith("/"):
+                conf.entries.append(((counter[0], ""), f"{path}:{n}", d.rstrip("/") or "/"))
+                counter[0] += 1.0
+
+    def include(pattern: str, depth: int) -> None:
+        d, _, glob = pattern.rpartition("/")
+        d = d or "/"
+        first = counter[0]
+        try:
+            entries = root.listdir(d)
+        except (OSError, ValueError):
+            entries = []
+        names = sorted(n for n, kind in entries if kind in ("file", "symlink") and fnmatchcase(n, glob))
+        if len(names) > budget[0]:
+            conf.notes.append(f"{len(names)} files match {pattern}: only the first {budget[0]} read")
+            names = names[:budget[0]]
+        budget[0] -= len(names)
+        # Each file's lines get keys strictly between its neighbours' places.
+        step = 1.0
+        span = (len(names) + 1) * step
+        if d not in conf.globs:
+            conf.globs[d] = (first, first + span, names, glob)
+        for i, name in enumerate(names):
+            if name == skip and d == CONF_D:
+                continue
+            sub = _read(root, f"{d}/{name}")
+            if sub is None:
+                conf.notes.append(f"{d}/{name}: not read")
+                continue
+            at = (first + (i + 1) * step, name)
+            before = len(conf.entries)
+            saved = counter[0]
+            counter[0] = at[0]
+            if depth < MAX_DEPTH:
+                walk(f"{d}/{name}", sub, depth + 1)
+            # the file's own lines share its key, in line order (a stable sort keeps it)
+            for j in range(before, len(conf.entries)):
+                k, s, dd = conf.entries[j]
+                conf.entries[j] = (at, s, dd)
+            counter[0] = saved
+        counter[0] = first + span + 1.0
+
+    walk(CONF, text, 0)
+    if CONF_D not in conf.globs:
+        conf.notes.append(f"{CONF} includes no {CONF_D}/*.conf: a drop-in there is never read")
+    return conf
+
+
+# --------------------------------------------------------------------------- environment roots
+
+#: Where a conda install usually lives when no variable says: conda's, miniforge's and the
+#: micromamba image's root, micromamba 1's default for root, pixi's and mamba 2's global roots.
+KNOWN_ROOTS = ("/opt/conda", "/root/micromamba", "/opt/micromamba", "/root/.local/share/mamba")
+#: Under a user's home: micromamba 2's default root, micromamba 1's, the installers' defaults.
+HOME_ROOTS = (".local/share/mamba", "micromamba", "miniconda3", "miniforge3")
+#: System dirs on PATH: never an env's bin.
+_SYSTEM_BIN = frozenset(("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"))
+
+
+def _is_dir(root, path: str) -> bool:
+    try:
+        return _stat.S_ISDIR(root.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _homes(root) -> list:
+    """The home dirs ``/etc/passwd`` names for root and for login users (uid >= 1000)."""
+    text = _read(root, "/etc/passwd")
+    out: list = []
+    for line in (text or "").splitlines()[:512]:
+        f = line.split(":")
+        if len(f) < 7 or not f[5].startswith("/") or f[5] in ("/", "/nonexistent"):
+            continue
+        try:
+            uid = int(f[2])
+        except ValueError:
+            continue
+        if (uid == 0 or 1000 <= uid < 65534) and f[5] not in out:
+            out.append(f[5].rstrip("/"))
+        if len(out) >= MAX_HOMES:
+            break
+    return out
+
+
+def env_prefixes(root, env=None, cwd: str | None = None, roots=KNOWN_ROOTS) -> list:
+    """The conda, pixi and mamba prefixes a process of the image may run in: ``[(prefix, why)]``.
+
+    Named ones first (``CONDA_PREFIX``, ``PIXI_PROJECT_ROOT``'s envs, ``MAMBA_ROOT_PREFIX``), then
+    ``PATH`` entries whose parent has a ``conda-meta`` (an env put on ``PATH`` by ``ENV``, as pixi and
+    micromamba images do), the working dir's ``.pixi/envs/*`` (a pixi project), the well-known roots
+    and, for each home of ``/etc/passwd``, micromamba 2's ``~/.local/share/mamba`` and the installers'
+    defaults, each with its ``envs/*``. A root that is not there costs one lookup.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp(); os.makedirs(d + "/app/.pixi/envs/default/conda-meta")
+    >>> from compat_hook.facts.rootfs import Root
+    >>> with Root(d) as r:
+    ...     env_prefixes(r, {"CONDA_PREFIX": "/srv/env"}, cwd="/app")
+    [('/srv/env', 'CONDA_PREFIX'), ('/app/.pixi/envs/default', 'a pixi env of /app')]
+    """
+    env = env or {}
+    out: list = []
+    seen: set = set()
+
+    def add(p: str, why: str) -> None:
+        p = p.rstrip("/") or "/"
+        if p not in seen:
+            seen.add(p)
+            out.append((p, why))
+
+    def envs_of(top: str, why: str) -> None:
+        try:
+            entries = root.listdir(top + "/envs")
+        except (OSError, ValueError):
+            return
+        for name, kind in sorted(entries)[:MAX_ENVS]:
+            if kind in ("dir", "symlink"):
+                add(f"{top}/envs/{name}", why)
+
+    named = env.get("CONDA_PREFIX")
+    if isinstance(named, str) and named.startswith("/"):
+        add(named, "CONDA_PREFIX")
+    projects = []
+    pixi = env.get("PIXI_PROJECT_ROOT")
+    if isinstance(pixi, str) and pixi.startswith("/"):
+        projects.append(pixi.rstrip("/") or "/")
+    if isinstance(cwd, str) and cwd.startswith("/") and cwd.rstrip("/") not in projects:
+        projects.append(cwd.rstrip("/") or "/")
+    path = env.get("PATH")
+    if isinstance(path, str):
+        for entry in path.split(":")[:MAX_PATH]:
+            e = entry.rstrip("/")
+            if e.endswith("/bin") and e.startswith("/") and e not in _SYSTEM_BIN:
+                prefix = e[:-len("/bin")] or "/"
+                if prefix not in seen and _is_dir(root, prefix + "/conda-meta"):
+                    add(prefix, "PATH")
+    for proj in projects:
+        envs_of(proj.rstrip("/") + "/.pixi", f"a pixi env of {proj}")
+    tops = []
+    mamba = env.get("MAMBA_ROOT_PREFIX")
+    if isinstance(mamba, str) and mamba.startswith("/"):
+        tops.append((mamba.rstrip("/") or "/", "MAMBA_ROOT_PREFIX"))
+    tops += [(r, "a conda root") for r in roots]
+    for home in _homes(root):
+        tops += [(f"{home}/{sub}", f"a root under {home}") for sub in HOME_ROOTS]
+        tops.append((f"{home}/.pixi", f"pixi's global envs under {home}"))
+    looked: set = set()
+    for top, why in tops:
+        if top in looked:
+            continue
+        looked.add(top)
+        if top in seen or not _is_dir(root, top):
+            continue  # the common case: one lookup, nothing more
+        if not top.endswith("/.pixi"):
+            add(top, why)
+        envs_of(top, f"an env of {top}")
+    return out
