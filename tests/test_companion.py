@@ -60,7 +60,9 @@ def test_a_skip_names_the_host_dir_whatever_compat_dropin_the_image_or_toolkit_l
     assert (a.decision.reason, a.effect) == ("compat_not_newer", "host")
     assert a.hook == [("write_dropin", SYS), ("ldconfig", None)] and a.hook_purpose == "host"
     by = "nvidia-toolkit" if dropin.startswith("00-compat-") else "image"
-    assert a.dropins == [{"file": dropin, "dirs": ["/usr/local/cuda-12.4/compat"], "by": by}]
+    assert [{k: d[k] for k in ("file", "dirs", "by")} for d in a.dropins] == \
+        [{"file": dropin, "dirs": ["/usr/local/cuda-12.4/compat"], "by": by}]
+    assert a.dropins[0]["path"] == f"/etc/ld.so.conf.d/{dropin}"
     # ldconfig order: our 00-00- name sorts before every one of them
     assert ldcache.DROPIN_NAME < dropin
     # what the toolkit alone would leave: vLLM's zzz- name loses to the multiarch drop-in
