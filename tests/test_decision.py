@@ -25,7 +25,7 @@ from compat_hook.facts.rootfs import Root
 from compat_hook.core.versions import parse_version, try_parse_version
 from tests.conftest import HOST_ARCH, Symlink, config_for, elf
 from tests.elfgen import NOTE_575, NOTE_590, NOTE_ORIN, make_elf, orin_overrun_elf
-from tests.support.measured import ELF575, ELF590, NOELF590, TESTDATA_575, measured_rootfs
+from tests.support.measured import CUDA_ONLY, ELF575, ELF590, NOELF590, TESTDATA_575, measured_rootfs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OTHER_ARCH = "aarch64" if HOST_ARCH == "x86_64" else "x86_64"
@@ -34,6 +34,8 @@ NOTE_EMPTY_DRIVER = '{"format":1,"CUDA version":"12.9","driver":[],"device":[1,2
 NOTE_NO_CUDA = '{"format":1,"driver":[535,550,570]}'
 NOTE_NO_DEVICE = '{"format":1,"CUDA version":"12.9","driver":[535,550,570]}'
 CFG = from_mapping({"nvml": "off"})
+WARN = from_mapping({"nvml": "off", "device_check": "warn"})
+ORIN129_DIR = "/usr/local/cuda-12.9/compat_orin"
 
 
 # -- fact builders (no rootfs: the pure decision) ----------------------------
@@ -69,6 +71,12 @@ def host(driver=None, cuda=None, gpus=(), arch=HOST_ARCH, tegra=False) -> HostFa
 
 def gpu(brand, model="GPU", cc=None) -> Gpu:
     return Gpu("0000:17:00.0", model, brand, "nvml", cc)
+
+
+def proc_gpu(model, pci_id=None) -> Gpu:
+    """A GPU as hostfacts reads it without NVML: /proc's model name, sysfs' PCI device ID, no compute capability."""
+    return Gpu("0000:17:00.0", model, hostfacts.brand_from_model(model), "proc-model-name", index=0, minor=0,
+               pci_id=pci_id)
 
 
 def req(*env, devices=(), **annotations) -> Request:
@@ -143,12 +151,16 @@ CASES = [
     ("elf_type_exec", lambda: (host("550.54.15"), image(elf_type=2), GPU_REQ, CFG), "skip", "elf_type"),
     ("soname_other", lambda: (host("550.54.15"), image(soname="libcuda.so.2"), GPU_REQ, CFG), "skip", "soname"),
     ("no_soname_is_fine", lambda: (host("550.54.15"), image(soname=None), GPU_REQ, CFG), "enable", "compat_newer_supported"),
-    # 4. host-CUDA path
-    ("cuda_path_newer", lambda: (host(cuda="12.8"), image(), GPU_REQ, CFG), "enable", "compat_cuda_newer"),
-    ("cuda_path_equal", lambda: (host(cuda="12.9"), image(), GPU_REQ, CFG), "skip", "compat_cuda_not_newer"),
-    ("cuda_path_12_10", lambda: (host(cuda="12.10"), image(), GPU_REQ, CFG), "skip", "compat_cuda_not_newer"),
-    ("cuda_path_no_note", lambda: (host(cuda="12.8"), image(note=None), GPU_REQ, CFG), "skip", "note_cuda_missing"),
-    ("cuda_path_note_without_cuda", lambda: (host(cuda="12.8"), image(note=NOTE_NO_CUDA), GPU_REQ, CFG), "skip", "note_cuda_missing"),
+    # 4. host-CUDA path: a Tegra host only (Orin's compat_orin with a versioned libcuda here)
+    ("cuda_path_newer", lambda: (host(cuda="12.8", tegra=True), image(compat_dir=ORIN129_DIR), GPU_REQ, CFG), "enable", "compat_cuda_newer"),
+    ("cuda_path_equal", lambda: (host(cuda="12.9", tegra=True), image(compat_dir=ORIN129_DIR), GPU_REQ, CFG), "skip", "compat_cuda_not_newer"),
+    ("cuda_path_12_10", lambda: (host(cuda="12.10", tegra=True), image(compat_dir=ORIN129_DIR), GPU_REQ, CFG), "skip", "compat_cuda_not_newer"),
+    ("cuda_path_no_note", lambda: (host(cuda="12.8", tegra=True), image(note=None, compat_dir=ORIN129_DIR), GPU_REQ, CFG), "skip", "note_cuda_missing"),
+    ("cuda_path_note_without_cuda", lambda: (host(cuda="12.8", tegra=True), image(note=NOTE_NO_CUDA, compat_dir=ORIN129_DIR), GPU_REQ, CFG), "skip", "note_cuda_missing"),
+    # ... never on a dGPU host whose driver version is unknown, whatever CUDA version is known (issue 32)
+    ("dgpu_host_cuda_only_is_driver_unknown", lambda: (host(cuda="12.8"), image(), GPU_REQ, CFG), "skip", "host_driver_unknown"),
+    ("dgpu_host_cuda_only_590", lambda: (host(cuda="12.4"), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "host_driver_unknown"),
+    ("dgpu_host_cuda_only_no_note", lambda: (host(cuda="12.4"), image("580.65.06", None), GPU_REQ, CFG), "skip", "host_driver_unknown"),
     ("tegra_newer", lambda: (host(cuda="13.1", tegra=True), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "enable", "compat_cuda_newer"),
     ("tegra_equal", lambda: (host(cuda="13.2", tegra=True), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "compat_cuda_not_newer"),
     ("tegra_no_host_cuda", lambda: (host(tegra=True), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "host_cuda_unknown"),
@@ -159,8 +171,11 @@ CASES = [
     ("orin_lib_on_dgpu_host_with_nvml_cuda", lambda: (host("550.54.15", cuda="12.4"), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "compat_orin_not_tegra"),
     ("compat_orin_dir_on_dgpu_host", lambda: (host("550.54.15"), image(compat_dir="/usr/local/cuda-12.9/compat_orin"), GPU_REQ, CFG), "skip", "compat_orin_not_tegra"),
     ("dgpu_compat_on_orin_host", lambda: (host(cuda="12.8", tegra=True), image(), GPU_REQ, CFG), "skip", "compat_dgpu_on_tegra"),
-    ("dgpu_compat_host_cuda_only_not_tegra", lambda: (host(cuda="12.8"), image(), GPU_REQ, CFG), "enable", "compat_cuda_newer"),
-    ("orin_lib_host_unknown", lambda: (host(), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "host_cuda_unknown"),
+    ("dgpu_compat_host_cuda_only_not_tegra", lambda: (host(cuda="12.8"), image(), GPU_REQ, CFG), "skip", "host_driver_unknown"),
+    # ... and Orin's compat on no host not known to be Tegra, a driver version known or not (issue 32)
+    ("orin_lib_host_unknown", lambda: (host(), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "compat_orin_not_tegra"),
+    ("orin_lib_host_cuda_only_not_tegra", lambda: (host(cuda="13.1"), image("1.1", NOTE_ORIN), GPU_REQ, CFG), "skip", "compat_orin_not_tegra"),
+    ("compat_orin_dir_host_cuda_only_not_tegra", lambda: (host(cuda="12.8"), image(compat_dir=ORIN129_DIR), GPU_REQ, CFG), "skip", "compat_orin_not_tegra"),
     # 1b. NVIDIA_DRIVER_CAPABILITIES: no compute, no libcuda from NVIDIA's runtime
     ("caps_utility_only", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=utility"), CFG), "skip", "no_compute_capability"),
     ("caps_graphics_display", lambda: (host("550.54.15"), image(), req("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=graphics, display"), CFG), "skip", "no_compute_capability"),
@@ -248,7 +263,7 @@ CASES = [
     ("mixed_no_request_is_all", lambda: (mixed(), image(), None, CFG), "skip", "device_unsupported"),
     ("mixed_no_note_index_0", lambda: (mixed("535.261.03"), image("550.163.01", None), req("NVIDIA_VISIBLE_DEVICES=0"), CFG), "enable", "compat_major_newer"),
     ("mixed_no_note_index_1", lambda: (mixed("535.261.03"), image("550.163.01", None), req("NVIDIA_VISIBLE_DEVICES=1"), CFG), "skip", "device_consumer"),
-    # 10. 590+ compat below compute capability 7.5
+    # 10. a GPU the compat driver's branch does not drive (R590+: below compute capability 7.5)
     ("cc_60_590", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla P100", (6, 0))]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
     ("cc_70_590", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla V100", (7, 0))]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
     ("cc_75_590", lambda: (host("550.54.15", gpus=[gpu(2, "Tesla T4", (7, 5))]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "enable", "compat_newer_supported"),
@@ -260,6 +275,20 @@ CASES = [
     ("cc_mixed_container_gets_h100", lambda: (host("550.54.15", gpus=two_gpus((2, "Tesla P100", (6, 0)), (14, "NVIDIA H100", (9, 0)))), image("590.44.01", NOTE_590), req("NVIDIA_VISIBLE_DEVICES=1"), CFG), "enable", "compat_newer_supported"),
     ("cc_mixed_container_gets_p100", lambda: (host("550.54.15", gpus=two_gpus((2, "Tesla P100", (6, 0)), (14, "NVIDIA H100", (9, 0)))), image("590.44.01", NOTE_590), req("NVIDIA_VISIBLE_DEVICES=0"), CFG), "skip", "gpu_arch_unsupported"),
     ("cc_mixed_all", lambda: (host("550.54.15", gpus=two_gpus((2, "Tesla P100", (6, 0)), (14, "NVIDIA H100", (9, 0)))), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
+    # ... placed without NVML as plan places it: the PCI device ID, else the model name (issue 32)
+    ("v100_proc_name_590", lambda: (host("580.95.05", gpus=[proc_gpu("Tesla V100-SXM2-16GB")]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
+    ("v100_pci_id_590", lambda: (host("580.95.05", gpus=[proc_gpu("NVIDIA Graphics Device", "0x1db1")]), image("590.44.01", NOTE_590), GPU_REQ, WARN), "skip", "gpu_arch_unsupported"),
+    ("pci_id_before_name_590", lambda: (host("580.95.05", gpus=[proc_gpu("Tesla T4", "0x1db1")]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
+    ("t4_proc_name_590", lambda: (host("580.95.05", gpus=[proc_gpu("Tesla T4")]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    ("h100_pci_id_590", lambda: (host("580.95.05", gpus=[proc_gpu("NVIDIA H100 80GB HBM3", "0x2330")]), image("590.44.01", NOTE_590), GPU_REQ, CFG), "enable", "compat_newer_supported"),
+    ("v100_proc_name_580", lambda: (host("550.54.15", gpus=[proc_gpu("Tesla V100-SXM2-16GB")]), image("580.65.06", None), GPU_REQ, CFG), "enable", "compat_major_newer"),
+    ("unknown_name_no_pci_590", lambda: (host("580.95.05", gpus=[proc_gpu("NVIDIA Graphics Device")]), image("590.44.01", NOTE_590), GPU_REQ, WARN), "enable", "compat_newer_supported"),
+    # ... a dropped architecture's last branch: Kepler's is R470, so a 535 compat driver is no driver for a K80
+    ("k80_470_compat_535", lambda: (host("470.256.02", gpus=[proc_gpu("Tesla K80", "0x102d")]), image("535.261.03", None), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
+    ("k80_nvml_cc_470_compat_535", lambda: (host("470.256.02", gpus=[gpu(2, "Tesla K80", (3, 7))]), image("535.261.03", None), GPU_REQ, CFG), "skip", "gpu_arch_unsupported"),
+    ("k80_460_compat_470", lambda: (host("460.106.00", gpus=[proc_gpu("Tesla K80", "0x102d")]), image("470.256.02", None), GPU_REQ, CFG), "enable", "compat_major_newer"),
+    # ... a Tegra host's GPU is not judged by the desktop branches
+    ("tegra_gpu_not_judged", lambda: (host(cuda="12.8", tegra=True, gpus=[gpu(14, "Orin (nvgpu)", (8, 7))]), image("590.44.01", NOTE_590, compat_dir=ORIN129_DIR), GPU_REQ, CFG), "enable", "compat_cuda_newer"),
     # request None = explain --rootfs: a GPU container without opt-out
     ("request_none", lambda: (host("550.54.15"), image(), None, CFG), "enable", "compat_newer_supported"),
 ]
@@ -427,9 +456,10 @@ def _e2e(make_rootfs, fake_host, entries, *, driver=None, cuda=None, gpus=None, 
 
 
 @pytest.mark.parametrize("driver, cuda, action, reason", [
-    (None, "12.8", "enable", "compat_cuda_newer"),
-    (None, "12.9", "skip", "compat_cuda_not_newer"),
-    (None, "12.10", "skip", "compat_cuda_not_newer"),
+    # NVIDIA compares the CUDA versions here (W for 12.8); on a dGPU host that is rule 5 for us
+    (None, "12.8", *CUDA_ONLY),
+    (None, "12.9", *CUDA_ONLY),
+    (None, "12.10", *CUDA_ONLY),
     # NVIDIA: false, "not in list". 590.44.01 is also newer than the compat
     # driver, and our rule 6 (compat <= host) comes before rule 7 (the list).
     ("590.44.01", None, "skip", "compat_not_newer"),
@@ -688,6 +718,11 @@ sys.addaudithook(_audit)  # cannot be removed; it only records while armed
 
 
 def test_decide_does_no_io():
+    # Rule 10 imports the architecture table (facts/gpusupport, facts/gpunames) on first use:
+    # loading code is no I/O of the decision's; imported here first, so that what is watched is decide().
+    import compat_hook.facts.gpunames  # noqa: F401
+    import compat_hook.facts.gpusupport  # noqa: F401
+
     inputs = [c[1]() for c in CASES]
     store_inputs = [
         (host("550.54.15"), GPU_REQ, [store_pkg("575.57.08", NOTE_575), store_pkg("580.65.06")], CFG, NEED_12_9),
@@ -714,15 +749,19 @@ def test_decide_does_no_io():
 
 def test_decision_module_imports_nothing_that_does_io():
     tree = ast.parse(open(decision_mod.__file__).read())
-    imported = set()
+    imported, names = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(("." * node.level) + (node.module or ""))
+            if node.module == "facts.gpusupport":
+                names |= {a.name for a in node.names}
         elif isinstance(node, ast.Name):
             assert node.id not in ("open", "print", "input", "exec", "eval", "__import__"), node.id
-    assert imported <= {"__future__", "..core.versions"}, imported
+    assert imported <= {"__future__", "..core.versions", "..facts.gpusupport"}, imported
+    # of gpusupport, only the table and the pure placing of a GPU (not pci_gpus, which reads sysfs)
+    assert names <= {"branch_text", "of_gpu", "supports"}, names
 
 
 HOT_MODULES = ("core.versions", "core.config", "facts.hostfacts", "facts.imagefacts", "facts.container",

@@ -81,8 +81,8 @@ def test_explain_measured_garbage590(make_rootfs, fake_host, tmp_path):
 def test_explain_nvidia_elf_header_table(make_rootfs, fake_host, tmp_path):
     rows = [("590.44.01", None, "skip", "compat_not_newer"), ("570.211.01", None, "enable", "compat_newer_supported"),
             ("575.10.10", None, "enable", "compat_newer_supported"), ("575.57.08", None, "skip", "compat_not_newer"),
-            ("575.99.99", None, "skip", "compat_not_newer"), (None, "12.8", "enable", "compat_cuda_newer"),
-            (None, "12.9", "skip", "compat_cuda_not_newer"), (None, "12.10", "skip", "compat_cuda_not_newer")]
+            ("575.99.99", None, "skip", "compat_not_newer"), (None, "12.8", *T.CUDA_ONLY),
+            (None, "12.9", *T.CUDA_ONLY), (None, "12.10", *T.CUDA_ONLY)]  # a dGPU host: no CUDA-only rule
     _explain_rows(make_rootfs, fake_host, tmp_path, T.TESTDATA_575, rows, compat_dirs=["/compat/575.57.08"])
 
 

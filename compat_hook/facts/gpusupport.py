@@ -20,7 +20,8 @@ docs/background.md ("GPU architectures and driver branches"):
 
 :func:`of_gpu` finds a GPU's architecture: its compute capability (NVML),
 else its PCI device ID (``/sys/bus/pci/devices/<bdf>/device``, read by
-:func:`pci_gpus`), else its model name (:mod:`compat_hook.facts.gpunames`). A GPU
+:func:`pci_gpus`, and by :mod:`compat_hook.facts.hostfacts` for the GPUs the driver lists),
+else its model name (:mod:`compat_hook.facts.gpunames`). A GPU
 whose architecture none of them tells is not judged: a guess would be a
 wrong prediction either way. :func:`pci_gpus` also finds the NVIDIA GPUs a
 driver does *not* list (``/proc/driver/nvidia/gpus`` has only the GPUs it
@@ -36,7 +37,7 @@ drives): a driver that does not support a GPU is seen, not missed.
 
 from __future__ import annotations
 
-import os
+from ..core import fastos as os  # the decision's architecture rule imports this at a container start
 
 __all__ = ["BRANCHES", "GpuArch", "supports", "first_last", "branch_text", "of_gpu", "pci_gpus",
            "norm_bus"]
@@ -131,8 +132,11 @@ class GpuArch:
 def of_gpu(gpu, pci_ids: dict | None = None, listed: bool | None = True) -> GpuArch:
     """The architecture of a listed GPU: compute capability, else PCI device ID, else model name.
 
-    ``pci_ids``: ``{bus id: "0x2330"}`` from :func:`pci_gpus`; ``listed``: the
-    driver lists it (``None``: not known, a GPU named by ``plan --gpu``).
+    ``pci_ids``: ``{bus id: "0x2330"}`` from :func:`pci_gpus`, else the GPU's own
+    ``pci_id`` (what :mod:`compat_hook.facts.hostfacts` read for it); ``listed``: the
+    driver lists it (``None``: not known, a GPU named by ``plan --gpu``). Pure: the
+    decision's architecture rule (:mod:`compat_hook.policy.decision`, rule 10) and
+    ``plan`` place a GPU by this one function.
 
     >>> from compat_hook.facts.hostfacts import Gpu
     >>> a = of_gpu(Gpu("0000:17:00.0", "NVIDIA Graphics Device", None, "proc-model-name"), {"0000:17:00.0": "0x2330"})
@@ -140,11 +144,13 @@ def of_gpu(gpu, pci_ids: dict | None = None, listed: bool | None = True) -> GpuA
     ('Hopper', 'PCI device ID 0x2330')
     >>> of_gpu(Gpu("gpu0", "Tesla V100-SXM2-16GB", 2, "--gpu")).arch_from
     'model name Tesla V100-SXM2-16GB'
+    >>> of_gpu(Gpu("0000:17:00.0", "NVIDIA Graphics Device", 0, "proc-model-name", pci_id="0x1db1")).arch
+    'Volta'
     """
     from . import gpunames
 
     bus = norm_bus(gpu.bus_id)
-    pci = (pci_ids or {}).get(bus)
+    pci = (pci_ids or {}).get(bus) or getattr(gpu, "pci_id", None)
     arch, how = gpunames.architecture(gpu.compute_capability), None
     if arch is not None:
         how = "compute capability {}.{}".format(*gpu.compute_capability[:2])

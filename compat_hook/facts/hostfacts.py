@@ -10,7 +10,11 @@ log can say why. Sources, best first:
 * GPUs: NVML brand when nvidia-ml-py is installed, else the model name in
   ``/proc/driver/nvidia/gpus/*/information`` (a name heuristic, marked so);
   each GPU's index, UUID and device minor come from NVML or from that file
-  (``GPU UUID:``, ``Device Minor:``). Without NVML a GPU's index is its
+  (``GPU UUID:``, ``Device Minor:``), its PCI device ID from NVML or from
+  ``/sys/bus/pci/devices/<bdf>/device`` (what places the GPU in an
+  architecture without NVML's compute capability: the decision's
+  architecture rule, :mod:`compat_hook.facts.gpusupport`, reads it, then the
+  model name). Without NVML a GPU's index is its
   place in PCI bus id order, the order NVML, ``nvidia-smi`` and the NVIDIA
   toolkit enumerate GPUs in (``CUDA_DEVICE_ORDER`` does not apply: it only
   orders the devices CUDA numbers inside the container);
@@ -36,7 +40,7 @@ from ..core import fastos as os  # os without importing os: ~1 ms of a container
 from ..core.versions import format_version, try_parse_version
 
 __all__ = ["HostFacts", "Gpu", "gather", "parse_proc_version", "parse_gpu_information", "brand_from_model",
-           "BRAND_NAMES"]
+           "pci_device_id", "BRAND_NAMES"]
 
 #: nvmlBrandType_t values (nvml.h); the note's ``device`` list uses them.
 BRAND_NAMES = {
@@ -100,14 +104,17 @@ class Gpu:
     ``index`` (NVML's, else PCI bus id order), ``uuid`` (``GPU-...``),
     ``minor`` (the N of ``/dev/nvidiaN``) and ``mig`` (its MIG devices'
     UUIDs, NVML only) name it the way a container request does.
+    ``compute_capability`` (NVML) and ``pci_id`` (its PCI device ID,
+    ``0x1db1``, from NVML or sysfs) are what its architecture is told by,
+    before the model name (:func:`compat_hook.facts.gpusupport.of_gpu`).
     """
 
     __slots__ = ("bus_id", "model", "brand", "brand_source", "compute_capability", "index", "uuid",
-                 "minor", "mig")
+                 "minor", "mig", "pci_id")
 
     def __init__(self, bus_id: str, model: str, brand: int | None, brand_source: str,
                  compute_capability: tuple | None = None, *, index: int | None = None,
-                 uuid: str | None = None, minor: int | None = None, mig=()) -> None:
+                 uuid: str | None = None, minor: int | None = None, mig=(), pci_id: str | None = None) -> None:
         self.bus_id = bus_id
         self.model = model
         self.brand = brand
@@ -117,6 +124,7 @@ class Gpu:
         self.uuid = uuid
         self.minor = minor
         self.mig = list(mig)
+        self.pci_id = pci_id
 
     def label(self) -> str:
         """How logs name it: ``0 0000:17:00.0 NVIDIA H100 80GB HBM3``.
@@ -134,7 +142,7 @@ class Gpu:
                 "brand_source": self.brand_source,
                 "compute_capability": (f"{self.compute_capability[0]}.{self.compute_capability[1]}"
                                        if self.compute_capability else None),
-                "mig_devices": list(self.mig)}
+                "pci_device_id": self.pci_id, "mig_devices": list(self.mig)}
 
 
 class HostFacts:
@@ -255,6 +263,18 @@ def parse_gpu_information(text: str) -> dict:
     return out
 
 
+def pci_device_id(text: str | None) -> str | None:
+    """A sysfs ``device`` file's PCI device ID (``0x1db1``), or None for anything else.
+
+    >>> pci_device_id("0x1DB1\\n"), pci_device_id("banana"), pci_device_id(None)
+    ('0x1db1', None, None)
+    """
+    t = (text or "").strip().lower()
+    if len(t) == 6 and t.startswith("0x") and all(c in "0123456789abcdef" for c in t[2:]):
+        return t
+    return None
+
+
 def _gpus_from_proc(root: str) -> list:
     base = _under(root, "/proc/driver/nvidia/gpus")
     try:
@@ -269,8 +289,11 @@ def _gpus_from_proc(root: str) -> list:
         if text is None:
             continue
         info = parse_gpu_information(text)
+        # The device ID places the GPU in an architecture (the information file has none); the
+        # kernel names the GPU's dir in sysfs as the driver does here (0000:17:00.0): one small read.
+        dev = pci_device_id(_read_text(_under(root, f"/sys/bus/pci/devices/{bus.lower()}/device"), 64))
         gpus.append(Gpu(bus, info["model"], brand_from_model(info["model"]), "proc-model-name",
-                        index=index, uuid=info["uuid"], minor=info["minor"]))
+                        index=index, uuid=info["uuid"], minor=info["minor"], pci_id=dev))
     return gpus
 
 
@@ -330,11 +353,14 @@ def _nvml(notes: list):
                 cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h))
             except Exception:
                 cc = None
+            bus, dev = str(i), None
             try:
-                bus = pynvml.nvmlDeviceGetPciInfo(h).busId
-                bus = bus.decode() if isinstance(bus, bytes) else str(bus)
+                pci = pynvml.nvmlDeviceGetPciInfo(h)
+                bus = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
+                # pciDeviceId: the device ID in the high 16 bits, the vendor's (0x10de) in the low
+                dev = f"0x{(int(pci.pciDeviceId) >> 16) & 0xffff:04x}"
             except Exception:
-                bus = str(i)
+                pass
             uuid = minor = None
             try:
                 uuid = pynvml.nvmlDeviceGetUUID(h)
@@ -346,7 +372,7 @@ def _nvml(notes: list):
             except Exception:
                 pass
             gpus.append(Gpu(bus, name, brand, "nvml", cc, index=i, uuid=uuid, minor=minor,
-                            mig=_nvml_migs(pynvml, h)))
+                            mig=_nvml_migs(pynvml, h), pci_id=dev))
         return drv, cuda, gpus
     except Exception as e:
         notes.append(f"nvml: query failed: {e}")

@@ -10,12 +10,14 @@ The rules match NVIDIA Container Toolkit v1.20 where they overlap
 3. the candidate is not a loadable ELF for this host (class, machine,
    type, SONAME) -> skip (NVIDIA applies its major-number rule even to
    non-ELF files; we don't);
-3b. Jetson Orin's compat (``compat_orin``, ``libcuda.so.1.1``) on a host known
-   to be a dGPU one (a driver version, not Tegra) -> skip; the SBSA/dGPU
-   compat on a Tegra (Orin, nvgpu) host -> skip: NVIDIA ships the two apart
-   (docs/background.md, "Tegra");
-4. host-CUDA path (Tegra ``libcuda.so.1.1``, or no host driver version but a
-   host CUDA version): note ``CUDA version`` > host CUDA -> enable;
+3b. Jetson Orin's compat (``compat_orin``, ``libcuda.so.1.1``) on any host not
+   known to be a Tegra one (a dGPU host, or one whose driver version is
+   unknown) -> skip; the SBSA/dGPU compat on a Tegra (Orin, nvgpu) host ->
+   skip: NVIDIA ships the two apart (docs/background.md, "Tegra");
+4. host-CUDA path, on a Tegra host only (Orin's ``libcuda.so.1.1`` there, or
+   ``host.tegra``: no kernel driver version, a CUDA version): note
+   ``CUDA version`` > host CUDA -> enable. A dGPU host whose driver version is
+   unknown does not take it, whatever CUDA version is known: rule 5;
 5. host driver unknown -> skip;
 6. compat <= host (full version) -> skip: a downgrade is error 803;
 7. note with a ``driver`` list: the host branch must be in it; a note
@@ -30,7 +32,16 @@ The rules match NVIDIA Container Toolkit v1.20 where they overlap
    (``device_consumer``, unless ``device_check: off``); the brands every
    NVIDIA note lists (:data:`DEFAULT_DEVICE_BRANDS`) pass; any other brand
    (unknown, NVS, GRID) is judged per ``device_check`` as with a list;
-10. 590+ compat on a GPU below compute capability 7.5 (when known) -> skip.
+10. a GPU the compat driver's branch does not drive -> skip
+    (``gpu_arch_unsupported``): the GPU's architecture outside that branch's
+    in :data:`compat_hook.facts.gpusupport.BRANCHES`, the one branch x
+    architecture table ``plan`` judges drivers by (R590+ dropped Maxwell,
+    Pascal and Volta, i.e. compute capability below 7.5; every branch after R470 Kepler). The
+    architecture comes from the GPU facts ``plan`` uses
+    (:func:`compat_hook.facts.gpusupport.of_gpu`): NVML's compute capability,
+    else the PCI device ID (:mod:`compat_hook.facts.hostfacts` reads it from
+    sysfs), else the model name; a GPU none of them places is not judged, nor
+    a Tegra host (its drivers are not these branches).
 
 An image may carry several candidate dirs (:meth:`ImageFacts.all
 <compat_hook.facts.imagefacts.ImageFacts.all>`: the configured dirs, conda's
@@ -112,7 +123,8 @@ REASONS = {
     "device_unknown": "a GPU's brand is unknown and device_check is enforce",
     "device_consumer": ("no device list (no note): a GeForce or TITAN GPU, where NVIDIA supports no forward "
                         "compatibility (would be error 804)"),
-    "gpu_arch_unsupported": "R590+ compat drivers do not support GPUs below compute capability 7.5",
+    "gpu_arch_unsupported": ("the compat driver's branch does not drive the architecture of a GPU the container "
+                             "gets (R590+ dropped Maxwell, Pascal and Volta: compute capability below 7.5)"),
     "no_store_package": "no host-store package fits this host and image",
     "store_not_needed": "the host driver already provides the CUDA version the image needs",
 }
@@ -225,13 +237,22 @@ def _device_check(gpus, note, mode: str):
     return None, [], allowed
 
 
-def _arch_check(gpus, compat_version):
-    if compat_version is None or compat_version[0] < 590:
+def _arch_check(gpus, compat_version, tegra: bool):
+    """The first of ``gpus`` the compat driver's branch does not drive, as a line; None when none.
+
+    Asks :mod:`compat_hook.facts.gpusupport` (the table ``plan`` uses), imported
+    here only: a container start pays for it when a compat driver would be
+    enabled on GPUs, never on the no-compat path.
+    """
+    if compat_version is None or tegra or not gpus:
         return None
+    from ..facts.gpusupport import branch_text, of_gpu, supports
+
+    branch = compat_version[0]
     for g in gpus:
-        cc = g.compute_capability
-        if cc is not None and tuple(cc) < (7, 5):
-            return f"{g.model or g.bus_id} has compute capability {cc[0]}.{cc[1]}"
+        a = of_gpu(g, None, None)
+        if a.arch is not None and not supports(branch, a.arch):
+            return f"{a.name()}, from its {a.arch_from}: driven by {branch_text(a.arch)}, not R{branch}"
     return None
 
 
@@ -376,7 +397,8 @@ def _decide_one(host, image, request, config) -> Decision:
     if why is not None:
         return _skip(why, host_machine=machine, elf=image.elf.to_dict(), **base)
     flavour = getattr(image, "flavour", "orin" if image.tegra_lib else "dgpu")
-    if flavour == "orin" and not host.tegra and host.driver_version is not None:
+    if flavour == "orin" and not host.tegra:
+        # Orin's compat only on a host known to be Orin: an unknown driver version is no such proof.
         return _skip("compat_orin_not_tegra", host_driver=_v(host.driver_version), **base)
     if flavour == "dgpu" and host.tegra:
         return _skip("compat_dgpu_on_tegra", host_cuda=_v(host.cuda_version), **base)
@@ -391,8 +413,9 @@ def _decide_one(host, image, request, config) -> Decision:
     details = dict(base, compat_version=image.compat_version_text, host_driver=_v(hdrv),
                    host_driver_source=host.driver_source, note=note.to_dict() if note else None)
 
-    if image.tegra_lib or (hdrv is None and host.cuda_version is not None):
-        # Host-CUDA path (Tegra libcuda.so.1.1, or only a CUDA version known).
+    if image.tegra_lib or host.tegra:
+        # Host-CUDA path: a Tegra host only (rule 3b refused Orin's libcuda.so.1.1 anywhere else).
+        # A dGPU host with a CUDA version but no driver version is rule 5's host_driver_unknown.
         if note is None:
             return _skip("compat_version_invalid" if image.tegra_lib and hdrv is not None
                          else "note_cuda_missing", **details)
@@ -431,7 +454,7 @@ def _decide_one(host, image, request, config) -> Decision:
     if bad is not None:
         return _skip(bad, gpus=[g.to_dict() for g in gpus], allowed=allowed,
                      device_list="note" if note is not None and note.device else "default", **details)
-    arch = _arch_check(gpus, compat)
+    arch = _arch_check(gpus, compat, host.tegra)
     if arch is not None:
         return _skip("gpu_arch_unsupported", gpu=arch, **details)
     return Decision("enable", enable_reason, image.compat_dir, image.compat_version_text,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from tests.elfgen import NOTE_575
 from tests.support.trees import Symlink, elf
 
-__all__ = ["TESTDATA_575", "measured_rootfs", "ELF590", "ELF575", "NOELF590"]
+__all__ = ["TESTDATA_575", "measured_rootfs", "ELF590", "ELF575", "NOELF590", "CUDA_ONLY"]
 
 #: NVIDIA's e2e test data layout: a 575 compat library under /compat/575.57.08.
 TESTDATA_575 = {"compat/575.57.08/libcuda.so.575.57.08": elf(NOTE_575, soname=None)}
@@ -19,6 +19,13 @@ TESTDATA_575 = {"compat/575.57.08/libcuda.so.575.57.08": elf(NOTE_575, soname=No
 #
 # W = enable, '-' = skip. The fixtures are x86-64 here (NVIDIA's elf590 is
 # AArch64): our decision refuses a library the host loader cannot load.
+# The rows with a host CUDA version and no driver version (NVIDIA: the CUDA
+# versions compared, W when the note's is newer) are on a dGPU host here (no
+# /dev/nvgpu): compat-hook takes that host-CUDA path on a Tegra host only, and a
+# dGPU host whose driver version is unknown is host_driver_unknown (CUDA_ONLY).
+
+#: What a dGPU host with a CUDA version but no driver version gets, whatever the note says.
+CUDA_ONLY = ("skip", "host_driver_unknown")
 
 def measured_rootfs(data) -> dict:
     """A rootfs (``build_tree`` entries) shaped like NVIDIA's measured image: ``data`` as its 590 compat library."""
@@ -40,10 +47,10 @@ ELF590 = [
     ("590.48.01", None, "skip", "compat_not_newer"),
     ("600.10", None, "skip", "compat_not_newer"),
     ("abc", None, "skip", "host_driver_unknown"),
-    (None, "12.8", "enable", "compat_cuda_newer"),
-    (None, "13.0", "enable", "compat_cuda_newer"),
-    (None, "13.1", "skip", "compat_cuda_not_newer"),
-    (None, "13.2", "skip", "compat_cuda_not_newer"),
+    (None, "12.8", *CUDA_ONLY),
+    (None, "13.0", *CUDA_ONLY),
+    (None, "13.1", *CUDA_ONLY),
+    (None, "13.2", *CUDA_ONLY),
 ]
 
 
@@ -57,9 +64,9 @@ ELF575 = [
     ("580.65.06", None, "skip", "compat_not_newer"),
     ("590.44.01", None, "skip", "compat_not_newer"),
     ("600.10", None, "skip", "compat_not_newer"),
-    (None, "12.8", "enable", "compat_cuda_newer"),
-    (None, "13.0", "skip", "compat_cuda_not_newer"),
-    (None, "13.1", "skip", "compat_cuda_not_newer"),
+    (None, "12.8", *CUDA_ONLY),
+    (None, "13.0", *CUDA_ONLY),
+    (None, "13.1", *CUDA_ONLY),
 ]
 
 
@@ -74,7 +81,7 @@ NOELF590 = [
     ("590.44.01", None, "skip", "compat_not_newer"),
     ("590.48.01", None, "skip", "compat_not_newer"),
     ("600.10", None, "skip", "compat_not_newer"),
-    (None, "12.8", "skip", "note_cuda_missing"),
-    (None, "13.0", "skip", "note_cuda_missing"),
-    (None, "13.2", "skip", "note_cuda_missing"),
+    (None, "12.8", *CUDA_ONLY),
+    (None, "13.0", *CUDA_ONLY),
+    (None, "13.2", *CUDA_ONLY),
 ]
