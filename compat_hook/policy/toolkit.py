@@ -269,19 +269,15 @@ def host_dir_first(conf: dict, host_dir: str, *, update_ldcache: bool = True) ->
     named = [(label, dirs) for _k, label, dirs in lines] if lines is not None else conf["files"]
     first = next(((label, f"{label if label.startswith('/') else '/etc/ld.so.conf.d/' + label} names {host_dir}")
                   for label, dirs in named if host_dir in dirs), None)
+    if first is not None:
+        return first  # update-ldcache writes no file for a folder the image already names
     if not update_ldcache:
-        return first or (None, f"nothing names {host_dir}: ldconfig meets it after every configured dir, if at all")
+        return None, f"nothing names {host_dir}: ldconfig meets it after every configured dir, if at all"
     if host_dir in system_dirs(conf["debian_like"], conf.get("arch")):
         nvcr = (NVCR_SYSTEM, f"{host_dir} is a system dir of the image: update-ldcache names it in "
                              f"{NVCR_SYSTEM}*.conf")
     else:
         nvcr = (NVCR_FOLDERS, f"update-ldcache names {host_dir} in {NVCR_FOLDERS}*.conf")
-    if first is None:
-        return nvcr
-    # whichever ldconfig reads first: the image's line or the toolkit's file
-    kf, kn = _key(conf, first[0]), _key(conf, nvcr[0])
-    if kn is None or (kf is not None and kf <= kn):
-        return first
     return nvcr
 
 
