@@ -263,7 +263,11 @@ def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
             layout_bugs.append(f"#{i}: alone mapped {alone.path} {alone.error}, glibc's order says {want}: "
                                f"{row['layout']}")
         root = b.fresh("hook")
-        report = b.explain(root)
+        try:
+            report = b.explain(root)
+        except AssertionError as e:  # recorded as a disagreement of both predictions, the loop goes on
+            report = {"toolkit": {}, "explain_error": str(e)}
+            row["explain_error"] = str(e)
         for actor, start in (("with_hook", lambda r: b.hook(case["runtime"], r)), ("with_wrapper", b.wrapper)):
             got = start(root if actor == "with_hook" else b.fresh("wrapper"))
             said, real = predicted(report, actor), outcome(got, case["host"])
