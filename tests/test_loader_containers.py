@@ -48,9 +48,10 @@ The matrix (not the full product, to keep the module near two minutes on two cor
   nvidia-container-runtime that mounts the host library at ``libcuda.so.1``), in ldconfig and
   env mode, on the 535 and 555 data-center hosts.
 
-Each hook and wrapper test asserts what the probe maps (path and ``cuDriverGetVersion``) and that
+Each hook and wrapper test asserts what the probe maps (path and ``cuDriverGetVersion``), that
 ``explain --json`` on the same spec predicts it (``toolkit.with_hook`` / ``toolkit.with_wrapper``:
-``result`` and the resolved compat ``dir``).
+``result`` and the resolved compat ``dir``), and that compat-hook's log says it (the last record for
+the container: ``effect`` ``compat`` with that ``compat_dir``, or ``host``).
 """
 
 from __future__ import annotations
@@ -202,6 +203,11 @@ def check(b: Box, got, want: tuple, report: dict, actor: str) -> None:
     real = outcome(got, b.host)
     assert said == real, (f"explain predicts {said} for {actor}, the container mapped {real}: "
                           f"{(report.get('toolkit') or {}).get(actor)}; summary: {report.get('summary')}")
+    # The log says it too: the last word on this container (the hook's, else the wrapper's).
+    recs = [r for r in hookenv.read_log(b.log) if r.get("container_id") == b.last.container_id]
+    last = ([r for r in recs if r.get("event") == "hook"] or recs or [{}])[-1]
+    logged = (last.get("effect"), last.get("compat_dir") if last.get("effect") == "compat" else None)
+    assert logged == real, f"the log says {logged}, the container mapped {real}: {b.why()}"
 
 
 # --------------------------------------------------------------------------- without compat-hook
