@@ -18,10 +18,12 @@ For each layout:
    independent model of ld.so(8) and ldconfig(8)): a check of the generator, never of compat-hook;
 2. ``explain --json``'s ``toolkit.with_hook`` prediction (result and resolved compat dir) equals
    what a container started with the hook at createContainer maps;
-3. ``toolkit.with_wrapper`` equals what a container started through the runtime wrapper maps.
+3. ``toolkit.with_wrapper`` equals what a container started through the runtime wrapper maps;
+4. compat-hook's log (the last record for each container: ``effect`` and ``compat_dir``) says the same.
 
 ``COMPAT_HOOK_LOADER_LAYOUTS`` (default 60) sets how many layouts run, ``COMPAT_HOOK_LOADER_SEED``
-(default 32) the seed. The test prints how many ran and agreed, writes every layout and outcome to
+(default 32) the seed. The places are drawn with weights (NGC most, conda least). The test prints
+how many ran and agreed, writes every layout and outcome to
 ``loader-differential.json`` in its tmp dir, and asserts that all of them ran.
 """
 
@@ -34,7 +36,7 @@ import random
 
 import pytest
 
-from tests.support import debs, runtimes as rt
+from tests.support import debs, hookenv, runtimes as rt
 from tests.support.loaderbox import BRANDS, PIXI_TOML, SYS, Box, Image, host_lib, outcome, predicted, resolve
 from tests.support.versions import COMPAT_550, HOST_470, HOST_535, HOST_555
 
@@ -159,6 +161,7 @@ def _ld_so_conf(d: Draft, rng: random.Random, ver: str) -> None:
 
 PLACES = {"toolkit": _toolkit, "ngc": _ngc, "pixi": _pixi, "micromamba": _mamba, "conda": _conda,
           "opt-nvidia": _opt_nvidia, "ld.so.conf": _ld_so_conf}
+PLACE_WEIGHT = {"toolkit": 2, "ngc": 3, "pixi": 2, "micromamba": 2, "conda": 1, "opt-nvidia": 1.5, "ld.so.conf": 1.5}
 DROPIN_NAMES = ("00-cuda-compat.conf", "cuda-compat.conf", "zzz-cuda-compat.conf", "nvidia.conf", "y-compat.conf")
 NOISE = ("/usr/local/nvidia/lib64", "/usr/local/lib", "/usr/local/cuda-12.9/compat", SYS)
 
@@ -166,7 +169,12 @@ NOISE = ("/usr/local/nvidia/lib64", "/usr/local/lib", "/usr/local/cuda-12.9/comp
 def generate(rng: random.Random) -> dict:
     """One layout: the image, the host (driver, brand), the hook's runtime and the wrapper's mode."""
     d = Draft()
-    places = rng.sample(sorted(PLACES), rng.choice([1, 1, 1, 2]))
+    places: list = []
+    want = rng.choice([1, 1, 1, 2])
+    while len(places) < want:  # weighted to the places images use most (NGC, the toolkit's, envs)
+        p = rng.choices(sorted(PLACES), weights=[PLACE_WEIGHT[k] for k in sorted(PLACES)])[0]
+        if p not in places:
+            places.append(p)
     if "toolkit" in places and "ngc" in places and rng.random() < 0.5:
         places.reverse()  # which of the two owns /usr/local/cuda
     for i, place in enumerate(places):
@@ -249,7 +257,7 @@ def describe(case: dict) -> str:
 
 def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
     rng = random.Random(SEED)
-    rows, layout_bugs, wrong = [], [], []
+    rows, layout_bugs, wrong, log_wrong = [], [], [], []
     for i in range(N):
         case = generate(rng)
         b = Box(tmp_path / f"l{i:03d}", libcuda, case["host"], case["image"], model=BRANDS[case["brand"]],
@@ -271,19 +279,29 @@ def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
         for actor, start in (("with_hook", lambda r: b.hook(case["runtime"], r)), ("with_wrapper", b.wrapper)):
             got = start(root if actor == "with_hook" else b.fresh("wrapper"))
             said, real = predicted(report, actor), outcome(got, case["host"])
-            row[actor] = {"predicted": said, "mapped": real, "path": got.path, "error": got.error}
+            recs = [r for r in hookenv.read_log(b.log) if r.get("container_id") == b.last.container_id]
+            last = ([r for r in recs if r.get("event") == "hook"] or recs or [{}])[-1]
+            logged = (last.get("effect"), last.get("compat_dir") if last.get("effect") == "compat" else None)
+            row[actor] = {"predicted": said, "mapped": real, "logged": logged, "path": got.path, "error": got.error}
+            how = case["runtime"] if actor == "with_hook" else case["mode"]
             if said != real:
-                wrong.append(f"#{i} {actor} ({case['runtime'] if actor == 'with_hook' else case['mode']}): "
-                             f"explain {said}, mapped {real} [{got.path}]: {row['layout']}")
+                wrong.append(f"#{i} {actor} ({how}): explain {said}, mapped {real} [{got.path}]: {row['layout']}")
+            if logged != real:
+                log_wrong.append(f"#{i} {actor} ({how}): the log says {logged} ({last.get('reason')}), "
+                                 f"mapped {real}")
         rows.append(row)
         b.cleanup()
     (tmp_path / "loader-differential.json").write_text(json.dumps(rows, indent=1))
     agreed = sum(1 for r in rows for a in ("with_hook", "with_wrapper") if r[a]["predicted"] == r[a]["mapped"])
-    print(f"loader differential: {len(rows)} layouts (seed {SEED}), {agreed}/{2 * len(rows)} predictions agreed")
+    logged = sum(1 for r in rows for a in ("with_hook", "with_wrapper") if r[a]["logged"] == r[a]["mapped"])
+    print(f"loader differential: {len(rows)} layouts (seed {SEED}), {agreed}/{2 * len(rows)} predictions "
+          f"and {logged}/{2 * len(rows)} log records agreed with the loader")
     assert len(rows) == N, f"{len(rows)} of {N} layouts ran"
     assert not layout_bugs, "the generator's layouts do not load as glibc's order says:\n" + "\n".join(layout_bugs)
     assert not wrong, (f"{len(wrong)} of {2 * N} predictions disagree with the loader (seed {SEED}):\n"
                        + "\n".join(wrong))
+    assert not log_wrong, (f"{len(log_wrong)} of {2 * N} log records disagree with the loader (seed {SEED}):\n"
+                           + "\n".join(log_wrong))
 
 
 _started: list = []
