@@ -30,7 +30,7 @@ Layouts (:data:`LAYOUTS`):
 * ``dropin-only``: ``/opt/nvidia/compat`` named only by ``/etc/ld.so.conf.d/nvidia-compat.conf``;
 * ``ldconf-order``: ``/opt/compat/lib`` on a line of ``/etc/ld.so.conf`` before its ``include``.
 
-The matrix (not the full product, to keep the module near two minutes on two cores):
+The matrix (not the full product: 168 tests, about 2.5 minutes measured on two shared cores):
 
 * :func:`test_the_layout_alone`: every layout without compat-hook on the 470, 535 and 555 hosts:
   what glibc's loader maps on its own (this checks the layouts, and passes today);
@@ -40,14 +40,17 @@ The matrix (not the full product, to keep the module near two minutes on two cor
   data-center hosts;
 * :func:`test_the_wrapper`: every layout through the runtime wrapper in ldconfig mode on the
   same four hosts as runc; in env and both modes the layouts that name the compat dir on
-  ``LD_LIBRARY_PATH`` (``vllm``, ``vllm-elsewhere``, ``ngc-removed-ld``, ``ngc-kept-ld``) on the 535 and 555
-  data-center hosts;
+  ``LD_LIBRARY_PATH`` (``vllm``, ``vllm-elsewhere``, ``ngc-removed-ld``, ``ngc-kept-ld``) on the
+  535 and 555 data-center hosts;
 * :func:`test_containerd_through_the_wrapper`: the ``vllm-elsewhere`` and ``ngc-kept-ld`` images
   (built with umoci, imported into a real containerd of its own), started with
   ``ctr run --runc-binary <wrapper>`` (the wrapper chaining to a stand-in of
   nvidia-container-runtime that mounts the host library at ``libcuda.so.1``), in ldconfig and
-  env mode, on the 535 and 555 data-center hosts.
+  env mode, on the 535 and 555 data-center hosts (and :func:`test_containerd_alone`: both images
+  on the 555 host through the stand-in alone, where the image's compat dir wins).
 
+GeForce on the 470 and 555 hosts, crun with a GeForce and the product of everything are left to
+tests/test_loader_differential.py, which draws them.
 Each hook and wrapper test asserts what the probe maps (path and ``cuDriverGetVersion``), that
 ``explain --json`` on the same spec predicts it (``toolkit.with_hook`` / ``toolkit.with_wrapper``:
 ``result`` and the resolved compat ``dir``), and that compat-hook's log says it (the last record for
