@@ -334,6 +334,7 @@ class LoaderContainerd(engines.DirectContainerd):
     def run(self, tag: str, name: str) -> rt.Result:
         p = self.ctr("-n", "default", "run", "--rm", "--runc-binary", self.wrapper, "--runc-root",
                      self.work / "runc-ctr", f"{CTRD_IMAGE}:{tag}", name, check=False)
+        _started.append([name])
         return rt.Result(p.returncode, p.stdout, p.stderr, "containerd", name)
 
     def explain(self, tag: str) -> dict:
@@ -356,6 +357,10 @@ def ctrd(tmp_path_factory, libcuda):
         yield c
     finally:
         c.left = c.stop()
+        if not rt.mounts_under(c.work):  # the images' copies (~200 MB); a leaked mount keeps them
+            for d in ["img", "loader-oci.tar", "root", *(f"u-{t}" for t in CTRD_LAYOUTS)]:
+                p = c.work / d
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("layout", CTRD_LAYOUTS)
@@ -364,6 +369,7 @@ def test_containerd_alone(ctrd, layout):
     ctrd.use_host(HOST_555)
     p = ctrd.ctr("-n", "default", "run", "--rm", "--runc-binary", ctrd.standin, "--runc-root", ctrd.work / "runc-ctr",
                  f"{CTRD_IMAGE}:{layout}", f"{layout}-alone", check=False)
+    _started.append([f"{layout}-alone"])
     got = Loaded.of(rt.Result(p.returncode, p.stdout, p.stderr))
     assert got.pair() == (CUDA[COMPAT_550], LAYOUTS[layout][1]), got.error
 
