@@ -1,0 +1,277 @@
+"""Images whose compat libcuda sits where the dynamic loader, not a fixed path, finds it (issue 32).
+
+The pieces the loader tests share (tests/test_loader_containers.py, tests/test_loader_differential.py):
+
+* :class:`Image` describes one image: files and links under the harness rootfs
+  (tests/support/rootfs.py), ``/etc/ld.so.conf`` and its drop-ins, the process (env, args,
+  cwd, user). :meth:`Image.build` writes it into a fresh rootfs and runs the build-time
+  ``ldconfig -r`` (before ``after_ldconfig`` steps, e.g. NGC removing its ``compat/lib`` link).
+* :class:`Box` is one fake host (a driver version and a GPU model in
+  ``/proc/driver/nvidia``; NVML off, so the brand comes from the model name), one config, one
+  log, and one pristine rootfs of an image, copied afresh for each start so that no start sees
+  what an earlier one left (compat-hook's drop-in, the toolkit stand-in's ``ldconfig``).
+  It starts the image without compat-hook, with compat-hook's hook (createContainer, runc or
+  crun) and through compat-hook's runtime wrapper (runc behind it), always with the NVIDIA
+  toolkit stand-in (tests/support/runtimes.py ``nvidia_standin_hook``) mounting the host's
+  real libcuda at its versioned name and running ``ldconfig -r``; and runs ``explain --json``
+  on the very spec the container gets (hooks left out).
+
+What a start maps is the probe's word (``dlopen("libcuda.so.1")``, then the realpath the loader
+mapped and ``cuDriverGetVersion``): the loader's, never compat-hook's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+from compat_hook.core import registration
+from compat_hook.install.wrapper import render_wrapper
+from tests.support import hookenv, rootfs, runtimes as rt
+from tests.support.trees import write_fake_host
+
+Path = pathlib.Path
+
+SYS = "/usr/lib/x86_64-linux-gnu"
+PY = "/usr/bin/python3"
+REPO = Path(__file__).resolve().parents[2]
+ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
+#: The GPU models the fake hosts report (``/proc/driver/nvidia/gpus/<bdf>/information``).
+DATA_CENTER = "NVIDIA H100 80GB HBM3"
+GEFORCE = "NVIDIA GeForce RTX 4090"
+BRANDS = {"dc": DATA_CENTER, "geforce": GEFORCE}
+#: A pixi workspace's manifest (beside its ``.pixi/envs``).
+PIXI_TOML = '[workspace]\nname = "app"\nchannels = ["conda-forge"]\nplatforms = ["linux-64"]\n'
+
+
+def host_lib(version: str) -> str:
+    """Where the toolkit stand-in mounts the host's library in the container."""
+    return f"{SYS}/libcuda.so.{version}"
+
+
+@dataclasses.dataclass
+class Image:
+    """One image: what it carries and how its process starts.
+
+    ``libs``: in-container dir -> libcuda version installed there (``libcuda.so.<ver>`` and the
+    ``libcuda.so.1``/``libcuda.so`` links); ``links``: path -> symlink target; ``files``:
+    path -> text; ``ld_so_conf``: the whole ``/etc/ld.so.conf`` (None: the harness's
+    ``include`` line); ``after_ldconfig``: links removed after the build-time ldconfig;
+    ``runpath_probe``: where to put a probe built with ``DT_RUNPATH $ORIGIN/../lib``.
+    """
+
+    libs: dict = dataclasses.field(default_factory=dict)
+    links: dict = dataclasses.field(default_factory=dict)
+    files: dict = dataclasses.field(default_factory=dict)
+    ld_so_conf: str | None = None
+    after_ldconfig: list = dataclasses.field(default_factory=list)
+    runpath_probe: str | None = None
+    env: list = dataclasses.field(default_factory=list)
+    args: list = dataclasses.field(default_factory=lambda: ["/usr/local/bin/probe"])
+    cwd: str = "/"
+    uid: int = 0
+    passwd: list = dataclasses.field(default_factory=list)
+
+    def build(self, root: Path, libcuda: dict) -> None:
+        """Write the image into the harness rootfs ``root`` (``libcuda``: version -> real file)."""
+        for d, ver in self.libs.items():
+            rootfs.install_libcuda(root, libcuda[ver], d)
+        for link, target in self.links.items():
+            p = root / link.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(target, p)
+        for path, text in self.files.items():
+            p = root / path.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+        if self.ld_so_conf is not None:
+            (root / "etc/ld.so.conf").write_text(self.ld_so_conf)
+        if self.runpath_probe is not None:
+            p = root / self.runpath_probe.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(rootfs.probe_binary(runpath="$ORIGIN/../lib").read_bytes())
+            p.chmod(0o755)
+        for line in self.passwd:
+            with open(root / "etc/passwd", "a") as f:
+                f.write(line + "\n")
+            name, _, uid, gid, _, home, _ = line.split(":")
+            h = root / home.lstrip("/")
+            h.mkdir(parents=True, exist_ok=True)
+            os.chown(h, int(uid), int(gid))
+        rootfs.run_ldconfig(root)  # the image's own build-time ldconfig
+        for link in self.after_ldconfig:
+            (root / link.lstrip("/")).unlink()
+
+    def spec_edit(self, spec: dict) -> None:
+        spec["process"]["cwd"] = self.cwd
+        spec["process"]["user"] = {"uid": self.uid, "gid": self.uid}
+
+
+@dataclasses.dataclass
+class Loaded:
+    """What one start mapped, or why it did not (``error``)."""
+
+    cuda: int | None
+    path: str | None
+    error: str = ""
+
+    @classmethod
+    def of(cls, res: rt.Result) -> "Loaded":
+        p = res.probe
+        if res.rc != 0 or "cuDriverGetVersion" not in p:
+            return cls(None, p.get("libcuda"), f"exit {res.rc}: {(res.stdout + res.stderr).strip()[-400:]}")
+        return cls(int(p["cuDriverGetVersion"]), p["libcuda"])
+
+    def pair(self) -> tuple:
+        return self.cuda, self.path
+
+
+class Box:
+    """One fake host (driver ``host``, GPU ``model``), one config, one log, one pristine image rootfs."""
+
+    def __init__(self, tmp: Path, libcuda: dict, host: str, image: Image, *, model: str = DATA_CENTER,
+                 **config) -> None:
+        self.tmp, self.libcuda, self.host, self.image = Path(tmp), libcuda, host, image
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.host_root = write_fake_host(self.tmp / "host", version=host, gpus={"0000:17:00.0": model}).resolve()
+        self.log = self.tmp / "compat-hook.log"
+        self.state = self.tmp / "state"
+        self.config = hookenv.write_config(self.tmp / "config.yaml", host_root=self.host_root, log_file=self.log,
+                                           nvml="off", **config)
+        self.pristine = rootfs.build_rootfs(self.tmp / "pristine")
+        image.build(self.pristine, libcuda)
+        self._n = 0
+        self.started: list = []
+
+    # -- rootfs copies -------------------------------------------------------
+    def fresh(self, name: str) -> Path:
+        """A copy of the pristine rootfs at ``<tmp>/<name>-<n>/rootfs`` (its bundle dir is the parent)."""
+        self._n += 1
+        bundle = self.tmp / f"{name}-{self._n}"
+        bundle.mkdir()
+        subprocess.run(["cp", "-a", str(self.pristine), str(bundle / "rootfs")], check=True)
+        return bundle / "rootfs"
+
+    def _bundle(self, root: Path, hooks: dict) -> Path:
+        return rt.make_bundle(root.parent, root, hooks=hooks, env=self.image.env, args=self.image.args,
+                              edit=self.image.spec_edit)
+
+    def _standin(self, root: Path) -> dict:
+        return rt.nvidia_standin_hook(self.libcuda[self.host], root.parent / "work", "prestart")
+
+    # -- starts --------------------------------------------------------------
+    def alone(self, runtime: str = "runc") -> Loaded:
+        """Without compat-hook: what the layout loads on its own (the toolkit stand-in only)."""
+        root = self.fresh("alone")
+        return self._run(root, {"prestart": [self._standin(root)]}, runtime)
+
+    def hook(self, runtime: str, root: Path | None = None) -> Loaded:
+        """compat-hook registered at createContainer (as users register it), under ``runtime``."""
+        root = root or self.fresh("hook")
+        hooks = {"prestart": [self._standin(root)],
+                 "createContainer": [registration.hook_entry(stage="createContainer", config=str(self.config),
+                                                             state_dir=str(self.state))]}
+        return self._run(root, hooks, runtime)
+
+    def _run(self, root: Path, hooks: dict, runtime: str) -> Loaded:
+        res = rt.run_container(self._bundle(root, hooks), runtime)
+        self.started.append(res.container_id)
+        self.last = res
+        return Loaded.of(res)
+
+    def wrapper(self, root: Path | None = None) -> Loaded:
+        """Through compat-hook's runtime wrapper (runc behind it), which edits config.json on create."""
+        root = root or self.fresh("wrapper")
+        wrapper = self.tmp / "bin" / "compat-hook-runtime"
+        if not wrapper.exists():
+            wrapper.parent.mkdir(parents=True)
+            wrapper.write_text(render_wrapper(str(self.config), python=PY))
+            wrapper.chmod(0o755)
+        bundle = self._bundle(root, {"prestart": [self._standin(root)]})
+        cid = rt.new_container_id("ldr")
+        state = self.tmp / "runc-state"
+        rt.STATE_DIRS.append(state)
+        try:
+            p = subprocess.run([str(wrapper), "--root", str(state), "run", "--bundle", str(bundle), cid],
+                               cwd=bundle, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               env=dict(ENV, COMPAT_HOOK_STATE_DIR=str(self.state)), timeout=120)
+        finally:
+            subprocess.run([rt.RUNC, "--root", str(state), "delete", "--force", cid], capture_output=True, env=ENV)
+            subprocess.run(["rm", "-rf", str(state)], capture_output=True)
+        self.started.append(cid)
+        self.last = rt.Result(p.returncode, p.stdout, p.stderr, str(wrapper), cid)
+        return Loaded.of(self.last)
+
+    def cleanup(self) -> None:
+        """Remove the rootfs copies (a few hundred MB a box); a leaked mount keeps them, for the leak checks."""
+        if rt.mounts_under(self.tmp) == []:
+            for d in [self.pristine, *self.tmp.glob("*-[0-9]*/rootfs")]:
+                shutil.rmtree(d, ignore_errors=True)
+
+    # -- what compat-hook says -------------------------------------------------
+    def explain(self, root: Path) -> dict:
+        """``explain --json`` on the spec a start of ``root`` gets, hooks left out (read-only)."""
+        b = root.parent / "explain-bundle"
+        rt.make_bundle(b, root, env=self.image.env, args=self.image.args, edit=self.image.spec_edit)
+        p = subprocess.run([PY, "-m", "compat_hook", "explain", "--json", "--config", str(self.config),
+                            "--bundle", str(b)], cwd=str(REPO), capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            raise AssertionError(f"explain failed (exit {p.returncode}): {p.stderr.strip()}")
+        return json.loads(p.stdout)
+
+    def records(self, event: str = "hook") -> list:
+        return [r for r in hookenv.read_log(self.log) if r.get("event") == event]
+
+    def why(self) -> str:
+        """The last log record's decision, in one line (for failure messages)."""
+        recs = hookenv.read_log(self.log)
+        if not recs:
+            return "no compat-hook record"
+        r = recs[-1]
+        return (f"{r.get('event')}: {r.get('decision')}/{r.get('reason')} effect={r.get('effect')} "
+                f"compat_dir={r.get('compat_dir')} actions={r.get('actions')} error={r.get('error')}")
+
+
+def predicted(report: dict, actor: str) -> tuple:
+    """``(result, dir)`` explain predicts for ``actor`` (``with_hook`` or ``with_wrapper``)."""
+    tk = report.get("toolkit") or {}
+    got = tk.get(actor) or {}
+    return got.get("result"), got.get("dir")
+
+
+def outcome(loaded: Loaded, host: str) -> tuple:
+    """``(result, dir)`` of a real start, in explain's terms: the host library, or compat from a dir."""
+    if loaded.path == host_lib(host):
+        return "host", None
+    if loaded.path is None:
+        return "error", None
+    return "compat", os.path.dirname(loaded.path)
+
+
+
+def resolve(root: Path, path: str, depth: int = 0) -> str | None:
+    """``path`` resolved inside the rootfs ``root`` as the container sees it (absolute links
+    from the rootfs's top), or ``None`` where a component is missing."""
+    if depth > 40:
+        return None
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    cur = "/"
+    for i, part in enumerate(parts):
+        if part == "..":
+            cur = os.path.dirname(cur.rstrip("/")) or "/"
+            continue
+        nxt = os.path.join(cur, part)
+        host = root / nxt.lstrip("/")
+        if host.is_symlink():
+            target = os.readlink(host)
+            base = target if target.startswith("/") else os.path.join(cur, target)
+            rest = "/".join(parts[i + 1:])
+            return resolve(root, base + ("/" + rest if rest else ""), depth + 1)
+        if not os.path.lexists(host):
+            return None
+        cur = nxt
+    return cur

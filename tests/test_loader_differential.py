@@ -1,0 +1,314 @@
+"""explain against the loader, over generated layouts, in real runc and crun containers (issue 32).
+
+A seeded generator (:func:`generate`) draws layouts from the places images put a compat libcuda:
+the toolkit's ``/usr/local/cuda-12.X/compat`` (with or without ``/usr/local/cuda``), NGC's
+``compat/lib.real`` (through ``/etc/alternatives``, the ``lib`` link kept or removed after the
+build's ldconfig, its ``00-cuda-compat.conf`` or not), pixi and micromamba 2 environments (links in
+the env's ``lib`` or not, a probe built with ``DT_RUNPATH $ORIGIN/../lib`` in its ``bin`` or not),
+conda's ``/opt/conda/cuda-compat``, ``/opt/nvidia/compat`` behind a drop-in, and a dir on an
+``/etc/ld.so.conf`` line before or after its ``include``; one or two of them, the 550 or the 555
+driver in each; extra drop-ins under sorting-sensitive names; ``LD_LIBRARY_PATH`` with compat
+entries in any spelling, non-compat entries before them, missing dirs and the host driver's own
+dir; a 470, 535 or 555 host with a data-center GPU or a GeForce; hook under runc or crun; the
+wrapper in ldconfig, env or both mode.
+
+For each layout:
+
+1. without compat-hook, the container maps what glibc's search order says (:func:`glibc_maps`, an
+   independent model of ld.so(8) and ldconfig(8)): a check of the generator, never of compat-hook;
+2. ``explain --json``'s ``toolkit.with_hook`` prediction (result and resolved compat dir) equals
+   what a container started with the hook at createContainer maps;
+3. ``toolkit.with_wrapper`` equals what a container started through the runtime wrapper maps;
+4. compat-hook's log (the last record for each container: ``effect`` and ``compat_dir``) says the same.
+
+``COMPAT_HOOK_LOADER_LAYOUTS`` (default 60) sets how many layouts run, ``COMPAT_HOOK_LOADER_SEED``
+(default 32) the seed. The places are drawn with weights (NGC most, conda least). The test prints
+how many ran and agreed, writes every layout and outcome to
+``loader-differential.json`` in its tmp dir, and asserts that all of them ran.
+"""
+
+from __future__ import annotations
+
+import glob as globmod
+import json
+import os
+import random
+
+import pytest
+
+from tests.support import debs, hookenv, runtimes as rt
+from tests.support.loaderbox import BRANDS, PIXI_TOML, SYS, Box, Image, host_lib, outcome, predicted, resolve
+from tests.support.versions import COMPAT_550, HOST_470, HOST_535, HOST_555
+
+pytestmark = [pytest.mark.containers, pytest.mark.slow]
+
+N = int(os.environ.get("COMPAT_HOOK_LOADER_LAYOUTS", "60"))
+SEED = int(os.environ.get("COMPAT_HOOK_LOADER_SEED", "32"))
+CUDA_DIR = {COMPAT_550: "/usr/local/cuda-12.4", HOST_555: "/usr/local/cuda-12.5"}
+BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@pytest.fixture(scope="module")
+def libcuda() -> dict:
+    return {v: debs.libcuda(v) for v in debs.VERSIONS}
+
+
+# --------------------------------------------------------------------------- the generator
+
+
+class Draft:
+    """An :class:`Image` being drawn, and the names its compat dirs go by."""
+
+    def __init__(self) -> None:
+        self.image = Image(env=["NVIDIA_VISIBLE_DEVICES=all"])
+        self.path = [BASE_PATH]
+        self.compat_names: list = []  # spellings of compat dirs (for drop-ins and LD_LIBRARY_PATH)
+        self.lib_names: list = []  # env lib dirs holding links (LD_LIBRARY_PATH only)
+        self.notes: list = []
+
+    def dropin(self, name: str, text: str) -> None:
+        p = f"/etc/ld.so.conf.d/{name}"
+        self.image.files[p] = self.image.files.get(p, "") + text
+
+
+def _toolkit(d: Draft, rng: random.Random, ver: str) -> None:
+    base = CUDA_DIR[ver]
+    d.image.libs[f"{base}/compat"] = ver
+    d.compat_names.append(f"{base}/compat")
+    if "/usr/local/cuda" not in d.image.links and rng.random() < 0.7:
+        d.image.links["/usr/local/cuda"] = os.path.basename(base)
+        d.compat_names.append("/usr/local/cuda/compat")
+    d.notes.append(f"toolkit {base}/compat ({ver})")
+
+
+def _ngc(d: Draft, rng: random.Random, ver: str) -> None:
+    base = CUDA_DIR[ver]
+    d.image.libs[f"{base}/compat/lib.real"] = ver
+    d.image.links[f"{base}/compat/lib"] = "lib.real"
+    kept = rng.random() < 0.5
+    if not kept:
+        d.image.after_ldconfig.append(f"{base}/compat/lib")
+    d.compat_names += [f"{base}/compat/lib.real", f"{base}/compat/lib"]
+    if "/usr/local/cuda" not in d.image.links:
+        d.image.links["/etc/alternatives/cuda"] = base
+        d.image.links["/usr/local/cuda"] = "/etc/alternatives/cuda"
+        d.compat_names += ["/usr/local/cuda/compat/lib", "/usr/local/cuda/compat/lib.real"]
+        if rng.random() < 0.8:
+            d.dropin("00-cuda-compat.conf", "/usr/local/cuda/compat/lib\n")
+    elif rng.random() < 0.8:
+        d.dropin("00-cuda-compat.conf", f"{base}/compat/lib\n")
+    d.notes.append(f"ngc {base}/compat/lib.real ({ver}, lib link {'kept' if kept else 'removed'})")
+
+
+def _prefix(d: Draft, rng: random.Random, ver: str, prefix: str, kind: str) -> None:
+    d.image.libs[f"{prefix}/cuda-compat"] = ver
+    d.image.files[f"{prefix}/conda-meta/cuda-compat-impl-{ver}-h0_0.json"] = json.dumps(
+        {"name": "cuda-compat-impl", "version": ver, "files": [f"cuda-compat/libcuda.so.{ver}"]}) + "\n"
+    d.compat_names.append(f"{prefix}/cuda-compat")
+    links = rng.random() < 0.75
+    if links:
+        rel = rng.random() < 0.5
+        for n in ("libcuda.so", "libcuda.so.1", f"libcuda.so.{ver}"):
+            d.image.links[f"{prefix}/lib/{n}"] = ("../cuda-compat/" if rel else f"{prefix}/cuda-compat/") + n
+        d.lib_names.append(f"{prefix}/lib")
+    probe = links and d.image.runpath_probe is None and rng.random() < 0.7
+    if probe:
+        d.image.runpath_probe = f"{prefix}/bin/probe"
+        d.image.args = [f"{prefix}/bin/probe"]
+    if rng.random() < 0.6:
+        d.path.insert(0, f"{prefix}/bin")
+    d.notes.append(f"{kind} {prefix}/cuda-compat ({ver}, links {'yes' if links else 'no'}, "
+                   f"runpath probe {'yes' if probe else 'no'})")
+
+
+def _pixi(d: Draft, rng: random.Random, ver: str) -> None:
+    env = rng.choice(["default", "cuda", "prod"])
+    d.image.files["/app/pixi.toml"] = PIXI_TOML
+    d.image.cwd = rng.choice(["/app", "/"])
+    _prefix(d, rng, ver, f"/app/.pixi/envs/{env}", "pixi")
+
+
+def _mamba(d: Draft, rng: random.Random, ver: str) -> None:
+    user = rng.choice(["mambauser", "app"])
+    d.image.passwd.append(f"{user}:x:1000:1000::/home/{user}:/bin/sh")
+    if rng.random() < 0.6:
+        d.image.uid = 1000
+    _prefix(d, rng, ver, f"/home/{user}/.local/share/mamba/envs/{rng.choice(['x', 'base-cuda'])}", "micromamba")
+
+
+def _conda(d: Draft, rng: random.Random, ver: str) -> None:
+    _prefix(d, rng, ver, "/opt/conda", "conda")
+    if rng.random() < 0.5:
+        d.image.env.append("CONDA_PREFIX=/opt/conda")
+
+
+def _opt_nvidia(d: Draft, rng: random.Random, ver: str) -> None:
+    d.image.libs["/opt/nvidia/compat"] = ver
+    d.compat_names.append("/opt/nvidia/compat")
+    if rng.random() < 0.8:
+        d.dropin("nvidia-compat.conf", "/opt/nvidia/compat\n")
+    d.notes.append(f"/opt/nvidia/compat ({ver})")
+
+
+def _ld_so_conf(d: Draft, rng: random.Random, ver: str) -> None:
+    d.image.libs["/opt/compat/lib"] = ver
+    d.compat_names.append("/opt/compat/lib")
+    before = rng.random() < 0.7
+    inc = "include /etc/ld.so.conf.d/*.conf\n"
+    d.image.ld_so_conf = ("/opt/compat/lib\n" + inc) if before else (inc + "/opt/compat/lib\n")
+    d.notes.append(f"/opt/compat/lib ({ver}) in /etc/ld.so.conf {'before' if before else 'after'} its include")
+
+
+PLACES = {"toolkit": _toolkit, "ngc": _ngc, "pixi": _pixi, "micromamba": _mamba, "conda": _conda,
+          "opt-nvidia": _opt_nvidia, "ld.so.conf": _ld_so_conf}
+PLACE_WEIGHT = {"toolkit": 2, "ngc": 3, "pixi": 2, "micromamba": 2, "conda": 1, "opt-nvidia": 1.5, "ld.so.conf": 1.5}
+DROPIN_NAMES = ("00-cuda-compat.conf", "cuda-compat.conf", "zzz-cuda-compat.conf", "nvidia.conf", "y-compat.conf")
+NOISE = ("/usr/local/nvidia/lib64", "/usr/local/lib", "/usr/local/cuda-12.9/compat", SYS)
+
+
+def generate(rng: random.Random) -> dict:
+    """One layout: the image, the host (driver, brand), the hook's runtime and the wrapper's mode."""
+    d = Draft()
+    places: list = []
+    want = rng.choice([1, 1, 1, 2])
+    while len(places) < want:  # weighted to the places images use most (NGC, the toolkit's, envs)
+        p = rng.choices(sorted(PLACES), weights=[PLACE_WEIGHT[k] for k in sorted(PLACES)])[0]
+        if p not in places:
+            places.append(p)
+    if "toolkit" in places and "ngc" in places and rng.random() < 0.5:
+        places.reverse()  # which of the two owns /usr/local/cuda
+    for i, place in enumerate(places):
+        PLACES[place](d, rng, COMPAT_550 if i == 0 else rng.choice([COMPAT_550, HOST_555]))
+    if d.compat_names and rng.random() < 0.3:
+        name, named = rng.choice(DROPIN_NAMES), rng.choice(d.compat_names)
+        d.dropin(name, named + "\n")
+        d.notes.append(f"/etc/ld.so.conf.d/{name} names {named}")
+    if rng.random() < 0.55:
+        pool = d.compat_names + d.lib_names
+        entries = rng.sample(pool, min(len(pool), rng.choice([1, 1, 2])))
+        entries += rng.sample(NOISE, rng.choice([0, 0, 1, 2]))
+        rng.shuffle(entries)
+        d.image.env.append("LD_LIBRARY_PATH=" + ":".join(entries))
+    d.image.env.insert(0, "PATH=" + ":".join(d.path))
+    host = rng.choice([HOST_470, HOST_535, HOST_555])
+    brand = rng.choices(["dc", "geforce"], weights=[3, 1])[0]
+    return {"image": d.image, "host": host, "brand": brand, "places": d.notes,
+            "runtime": rng.choice(["runc", "crun"]), "mode": rng.choice(["ldconfig", "env", "both"])}
+
+
+# --------------------------------------------------------------------------- glibc's order
+
+
+def conf_dirs(root, conf: str = "/etc/ld.so.conf", depth: int = 0) -> list:
+    """The dirs ldconfig(8) caches, in its order: ``/etc/ld.so.conf`` line by line, an ``include``
+    expanded in place (glob order), then the trusted dirs."""
+    out: list = []
+    p = root / conf.lstrip("/")
+    if depth > 8 or not p.is_file():
+        return out
+    for line in p.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("include "):
+            for pat in line.split()[1:]:
+                for f in sorted(globmod.glob(str(root) + pat)):
+                    out += conf_dirs(root, f[len(str(root)):], depth + 1)
+        else:
+            out.append(line)
+    return out + (["/lib/x86_64-linux-gnu", SYS] if depth == 0 else [])
+
+
+def glibc_maps(root, image: Image, host: str) -> str | None:
+    """The file ``dlopen("libcuda.so.1")`` maps in a start of ``image`` on ``host`` without compat-hook
+    (the toolkit stand-in has mounted the host library and run ldconfig): LD_LIBRARY_PATH, then the
+    probe's DT_RUNPATH, then the ld cache."""
+    def lib_in(d: str):
+        if not d.startswith("/"):
+            return None
+        r = resolve(root, d)
+        if r is None:
+            return None
+        if r == SYS:
+            return host_lib(host)
+        return resolve(root, r + "/libcuda.so.1")
+
+    env = dict(e.split("=", 1) for e in image.env)
+    dirs = [x for x in env.get("LD_LIBRARY_PATH", "").replace(";", ":").split(":") if x]
+    if image.runpath_probe is not None and image.args[0] == image.runpath_probe:
+        dirs.append(os.path.dirname(os.path.dirname(image.runpath_probe)) + "/lib")
+    for d in dirs + conf_dirs(root):
+        got = lib_in(d)
+        if got is not None:
+            return got
+    return None
+
+
+# --------------------------------------------------------------------------- the test
+
+
+def describe(case: dict) -> str:
+    img = case["image"]
+    env = [e for e in img.env if e.startswith(("LD_LIBRARY_PATH=", "CONDA_PREFIX=", "PATH="))]
+    drop = [f"{k.rsplit('/', 1)[1]}: {v.strip()}" for k, v in img.files.items() if k.startswith("/etc/ld.so.conf.d/")]
+    return (f"host {case['host']} {case['brand']}; {'; '.join(case['places'])}; drop-ins {drop}; {env}; "
+            f"args {img.args} cwd {img.cwd} uid {img.uid}")
+
+
+def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
+    rng = random.Random(SEED)
+    rows, layout_bugs, wrong, log_wrong = [], [], [], []
+    for i in range(N):
+        case = generate(rng)
+        b = Box(tmp_path / f"l{i:03d}", libcuda, case["host"], case["image"], model=BRANDS[case["brand"]],
+                mode=case["mode"])
+        _started.append(b.started)
+        row = {"i": i, "layout": describe(case), "runtime": case["runtime"], "mode": case["mode"]}
+        alone = b.alone(case["runtime"])
+        want = glibc_maps(b.pristine, case["image"], case["host"])
+        row["alone"] = alone.path
+        if alone.path != want or alone.error:
+            layout_bugs.append(f"#{i}: alone mapped {alone.path} {alone.error}, glibc's order says {want}: "
+                               f"{row['layout']}")
+        root = b.fresh("hook")
+        try:
+            report = b.explain(root)
+        except AssertionError as e:  # recorded as a disagreement of both predictions, the loop goes on
+            report = {"toolkit": {}, "explain_error": str(e)}
+            row["explain_error"] = str(e)
+        for actor, start in (("with_hook", lambda r: b.hook(case["runtime"], r)), ("with_wrapper", b.wrapper)):
+            got = start(root if actor == "with_hook" else b.fresh("wrapper"))
+            said, real = predicted(report, actor), outcome(got, case["host"])
+            recs = [r for r in hookenv.read_log(b.log) if r.get("container_id") == b.last.container_id]
+            last = ([r for r in recs if r.get("event") == "hook"] or recs or [{}])[-1]
+            logged = (last.get("effect"), last.get("compat_dir") if last.get("effect") == "compat" else None)
+            row[actor] = {"predicted": said, "mapped": real, "logged": logged, "path": got.path, "error": got.error}
+            how = case["runtime"] if actor == "with_hook" else case["mode"]
+            if said != real:
+                wrong.append(f"#{i} {actor} ({how}): explain {said}, mapped {real} [{got.path}]: {row['layout']}")
+            if logged != real:
+                log_wrong.append(f"#{i} {actor} ({how}): the log says {logged} ({last.get('reason')}), "
+                                 f"mapped {real}")
+        rows.append(row)
+        b.cleanup()
+    (tmp_path / "loader-differential.json").write_text(json.dumps(rows, indent=1))
+    agreed = sum(1 for r in rows for a in ("with_hook", "with_wrapper") if r[a]["predicted"] == r[a]["mapped"])
+    logged = sum(1 for r in rows for a in ("with_hook", "with_wrapper") if r[a]["logged"] == r[a]["mapped"])
+    print(f"loader differential: {len(rows)} layouts (seed {SEED}), {agreed}/{2 * len(rows)} predictions "
+          f"and {logged}/{2 * len(rows)} log records agreed with the loader")
+    assert len(rows) == N, f"{len(rows)} of {N} layouts ran"
+    assert not layout_bugs, "the generator's layouts do not load as glibc's order says:\n" + "\n".join(layout_bugs)
+    assert not wrong, (f"{len(wrong)} of {2 * N} predictions disagree with the loader (seed {SEED}):\n"
+                       + "\n".join(wrong))
+    assert not log_wrong, (f"{len(log_wrong)} of {2 * N} log records disagree with the loader (seed {SEED}):\n"
+                           + "\n".join(log_wrong))
+
+
+_started: list = []
+
+
+# Keep last: pytest runs a module's tests in file order.
+def test_nothing_left_behind(tmp_path_factory):
+    assert any(_started), "no container ran"
+    assert rt.mounts_under(tmp_path_factory.getbasetemp()) == []
+    assert [d for d in rt.STATE_DIRS if d.exists()] == []
