@@ -27,6 +27,8 @@ import subprocess
 
 import pytest
 
+from compat_hook.facts.container import ANNOTATION_LD_BEFORE
+
 from compat_hook.commands import runtime as rtw
 from compat_hook.core.realruntime import read_runtime_line
 from compat_hook.install.wrapper import render_wrapper
@@ -498,6 +500,8 @@ def test_newer_host_strips_a_stale_image_compat_path(tmp_path, libs):
     # compat is wrong here: besides the env edit, the hook is added, whose drop-in makes the
     # host driver win over compat drop-ins (the image's, the NVIDIA toolkit's)
     assert _pop_our_hook(after)
+    # what came off LD_LIBRARY_PATH is handed to that hook, so it sees the same candidates
+    assert after.pop("annotations") == {ANNOTATION_LD_BEFORE: "/usr/local/cuda/compat:/usr/local/lib"}
     assert after == _env_with(box.spec_before, LD_LIBRARY_PATH="/usr/local/lib")
     rec = box.record()
     assert (rec["decision"], rec["reason"], rec["effect"]) == ("skip", "compat_not_newer", "host")

@@ -50,7 +50,10 @@ def explain(config, *, rootfs: str | None = None, bundle: str | None = None,
         hook = assess(config, request, root, spec=spec, host=host, actors=("hook",), mount_ns=True,
                       toolkit=True, full=True)
         wrapper = assess(config, request, root, host=host, actors=("wrapper",), hook_entry=entry, full=True,
-                         spec=spec if spec is not None else {"process": {"env": []}, "root": {"path": rootfs}})
+                         spec=spec if spec is not None else {"process": {"env": []}, "root": {"path": rootfs}},
+                         toolkit=True)
+        # the wrapper's path is the hook's assessment of the spec the wrapper hands on (assess)
+        hook.toolkit["with_wrapper"] = wrapper.toolkit["with_wrapper"]
     image = hook.image
     decision = wrapper.decision  # the wrapper sees the spec: a store mount is its to make
     elf = image.elf if image is not None else None

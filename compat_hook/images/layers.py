@@ -106,16 +106,20 @@ def keep(path: str, kind: str) -> str | None:
     >>> keep("usr/lib/x86_64-linux-gnu/libc.so.6", "file") is None, keep("usr/bin", "dir")
     (True, 'meta')
     >>> keep("etc/ld.so.conf.d/cuda.conf", "file"), keep("opt/x/libcuda.so.550.54.15", "file")
-    ('text', 'meta')
+    ('text', 'spool')
+    >>> keep("usr/lib/x86_64-linux-gnu/libcuda.so.1", "file"), keep("etc/passwd", "file")
+    ('meta', 'text')
     """
     if kind in ("dir", "symlink"):
         return "meta"
     name = path[path.rfind("/") + 1:]
     compat = _under_compat(path)
     if kind == "file":
-        if compat and name.startswith("libcuda.so.") and len(name) > 11:
+        # a compat driver may sit in any dir the loader reads (one a drop-in names, NGC's lib.real)
+        if name.startswith("libcuda.so.") and len(name) > 11 and (compat or name.count(".") >= 3):
             return "spool"
-        if path == "etc/ld.so.conf" or path.startswith("etc/ld.so.conf.d/"):
+        # ldconfig's configuration, and the homes where micromamba 2 keeps its envs
+        if path in ("etc/ld.so.conf", "etc/passwd") or path.startswith("etc/ld.so.conf.d/"):
             return "text"
     if compat or name.startswith(_LIB_PREFIXES) or name.endswith(".conf"):
         return "meta"

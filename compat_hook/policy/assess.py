@@ -327,6 +327,19 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
             f"that must not be used {_not_used_why(a)}, before compat-hook's drop-in, and a hook outside the "
             "container's mount namespace (prestart, createRuntime) cannot hide it: register the hook at "
             "createContainer, or use compat-hook's runtime wrapper (compat-hook install containerd|docker|crio)")
+    if a.effect == "compat" and a.decision.source == "image" and "hook" in a.actors and "wrapper" not in a.actors:
+        first = _host_first_on_ld_path(a, root)
+        if first is not None:
+            a.warnings.append(
+                f"the image's LD_LIBRARY_PATH names {first}, which holds the host driver's libcuda, before "
+                f"{a.decision.compat_dir}: the loader maps the host's, and a hook cannot change the environment; "
+                "use compat-hook's runtime wrapper (compat-hook install containerd|docker|crio), which puts "
+                "the compat dir first, or take the entry off the image")
+        elif a.hook_target is None and config.mode == "env":
+            a.warnings.append(
+                f"mode: env: the hook writes no drop-in for {a.decision.compat_dir} (the runtime wrapper puts it on "
+                "LD_LIBRARY_PATH), so with the hook alone this start does not get the compat driver: use the "
+                "wrapper, or mode: ldconfig")
     for x in a.losers:
         x["how"] = _how_it_loses(a, config, x)
     if a.effect in ("compat", "host") and a.ldconf is not None and a.ldconf.has_conf and _our_key(a) is None \
@@ -434,15 +447,38 @@ def _plan_masks(a: Assessment, root, entries, what: str) -> list:
             d = root.realpath(e)
         except OSError:
             continue
-        # Only a dir that still is a compat dir once resolved: an image linking the
-        # compat dir to /etc must not get its /etc hidden (and our drop-in with it).
-        if root.is_dir(d) and is_compat_entry(d):
+        # Only a dir that still is a compat dir once resolved (by its name, or a candidate
+        # dir holding a compat driver that is no system dir): an image linking the compat
+        # dir to /etc must not get its /etc hidden (and our drop-in with it).
+        if root.is_dir(d) and (is_compat_entry(d) or _candidate_dir_we_may_hide(a, d)):
             if d not in a.hook_masks:
                 a.hook_masks.append(d)
                 added.append(d)
         elif d not in a.hook_masks:
             a.notes.append(f"{what} {e} resolves to {d}, not a compat dir: not masked")
     return added
+
+
+#: Dirs never hidden, even holding a compat driver: the system's, and every dir above them.
+_SYSTEM_DIRS = ("/", "/etc", "/usr", "/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local", "/usr/local/lib",
+                "/bin", "/sbin", "/usr/bin", "/usr/sbin", "/opt", "/home", "/root", "/var", "/tmp", "/proc",
+                "/dev", "/sys", "/run")
+
+
+def _candidate_dir_we_may_hide(a: Assessment, d: str) -> bool:
+    """A candidate dir (it holds a compat driver) that is not a system dir nor above what must stay.
+
+    ``/opt/nvidia/compat`` a drop-in names, ``/opt/compat/lib`` on a line of
+    ``/etc/ld.so.conf``: hiding them is what makes them lose.
+    """
+    from ..facts.imagefacts import CONTAINER_LIB_DIRS
+
+    if a.image is None or d in _SYSTEM_DIRS or d in CONTAINER_LIB_DIRS:
+        return False
+    if not any(c.compat_dir == d for c in a.image.all()):
+        return False
+    keep = ["/etc/ld.so.conf.d", a.hook_target or "", a.decision.compat_dir if a.effect == "compat" else ""]
+    return not any(k == d or k.startswith(d.rstrip("/") + "/") for k in keep if k)
 
 
 def _mounted_host_lib_dir(root, request, driver_text):
@@ -552,6 +588,10 @@ def _plan_wrapper(a: Assessment, config, spec, known, hook_entry, root=None) -> 
     elif a.effect == "compat":
         if config.mode in ("env", "both"):
             kw["ld_dir"] = d.compat_dir
+        elif _host_first_on_ld_path(a, root) is not None:
+            # an earlier LD_LIBRARY_PATH dir holds the host's libcuda, and beats any drop-in:
+            # the chosen dir goes before it (ldconfig mode too), every other compat dir off
+            kw["ld_dir"] = d.compat_dir
         elif a.ld_compat_entries:
             # ldconfig mode: the drop-in puts the chosen dir first in the ld cache, but an
             # LD_LIBRARY_PATH entry beats the cache: every other compat dir comes off it.
@@ -602,7 +642,7 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
         a.notes.append(f"{toolkit.OUR_DROPIN} in the rootfs is compat-hook's own from an earlier start"
                        + (f" (naming {', '.join(named)})" if named else "")
                        + ": the next start rewrites or removes it, so this prediction leaves it out")
-    from ..facts.imagefacts import host_lib_dir, CONTAINER_LIB_DIRS
+    from ..facts.imagefacts import host_lib_dir
 
     host_dir = (host_lib_dir(root, a.host.driver_text if a.host is not None else None) if root is not None
                 else None) or toolkit.default_host_dir(conf)
@@ -610,22 +650,10 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
     usable = [c for c in cands if c.status == "found"]
 
     def holds(entry, hidden):
-        """The unmasked candidate an entry resolves into, or None."""
-        return next((c for c in usable if c.compat_dir not in hidden and _resolves_into(root, entry, c.compat_dir)),
-                    None)
+        return _holding(usable, root, entry, hidden)
 
     def ld_path(value, hidden):
-        out = []
-        for e in (value or "").split(":"):
-            if not e.startswith("/"):
-                continue
-            if holds(e, hidden) is not None:
-                out.append({"entry": e, "kind": "compat"})
-            elif _resolves_into(root, e, host_dir) or (
-                    (e.rstrip("/") in CONTAINER_LIB_DIRS) and root is not None
-                    and root.exists(e.rstrip("/") + "/libcuda.so.1")):
-                out.append({"entry": e, "kind": "host"})
-        return out
+        return _ld_walk(usable, root, value, host_dir, hidden)
 
     def dropins(hidden):
         out = []
@@ -649,17 +677,68 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
                               ld_path=ld_path(env_ld, ()), links=links(()), **common)
     # effect "host" counts even where the host library is not in the rootfs
     # yet (explain on a bare rootfs): the NVIDIA runtime mounts it at start.
-    hook_only = toolkit.effective(hook_effect=a.effect, dropins=dropins(masked), ld_path=ld_path(env_ld, masked),
+    # env mode: the hook alone writes no drop-in for compat (that is the wrapper's LD_LIBRARY_PATH)
+    hook_eff = None if a.effect == "compat" and a.hook_target is None else a.effect
+    hook_only = toolkit.effective(hook_effect=hook_eff, dropins=dropins(masked), ld_path=ld_path(env_ld, masked),
                                   links=links(masked), **common)
-    with_wrapper = _wrapper_view(a, root, config) if "wrapper" in a.actors else None
-    if with_wrapper is None:
-        with_wrapper = dict(hook_only)
     for res in (alone, hook_only):
         res["dir"] = _winning_dir(res, root, cands, a.decision, tk_root)
         res["maps"] = _maps(res, root, cands, host_dir, a.host)
+    with_wrapper = _wrapper_view(a, root, config) if "wrapper" in a.actors else None
+    if with_wrapper is None:
+        with_wrapper = dict(hook_only)
     a.toolkit = {"enables": enables, "why": why, "root": tk_root, "alone": alone, "with_hook": hook_only,
                  "with_wrapper": with_wrapper}
     a.maps = (with_wrapper if "wrapper" in a.actors else hook_only).get("maps")
+
+
+def _holding(usable: list, root, entry: str, hidden=()):
+    """The unmasked candidate dir an ``LD_LIBRARY_PATH`` entry resolves into, or ``None``."""
+    return next((c for c in usable if c.compat_dir not in hidden and _resolves_into(root, entry, c.compat_dir)), None)
+
+
+def _ld_walk(usable: list, root, value, host_dir, hidden=()) -> list:
+    """``LD_LIBRARY_PATH`` as the loader walks it: ``[{"entry", "kind"}]`` for each entry holding a libcuda.
+
+    ``compat``: it resolves into an unmasked candidate dir; ``host``: it is the
+    host driver's dir (``host_dir``) or a library dir of the host driver's holding
+    a ``libcuda.so.1``. A missing dir, or one holding none, is passed over.
+    """
+    from ..facts.imagefacts import CONTAINER_LIB_DIRS
+
+    out = []
+    for e in (value or "").split(":"):
+        if not e.startswith("/"):
+            continue
+        if _holding(usable, root, e, hidden) is not None:
+            out.append({"entry": e, "kind": "compat"})
+        elif (host_dir and _resolves_into(root, e, host_dir)) or (
+                e.rstrip("/") in CONTAINER_LIB_DIRS and root is not None
+                and root.exists(e.rstrip("/") + "/libcuda.so.1")):
+            out.append({"entry": e, "kind": "host"})
+    return out
+
+
+def _host_first_on_ld_path(a: Assessment, root) -> str | None:
+    """The ``LD_LIBRARY_PATH`` entry holding the host's libcuda that the loader meets before any compat dir."""
+    if a.request is None or root is None or a.image is None:
+        return None
+    value = a.request.env.get("LD_LIBRARY_PATH")
+    if not value:
+        return None
+    from ..facts.imagefacts import host_lib_dir
+
+    host_dir = host_lib_dir(root, a.host.driver_text) if a.host is not None else None
+    if host_dir is None:
+        # before the runtime mounts it (the wrapper's create): where the NVIDIA runtime puts it
+        from .toolkit import default_host_dir
+
+        host_dir = default_host_dir({"arch": None})
+    # the losing dirs come off (the wrapper) or are masked (the hook): only the chosen one is left
+    chosen = a.decision.compat_dir
+    hidden = [c.compat_dir for c in a.image.all() if c.compat_dir != chosen]
+    walk = _ld_walk([c for c in a.image.all() if c.status == "found"], root, value, host_dir, hidden)
+    return walk[0]["entry"] if walk and walk[0]["kind"] == "host" else None
 
 
 def _wrapper_view(a: Assessment, root, config) -> dict | None:
