@@ -1,0 +1,306 @@
+"""compat-hook's NRI plugin on a real containerd 2.x, driven through the CRI as the kubelet drives it.
+
+containerd 2.x (Debian sid's, tests/support/engines.py ``containerd2()``) runs as the GPU
+Operator sets it up in CDI mode: ``enable_cdi``, the default runtime plain runc (no
+RuntimeClass, no wrapper), NRI on. A CDI spec for ``nvidia.com/gpu`` carries what the
+toolkit's would: the device node (``/dev/nvidia0``, here backed by ``/dev/null``: no GPU),
+the host's real Debian ``libcuda.so.<host>`` mounted at ``libcuda.so.1``, and
+``NVIDIA_VISIBLE_DEVICES=void`` (which overrides the CUDA image's ``all``). Containers
+name the device as the kubelet passes a device plugin's or a DRA claim's: the CRI
+``CDI_devices`` field. The host driver is the only fake (a private mount namespace whose
+``/proc/driver/nvidia/version`` says 535.261.03, older than the image's compat 550).
+
+compat-hook is registered with ``compat-hook install containerd --via nri`` (the plugin
+built from packaging/nri into the test cache), pointed at the test containerd's config,
+so the plugin lands in the NRI directories that config names. What the container really
+loads is the probe's answer (tests/support/probe.c): the compat driver (CUDA 12040) when
+compat-hook's hook ran and enabled it, the host's (12020) when it did not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import time
+
+import pytest
+
+from tests import cri
+from tests.support import debs, engines, kubebuild
+from tests.support.versions import COMPAT_550, HOST_535
+from tests.test_live_engines import Log, compat_hook, default_config, outcome
+
+pytestmark = pytest.mark.containers
+
+OLD, COMPAT = HOST_535, COMPAT_550
+IMAGE = "docker.io/library/bb"
+LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT}"
+COMMAND = ["/bin/sh", "-c", "/usr/local/bin/probe; echo dropins=$(ls /etc/ld.so.conf.d | tr '\\n' ' ')"]
+GPU = "nvidia.com/gpu=0"
+
+
+def nri_dropin(work: pathlib.Path) -> str:
+    """NRI on with the test's own socket and dirs; CDI on with the test's spec dir (containerd 2.x merges it)."""
+    return f"""\
+version = 3
+
+[plugins]
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = false
+    socket_path = "{work}/nri.sock"
+    plugin_path = "{work}/nri/plugins"
+    plugin_config_path = "{work}/nri/conf.d"
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_cdi = true
+    cdi_spec_dirs = ["{work}/cdi"]
+"""
+
+
+def cdi_spec(libs: dict, host: str) -> dict:
+    lib = str(libs[host])
+    opts = ["ro", "nosuid", "nodev", "bind"]
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": {
+            "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"}]}}],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "mounts": [{"hostPath": lib, "containerPath": f"{LIB_DIR}/libcuda.so.{host}", "options": opts},
+                       {"hostPath": lib, "containerPath": f"{LIB_DIR}/libcuda.so.1", "options": opts}]},
+    }
+
+
+class NriNode:
+    """containerd 2.x with NRI and CDI on, compat-hook registered through NRI, one pod sandbox on runc."""
+
+    def __init__(self, work: pathlib.Path, tar: pathlib.Path, libs: dict) -> None:
+        self.work = work
+        self.config = default_config(work / "compat-hook.yaml", work)
+        self.state = work / "compat-hook-state"
+        self.log = Log(work / "compat-hook.log")
+        self.daemon = engines.Containerd(work / "daemon", bin_dir=str(engines.containerd2()),
+                                         pause_image=f"{IMAGE}:pause")
+        d = self.daemon.work
+        (self.daemon.main.parent / "conf.d").mkdir(exist_ok=True)
+        (self.daemon.main.parent / "conf.d" / "10-nri-cdi.toml").write_text(nri_dropin(d))
+        (d / "cdi").mkdir()
+        (d / "cdi" / "nvidia.json").write_text(json.dumps(cdi_spec(libs, OLD)))
+        self.plugin_src = kubebuild.nri_plugin()
+        self.install_out = self.install()
+        self.daemon.start(OLD)
+        self.daemon.import_images(tar)
+        self.client = cri.Client(str(self.daemon.sock), work / "gen")
+        self.kept: list = []
+        self.pods = work / "pods"
+        self.pods.mkdir()
+        self.sandbox = self.client.sandbox_config("nri", str(self.pods))
+        self.pod = self.client.run_pod(self.sandbox, "")  # the default runtime: plain runc
+
+    def install(self, *extra) -> str:
+        return compat_hook("install", "containerd", "--via", "nri", "--engine-config", self.daemon.main,
+                           "--hook-config", self.config, "--state-dir", self.state,
+                           "--nri-plugin", self.plugin_src, *extra, prefix=self.path_prefix())
+
+    def path_prefix(self) -> list:
+        # `compat-hook install` finds containerd on PATH (its `config dump` says where NRI's dirs are).
+        return ["/usr/bin/env", f"PATH={engines.containerd2()}:{engines.ENV['PATH']}"]
+
+    @property
+    def plugin_file(self) -> pathlib.Path:
+        return self.daemon.work / "nri" / "plugins" / "90-compat-hook"
+
+    @property
+    def conf_file(self) -> pathlib.Path:
+        return self.daemon.work / "nri" / "conf.d" / "90-compat-hook.conf"
+
+    def plugin_pids(self) -> list:
+        pids = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    if os.readlink(f"/proc/{pid}/exe") == str(self.plugin_file):
+                        pids.append(int(pid))
+                except OSError:
+                    pass
+        return pids
+
+    def wait_plugin(self, present: bool, timeout: float = 20) -> list:
+        deadline = time.monotonic() + timeout
+        while True:
+            pids = self.plugin_pids()
+            if bool(pids) == present or time.monotonic() > deadline:
+                return pids
+            time.sleep(0.1)
+
+    def run(self, name: str, tag: str, cdi=(), annotations=None, keep: bool = False):
+        """Run the probe: ``(outcome, compat-hook log records of this container)``.
+
+        ``keep``: the container sleeps on after the probe and stays (containerd lists running
+        containers to a plugin that connects later)."""
+        self.log.mark()
+        log = self.pods / f"{name}.log"
+        if not keep:
+            st, cid = self.client.run_container(self.pod, self.sandbox, name, f"{IMAGE}:{tag}", command=COMMAND,
+                                                cdi_devices=cdi, annotations=annotations)
+            text = cri.read_log(log)
+            assert st.exit_code == 0, (st, text, self.daemon.log.read_text()[-3000:])
+            self.client.remove_container(cid)
+            return outcome(text), self.log.since(cid)
+        cfg = self.client.container_config(name, f"{IMAGE}:{tag}", [COMMAND[0], COMMAND[1], COMMAND[2] + "; exec sleep 600"],
+                                           annotations=annotations, cdi_devices=cdi)
+        cid = self.client.create_container(self.pod, self.sandbox, cfg)
+        self.kept.append(cid)
+        self.client.runtime.StartContainer(self.client.pb.StartContainerRequest(container_id=cid), timeout=60)
+        deadline = time.monotonic() + 60
+        while not (log.exists() and "dropins=" in cri.read_log(log)):
+            assert time.monotonic() < deadline, "the probe did not answer"
+            time.sleep(0.05)
+        return outcome(cri.read_log(log)), self.log.since(cid)
+
+    def reconnect(self, gen: str) -> None:
+        old, self.client = self.client, cri.Client(str(self.daemon.sock), self.work / gen)
+        old.close()
+
+    def close(self) -> dict:
+        try:
+            for cid in self.kept:
+                self.client.runtime.StopContainer(self.client.pb.StopContainerRequest(container_id=cid, timeout=0),
+                                                  timeout=60)
+                self.client.remove_container(cid)
+            self.client.remove_pod(self.pod)
+        finally:
+            self.client.close()
+        return self.daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def libs() -> dict:
+    return {v: debs.libcuda(v) for v in (OLD, COMPAT)}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, libs):
+    work = tmp_path_factory.mktemp("nri")
+    tar = engines.build_image(work / "image", libs)
+    n = NriNode(work, tar, libs)
+    try:
+        yield n
+    finally:
+        n.left = n.close()
+
+
+def _enabled(out: dict, recs: list, what: str) -> None:
+    """compat-hook's hook ran (once) and the container loads the compat driver."""
+    assert out["cuda"] == "12040" and out["libcuda"] == COMPAT_LIB, (what, out, recs)
+    assert [(r["event"], r["decision"]) for r in recs] == [("hook", "enable")], (what, recs)
+
+
+def _untouched(out: dict, recs: list, what: str) -> None:
+    """No compat-hook hook ran at all; the container loads what it was given (the host's 535 driver)."""
+    assert out["cuda"] == "12020" and out["libcuda"].startswith(f"{LIB_DIR}/libcuda.so."), (what, out, recs)
+    assert recs == [], (what, recs)
+
+
+def test_install_places_the_plugin_where_containerd_reads_it(node):
+    assert "restart containerd" in node.install_out, node.install_out
+    assert node.plugin_file.stat().st_mode & 0o111
+    doc = json.loads(node.conf_file.read_text())
+    # The same hook entry the hooks.d file carries (one renderer), plus the plugin's trace target.
+    compat_hook("install", "podman", "--hook-config", node.config, "--state-dir", node.state,
+                "--hooks-dir", node.work / "hooksd")
+    hooksd = json.loads((node.work / "hooksd" / "50-compat-hook.json").read_text())
+    assert doc["hook"] == hooksd["hook"] and doc["stages"] == hooksd["stages"] == ["createContainer"], doc
+    assert doc["hook"]["args"][-4:] == ["--config", str(node.config), "--state-dir", str(node.state)], doc
+    assert doc["log_file"] == str(node.work / "compat-hook.log"), doc
+    # containerd started it (pre-registered, index 90 from its name).
+    assert node.wait_plugin(True), node.daemon.log.read_text()[-3000:]
+    # A second install changes nothing.
+    assert "nothing changed" in node.install()
+
+
+def test_gpu_container_by_cdi_devices_gets_the_decision(node):
+    out, recs = node.run("gpu", "compat", cdi=[GPU])
+    _enabled(out, recs, "CDI_devices")
+
+
+def test_non_gpu_container_is_not_routed(node):
+    out, recs = node.run("plain", "root")
+    assert out["cuda"] is None and recs == [], (out, recs)  # no driver at all, and no hook ran
+
+
+def test_cuda_image_without_a_device_is_not_routed(node):
+    # The CUDA image says NVIDIA_VISIBLE_DEVICES=all, but nothing gave it a device: the plugin
+    # routes by env as NVIDIA's runtime would; the hook then decides (and finds the host's library missing).
+    out, recs = node.run("env-only", "compat")
+    assert [r["event"] for r in recs] == ["hook"], recs
+
+
+def test_opt_out_annotation_is_honoured(node):
+    out, recs = node.run("opted-out", "compat", cdi=[GPU], annotations={"compat-hook/disable": "true"})
+    _untouched(out, recs, "compat-hook/disable")
+
+
+def test_killed_plugin_fails_open_and_a_restart_brings_it_back(node):
+    [pid] = node.wait_plugin(True)
+    os.kill(pid, signal.SIGKILL)
+    assert not node.wait_plugin(False), "the plugin is still there"
+    # Fail-open (containerd 2.1 cannot require a plugin): the GPU container is created, without
+    # compat-hook, and promptly.
+    t = time.monotonic()
+    out, recs = node.run("gpu-unrouted", "compat", cdi=[GPU], keep=True)
+    assert time.monotonic() - t < 10
+    _untouched(out, recs, "plugin killed")
+    [unrouted] = node.kept
+    # containerd's restart starts the pre-registered plugin again; at its connection it finds the
+    # GPU container created without it and says so in compat-hook's log (what `report` counts).
+    node.log.mark()
+    node.daemon.restart()
+    assert node.wait_plugin(True), node.daemon.log.read_text()[-3000:]
+    node.reconnect("gen2")
+    deadline = time.monotonic() + 10
+    while not node.log.since() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    trace = node.log.since()
+    assert [(r["event"], r["decision"], r["reason"], r["component"], r["container_id"], r["container_name"])
+            for r in trace] == [("fail_open", "error", "nri_plugin_missing", "nri", unrouted, "gpu-unrouted")], trace
+    assert trace[0]["pod"] == "nri" and trace[0]["namespace"] == "compat-hook-tests", trace
+    # The next container is routed again.
+    out, recs = node.run("gpu-after-restart", "compat", cdi=[GPU])
+    _enabled(out, recs, "after containerd's restart")
+    # Another restart: the same container is not reported twice; routed containers never are.
+    node.log.mark()
+    node.daemon.restart()
+    assert node.wait_plugin(True)
+    node.reconnect("gen3")
+    out, recs = node.run("gpu-after-second-restart", "compat", cdi=[GPU])
+    _enabled(out, recs, "after a second restart")
+    assert [r for r in node.log.since() if r.get("component") == "nri"] == []
+
+
+def test_report_counts_the_fail_open(node):
+    rep = json.loads(compat_hook("report", "--config", node.config, "--json"))
+    failures = [f for p in rep["periods"] for f in p["failures"]["last"]]
+    assert [(f["reason"], f["container_id"], f["pod"]) for f in failures] == \
+        [("nri_plugin_missing", node.kept[0], "nri")], rep
+
+
+def test_uninstall_removes_the_plugin(node):
+    out = compat_hook("uninstall", "containerd", "--via", "nri", "--engine-config", node.daemon.main,
+                      "--hook-config", node.config, "--state-dir", node.state, prefix=node.path_prefix())
+    assert f"removed {node.plugin_file}" in out and f"removed {node.conf_file}" in out, out
+    assert not (node.daemon.work / "nri").exists(), list((node.daemon.work / "nri").rglob("*"))
+    node.daemon.restart()
+    assert not node.wait_plugin(True, timeout=3)
+    node.reconnect("gen4")
+    out, recs = node.run("gpu-uninstalled", "compat", cdi=[GPU])
+    _untouched(out, recs, "uninstalled")
+
+
+def test_zz_stop_leaves_nothing_behind(node):
+    left = node.close()
+    node.close = lambda: left
+    assert not any(left.values()), left
