@@ -74,7 +74,13 @@ def run_install(opts, uninstall: bool = False) -> int:
         from ..core.errors import UsageError
 
         raise UsageError(f"unknown engine {opts.engine!r} (one of {', '.join(ENGINES)})")
-    mod = importlib.import_module(f"compat_hook.install.{opts.engine.replace('-', '_')}")
+    if opts.via == "nri" and opts.engine != "containerd":
+        from ..core.errors import UsageError
+
+        raise UsageError(f"--via nri is containerd's (2.x); {opts.engine} is registered without it")
+    # containerd --via nri: the NRI plugin (its own module; the containerd module edits the CRI config).
+    name = "nri" if opts.engine == "containerd" and opts.via == "nri" else opts.engine.replace('-', '_')
+    mod = importlib.import_module(f"compat_hook.install.{name}")
     # The NRI plugin sees every container, whatever runtime it names: the toolkit's chain is not needed.
     with_toolkit = opts.engine in _WITH_TOOLKIT and opts.via != "nri"
     if uninstall and with_toolkit:

@@ -1025,18 +1025,10 @@ def _run_plan(plan: Plan, opts, verify: bool) -> int:
 
 
 def install(opts) -> int:
-    if opts.via == "nri":
-        from . import nri
-
-        return _main(lambda: nri.install(opts))
     return _main(lambda: _run_plan(plan_install(opts), opts, verify=True))
 
 
 def uninstall(opts) -> int:
-    if opts.via == "nri":
-        from . import nri
-
-        return _main(lambda: nri.uninstall(opts))
     return _main(lambda: _run_plan(plan_uninstall(opts), opts, verify=False))
 
 

@@ -139,6 +139,31 @@ def _source_binary(opts) -> str:
 
 
 def install(opts) -> int:
+    """Put the plugin and its configuration in place; 0 (also when nothing changed), 1 on an install error."""
+    return _main(lambda: _install(opts))
+
+
+def uninstall(opts) -> int:
+    """Remove the plugin, its configuration and the dirs install created for them."""
+    return _main(lambda: _uninstall(opts))
+
+
+def _main(fn) -> int:
+    import sys
+
+    from ..core.errors import EXIT_FAILED, EXIT_USAGE, CompatHookError
+
+    try:
+        return fn()
+    except InstallError as e:
+        sys.stderr.write(f"compat-hook: {e}\n")
+        return EXIT_FAILED
+    except CompatHookError as e:
+        sys.stderr.write(f"compat-hook: {e}\n")
+        return EXIT_USAGE
+
+
+def _install(opts) -> int:
     from ..core.atomic import replace
     from .checks import enforce
     from .files import read_text, write_atomic
@@ -207,7 +232,7 @@ def install(opts) -> int:
     return 0
 
 
-def uninstall(opts) -> int:
+def _uninstall(opts) -> int:
     from .files import read_text, remove
 
     main_path = os.path.abspath(opts.config or "/etc/containerd/config.toml")
