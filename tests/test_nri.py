@@ -196,7 +196,7 @@ def node(tmp_path_factory, libs):
 def _enabled(out: dict, recs: list, what: str) -> None:
     """compat-hook's hook ran (once) and the container loads the compat driver."""
     assert out["cuda"] == "12040" and out["libcuda"] == COMPAT_LIB, (what, out, recs)
-    assert [(r["event"], r["decision"]) for r in recs] == [("hook", "enable")], (what, recs)
+    assert [(r["event"], r["decision"], r.get("via")) for r in recs] == [("hook", "enable", "nri")], (what, recs)
 
 
 def _untouched(out: dict, recs: list, what: str) -> None:
@@ -213,8 +213,10 @@ def test_install_places_the_plugin_where_containerd_reads_it(node):
     compat_hook("install", "podman", "--hook-config", node.config, "--state-dir", node.state,
                 "--hooks-dir", node.work / "hooksd")
     hooksd = json.loads((node.work / "hooksd" / "50-compat-hook.json").read_text())
-    assert doc["hook"] == hooksd["hook"] and doc["stages"] == hooksd["stages"] == ["createContainer"], doc
-    assert doc["hook"]["args"][-4:] == ["--config", str(node.config), "--state-dir", str(node.state)], doc
+    assert doc["hook"]["args"][-2:] == ["--via", "nri"], doc  # what the log line will say
+    assert dict(doc["hook"], args=doc["hook"]["args"][:-2]) == hooksd["hook"], (doc, hooksd)
+    assert doc["stages"] == hooksd["stages"] == ["createContainer"], doc
+    assert doc["hook"]["args"][-6:-2] == ["--config", str(node.config), "--state-dir", str(node.state)], doc
     assert doc["log_file"] == str(node.work / "compat-hook.log"), doc
     # containerd started it (pre-registered, index 90 from its name).
     assert node.wait_plugin(True), node.daemon.log.read_text()[-3000:]
@@ -284,8 +286,16 @@ def test_killed_plugin_fails_open_and_a_restart_brings_it_back(node):
 def test_report_counts_the_fail_open(node):
     rep = json.loads(compat_hook("report", "--config", node.config, "--json"))
     failures = [f for p in rep["periods"] for f in p["failures"]["last"]]
-    assert [(f["reason"], f["container_id"], f["pod"]) for f in failures] == \
-        [("nri_plugin_missing", node.kept[0], "nri")], rep
+    assert [(f["event"], f["reason"], f["container_id"], f["pod"]) for f in failures] == \
+        [("fail_open", "nri_plugin_missing", node.kept[0], "nri")], rep
+    # The path is named: the hooks the plugin added, and its own line.
+    events = {}
+    for p in rep["periods"]:
+        for k, v in p["events"].items():
+            events[k] = events.get(k, 0) + v
+    assert events["fail_open/nri"] == 1 and events["hook/nri"] >= 3, events
+    text = compat_hook("report", "--config", node.config)
+    assert "hook/nri" in text and "nri_plugin_missing" in text, text
 
 
 def test_uninstall_removes_the_plugin(node):

@@ -100,6 +100,8 @@ def render_config(opts, created: list) -> str:
     from .hooksd import document
 
     doc = document(opts)
+    # The hook's log line then says which path added it (`"via": "nri"`).
+    doc["hook"]["args"] += ["--via", "nri"]
     doc["log_file"] = registered_log_file(opts.hook_config) or ""
     if created:
         doc["created_dirs"] = created
