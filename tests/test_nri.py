@@ -40,6 +40,7 @@ LIB_DIR = "/usr/lib/x86_64-linux-gnu"
 COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT}"
 COMMAND = ["/bin/sh", "-c", "/usr/local/bin/probe; echo dropins=$(ls /etc/ld.so.conf.d | tr '\\n' ' ')"]
 GPU = "nvidia.com/gpu=0"
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def nri_dropin(work: pathlib.Path) -> str:
@@ -229,6 +230,18 @@ def test_gpu_container_by_cdi_devices_gets_the_decision(node):
     _enabled(out, recs, "CDI_devices")
 
 
+def test_explain_names_the_path(node):
+    out, recs = node.run("gpu-explained", "compat", cdi=[GPU], keep=True)
+    _enabled(out, recs, "kept")
+    bundle = node.daemon.work / "state" / "io.containerd.runtime.v2.task" / "k8s.io" / node.kept[-1]
+    # In containerd's own mount namespace (the driver namespace), where the rootfs is mounted.
+    p = engines.sh("nsenter", "-t", node.daemon.pid, "-m", f"--wd={REPO}", "/usr/bin/python3", "-m", "compat_hook",
+                   "explain", "--bundle", bundle, "--config", node.config, "--json")
+    rep = json.loads(p.stdout)
+    assert rep["path"] == "nri: compat-hook's NRI plugin added the hook", rep["path"]
+    assert rep["request"]["gpu_requested"], rep["request"]
+
+
 def test_non_gpu_container_is_not_routed(node):
     out, recs = node.run("plain", "root")
     assert out["cuda"] is None and recs == [], (out, recs)  # no driver at all, and no hook ran
@@ -256,7 +269,7 @@ def test_killed_plugin_fails_open_and_a_restart_brings_it_back(node):
     out, recs = node.run("gpu-unrouted", "compat", cdi=[GPU], keep=True)
     assert time.monotonic() - t < 10
     _untouched(out, recs, "plugin killed")
-    [unrouted] = node.kept
+    unrouted = node.kept[-1]
     # containerd's restart starts the pre-registered plugin again; at its connection it finds the
     # GPU container created without it and says so in compat-hook's log (what `report` counts).
     node.log.mark()
@@ -287,7 +300,7 @@ def test_report_counts_the_fail_open(node):
     rep = json.loads(compat_hook("report", "--config", node.config, "--json"))
     failures = [f for p in rep["periods"] for f in p["failures"]["last"]]
     assert [(f["event"], f["reason"], f["container_id"], f["pod"]) for f in failures] == \
-        [("fail_open", "nri_plugin_missing", node.kept[0], "nri")], rep
+        [("fail_open", "nri_plugin_missing", node.kept[1], "nri")], rep
     # The path is named: the hooks the plugin added, and its own line.
     events = {}
     for p in rep["periods"]:
