@@ -312,6 +312,8 @@ def test_report_counts_the_fail_open(node):
 
 
 def test_uninstall_removes_the_plugin(node):
+    node.saved_conf = node.work / "external.conf"
+    node.saved_conf.write_text(node.conf_file.read_text())  # for the external plugin, below
     out = compat_hook("uninstall", "containerd", "--via", "nri", "--engine-config", node.daemon.main,
                       "--hook-config", node.config, "--state-dir", node.state, prefix=node.path_prefix())
     assert f"removed {node.plugin_file}" in out and f"removed {node.conf_file}" in out, out
@@ -321,6 +323,39 @@ def test_uninstall_removes_the_plugin(node):
     node.reconnect("gen4")
     out, recs = node.run("gpu-uninstalled", "compat", cdi=[GPU])
     _untouched(out, recs, "uninstalled")
+
+
+def test_external_plugin_reconnects_after_a_restart(node):
+    """The same binary as an external plugin (a DaemonSet's form): it connects to the NRI socket and,
+    when containerd restarts, connects again by itself."""
+    import subprocess
+
+    err = node.work / "external.err"
+    with open(err, "wb") as f:
+        proc = subprocess.Popen([str(node.plugin_src), "-socket", str(node.daemon.work / "nri.sock"),
+                                 "-config", str(node.saved_conf)], stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=engines.ENV, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while b"connected to containerd" not in err.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.1)
+        out, recs = node.run("gpu-external", "compat", cdi=[GPU])
+        _enabled(out, recs, "external plugin")
+        node.daemon.restart()
+        node.reconnect("gen5")
+        deadline = time.monotonic() + 30
+        while err.read_bytes().count(b"connected to containerd") < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.1)
+        out, recs = node.run("gpu-external-again", "compat", cdi=[GPU])
+        _enabled(out, recs, "external plugin after containerd's restart")
+        out, recs = node.run("plain-external", "root")
+        assert recs == [], recs
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=10)  # prompt exit on SIGTERM
+    assert code == 0, err.read_text()
 
 
 def test_zz_stop_leaves_nothing_behind(node):
