@@ -242,6 +242,20 @@ def test_explain_names_the_path(node):
     assert rep["request"]["gpu_requested"], rep["request"]
 
 
+def test_gpu_container_by_cdi_annotation_gets_the_decision(node):
+    # The device plugin's older form: a cdi.k8s.io/ annotation (containerd's CRI applies it as CDI too).
+    out, recs = node.run("gpu-annotated", "compat", annotations={"cdi.k8s.io/gpu": GPU})
+    _enabled(out, recs, "cdi.k8s.io annotation")
+
+
+def test_nvidia_nri_annotation_is_routed(node):
+    # What the NVIDIA toolkit's own NRI plugin injects CDI devices from; without that plugin here,
+    # the container gets no device, but compat-hook's hook runs (and decides from the spec).
+    out, recs = node.run("gpu-nvidia-annotation", "root",
+                         annotations={"nvidia.cdi.k8s.io/container.gpu-nvidia-annotation": GPU})
+    assert [(r["event"], r.get("via")) for r in recs] == [("hook", "nri")], recs
+
+
 def test_non_gpu_container_is_not_routed(node):
     out, recs = node.run("plain", "root")
     assert out["cuda"] is None and recs == [], (out, recs)  # no driver at all, and no hook ran
@@ -362,3 +376,61 @@ def test_zz_stop_leaves_nothing_behind(node):
     left = node.close()
     node.close = lambda: left
     assert not any(left.values()), left
+
+
+# --------------------------------------------------------------------------- the install command alone
+
+
+def _cli(*argv, env_path=engines.ENV["PATH"]):
+    import subprocess
+
+    return subprocess.run(["/usr/bin/env", f"PATH={env_path}", "/usr/bin/python3", "-m", "compat_hook", *map(str, argv)],
+                          cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+
+
+def _v3_config(tmp_path, nri: str) -> pathlib.Path:
+    main = tmp_path / "config.toml"
+    main.write_text(f"version = 3\n\n[plugins]\n  [plugins.'io.containerd.nri.v1.nri']\n{nri}")
+    return main
+
+
+def test_install_refuses_nri_off_and_writes_nothing(tmp_path):
+    main = _v3_config(tmp_path, f"    disable = true\n    plugin_path = '{tmp_path}/p'\n")
+    p = _cli("install", "containerd", "--via", "nri", "--engine-config", main, "--nri-plugin", kubebuild.nri_plugin(),
+             "--hook-config", default_config(tmp_path / "c.yaml", tmp_path))
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p
+    assert p.stderr.count("\n") == 1 and "NRI is off" in p.stderr, p.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_install_dry_run_then_foreign_files_refused_and_uninstall_idempotent(tmp_path):
+    plugins, confs = tmp_path / "nri" / "plugins", tmp_path / "nri" / "conf.d"
+    main = _v3_config(tmp_path, f"    plugin_path = '{plugins}'\n    plugin_config_path = '{confs}'\n")
+    cfg = default_config(tmp_path / "c.yaml", tmp_path)
+    args = ["containerd", "--via", "nri", "--engine-config", main, "--hook-config", cfg,
+            "--nri-plugin", kubebuild.nri_plugin()]
+    p = _cli("install", *args, "--dry-run")
+    assert p.returncode == 0 and f"would write {plugins}/90-compat-hook" in p.stdout and "--via" in p.stdout, p
+    assert not (tmp_path / "nri").exists()
+    p = _cli("install", *args)
+    assert p.returncode == 0 and (plugins / "90-compat-hook").is_file(), p
+    # Uninstall removes both files and the dirs install created; a second uninstall changes nothing.
+    p = _cli("uninstall", *args[:-2])
+    assert p.returncode == 0 and not (tmp_path / "nri").exists(), (p, list(tmp_path.rglob("*")))
+    p = _cli("uninstall", *args[:-2])
+    assert p.returncode == 0 and "nothing changed" in p.stdout, p
+    # Somebody else's plugin at our name: refused, untouched.
+    plugins.mkdir(parents=True)
+    (plugins / "90-compat-hook").write_text("#!/bin/sh\nexit 0\n")
+    p = _cli("install", *args)
+    assert p.returncode == 1 and "is not compat-hook's NRI plugin" in p.stderr, p
+    assert (plugins / "90-compat-hook").read_text() == "#!/bin/sh\nexit 0\n"
+    # Not our binary as --nri-plugin: refused.
+    p = _cli("install", *args[:-1], plugins / "90-compat-hook")
+    assert p.returncode == 1 and "is not compat-hook's NRI plugin" in p.stderr, p
+
+
+def test_via_nri_is_containerds_only(tmp_path):
+    p = _cli("install", "docker", "--via", "nri", "--dry-run", "--engine-config", tmp_path / "daemon.json")
+    assert p.returncode == 2 and p.stderr.strip() == \
+        "compat-hook: --via nri is containerd's (2.x); docker is registered without it", p
