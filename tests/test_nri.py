@@ -151,8 +151,8 @@ class NriNode:
             assert st.exit_code == 0, (st, text, self.daemon.log.read_text()[-3000:])
             self.client.remove_container(cid)
             return outcome(text), self.log.since(cid)
-        cfg = self.client.container_config(name, f"{IMAGE}:{tag}", [COMMAND[0], COMMAND[1], COMMAND[2] + "; exec sleep 600"],
-                                           annotations=annotations, cdi_devices=cdi)
+        command = [*COMMAND[:2], COMMAND[2] + "; exec sleep 600"]
+        cfg = self.client.container_config(name, f"{IMAGE}:{tag}", command, annotations=annotations, cdi_devices=cdi)
         cid = self.client.create_container(self.pod, self.sandbox, cfg)
         self.kept.append(cid)
         self.client.runtime.StartContainer(self.client.pb.StartContainerRequest(container_id=cid), timeout=60)
@@ -384,8 +384,8 @@ def test_zz_stop_leaves_nothing_behind(node):
 def _cli(*argv, env_path=engines.ENV["PATH"]):
     import subprocess
 
-    return subprocess.run(["/usr/bin/env", f"PATH={env_path}", "/usr/bin/python3", "-m", "compat_hook", *map(str, argv)],
-                          cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    argv = ["/usr/bin/env", f"PATH={env_path}", "/usr/bin/python3", "-m", "compat_hook", *map(str, argv)]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
 
 
 def _v3_config(tmp_path, nri: str) -> pathlib.Path:
