@@ -10,6 +10,10 @@ name the device as the kubelet passes a device plugin's or a DRA claim's: the CR
 ``CDI_devices`` field. The host driver is the only fake (a private mount namespace whose
 ``/proc/driver/nvidia/version`` says 535.261.03, older than the image's compat 550).
 
+One more spec, ``nvidia.com/gputk``, carries the toolkit's real v1.20.2 ``nvidia-cdi-hook`` hooks
+(create-symlinks, enable-cuda-compat, update-ldcache) as a generated spec does, for a GeForce host
+(``/proc/driver/nvidia/gpus/*/information`` in containerd's namespace).
+
 compat-hook is registered with ``compat-hook install containerd --via nri`` (the plugin
 built from packaging/nri into the test cache), pointed at the test containerd's config,
 so the plugin lands in the NRI directories that config names. What the container really
@@ -80,6 +84,7 @@ class NriNode:
 
     def __init__(self, work: pathlib.Path, tar: pathlib.Path, libs: dict) -> None:
         self.work = work
+        self.libs = libs
         self.config = default_config(work / "compat-hook.yaml", work)
         self.state = work / "compat-hook-state"
         self.log = Log(work / "compat-hook.log")
@@ -254,6 +259,42 @@ def test_nvidia_nri_annotation_is_routed(node):
     out, recs = node.run("gpu-nvidia-annotation", "root",
                          annotations={"nvidia.cdi.k8s.io/container.gpu-nvidia-annotation": GPU})
     assert [(r["event"], r.get("via")) for r in recs] == [("hook", "nri")], recs
+
+
+def test_geforce_host_with_the_toolkits_own_hooks(node):
+    """The GPU Operator's CDI mode as generated: the spec's edits carry the toolkit's real v1.20.2
+    hooks (create-symlinks, enable-cuda-compat, update-ldcache). On a GeForce host the toolkit alone
+    enables the compat driver (it never checks the brand); compat-hook's hook, added by the plugin and
+    run after the toolkit's, has the last word: the host's library."""
+    from tests.support import toolkit as tks
+
+    tk = tks.ensure()
+    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gputk",
+            "devices": [{"name": "0", "containerEdits": {
+                "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"}]}}],
+            "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"],
+                               "mounts": tks.cdi_mounts(node.libs[OLD], OLD), "hooks": tks.cdi_hooks(tk, OLD)}}
+    (node.daemon.work / "cdi" / "nvidia-toolkit.json").write_text(json.dumps(spec))
+    gpus = pathlib.Path(f"/proc/{node.daemon.pid}/root/proc/driver/nvidia/gpus/0000:01:00.0")
+    gpus.mkdir(parents=True)
+    (gpus / "information").write_text("Model: \t\t NVIDIA GeForce RTX 4090\nBus Location: \t 0000:01:00.0\n"
+                                      "Device Minor: \t 0\n")
+    try:
+        # Without compat-hook (opted out: the plugin leaves it): the toolkit's enable-cuda-compat stands.
+        out, recs = node.run("geforce-toolkit-alone", "compat", cdi=["nvidia.com/gputk=0"],
+                             annotations={"compat-hook/disable": "true"})
+        assert out["cuda"] == "12040" and out["libcuda"] == COMPAT_LIB, out
+        assert recs == [], recs
+        # With compat-hook through NRI: the host's library.
+        out, recs = node.run("geforce-routed", "compat", cdi=["nvidia.com/gputk=0"])
+        assert out["cuda"] == "12020" and out["libcuda"].startswith(f"{LIB_DIR}/libcuda.so."), (out, recs)
+        [rec] = recs
+        assert (rec["event"], rec["via"], rec["decision"], rec["reason"], rec["effect"]) == \
+            ("hook", "nri", "skip", "device_consumer", "host"), rec
+    finally:
+        (gpus / "information").unlink()
+        gpus.rmdir()
+        (node.daemon.work / "cdi" / "nvidia-toolkit.json").unlink()
 
 
 def test_non_gpu_container_is_not_routed(node):
