@@ -475,3 +475,15 @@ def test_via_nri_is_containerds_only(tmp_path):
     p = _cli("install", "docker", "--via", "nri", "--dry-run", "--engine-config", tmp_path / "daemon.json")
     assert p.returncode == 2 and p.stderr.strip() == \
         "compat-hook: --via nri is containerd's (2.x); docker is registered without it", p
+
+
+def test_plugin_unit_tests():
+    """packaging/nri's own Go tests (routing rules, configuration, the start time it reads)."""
+    import subprocess
+
+    from tests.support.engines import go_command
+
+    p = subprocess.run([go_command(), "test", "-count=1", "./..."], cwd=kubebuild.NRI_PLUGIN, env=kubebuild.go_env(),
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert p.stdout.startswith("ok"), p.stdout
