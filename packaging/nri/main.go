@@ -86,10 +86,11 @@ func parseConfig(text []byte) (*config, error) {
 }
 
 type plugin struct {
-	configFile string
-	mu         sync.Mutex
-	cfg        *config
-	logFile    string
+	configFile    string
+	mu            sync.Mutex
+	cfg           *config
+	logFile       string
+	logFromConfig bool
 }
 
 func (p *plugin) Configure(_ context.Context, text, runtime, version string) (api.EventMask, error) {
@@ -111,8 +112,9 @@ func (p *plugin) Configure(_ context.Context, text, runtime, version string) (ap
 	}
 	p.mu.Lock()
 	p.cfg = cfg
-	if cfg.LogFile != "" {
-		p.logFile = cfg.LogFile
+	if p.logFile == "" || p.logFromConfig {
+		// -log-file wins over the configuration's log_file.
+		p.logFile, p.logFromConfig = cfg.LogFile, true
 	}
 	p.mu.Unlock()
 	fmt.Fprintf(os.Stderr, "compat-hook-nri: connected to %s %s\n", runtime, version)
