@@ -10,7 +10,8 @@ the plugin built from packaging/nri, the default runtime plain runc). Each sampl
 (the ``root`` image, nothing that asks for a GPU) and a GPU container (``CDI_devices``
 ``nvidia.com/gpu=0``). The plugin is present or absent in alternating blocks of ``--iters``
 samples per kind within one run (absent: killed; present again: containerd restarted, which
-starts the pre-registered plugin), ``--rounds`` times, so load and drift hit both alike.
+starts the pre-registered plugin), ``--rounds`` times, the order flipped every round, so load,
+drift and what a kill or a restart leaves behind hit both alike.
 Reported: p50/p99 per kind with and without the plugin, the added p50/p99 (ms) and the ratio of
 the medians, and the plugin's peak RSS (VmHWM). Targets: a non-GPU container's added p50 within
 5 ms (a CreateContainer is ~25 ms on the CI machine kind, whose run-to-run noise is a few ms),
@@ -71,24 +72,29 @@ def main() -> int:
     n = 0
     try:
         node = NriNode(work, engines.build_image(work / "image", libs), libs)
-        for _ in range(args.rounds):
-            for on in (True, False):
-                if on:
-                    [pid] = node.wait_plugin(True)
-                else:
-                    [pid] = node.wait_plugin(True)
-                    os.kill(pid, signal.SIGKILL)
-                    assert not node.wait_plugin(False)
+        def plugin(on: bool) -> int | None:
+            """Make the plugin present (containerd restarted: it starts it) or absent (killed)."""
+            pids = node.wait_plugin(True, timeout=1)
+            if on and not pids:
+                node.daemon.restart()
+                pids = node.wait_plugin(True)
+                node.reconnect(f"gen-{n}")
+            elif not on and pids:
+                os.kill(pids[0], signal.SIGKILL)
+                assert not node.wait_plugin(False)
+            return pids[0] if on else None
+
+        for r in range(args.rounds):
+            # The order flips every round: whatever a kill or a restart does to the next block
+            # (a fresh containerd, a cold cache) falls on both sides alike.
+            for on in ((True, False) if r % 2 == 0 else (False, True)):
+                pid = plugin(on)
                 for i in range(args.iters):  # the two kinds interleaved
                     n += 1
                     samples[("non_gpu", on)].append(_create_ms(node, f"plain-{n}", "root"))
                     samples[("gpu", on)].append(_create_ms(node, f"gpu-{n}", "compat", [GPU]))
                 if on:
                     rss.append(_rss_kib(pid))
-                else:
-                    node.daemon.restart()
-                    node.wait_plugin(True)
-                    node.reconnect(f"gen-{n}")
     finally:
         if node is not None:
             node.close()
