@@ -6,6 +6,7 @@
 #   make bench  - run the benchmarks (benchmarks/README.md)
 #   make deb    - build dist/compat-hook_<version>_all.deb
 #   make wheel  - build dist/compat_hook-<version>-py3-none-any.whl (pip install it, in a venv)
+#   make nri-plugin - build dist/compat-hook-nri, the NRI plugin (Go; `install containerd --via nri`)
 
 PY ?= /usr/bin/python3
 APT ?= DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0
@@ -28,7 +29,7 @@ TEST_DEPS = $(DEMO_DEPS) python3-pytest python3-hypothesis crun containerd docke
 WHEEL_DEPS = python3-pip python3-setuptools python3-wheel
 WHEEL_OUT ?= dist
 
-.PHONY: deps-demo deps-test deps-wheel demo test test-only test-fast bench deb wheel clean
+.PHONY: deps-demo deps-test deps-wheel demo test test-only test-fast bench deb wheel nri-plugin clean
 
 deps-demo:
 	@$(PY) -c 'import yaml, elftools' 2>/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] || \
@@ -66,6 +67,12 @@ wheel: deps-wheel
 
 bench:
 	$(PY) benchmarks/run.py
+
+# The NRI plugin (packaging/nri, containerd's NRI stub), static (CGO off); modules from the Go proxy.
+GO ?= /usr/local/go/bin/go
+nri-plugin:
+	mkdir -p dist
+	cd packaging/nri && CGO_ENABLED=0 $(GO) build -trimpath -o ../../dist/compat-hook-nri .
 
 -include packaging/deb.mk
 

@@ -207,9 +207,13 @@ def _install_options(i, verb: str) -> None:
                    else "install's option, accepted here: uninstall takes back a default runtime that "
                         "names this runtime whether or not it is given")
     i.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
-    i.add_argument("--via", choices=("wrapper", "base-spec"), default="wrapper",
-                   help="containerd: the runtime wrapper as BinaryName (default), or the hook in a "
-                        "base_runtime_spec (app containers only)")
+    i.add_argument("--via", choices=("wrapper", "base-spec", "nri"), default="wrapper",
+                   help="containerd: the runtime wrapper as BinaryName (default), the hook in a "
+                        "base_runtime_spec (app containers only), or the NRI plugin, which adds the hook "
+                        "to every GPU container whatever runtime it names (containerd 2.x)")
+    i.add_argument("--nri-plugin", metavar="PATH",
+                   help="containerd --via nri: the built compat-hook-nri binary (default "
+                        "/usr/local/libexec/compat-hook/compat-hook-nri)")
     i.add_argument("--hooks-dir", metavar="DIR",
                    help="Podman/CRI-O: where the hooks.d file goes (default /usr/share/containers/oci/hooks.d)")
     i.add_argument("--wrapper-path", metavar="PATH",

@@ -85,9 +85,36 @@ def explain(config, *, rootfs: str | None = None, bundle: str | None = None,
         "toolkit": hook.toolkit,
         "rootfs": rootfs,
         "config": config.source,
+        "path": _path(spec),
     }
     report["summary"] = _summary(report)
     return report
+
+
+#: A hook entry of compat-hook's names its CLI module in its boot code (core.registration).
+_MARK = "compat_hook.cli"
+
+
+def _path(spec) -> str | None:
+    """How compat-hook reaches this bundle's container, from its spec's hooks (``None``: no bundle).
+
+    The NRI plugin's entry ends in ``--via nri``; an entry without it came from a hooks.d file,
+    a base runtime spec or the toolkit's chain; none at all: the runtime wrapper adds it at
+    create (its RuntimeClass), or nothing of compat-hook's routes this container.
+    """
+    if spec is None:
+        return None
+    hooks = spec.get("hooks") if isinstance(spec.get("hooks"), dict) else {}
+    for stage in ("createContainer", "prestart", "createRuntime", "startContainer"):
+        for h in hooks.get(stage) or []:
+            args = h.get("args") if isinstance(h, dict) else None
+            if not isinstance(args, list) or not any(isinstance(a, str) and _MARK in a for a in args):
+                continue
+            if args[-2:] == ["--via", "nri"]:
+                return "nri: compat-hook's NRI plugin added the hook"
+            return f"hook in the spec ({stage}: a hooks.d file, a base runtime spec or the wrapper)"
+    return ("no compat-hook hook in the spec: only the runtime wrapper (RuntimeClass cuda-compat) "
+            "would add it at create")
 
 
 def _losers(hook, wrapper) -> list:
@@ -184,6 +211,8 @@ def render_text(report: dict) -> str:
         out.append(f"  note: {n}")
     out.append("container:")
     out.append(f"  GPU requested: {'yes' if req['gpu_requested'] else 'no'}, {req['gpu_reason']}")
+    if report.get("path"):
+        out.append(f"  path: {report['path']}")
     if req["disabled"]:
         out.append(f"  opted out: {req['disabled_reason']}")
     if req["required_cuda"]:

@@ -31,7 +31,7 @@ STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "pos
 
 HELP = f"""\
 usage: compat-hook hook [--config FILE] [--stage STAGE] [--state-dir DIR] [--dry-run]
-                        [--host-root DIR] [--host-driver-version V]
+                        [--host-root DIR] [--host-driver-version V] [--via PATH]
 
 The OCI hook. A container engine runs it at container start with the container's
 state JSON on stdin; it decides whether the image's compat driver is used, makes
@@ -47,6 +47,8 @@ options:
   --host-root DIR        read host facts under DIR (default /; for testing)
   --host-driver-version V
                          assume this host kernel driver version (for testing)
+  --via PATH             the path that added this hook, recorded as "via" in the log line
+                         (nri: compat-hook's NRI plugin; set by the registration)
   -h, --help             show this help and exit (nothing is read or logged)
 
 exit status: 0 a decision was carried out, or any failure with on_error: continue
@@ -60,10 +62,14 @@ class HelpRequested(Exception):
     """``-h``/``--help``: print :data:`HELP`; not a run, so nothing is logged."""
 
 
+#: The paths a registration may name with ``--via`` (the others add the hook without it).
+VIAS = ("nri",)
+
+
 def _parse(argv: list) -> dict:
     # Hand-rolled: argparse costs ~5 ms to import, the hook's whole budget (docs/design.md, "Hot path rules").
     opts = {"config": None, "stage": None, "state_dir": None, "dry_run": False,
-            "host_root": None, "host_driver_version": None}
+            "host_root": None, "host_driver_version": None, "via": None}
     it = iter(argv)
     for a in it:
         key, eq, val = a.partition("=")
@@ -82,6 +88,8 @@ def _parse(argv: list) -> dict:
             raise UsageError(f"unknown argument: {a}")
     if opts["stage"] is not None and opts["stage"] not in STAGES:
         raise UsageError(f"unknown stage {opts['stage']!r} (one of {', '.join(STAGES)})")
+    if opts["via"] is not None and opts["via"] not in VIAS:
+        raise UsageError(f"unknown --via {opts['via']!r} (one of {', '.join(VIAS)})")
     return opts
 
 
@@ -117,6 +125,8 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
         finish(record, _config_for_log(argv, env), t0)
         return EXIT_USAGE, record
     record["stage"] = opts["stage"]
+    if opts["via"]:
+        record["via"] = opts["via"]
     state_dir = opts["state_dir"] or env.get("COMPAT_HOOK_STATE_DIR") or None
     started = False
     try:

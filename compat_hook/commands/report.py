@@ -203,6 +203,11 @@ class _Period:
             self.last = t
         self.records += 1
         event = str(r.get("event") or "?")
+        # The path that reached the container, where it is not the event itself: the hook an NRI
+        # plugin added ("via": "nri") and that plugin's own lines count as "hook/nri", "fail_open/nri".
+        via = r.get("via") if isinstance(r.get("via"), str) else ("nri" if r.get("component") == "nri" else None)
+        if via:
+            event = f"{event}/{via[:32]}"
         _bump(self.events, event, cap=16)
         decision, reason = str(r.get("decision") or "?"), str(r.get("reason") or "?")
         key = (decision, reason)

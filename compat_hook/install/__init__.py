@@ -36,8 +36,11 @@ class Options:
     runtime_name: str = "cuda-compat"
     set_as_default: bool = False
     dry_run: bool = False
-    #: containerd: ``wrapper`` (BinaryName) or ``base-spec`` (the hook in a base_runtime_spec).
+    #: containerd: ``wrapper`` (BinaryName), ``base-spec`` (the hook in a base_runtime_spec) or
+    #: ``nri`` (the NRI plugin: :mod:`compat_hook.install.nri`).
     via: str = "wrapper"
+    #: containerd ``--via nri``: the built compat-hook-nri binary to register (default: nri.DEFAULT_PLUGIN).
+    nri_plugin: str | None = None
     hooks_dir: str | None = None
     wrapper_path: str | None = None
     #: The hook's and the wrapper's state (cache) dir (default /var/lib/compat-hook).
@@ -71,12 +74,20 @@ def run_install(opts, uninstall: bool = False) -> int:
         from ..core.errors import UsageError
 
         raise UsageError(f"unknown engine {opts.engine!r} (one of {', '.join(ENGINES)})")
-    mod = importlib.import_module(f"compat_hook.install.{opts.engine.replace('-', '_')}")
-    if uninstall and opts.engine in _WITH_TOOLKIT:
+    if opts.via == "nri" and opts.engine != "containerd":
+        from ..core.errors import UsageError
+
+        raise UsageError(f"--via nri is containerd's (2.x); {opts.engine} is registered without it")
+    # containerd --via nri: the NRI plugin (its own module; the containerd module edits the CRI config).
+    name = "nri" if opts.engine == "containerd" and opts.via == "nri" else opts.engine.replace('-', '_')
+    mod = importlib.import_module(f"compat_hook.install.{name}")
+    # The NRI plugin sees every container, whatever runtime it names: the toolkit's chain is not needed.
+    with_toolkit = opts.engine in _WITH_TOOLKIT and opts.via != "nri"
+    if uninstall and with_toolkit:
         # First out of the toolkit's chain, then the wrapper it would name goes.
         _with_toolkit(opts, uninstall=True)
     status = (mod.uninstall if uninstall else mod.install)(opts)
-    if not uninstall and status == 0 and opts.engine in _WITH_TOOLKIT:
+    if not uninstall and status == 0 and with_toolkit:
         _with_toolkit(opts, uninstall=False)
     if uninstall and status == 0 and not opts.dry_run and opts.state_dir:
         _prune_state_dir(opts.state_dir)

@@ -71,16 +71,27 @@ class Client:
         self.runtime.StopPodSandbox(self.pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=self.timeout)
         self.runtime.RemovePodSandbox(self.pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=self.timeout)
 
+    def container_config(self, name: str, image: str, command=(), envs=None, annotations=None,
+                         log_path: str | None = None, cdi_devices=()):
+        """A ContainerConfig; ``cdi_devices``: CDI names (``nvidia.com/gpu=0``), as the kubelet passes
+        a device plugin's or a DRA claim's."""
+        pb = self.pb
+        return pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name), image=pb.ImageSpec(image=image),
+                                  command=list(command), log_path=log_path or f"{name}.log",
+                                  envs=[pb.KeyValue(key=k, value=v) for k, v in (envs or {}).items()],
+                                  annotations=annotations or {},
+                                  CDI_devices=[pb.CDIDevice(name=n) for n in cdi_devices])
+
+    def create_container(self, pod_id: str, sandbox_config, cfg) -> str:
+        return self.runtime.CreateContainer(self.pb.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=cfg, sandbox_config=sandbox_config), timeout=self.timeout).container_id
+
     def run_container(self, pod_id: str, sandbox_config, name: str, image: str, command=(), envs=None,
-                      annotations=None, log_path: str | None = None, wait: float = 60):
+                      annotations=None, log_path: str | None = None, wait: float = 60, cdi_devices=()):
         """Create, start and wait for a container to exit; returns ``(status, container_id)``."""
         pb = self.pb
-        cfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name), image=pb.ImageSpec(image=image),
-                                 command=list(command), log_path=log_path or f"{name}.log",
-                                 envs=[pb.KeyValue(key=k, value=v) for k, v in (envs or {}).items()],
-                                 annotations=annotations or {})
-        cid = self.runtime.CreateContainer(pb.CreateContainerRequest(
-            pod_sandbox_id=pod_id, config=cfg, sandbox_config=sandbox_config), timeout=self.timeout).container_id
+        cfg = self.container_config(name, image, command, envs, annotations, log_path, cdi_devices)
+        cid = self.create_container(pod_id, sandbox_config, cfg)
         self.runtime.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=self.timeout)
         deadline = time.monotonic() + wait
         while True:

@@ -10,6 +10,7 @@
   that ship in its own module.
 * ``helm()``: ``helm.sh/helm/v4/cmd/helm@HELM_VERSION``.
 * ``upgrade_harness()``: tests/upgrade_harness, which runs NVIDIA's own upgrade state machine.
+* ``nri_plugin()``: compat-hook's NRI plugin (packaging/nri, containerd's NRI stub), per content hash.
 
 All share one GOPATH/GOCACHE under the cache (``go-k8s/``) so module downloads and compiled
 packages are reused between them; each final binary lands in its own directory by rename
@@ -32,6 +33,7 @@ KUBE_VERSION = "v1.34.2"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v4.3.2"
 HARNESS = pathlib.Path(__file__).resolve().parents[1] / "upgrade_harness"
+NRI_PLUGIN = pathlib.Path(__file__).resolve().parents[2] / "packaging" / "nri"
 Path = pathlib.Path
 
 
@@ -167,10 +169,30 @@ def upgrade_harness() -> Path:
     return final / "upgrade-harness"
 
 
+def nri_plugin() -> Path:
+    """packaging/nri (``compat-hook-nri``) built once per content hash of its sources (~40 s the first time)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(NRI_PLUGIN.iterdir()):
+        if f.is_file() and (f.suffix == ".go" or f.name in ("go.mod", "go.sum")):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    final = cache_dir() / "compat-hook-nri" / h.hexdigest()[:16]
+
+    def build(tmp: Path) -> None:
+        work = tmp / "src"
+        shutil.copytree(NRI_PLUGIN, work)
+        _go("build", "-trimpath", "-o", str(tmp / "compat-hook-nri"), ".", cwd=work, timeout=1800)
+        shutil.rmtree(work)
+
+    ensure_dir(final, build, lock="compat-hook-nri")
+    return final / "compat-hook-nri"
+
+
 if __name__ == "__main__":  # pragma: no cover - a convenience for warming the cache
     fns = {"kube-apiserver": kube_apiserver, "kube-controller-manager": kube_controller_manager,
            "kube-scheduler": kube_scheduler, "kubelet": kubelet, "kwok": kwok, "helm": helm,
-           "harness": upgrade_harness}
+           "harness": upgrade_harness, "nri": nri_plugin}
     which = sys.argv[1:] or list(fns)
     for name in which:
         print(name, fns[name](), flush=True)

@@ -1,0 +1,489 @@
+"""compat-hook's NRI plugin on a real containerd 2.x, driven through the CRI as the kubelet drives it.
+
+containerd 2.x (Debian sid's, tests/support/engines.py ``containerd2()``) runs as the GPU
+Operator sets it up in CDI mode: ``enable_cdi``, the default runtime plain runc (no
+RuntimeClass, no wrapper), NRI on. A CDI spec for ``nvidia.com/gpu`` carries what the
+toolkit's would: the device node (``/dev/nvidia0``, here backed by ``/dev/null``: no GPU),
+the host's real Debian ``libcuda.so.<host>`` mounted at ``libcuda.so.1``, and
+``NVIDIA_VISIBLE_DEVICES=void`` (which overrides the CUDA image's ``all``). Containers
+name the device as the kubelet passes a device plugin's or a DRA claim's: the CRI
+``CDI_devices`` field. The host driver is the only fake (a private mount namespace whose
+``/proc/driver/nvidia/version`` says 535.261.03, older than the image's compat 550).
+
+One more spec, ``nvidia.com/gputk``, carries the toolkit's real v1.20.2 ``nvidia-cdi-hook`` hooks
+(create-symlinks, enable-cuda-compat, update-ldcache) as a generated spec does, for a GeForce host
+(``/proc/driver/nvidia/gpus/*/information`` in containerd's namespace).
+
+compat-hook is registered with ``compat-hook install containerd --via nri`` (the plugin
+built from packaging/nri into the test cache), pointed at the test containerd's config,
+so the plugin lands in the NRI directories that config names. What the container really
+loads is the probe's answer (tests/support/probe.c): the compat driver (CUDA 12040) when
+compat-hook's hook ran and enabled it, the host's (12020) when it did not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import time
+
+import pytest
+
+from tests import cri
+from tests.support import debs, engines, kubebuild
+from tests.support.versions import COMPAT_550, HOST_535
+from tests.test_live_engines import Log, compat_hook, default_config, outcome
+
+pytestmark = pytest.mark.containers
+
+OLD, COMPAT = HOST_535, COMPAT_550
+IMAGE = "docker.io/library/bb"
+LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT}"
+COMMAND = ["/bin/sh", "-c", "/usr/local/bin/probe; echo dropins=$(ls /etc/ld.so.conf.d | tr '\\n' ' ')"]
+GPU = "nvidia.com/gpu=0"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def nri_dropin(work: pathlib.Path) -> str:
+    """NRI on with the test's own socket and dirs; CDI on with the test's spec dir (containerd 2.x merges it)."""
+    return f"""\
+version = 3
+
+[plugins]
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = false
+    socket_path = "{work}/nri.sock"
+    plugin_path = "{work}/nri/plugins"
+    plugin_config_path = "{work}/nri/conf.d"
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_cdi = true
+    cdi_spec_dirs = ["{work}/cdi"]
+"""
+
+
+def cdi_spec(libs: dict, host: str) -> dict:
+    lib = str(libs[host])
+    opts = ["ro", "nosuid", "nodev", "bind"]
+    return {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": {
+            "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"}]}}],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "mounts": [{"hostPath": lib, "containerPath": f"{LIB_DIR}/libcuda.so.{host}", "options": opts},
+                       {"hostPath": lib, "containerPath": f"{LIB_DIR}/libcuda.so.1", "options": opts}]},
+    }
+
+
+class NriNode:
+    """containerd 2.x with NRI and CDI on, compat-hook registered through NRI, one pod sandbox on runc."""
+
+    def __init__(self, work: pathlib.Path, tar: pathlib.Path, libs: dict) -> None:
+        self.work = work
+        self.libs = libs
+        self.config = default_config(work / "compat-hook.yaml", work)
+        self.state = work / "compat-hook-state"
+        self.log = Log(work / "compat-hook.log")
+        self.daemon = engines.Containerd(work / "daemon", bin_dir=str(engines.containerd2()),
+                                         pause_image=f"{IMAGE}:pause")
+        d = self.daemon.work
+        (self.daemon.main.parent / "conf.d").mkdir(exist_ok=True)
+        (self.daemon.main.parent / "conf.d" / "10-nri-cdi.toml").write_text(nri_dropin(d))
+        (d / "cdi").mkdir()
+        (d / "cdi" / "nvidia.json").write_text(json.dumps(cdi_spec(libs, OLD)))
+        self.plugin_src = kubebuild.nri_plugin()
+        self.install_out = self.install()
+        self.daemon.start(OLD)
+        self.daemon.import_images(tar)
+        self.client = cri.Client(str(self.daemon.sock), work / "gen")
+        self.kept: list = []
+        self.pods = work / "pods"
+        self.pods.mkdir()
+        self.sandbox = self.client.sandbox_config("nri", str(self.pods))
+        self.pod = self.client.run_pod(self.sandbox, "")  # the default runtime: plain runc
+
+    def install(self, *extra) -> str:
+        return compat_hook("install", "containerd", "--via", "nri", "--engine-config", self.daemon.main,
+                           "--hook-config", self.config, "--state-dir", self.state,
+                           "--nri-plugin", self.plugin_src, *extra, prefix=self.path_prefix())
+
+    def path_prefix(self) -> list:
+        # `compat-hook install` finds containerd on PATH (its `config dump` says where NRI's dirs are).
+        return ["/usr/bin/env", f"PATH={engines.containerd2()}:{engines.ENV['PATH']}"]
+
+    @property
+    def plugin_file(self) -> pathlib.Path:
+        return self.daemon.work / "nri" / "plugins" / "90-compat-hook"
+
+    @property
+    def conf_file(self) -> pathlib.Path:
+        return self.daemon.work / "nri" / "conf.d" / "90-compat-hook.conf"
+
+    def plugin_pids(self) -> list:
+        pids = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    if os.readlink(f"/proc/{pid}/exe") == str(self.plugin_file):
+                        pids.append(int(pid))
+                except OSError:
+                    pass
+        return pids
+
+    def wait_plugin(self, present: bool, timeout: float = 20) -> list:
+        deadline = time.monotonic() + timeout
+        while True:
+            pids = self.plugin_pids()
+            if bool(pids) == present or time.monotonic() > deadline:
+                return pids
+            time.sleep(0.1)
+
+    def run(self, name: str, tag: str, cdi=(), annotations=None, keep: bool = False):
+        """Run the probe: ``(outcome, compat-hook log records of this container)``.
+
+        ``keep``: the container sleeps on after the probe and stays (containerd lists running
+        containers to a plugin that connects later)."""
+        self.log.mark()
+        log = self.pods / f"{name}.log"
+        if not keep:
+            st, cid = self.client.run_container(self.pod, self.sandbox, name, f"{IMAGE}:{tag}", command=COMMAND,
+                                                cdi_devices=cdi, annotations=annotations)
+            text = cri.read_log(log)
+            assert st.exit_code == 0, (st, text, self.daemon.log.read_text()[-3000:])
+            self.client.remove_container(cid)
+            return outcome(text), self.log.since(cid)
+        command = [*COMMAND[:2], COMMAND[2] + "; exec sleep 600"]
+        cfg = self.client.container_config(name, f"{IMAGE}:{tag}", command, annotations=annotations, cdi_devices=cdi)
+        cid = self.client.create_container(self.pod, self.sandbox, cfg)
+        self.kept.append(cid)
+        self.client.runtime.StartContainer(self.client.pb.StartContainerRequest(container_id=cid), timeout=60)
+        deadline = time.monotonic() + 60
+        while not (log.exists() and "dropins=" in cri.read_log(log)):
+            assert time.monotonic() < deadline, "the probe did not answer"
+            time.sleep(0.05)
+        return outcome(cri.read_log(log)), self.log.since(cid)
+
+    def reconnect(self, gen: str) -> None:
+        old, self.client = self.client, cri.Client(str(self.daemon.sock), self.work / gen)
+        old.close()
+
+    def close(self) -> dict:
+        try:
+            for cid in self.kept:
+                self.client.runtime.StopContainer(self.client.pb.StopContainerRequest(container_id=cid, timeout=0),
+                                                  timeout=60)
+                self.client.remove_container(cid)
+            self.client.remove_pod(self.pod)
+        finally:
+            self.client.close()
+        return self.daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def libs() -> dict:
+    return {v: debs.libcuda(v) for v in (OLD, COMPAT)}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, libs):
+    work = tmp_path_factory.mktemp("nri")
+    tar = engines.build_image(work / "image", libs)
+    n = NriNode(work, tar, libs)
+    try:
+        yield n
+    finally:
+        n.left = n.close()
+
+
+def _enabled(out: dict, recs: list, what: str) -> None:
+    """compat-hook's hook ran (once) and the container loads the compat driver."""
+    assert out["cuda"] == "12040" and out["libcuda"] == COMPAT_LIB, (what, out, recs)
+    assert [(r["event"], r["decision"], r.get("via")) for r in recs] == [("hook", "enable", "nri")], (what, recs)
+
+
+def _untouched(out: dict, recs: list, what: str) -> None:
+    """No compat-hook hook ran at all; the container loads what it was given (the host's 535 driver)."""
+    assert out["cuda"] == "12020" and out["libcuda"].startswith(f"{LIB_DIR}/libcuda.so."), (what, out, recs)
+    assert recs == [], (what, recs)
+
+
+def test_install_places_the_plugin_where_containerd_reads_it(node):
+    assert "restart containerd" in node.install_out, node.install_out
+    assert node.plugin_file.stat().st_mode & 0o111
+    doc = json.loads(node.conf_file.read_text())
+    # The same hook entry the hooks.d file carries (one renderer), plus the plugin's trace target.
+    compat_hook("install", "podman", "--hook-config", node.config, "--state-dir", node.state,
+                "--hooks-dir", node.work / "hooksd")
+    hooksd = json.loads((node.work / "hooksd" / "50-compat-hook.json").read_text())
+    assert doc["hook"]["args"][-2:] == ["--via", "nri"], doc  # what the log line will say
+    assert dict(doc["hook"], args=doc["hook"]["args"][:-2]) == hooksd["hook"], (doc, hooksd)
+    assert doc["stages"] == hooksd["stages"] == ["createContainer"], doc
+    assert doc["hook"]["args"][-6:-2] == ["--config", str(node.config), "--state-dir", str(node.state)], doc
+    assert doc["log_file"] == str(node.work / "compat-hook.log"), doc
+    # containerd started it (pre-registered, index 90 from its name).
+    assert node.wait_plugin(True), node.daemon.log.read_text()[-3000:]
+    # A second install changes nothing.
+    assert "nothing changed" in node.install()
+
+
+def test_gpu_container_by_cdi_devices_gets_the_decision(node):
+    out, recs = node.run("gpu", "compat", cdi=[GPU])
+    _enabled(out, recs, "CDI_devices")
+
+
+def test_explain_names_the_path(node):
+    out, recs = node.run("gpu-explained", "compat", cdi=[GPU], keep=True)
+    _enabled(out, recs, "kept")
+    bundle = node.daemon.work / "state" / "io.containerd.runtime.v2.task" / "k8s.io" / node.kept[-1]
+    # In containerd's own mount namespace (the driver namespace), where the rootfs is mounted.
+    p = engines.sh("nsenter", "-t", node.daemon.pid, "-m", f"--wd={REPO}", "/usr/bin/python3", "-m", "compat_hook",
+                   "explain", "--bundle", bundle, "--config", node.config, "--json")
+    rep = json.loads(p.stdout)
+    assert rep["path"] == "nri: compat-hook's NRI plugin added the hook", rep["path"]
+    assert rep["request"]["gpu_requested"], rep["request"]
+
+
+def test_gpu_container_by_cdi_annotation_gets_the_decision(node):
+    # The device plugin's older form: a cdi.k8s.io/ annotation (containerd's CRI applies it as CDI too).
+    out, recs = node.run("gpu-annotated", "compat", annotations={"cdi.k8s.io/gpu": GPU})
+    _enabled(out, recs, "cdi.k8s.io annotation")
+
+
+def test_nvidia_nri_annotation_is_routed(node):
+    # What the NVIDIA toolkit's own NRI plugin injects CDI devices from; without that plugin here,
+    # the container gets no device, but compat-hook's hook runs (and decides from the spec).
+    out, recs = node.run("gpu-nvidia-annotation", "root",
+                         annotations={"nvidia.cdi.k8s.io/container.gpu-nvidia-annotation": GPU})
+    assert [(r["event"], r.get("via")) for r in recs] == [("hook", "nri")], recs
+
+
+def test_geforce_host_with_the_toolkits_own_hooks(node):
+    """The GPU Operator's CDI mode as generated: the spec's edits carry the toolkit's real v1.20.2
+    hooks (create-symlinks, enable-cuda-compat, update-ldcache). On a GeForce host the toolkit alone
+    enables the compat driver (it never checks the brand); compat-hook's hook, added by the plugin and
+    run after the toolkit's, has the last word: the host's library."""
+    from tests.support import toolkit as tks
+
+    tk = tks.ensure()
+    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gputk",
+            "devices": [{"name": "0", "containerEdits": {
+                "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"}]}}],
+            "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"],
+                               "mounts": tks.cdi_mounts(node.libs[OLD], OLD), "hooks": tks.cdi_hooks(tk, OLD)}}
+    (node.daemon.work / "cdi" / "nvidia-toolkit.json").write_text(json.dumps(spec))
+    gpus = pathlib.Path(f"/proc/{node.daemon.pid}/root/proc/driver/nvidia/gpus/0000:01:00.0")
+    gpus.mkdir(parents=True)
+    (gpus / "information").write_text("Model: \t\t NVIDIA GeForce RTX 4090\nBus Location: \t 0000:01:00.0\n"
+                                      "Device Minor: \t 0\n")
+    try:
+        # Without compat-hook (opted out: the plugin leaves it): the toolkit's enable-cuda-compat stands.
+        out, recs = node.run("geforce-toolkit-alone", "compat", cdi=["nvidia.com/gputk=0"],
+                             annotations={"compat-hook/disable": "true"})
+        assert out["cuda"] == "12040" and out["libcuda"] == COMPAT_LIB, out
+        assert recs == [], recs
+        # With compat-hook through NRI: the host's library.
+        out, recs = node.run("geforce-routed", "compat", cdi=["nvidia.com/gputk=0"])
+        assert out["cuda"] == "12020" and out["libcuda"].startswith(f"{LIB_DIR}/libcuda.so."), (out, recs)
+        [rec] = recs
+        assert (rec["event"], rec["via"], rec["decision"], rec["reason"], rec["effect"]) == \
+            ("hook", "nri", "skip", "device_consumer", "host"), rec
+    finally:
+        (gpus / "information").unlink()
+        gpus.rmdir()
+        (node.daemon.work / "cdi" / "nvidia-toolkit.json").unlink()
+
+
+def test_non_gpu_container_is_not_routed(node):
+    out, recs = node.run("plain", "root")
+    assert out["cuda"] is None and recs == [], (out, recs)  # no driver at all, and no hook ran
+
+
+def test_cuda_image_without_a_device_is_not_routed(node):
+    # The CUDA image says NVIDIA_VISIBLE_DEVICES=all, but nothing gave it a device: the plugin
+    # routes by env as NVIDIA's runtime would; the hook then decides (and finds the host's library missing).
+    out, recs = node.run("env-only", "compat")
+    assert [r["event"] for r in recs] == ["hook"], recs
+
+
+def test_opt_out_annotation_is_honoured(node):
+    out, recs = node.run("opted-out", "compat", cdi=[GPU], annotations={"compat-hook/disable": "true"})
+    _untouched(out, recs, "compat-hook/disable")
+
+
+def test_killed_plugin_fails_open_and_a_restart_brings_it_back(node):
+    [pid] = node.wait_plugin(True)
+    os.kill(pid, signal.SIGKILL)
+    assert not node.wait_plugin(False), "the plugin is still there"
+    # Fail-open (containerd 2.1 cannot require a plugin): the GPU container is created, without
+    # compat-hook, and promptly.
+    t = time.monotonic()
+    out, recs = node.run("gpu-unrouted", "compat", cdi=[GPU], keep=True)
+    assert time.monotonic() - t < 10
+    _untouched(out, recs, "plugin killed")
+    unrouted = node.kept[-1]
+    # containerd's restart starts the pre-registered plugin again; at its connection it finds the
+    # GPU container created without it and says so in compat-hook's log (what `report` counts).
+    node.log.mark()
+    node.daemon.restart()
+    assert node.wait_plugin(True), node.daemon.log.read_text()[-3000:]
+    node.reconnect("gen2")
+    deadline = time.monotonic() + 10
+    while not node.log.since() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    trace = node.log.since()
+    assert [(r["event"], r["decision"], r["reason"], r["component"], r["container_id"], r["container_name"])
+            for r in trace] == [("fail_open", "error", "nri_plugin_missing", "nri", unrouted, "gpu-unrouted")], trace
+    assert trace[0]["pod"] == "nri" and trace[0]["namespace"] == "compat-hook-tests", trace
+    # The next container is routed again.
+    out, recs = node.run("gpu-after-restart", "compat", cdi=[GPU])
+    _enabled(out, recs, "after containerd's restart")
+    # Another restart: the same container is not reported twice; routed containers never are.
+    node.log.mark()
+    node.daemon.restart()
+    assert node.wait_plugin(True)
+    node.reconnect("gen3")
+    out, recs = node.run("gpu-after-second-restart", "compat", cdi=[GPU])
+    _enabled(out, recs, "after a second restart")
+    assert [r for r in node.log.since() if r.get("component") == "nri"] == []
+
+
+def test_report_counts_the_fail_open(node):
+    rep = json.loads(compat_hook("report", "--config", node.config, "--json"))
+    failures = [f for p in rep["periods"] for f in p["failures"]["last"]]
+    assert [(f["event"], f["reason"], f["container_id"], f["pod"]) for f in failures] == \
+        [("fail_open", "nri_plugin_missing", node.kept[1], "nri")], rep
+    # The path is named: the hooks the plugin added, and its own line.
+    events = {}
+    for p in rep["periods"]:
+        for k, v in p["events"].items():
+            events[k] = events.get(k, 0) + v
+    assert events["fail_open/nri"] == 1 and events["hook/nri"] >= 3, events
+    text = compat_hook("report", "--config", node.config)
+    assert "hook/nri" in text and "nri_plugin_missing" in text, text
+
+
+def test_uninstall_removes_the_plugin(node):
+    node.saved_conf = node.work / "external.conf"
+    node.saved_conf.write_text(node.conf_file.read_text())  # for the external plugin, below
+    out = compat_hook("uninstall", "containerd", "--via", "nri", "--engine-config", node.daemon.main,
+                      "--hook-config", node.config, "--state-dir", node.state, prefix=node.path_prefix())
+    assert f"removed {node.plugin_file}" in out and f"removed {node.conf_file}" in out, out
+    assert not (node.daemon.work / "nri").exists(), list((node.daemon.work / "nri").rglob("*"))
+    node.daemon.restart()
+    assert not node.wait_plugin(True, timeout=3)
+    node.reconnect("gen4")
+    out, recs = node.run("gpu-uninstalled", "compat", cdi=[GPU])
+    _untouched(out, recs, "uninstalled")
+
+
+def test_external_plugin_reconnects_after_a_restart(node):
+    """The same binary as an external plugin (a DaemonSet's form): it connects to the NRI socket and,
+    when containerd restarts, connects again by itself."""
+    import subprocess
+
+    err = node.work / "external.err"
+    with open(err, "wb") as f:
+        proc = subprocess.Popen([str(node.plugin_src), "-socket", str(node.daemon.work / "nri.sock"),
+                                 "-config", str(node.saved_conf)], stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=engines.ENV, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while b"connected to containerd" not in err.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.1)
+        out, recs = node.run("gpu-external", "compat", cdi=[GPU])
+        _enabled(out, recs, "external plugin")
+        node.daemon.restart()
+        node.reconnect("gen5")
+        deadline = time.monotonic() + 30
+        while err.read_bytes().count(b"connected to containerd") < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.1)
+        out, recs = node.run("gpu-external-again", "compat", cdi=[GPU])
+        _enabled(out, recs, "external plugin after containerd's restart")
+        out, recs = node.run("plain-external", "root")
+        assert recs == [], recs
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=10)  # prompt exit on SIGTERM
+    assert code == 0, err.read_text()
+
+
+def test_zz_stop_leaves_nothing_behind(node):
+    left = node.close()
+    node.close = lambda: left
+    assert not any(left.values()), left
+
+
+# --------------------------------------------------------------------------- the install command alone
+
+
+def _cli(*argv, env_path=engines.ENV["PATH"]):
+    import subprocess
+
+    argv = ["/usr/bin/env", f"PATH={env_path}", "/usr/bin/python3", "-m", "compat_hook", *map(str, argv)]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+
+
+def _v3_config(tmp_path, nri: str) -> pathlib.Path:
+    main = tmp_path / "config.toml"
+    main.write_text(f"version = 3\n\n[plugins]\n  [plugins.'io.containerd.nri.v1.nri']\n{nri}")
+    return main
+
+
+def test_install_refuses_nri_off_and_writes_nothing(tmp_path):
+    main = _v3_config(tmp_path, f"    disable = true\n    plugin_path = '{tmp_path}/p'\n")
+    p = _cli("install", "containerd", "--via", "nri", "--engine-config", main, "--nri-plugin", kubebuild.nri_plugin(),
+             "--hook-config", default_config(tmp_path / "c.yaml", tmp_path))
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p
+    assert p.stderr.count("\n") == 1 and "NRI is off" in p.stderr, p.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_install_dry_run_then_foreign_files_refused_and_uninstall_idempotent(tmp_path):
+    plugins, confs = tmp_path / "nri" / "plugins", tmp_path / "nri" / "conf.d"
+    main = _v3_config(tmp_path, f"    plugin_path = '{plugins}'\n    plugin_config_path = '{confs}'\n")
+    cfg = default_config(tmp_path / "c.yaml", tmp_path)
+    args = ["containerd", "--via", "nri", "--engine-config", main, "--hook-config", cfg,
+            "--nri-plugin", kubebuild.nri_plugin()]
+    p = _cli("install", *args, "--dry-run")
+    assert p.returncode == 0 and f"would write {plugins}/90-compat-hook" in p.stdout and "--via" in p.stdout, p
+    assert not (tmp_path / "nri").exists()
+    p = _cli("install", *args)
+    assert p.returncode == 0 and (plugins / "90-compat-hook").is_file(), p
+    # Uninstall removes both files and the dirs install created; a second uninstall changes nothing.
+    p = _cli("uninstall", *args[:-2])
+    assert p.returncode == 0 and not (tmp_path / "nri").exists(), (p, list(tmp_path.rglob("*")))
+    p = _cli("uninstall", *args[:-2])
+    assert p.returncode == 0 and "nothing changed" in p.stdout, p
+    # Somebody else's plugin at our name: refused, untouched.
+    plugins.mkdir(parents=True)
+    (plugins / "90-compat-hook").write_text("#!/bin/sh\nexit 0\n")
+    p = _cli("install", *args)
+    assert p.returncode == 1 and "is not compat-hook's NRI plugin" in p.stderr, p
+    assert (plugins / "90-compat-hook").read_text() == "#!/bin/sh\nexit 0\n"
+    # Not our binary as --nri-plugin: refused.
+    p = _cli("install", *args[:-1], plugins / "90-compat-hook")
+    assert p.returncode == 1 and "is not compat-hook's NRI plugin" in p.stderr, p
+
+
+def test_via_nri_is_containerds_only(tmp_path):
+    p = _cli("install", "docker", "--via", "nri", "--dry-run", "--engine-config", tmp_path / "daemon.json")
+    assert p.returncode == 2 and p.stderr.strip() == \
+        "compat-hook: --via nri is containerd's (2.x); docker is registered without it", p
+
+
+def test_plugin_unit_tests():
+    """packaging/nri's own Go tests (routing rules, configuration, the start time it reads)."""
+    import subprocess
+
+    from tests.support.engines import go_command
+
+    p = subprocess.run([go_command(), "test", "-count=1", "./..."], cwd=kubebuild.NRI_PLUGIN, env=kubebuild.go_env(),
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert p.stdout.startswith("ok"), p.stdout
