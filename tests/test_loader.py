@@ -276,3 +276,49 @@ def test_the_order_is_ldconfigs(tmp_path, conf_text, ours_wins):
     subprocess.run([LDCONFIG, "-r", str(root)], check=True, timeout=30)
     assert (_cache_dir(root) == "/opt/host") is ours_wins
     assert (eff["result"] == "host") is ours_wins, eff
+
+
+def test_the_programs_own_env_is_found_and_only_its_links_predict(make_rootfs, fake_host):
+    """A pixi env nothing names but the container's program (``args[0]``), beside a micromamba env."""
+    pixi, mamba = "app/.pixi/envs/cuda", "home/app/.local/share/mamba/envs/x"
+    tree = {"etc/passwd": "app:x:1000:1000::/home/app:/bin/sh\n", f"{pixi}/bin/probe": b"\x7fELF",
+            "etc/ld.so.conf": "include /etc/ld.so.conf.d/*.conf\n",
+            "etc/ld.so.conf.d/x86_64-linux-gnu.conf": "/usr/lib/x86_64-linux-gnu\n"}
+    for prefix, ver in ((pixi, "550.163.01"), (mamba, "555.58.02")):
+        tree.update({f"{prefix}/cuda-compat/libcuda.so.{ver}": elf(None),
+                     f"{prefix}/cuda-compat/libcuda.so.1": Symlink(f"libcuda.so.{ver}"),
+                     f"{prefix}/lib/libcuda.so.1": Symlink(f"/{prefix}/cuda-compat/libcuda.so.1"),
+                     f"{prefix}/conda-meta/cuda-compat-impl-{ver}-h0_0.json": "{}"})
+    rootfs = make_rootfs(tree)
+    with Root(str(rootfs)) as root:
+        assert loader.exe_prefix(root, f"/{pixi}/bin/probe") == f"/{pixi}"
+        assert loader.exe_prefix(root, "probe", {"PATH": f"/usr/bin:/{pixi}/bin"}) == f"/{pixi}"
+        assert loader.exe_prefix(root, "/usr/bin/python3") is None
+    spec = _spec(rootfs, ["NVIDIA_VISIBLE_DEVICES=all"])
+    spec["process"]["args"] = [f"/{pixi}/bin/probe"]
+    with Root(str(rootfs)) as root:
+        # a 535 host: the 555 mamba driver is chosen; the program's RUNPATH still reaches its own env's link
+        a = assess(config_for(None), Request.from_spec(spec), root, spec=spec, host=HostFacts(
+            driver_version=(535, 261, 3), arch="x86_64"), actors=("hook",), mount_ns=False, toolkit=True, full=True)
+    assert {c.prefix for c in a.image.all()} == {f"/{pixi}", f"/{mamba}"}
+    assert a.decision.compat_dir == f"/{mamba}/cuda-compat"
+    # outside the mount namespace the hook cannot hide the pixi dir: its link wins, and explain says so
+    assert a.toolkit["with_hook"]["dir"] == f"/{pixi}/cuda-compat"
+    assert any("links into" in w for w in a.warnings)
+
+
+def test_an_env_lib_dir_on_ld_library_path_reaches_its_cuda_compat(make_rootfs):
+    prefix = "app/.pixi/envs/default"
+    rootfs = make_rootfs({f"{prefix}/cuda-compat/libcuda.so.550.163.01": elf(None),
+                          f"{prefix}/cuda-compat/libcuda.so.1": Symlink("libcuda.so.550.163.01"),
+                          f"{prefix}/lib/libcuda.so.1": Symlink("../cuda-compat/libcuda.so.1"),
+                          f"{prefix}/conda-meta/x.json": "{}"})
+    env = ["NVIDIA_VISIBLE_DEVICES=all", f"LD_LIBRARY_PATH=/{prefix}/lib:/usr/lib/x86_64-linux-gnu",
+           f"PATH=/{prefix}/bin:/usr/bin"]
+    spec = _spec(rootfs, env)
+    with Root(str(rootfs)) as root:
+        a = assess(config_for(None), Request.from_spec(spec), root, spec=spec, host=HostFacts(
+            driver_version=(470, 256, 2), arch="x86_64"), actors=("hook",), mount_ns=True, toolkit=True, full=True)
+    assert a.toolkit["alone"]["via"] == "LD_LIBRARY_PATH"
+    assert a.toolkit["alone"]["dir"] == f"/{prefix}/cuda-compat"
+    assert a.toolkit["alone"]["maps"] == f"/{prefix}/cuda-compat/libcuda.so.550.163.01"

@@ -288,6 +288,13 @@ class Request:
         c = p.get("cwd") if isinstance(p, dict) else None
         return c if isinstance(c, str) and c.startswith("/") else None
 
+    @property
+    def exe(self):
+        """The process's program as the spec names it (``process.args[0]``), or ``None``."""
+        p = self._spec.get("process") if self._spec is not None else None
+        a = p.get("args") if isinstance(p, dict) else None
+        return a[0] if isinstance(a, list) and a and isinstance(a[0], str) and a[0] else None
+
     def ld_before_wrapper(self) -> list:
         """The ``LD_LIBRARY_PATH`` entries the runtime wrapper took off (its annotation), or ``[]``."""
         v = self.annotations.get(ANNOTATION_LD_BEFORE)

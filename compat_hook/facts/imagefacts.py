@@ -196,7 +196,7 @@ def _inspect(root, path: str, state_dir: str | None, use_cache: bool, facts: Ima
         f.close()
 
 
-def conda_prefixes(root, env=None, roots=None, cwd=None) -> list:
+def conda_prefixes(root, env=None, roots=None, cwd=None, exe=None) -> list:
     """The conda, pixi and mamba prefixes an image may use: ``[(prefix, why)]``, probed only on cheap evidence.
 
     :func:`compat_hook.facts.loader.env_prefixes`: ``CONDA_PREFIX`` as named,
@@ -211,7 +211,7 @@ def conda_prefixes(root, env=None, roots=None, cwd=None) -> list:
     ...     conda_prefixes(r, {"CONDA_PREFIX": "/srv/env"})
     [('/srv/env', 'CONDA_PREFIX'), ('/opt/conda', 'a conda root'), ('/opt/conda/envs/torch', 'an env of /opt/conda')]
     """
-    return _loader.env_prefixes(root, env, cwd, _loader.KNOWN_ROOTS if roots is None else roots)
+    return _loader.env_prefixes(root, env, cwd, _loader.KNOWN_ROOTS if roots is None else roots, exe)
 
 
 def _links_into(root, prefix: str, resolved: str) -> tuple:
@@ -261,7 +261,7 @@ def _conda_package(root, prefix: str) -> str | None:
 
 
 def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, env=None,
-           cwd: str | None = None, conf=None, extra_ld=()) -> ImageFacts:
+           cwd: str | None = None, conf=None, extra_ld=(), exe: str | None = None) -> ImageFacts:
     """Find and inspect the compat candidates in the image behind ``root``.
 
     ``env``: the container's environment (:attr:`compat_hook.facts.container.Request.env`):
@@ -304,6 +304,14 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
         c.compat_dir, c.configured_dir, c.other_libs, c.origin, c.prefix = resolved, d, others, origin, prefix
         c.candidates = candidates
         found.append(c)
+        if prefix is None and resolved.endswith("/" + CONDA_COMPAT):
+            # an env's cuda-compat named by LD_LIBRARY_PATH or a drop-in: its links in $PREFIX/lib count too
+            parent = resolved[:-len(CONDA_COMPAT) - 1] or "/"
+            try:
+                if _stat.S_ISDIR(root.stat(parent + "/conda-meta").st_mode):
+                    prefix = parent
+            except (OSError, ValueError):
+                pass
         if prefix is not None:
             c.links, notes = _links_into(root, prefix, resolved)
             c.notes.extend(notes)
@@ -340,7 +348,7 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
             for sub in NGC_SUBDIRS:
                 if scan(d.rstrip("/") + "/" + sub, "configured", quiet_missing=True):
                     break
-    for prefix, _why in conda_prefixes(root, env, cwd=cwd):
+    for prefix, _why in conda_prefixes(root, env, cwd=cwd, exe=exe):
         scan(prefix.rstrip("/") + "/" + CONDA_COMPAT, "conda", prefix, quiet_missing=True)
     known = set(config.compat_dirs) | seen
     for e in _ld_entries_with_libcuda(root, env, known, extra_ld)[:MAX_LD_DIRS]:

@@ -269,7 +269,39 @@ def _homes(root) -> list:
     return out
 
 
-def env_prefixes(root, env=None, cwd: str | None = None, roots=KNOWN_ROOTS) -> list:
+def exe_prefix(root, exe: str | None, env=None) -> str | None:
+    """The env prefix the container's program lives in (``<prefix>/bin/<exe>`` beside a ``conda-meta``).
+
+    A relative name is looked up along the image's ``PATH``, as ``execvp`` does; its
+    libraries' RUNPATH then reaches ``<prefix>/lib`` first.
+    """
+    if not isinstance(exe, str) or not exe:
+        return None
+    cands = [exe] if exe.startswith("/") else []
+    if not cands and "/" not in exe:
+        path = (env or {}).get("PATH")
+        for d in (path.split(":") if isinstance(path, str) else [])[:MAX_PATH]:
+            if d.startswith("/") and d.rstrip("/") not in _SYSTEM_BIN:
+                cands.append(d.rstrip("/") + "/" + exe)
+    for c in cands:
+        parent = c.rsplit("/", 1)[0]
+        if not parent.endswith("/bin"):
+            continue
+        prefix = parent[:-len("/bin")] or "/"
+        if _is_dir(root, prefix + "/conda-meta") and (c == exe or _exists(root, c)):
+            return prefix
+    return None
+
+
+def _exists(root, path: str) -> bool:
+    try:
+        root.stat(path)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def env_prefixes(root, env=None, cwd: str | None = None, roots=KNOWN_ROOTS, exe: str | None = None) -> list:
     """The conda, pixi and mamba prefixes a process of the image may run in: ``[(prefix, why)]``.
 
     Named ones first (``CONDA_PREFIX``, ``PIXI_PROJECT_ROOT``'s envs, ``MAMBA_ROOT_PREFIX``), then
@@ -307,6 +339,9 @@ def env_prefixes(root, env=None, cwd: str | None = None, roots=KNOWN_ROOTS) -> l
     named = env.get("CONDA_PREFIX")
     if isinstance(named, str) and named.startswith("/"):
         add(named, "CONDA_PREFIX")
+    mine = exe_prefix(root, exe, env) if exe else None
+    if mine is not None:
+        add(mine, "the container's program")
     projects = []
     pixi = env.get("PIXI_PROJECT_ROOT")
     if isinstance(pixi, str) and pixi.startswith("/"):

@@ -253,6 +253,7 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
         a.image = imagefacts.gather(root, config, state_dir=state_dir,
                                     env=request.env if request is not None else None,
                                     cwd=request.cwd if request is not None else None, conf=a.ldconf,
+                                    exe=request.exe if request is not None else None,
                                     extra_ld=request.ld_before_wrapper() if request is not None else ())
         a.host = host if host is not None else hostfacts.gather(config)
         a.decision = a.image_decision = decide(a.host, a.image, request, config)
@@ -663,8 +664,15 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
                 out.append(dict(x, dirs=dirs))
         return out
 
+    from ..facts.loader import exe_prefix
+
+    # the RUNPATH of the container's program reaches its own env's lib, not another env's
+    mine = (exe_prefix(root, a.request.exe, a.request.env) if a.request is not None and root is not None
+            else None)
+
     def links(hidden):
-        return [p for c in usable if c.compat_dir not in hidden for p in c.links]
+        return [p for c in usable if c.compat_dir not in hidden and mine is not None and c.prefix == mine
+                for p in c.links]
 
     env_ld = a.request.env.get("LD_LIBRARY_PATH") if a.request is not None else None
     first_host = toolkit.host_dir_first(conf, host_dir)
@@ -693,8 +701,24 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
 
 
 def _holding(usable: list, root, entry: str, hidden=()):
-    """The unmasked candidate dir an ``LD_LIBRARY_PATH`` entry resolves into, or ``None``."""
-    return next((c for c in usable if c.compat_dir not in hidden and _resolves_into(root, entry, c.compat_dir)), None)
+    """The unmasked candidate an ``LD_LIBRARY_PATH`` entry reaches, or ``None``: it resolves into the
+    candidate's dir, or it is the env's ``$PREFIX/lib`` whose links point into it."""
+    for c in usable:
+        if c.compat_dir in hidden:
+            continue
+        if _resolves_into(root, entry, c.compat_dir):
+            return c
+        if c.links and any(_resolves_into(root, entry, lk.rsplit("/", 1)[0]) and
+                           _resolves_into(root, lk.rsplit("/", 1)[0], _resolved_or(root, entry)) for lk in c.links):
+            return c
+    return None
+
+
+def _resolved_or(root, path: str) -> str:
+    try:
+        return root.realpath(path) if root is not None else path
+    except (OSError, ValueError):
+        return path
 
 
 def _ld_walk(usable: list, root, value, host_dir, hidden=()) -> list:
@@ -791,6 +815,9 @@ def _winning_dir(res: dict, root, cands: list, d, tk_root: str):
         return next((c.compat_dir for c in cands if c.configured_dir == tk_root), None)
     if path is None:
         return None
+    held = _holding([c for c in cands if c.status == "found"], root, path)
+    if held is not None:
+        return held.compat_dir
     try:
         return root.realpath(path) if root is not None else path
     except (OSError, ValueError):
