@@ -257,7 +257,7 @@ def describe(case: dict) -> str:
 
 def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
     rng = random.Random(SEED)
-    rows, layout_bugs, wrong, log_wrong = [], [], [], []
+    rows, layout_bugs, wrong, log_wrong, toolkit_only = [], [], [], [], []
     for i in range(N):
         case = generate(rng)
         b = Box(tmp_path / f"l{i:03d}", libcuda, case["host"], case["image"], model=BRANDS[case["brand"]],
@@ -284,7 +284,11 @@ def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
             logged = (last.get("effect"), last.get("compat_dir") if last.get("effect") == "compat" else None)
             row[actor] = {"predicted": said, "mapped": real, "logged": logged, "path": got.path, "error": got.error}
             how = case["runtime"] if actor == "with_hook" else case["mode"]
-            if said != real:
+            # the stand-in runs the toolkit's update-ldcache, not its enable-cuda-compat: a prediction
+            # resting on that drop-in has nothing to compare with here (tests/test_toolkit_containers.py)
+            if (report.get("toolkit", {}).get(actor) or {}).get("via") == "toolkit":
+                toolkit_only.append(f"#{i} {actor}")
+            elif said != real:
                 wrong.append(f"#{i} {actor} ({how}): explain {said}, mapped {real} [{got.path}]: {row['layout']}")
             # a decision that cannot take effect on this path (the hook alone, in env mode or behind
             # an earlier host dir on LD_LIBRARY_PATH) must say so in the same line, never claim it
@@ -302,7 +306,8 @@ def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
     agreed = sum(1 for r in rows for a in ("with_hook", "with_wrapper") if r[a]["predicted"] == r[a]["mapped"])
     logged = sum(1 for r in rows for a in ("with_hook", "with_wrapper") if r[a]["logged"] == r[a]["mapped"])
     print(f"loader differential: {len(rows)} layouts (seed {SEED}), {agreed}/{2 * len(rows)} predictions "
-          f"and {logged}/{2 * len(rows)} log records agreed with the loader")
+          f"and {logged}/{2 * len(rows)} log records agreed with the loader; {len(toolkit_only)} predictions "
+          "rest on the toolkit's own enable-cuda-compat, which the stand-in does not run")
     assert len(rows) == N, f"{len(rows)} of {N} layouts ran"
     assert not layout_bugs, "the generator's layouts do not load as glibc's order says:\n" + "\n".join(layout_bugs)
     assert not wrong, (f"{len(wrong)} of {2 * N} predictions disagree with the loader (seed {SEED}):\n"
