@@ -138,9 +138,9 @@ class Box:
         return [r for r in hookenv.read_log(self.log) if r.get("event") == event
                 and (r.get("container_id") == cid or event == "runtime")]
 
-    def explain(self, env) -> dict:
+    def explain(self, env, args=("/bin/true",)) -> dict:
         spec = {"ociVersion": "1.0.2", "root": {"path": str(self.rootfs)},
-                "process": {"args": ["/bin/true"], "cwd": "/", "env": env, "user": {"uid": 0, "gid": 0}}}
+                "process": {"args": list(args), "cwd": "/", "env": env, "user": {"uid": 0, "gid": 0}}}
         b = self.tmp / "explain-bundle"
         b.mkdir(exist_ok=True)
         (b / "config.json").write_text(json.dumps(spec))
@@ -178,7 +178,7 @@ def test_conda_compat_loads_only_where_it_is_right(tmp_path, libs, runtime, layo
     box = Box(tmp_path / "newer", libs, HOST_555, build)
     box.runtime = runtime
     assert loaded(box.hook_run(None, env, [probe])) == (CUDA[COMPAT_550], CONDA_LIB)
-    report = box.explain(env)
+    report = box.explain(env, [probe])  # the program's env's RUNPATH is what reaches the links
     assert (report["reason"], report["effect"], report["image"]["compat_dir"]) == \
         ("compat_not_newer", "host", CONDA_COMPAT)
     assert report["toolkit"]["alone"]["result"] == "compat" and report["toolkit"]["with_hook"]["result"] == "host"

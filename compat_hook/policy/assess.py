@@ -666,12 +666,14 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
 
     from ..facts.loader import exe_prefix
 
-    # the RUNPATH of the container's program reaches its own env's lib, not another env's
-    mine = (exe_prefix(root, a.request.exe, a.request.env) if a.request is not None and root is not None
-            else None)
+    # The RUNPATH of the container's program reaches its own env's lib, not another env's, and a
+    # program outside every env reaches none; with no program known (plan, explain --rootfs) any
+    # env's process may run, so every env's links count.
+    exe = a.request.exe if a.request is not None else None
+    mine = (exe_prefix(root, exe, a.request.env) or "") if exe and root is not None else None
 
     def links(hidden):
-        return [p for c in usable if c.compat_dir not in hidden and mine is not None and c.prefix == mine
+        return [p for c in usable if c.compat_dir not in hidden and (mine is None or c.prefix == mine)
                 for p in c.links]
 
     env_ld = a.request.env.get("LD_LIBRARY_PATH") if a.request is not None else None
