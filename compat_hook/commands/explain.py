@@ -225,7 +225,8 @@ def render_text(report: dict) -> str:
         out.append(f"host store: {s['decision']} ({s['reason']})")
     if report["compat_dropins"]:
         for d in report["compat_dropins"]:
-            out.append(f"  compat drop-in: /etc/ld.so.conf.d/{d['file']} -> {', '.join(d['dirs'])} ({d['by']})")
+            where = f"/etc/{d['file']}" if d["file"].startswith("ld.so.conf:") else f"/etc/ld.so.conf.d/{d['file']}"
+            out.append(f"  compat drop-in: {where} -> {', '.join(d['dirs'])} ({d['by']})")
     if report["ld_library_path_compat"]:
         out.append(f"  LD_LIBRARY_PATH names compat dirs: {', '.join(report['ld_library_path_compat'])}")
     if report.get("compat_dirs"):
@@ -245,6 +246,11 @@ def render_text(report: dict) -> str:
         out.append(f"  looks in {tk['root']} only (a Jetson Orin host: its CSV mode's compat root)")
     out.append(f"  would {'enable' if tk['enables'] else 'not enable'}: {tk['why']}")
     out.append(f"  alone, the container loads the {tk['alone']['result']} library ({tk['alone']['by']})")
+    out.append("the container maps (the loader's order: LD_LIBRARY_PATH, the program's env, the ld cache):")
+    for key, label in (("alone", "without compat-hook"), ("with_hook", "with the hook"),
+                       ("with_wrapper", "with the wrapper")):
+        res = tk.get(key) or {}
+        out.append(f"  {label}: {res.get('maps') or 'the ' + str(res.get('result')) + ' library'}; {res.get('by')}")
     for n in report["notes"]:
         out.append(f"note: {n}")
     out.append("would change:")
