@@ -322,3 +322,57 @@ def test_an_env_lib_dir_on_ld_library_path_reaches_its_cuda_compat(make_rootfs):
     assert a.toolkit["alone"]["via"] == "LD_LIBRARY_PATH"
     assert a.toolkit["alone"]["dir"] == f"/{prefix}/cuda-compat"
     assert a.toolkit["alone"]["maps"] == f"/{prefix}/cuda-compat/libcuda.so.550.163.01"
+
+
+def test_a_tenants_before_wrapper_annotation_is_dropped_by_the_wrapper(make_rootfs):
+    rootfs = make_rootfs({"srv/x/libcuda.so.560.35.03": elf(None), "srv/x/libcuda.so.1": Symlink("libcuda.so.560.35.03")})
+    spec = _spec(rootfs, ["NVIDIA_VISIBLE_DEVICES=all"])
+    spec["annotations"] = {ANNOTATION_LD_BEFORE: "/srv/x"}
+    with Root(str(rootfs)) as root:
+        w = assess(config_for(None), Request.from_spec(spec), root, spec=spec, actors=("wrapper",),
+                   host=HostFacts(driver_version=(535, 261, 3), arch="x86_64"),
+                   hook_entry=lambda: {"path": "/usr/bin/true", "args": ["compat-hook", "hook"]})
+    assert ANNOTATION_LD_BEFORE not in w.new_spec.get("annotations", {})
+    assert f"dropped annotation {ANNOTATION_LD_BEFORE} (not this wrapper's)" in w.spec_edits
+
+
+def test_ld_so_conf_lines_as_glibc_reads_them(make_rootfs):
+    """A tab after include, a NUL ending a line, a CRLF include (its glob then ends in \\r: nothing)."""
+    rootfs = make_rootfs({"etc/ld.so.conf": "include\t/etc/ld.so.conf.d/*.conf\n/opt/a\0junk\n",
+                          "etc/ld.so.conf.d/b.conf": "/b\n"})
+    with Root(str(rootfs)) as root:
+        assert [d for _k, _s, d in loader.ld_so_conf(root).entries] == ["/b", "/opt/a"]
+    crlf = make_rootfs({"etc/ld.so.conf": "include /etc/ld.so.conf.d/*.conf\r\n", "etc/ld.so.conf.d/b.conf": "/b\n"})
+    with Root(str(crlf)) as root:
+        assert loader.ld_so_conf(root).entries == []
+
+
+def test_an_ld_library_path_link_to_a_candidate_dir_comes_off(make_rootfs):
+    rootfs = make_rootfs({"opt/drv/libcuda.so.550.163.01": elf(None),
+                          "opt/drv/libcuda.so.1": Symlink("libcuda.so.550.163.01"), "opt/drvlink": Symlink("/opt/drv"),
+                          "usr/lib/x86_64-linux-gnu/libcuda.so.555.58.02": b"h"})
+    spec = _spec(rootfs, ["NVIDIA_VISIBLE_DEVICES=all", "LD_LIBRARY_PATH=/opt/drvlink:/usr/local/lib"])
+    hf = HostFacts(driver_version=(555, 58, 2), arch="x86_64", driver_text="555.58.02")
+    with Root(str(rootfs)) as root:
+        w = assess(config_for(None), Request.from_spec(spec), root, spec=spec, host=hf, actors=("wrapper",),
+                   hook_entry=lambda: {"path": "/usr/bin/true", "args": ["compat-hook", "hook"]})
+        h = assess(config_for(None), Request.from_spec(spec), root, spec=spec, host=hf, actors=("hook",),
+                   mount_ns=True)
+    assert w.effect == "host" and "LD_LIBRARY_PATH=/usr/local/lib" in w.spec_edits
+    assert h.hook_masks == ["/opt/drv"]
+
+
+def test_an_app_dir_holding_a_libcuda_is_never_hidden_nor_taken_off(make_rootfs):
+    rootfs = make_rootfs({"app/server": b"\x7fELF", "app/libcuda.so.550.163.01": elf(None),
+                          "app/libcuda.so.1": Symlink("libcuda.so.550.163.01"),
+                          "usr/lib/x86_64-linux-gnu/libcuda.so.555.58.02": b"h"})
+    spec = _spec(rootfs, ["NVIDIA_VISIBLE_DEVICES=all", "LD_LIBRARY_PATH=/app"])
+    hf = HostFacts(driver_version=(555, 58, 2), arch="x86_64", driver_text="555.58.02")
+    with Root(str(rootfs)) as root:
+        w = assess(config_for(None), Request.from_spec(spec), root, spec=spec, host=hf, actors=("wrapper",),
+                   hook_entry=lambda: {"path": "/usr/bin/true", "args": ["compat-hook", "hook"]})
+        h = assess(config_for(None), Request.from_spec(spec), root, spec=spec, host=hf, actors=("hook",),
+                   mount_ns=True)
+    assert not any(e.startswith(("LD_LIBRARY_PATH", "unset LD_LIBRARY_PATH")) for e in w.spec_edits)
+    assert h.hook_masks == [] and any("/app holds a compat libcuda" in x for x in h.warnings)
+    assert "maps" not in h.log_fields()  # it does not claim what this start gets

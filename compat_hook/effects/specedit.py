@@ -195,6 +195,11 @@ def plan(spec: dict, *, ld_dir: str | None = None, strip: bool = False, known=()
                         else f"unset LD_LIBRARY_PATH (was {old})")
             if record_ld and old:
                 add_annotation(new, record_ld, old)
+                record_ld = None
+    if record_ld and isinstance(new.get("annotations"), dict) and record_ld in new["annotations"]:
+        # only this wrapper says what it took off: a value the spec brought along is not its
+        del new["annotations"][record_ld]
+        done.append(f"dropped annotation {record_ld} (not this wrapper's)")
     for stage, entry in hooks:
         if add_hook(new, stage, entry):
             done.append(f"added {stage} hook {entry['path']}")

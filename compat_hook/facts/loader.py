@@ -39,6 +39,8 @@ TRUSTED = (float("inf"), "")
 #: Bounds: an image may plant thousands of files, lines or homes.
 MAX_FILES = 512
 MAX_LINES = 256
+#: ... and at most this many dirs in all (512 files of 256 lines would be 131072).
+MAX_ENTRIES = 1024
 MAX_DEPTH = 4
 MAX_READ = 16384
 MAX_HOMES = 32
@@ -140,10 +142,12 @@ def fnmatchcase(name: str, pattern: str) -> bool:
 
 
 def _lines(text: str) -> list:
+    """``[(number, line)]`` as glibc's ldconfig reads them: lines end at ``\n`` (a ``\r`` stays in an
+    include's glob), a NUL ends the line (C strings), ``#`` starts a comment."""
     out = []
-    for n, line in enumerate(text.splitlines()[:MAX_LINES], 1):
-        line = line.split("#", 1)[0].strip()
-        if line:
+    for n, line in enumerate(text.split("\n")[:MAX_LINES], 1):
+        line = line.split("\0", 1)[0].split("#", 1)[0].strip(" \t\v\f")
+        if line.strip():
             out.append((n, line))
     return out
 
@@ -176,12 +180,19 @@ def ld_so_conf(root, skip: str | None = None) -> LdConf:
     def walk(path: str, text: str, depth: int) -> None:
         base = path.rsplit("/", 1)[0] or "/"
         for n, line in _lines(text):
-            word, _, rest = line.partition(" ")
-            if word == "include" or line.startswith("include\t"):
-                for pattern in rest.split():
-                    include(pattern if pattern.startswith("/") else f"{base}/{pattern}", depth)
+            parts = line.split(None, 1)
+            word, rest = parts[0], (parts[1] if len(parts) > 1 else "")
+            if word == "include":
+                for pattern in rest.split(" "):
+                    pattern = pattern.strip(" \t")
+                    if pattern:
+                        include(pattern if pattern.startswith("/") else f"{base}/{pattern}", depth)
                 continue
             if word == "hwcap":
+                continue
+            if len(conf.entries) >= MAX_ENTRIES:
+                if not any("entries" in x for x in conf.notes):
+                    conf.notes.append(f"more than {MAX_ENTRIES} dirs configured: only the first read")
                 continue
             d = line.split("=", 1)[0].strip()  # the old "dir=TYPE" form
             if d.startswith("/"):

@@ -55,7 +55,7 @@ class Assessment:
                  "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "hook_refresh",
                  "existing_dropin", "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins",
                  "ld_compat_entries", "toolkit", "actors", "losers", "ldconf", "maps",
-                 "wrapper_adds_hook")
+                 "wrapper_adds_hook", "maps_uncertain")
 
     def __init__(self) -> None:
         self.request = None
@@ -85,6 +85,7 @@ class Assessment:
         self.ldconf = None          # ldconfig's reading of the image (facts/loader.LdConf)
         self.maps = None            # the libcuda the container maps, as the loader model predicts (toolkit=True)
         self.wrapper_adds_hook = False  # the wrapper's spec runs compat-hook's createContainer hook
+        self.maps_uncertain = False     # a warning says the decision may not take effect here
 
     def replan_hook(self, existing: str | None) -> list:
         """The hook's ld cache actions given the drop-in found now (under the lock)."""
@@ -122,7 +123,9 @@ class Assessment:
             out["gpus_checked"] = checked
         if self.dropins:
             out["compat_dropins"] = [f"{x['file']} ({x['by']})" for x in self.dropins]
-        maps = self.maps or self._intended_lib()
+        # what the container maps: the model's (explain, plan), else what compat-hook makes it map,
+        # said only where no warning says this start cannot get it
+        maps = self.maps or (None if self.warnings else self._intended_lib())
         if maps:
             out["maps"] = maps
         if self.ld_compat_entries:
@@ -192,6 +195,21 @@ class Assessment:
         }
 
 
+def _hook_stage(spec):
+    """The stage compat-hook's hook runs at in ``spec`` (the createContainer one when there are several), or ``None``."""
+    hooks = spec.get("hooks") if isinstance(spec, dict) else None
+    found = None
+    for stage, entries in hooks.items() if isinstance(hooks, dict) else ():
+        for h in entries if isinstance(entries, list) else ():
+            args = h.get("args") if isinstance(h, dict) else None
+            if isinstance(args, list) and "hook" in args and any(
+                    isinstance(x, str) and ("compat_hook" in x or x.endswith("compat-hook")) for x in args):
+                if stage == "createContainer":
+                    return stage
+                found = stage
+    return found
+
+
 def hook_in_spec(spec) -> bool:
     """Whether the spec already runs compat-hook's hook (hooks.d, CDI or an earlier wrapper)."""
     hooks = spec.get("hooks") if isinstance(spec, dict) else None
@@ -204,11 +222,40 @@ def hook_in_spec(spec) -> bool:
     return False
 
 
-def _ld_entries(request, known) -> list:
+def _ld_entries(request, known, root=None, cands=()) -> list:
+    """The ``LD_LIBRARY_PATH`` entries naming a compat dir: by name, or resolving into a candidate dir."""
     from ..core.ldpath import is_compat_entry
 
     value = request.env.get("LD_LIBRARY_PATH") if request is not None else None
-    return [e for e in value.split(":") if is_compat_entry(e, known)] if value else []
+    if not value:
+        return []
+    out = []
+    for e in value.split(":")[:64]:
+        if is_compat_entry(e, known) or (root is not None and e.startswith("/") and any(
+                _resolves_into(root, e, c.compat_dir) for c in cands)):
+            out.append(e)
+    return out
+
+
+#: The files a driver dir may hold: compat-hook hides a dir not named like a compat dir only
+#: when it holds nothing else (an app's lib dir, its own dir, keep working).
+_DRIVER_FILES = ("libcuda.so", "libcudadebugger.so", "libnvidia-")
+
+
+def _removable(root, d: str) -> bool:
+    """Whether the candidate dir ``d`` may be hidden or taken off ``LD_LIBRARY_PATH`` as a whole."""
+    from ..core.ldpath import is_compat_entry
+
+    if is_compat_entry(d):
+        return True
+    if root is None or d in _SYSTEM_DIRS:
+        return False
+    try:
+        entries = root.listdir(d)
+    except (OSError, ValueError):
+        return False
+    return bool(entries) and len(entries) <= 256 and all(
+        kind in ("file", "symlink") and n.startswith(_DRIVER_FILES) for n, kind in entries)
 
 
 def assess(config, request, root, *, spec=None, host=None, state_dir=None,
@@ -257,9 +304,10 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
                                     extra_ld=request.ld_before_wrapper() if request is not None else ())
         a.host = host if host is not None else hostfacts.gather(config)
         a.decision = a.image_decision = decide(a.host, a.image, request, config)
-        for d in a.image.dirs_checked:
-            if d.get("resolved"):
-                known.add(d["resolved"])
+        # Only a dir whose libcuda may go (a compat dir by name, or one of driver libraries only)
+        # may come off LD_LIBRARY_PATH or be hidden: an app's own dir keeps everything else it holds.
+        removable = [c.compat_dir for c in a.image.all() if _removable(root, c.compat_dir)]
+        known.update(removable)
         if a.image.status == "none" and config.store_inject:
             from . import storefacts
 
@@ -279,7 +327,10 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
             a.dropins, notes = imagefacts.compat_dropins(root, conf=a.ldconf,
                                                          dirs=[c.compat_dir for c in a.image.all()])
             a.notes.extend(notes)
-            a.ld_compat_entries = _ld_entries(request, known)
+            a.ld_compat_entries = _ld_entries(request, known, root, [c for c in a.image.all()])
+            # an entry naming a candidate dir by another path (a link to it) comes off by that very string
+            known.update(e for e in a.ld_compat_entries if any(
+                _resolves_into(root, e, d) for d in removable))
     a.effect = a.decision.effect
     _find_losers(a, config, root)
     _plan_hook(a, config, root, mount_ns)
@@ -451,12 +502,19 @@ def _plan_masks(a: Assessment, root, entries, what: str) -> list:
         # Only a dir that still is a compat dir once resolved (by its name, or a candidate
         # dir holding a compat driver that is no system dir): an image linking the compat
         # dir to /etc must not get its /etc hidden (and our drop-in with it).
-        if root.is_dir(d) and (is_compat_entry(d) or _candidate_dir_we_may_hide(a, d)):
+        if root.is_dir(d) and (is_compat_entry(d) or _candidate_dir_we_may_hide(a, d, root)):
             if d not in a.hook_masks:
                 a.hook_masks.append(d)
                 added.append(d)
         elif d not in a.hook_masks:
             a.notes.append(f"{what} {e} resolves to {d}, not a compat dir: not masked")
+            if what != "drop-in entry" and any(c.compat_dir == d for c in (a.image.all() if a.image is not None
+                                                                              else ())):
+                a.warnings.append(
+                    f"{d} holds a compat libcuda that must not be used {_not_used_why(a)}, and other files "
+                    f"compat-hook must not hide with it ({what} {e}): take the compat driver out of it, or "
+                    "put it in a dir of its own")
+                a.maps_uncertain = True
     return added
 
 
@@ -466,7 +524,7 @@ _SYSTEM_DIRS = ("/", "/etc", "/usr", "/lib", "/lib64", "/usr/lib", "/usr/lib64",
                 "/dev", "/sys", "/run")
 
 
-def _candidate_dir_we_may_hide(a: Assessment, d: str) -> bool:
+def _candidate_dir_we_may_hide(a: Assessment, d: str, root=None) -> bool:
     """A candidate dir (it holds a compat driver) that is not a system dir nor above what must stay.
 
     ``/opt/nvidia/compat`` a drop-in names, ``/opt/compat/lib`` on a line of
@@ -477,6 +535,8 @@ def _candidate_dir_we_may_hide(a: Assessment, d: str) -> bool:
     if a.image is None or d in _SYSTEM_DIRS or d in CONTAINER_LIB_DIRS:
         return False
     if not any(c.compat_dir == d for c in a.image.all()):
+        return False
+    if not _removable(root, d):
         return False
     keep = ["/etc/ld.so.conf.d", a.hook_target or "", a.decision.compat_dir if a.effect == "compat" else ""]
     return not any(k == d or k.startswith(d.rstrip("/") + "/") for k in keep if k)
@@ -670,7 +730,11 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
     # program outside every env reaches none; with no program known (plan, explain --rootfs) any
     # env's process may run, so every env's links count.
     exe = a.request.exe if a.request is not None else None
-    mine = (exe_prefix(root, exe, a.request.env) or "") if exe and root is not None else None
+    mine = None
+    if exe and root is not None:
+        mine = exe_prefix(root, exe, a.request.env)
+        if mine is None and not _launcher(exe):
+            mine = ""  # a program of no env: its RUNPATH reaches none
 
     def links(hidden):
         return [p for c in usable if c.compat_dir not in hidden and (mine is None or c.prefix == mine)
@@ -767,6 +831,16 @@ def _host_first_on_ld_path(a: Assessment, root) -> str | None:
     return walk[0]["entry"] if walk and walk[0]["kind"] == "host" else None
 
 
+#: Programs that start another (a shell, an init, an entrypoint script): which one runs is not known.
+_LAUNCHERS = frozenset(("sh", "bash", "dash", "zsh", "ash", "busybox", "env", "tini", "tini-static", "dumb-init",
+                        "catatonit", "s6-svscan", "supervisord", "runsvdir", "gosu", "su-exec", "nohup", "exec"))
+
+
+def _launcher(exe: str) -> bool:
+    name = exe.rstrip("/").rsplit("/", 1)[-1]
+    return name in _LAUNCHERS or name.endswith(".sh") or "entrypoint" in name
+
+
 def _wrapper_view(a: Assessment, root, config) -> dict | None:
     """What the container maps through the wrapper: the hook's own assessment of the spec it hands on.
 
@@ -787,8 +861,9 @@ def _wrapper_view(a: Assessment, root, config) -> dict | None:
         req.annotations = {**a.request.annotations, **edited.annotations}
         req._spec = a.new_spec
     hooked = a.wrapper_adds_hook
-    second = assess(config, req, root, spec=a.new_spec, host=a.host, actors=("hook",), mount_ns=True,
-                    toolkit=True, full=True)
+    stage = _hook_stage(a.new_spec)
+    second = assess(config, req, root, spec=a.new_spec, host=a.host, actors=("hook",),
+                    mount_ns=stage in (None, "createContainer"), toolkit=True, full=True)
     res = dict(second.toolkit["with_hook" if hooked else "alone"])
     if not hooked:
         res["by"] = res["by"] + " (the wrapper adds no hook)"
