@@ -374,7 +374,7 @@ def test_validator_sets_only_its_own_nodes_validated_label(world):
                        ({"metadata": {"annotations": {f"{PREFIX}/preflight": "by-validator"}}}, f"{PREFIX}/preflight"),
                        ({"metadata": {"annotations": {"team.example.com/owner": None}}}, "team.example.com/owner"),
                        ({"spec": {"unschedulable": True}}, "spec"),
-                       ({"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}, "spec")):
+                       ({"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}, "only the taint")):
         if says is None:
             w.patch("validator", "gpu-a", body)
             assert VALIDATED not in w.node("gpu-a")["metadata"]["labels"]
@@ -382,6 +382,47 @@ def test_validator_sets_only_its_own_nodes_validated_label(world):
         assert says in w.refused("validator", "gpu-a", body, policy=VALIDATOR_NODE_POLICY), body
     assert "pod-bound token" in w.refused("validator-unbound", "gpu-a", {"metadata": {"labels": {VALIDATED: "x"}}},
                                           policy=VALIDATOR_NODE_POLICY)
+
+
+def test_validator_adds_and_removes_only_its_own_taint(world):
+    """compat_hook/cluster/validate.py ``publish``: its taint, ``<prefix>/validation-failed=<driver>:NoSchedule``,
+    added and removed in the taints list it writes whole (a JSON merge patch over the version it read);
+    every other change of the spec is refused."""
+    from compat_hook.cluster import kube
+    from compat_hook.cluster.validate import ValidatorOptions, publish
+
+    w = world
+    mine = f"{PREFIX}/validation-failed"
+    theirs = {"key": "team.example.com/gpu", "value": "a100", "effect": "NoSchedule"}
+    w.admin.merge("/api/v1/nodes/gpu-a", {"spec": {"taints": [theirs]}})
+    try:
+        # the validator's own code, with its pod-bound token
+        k = kube.connect(str(w.cp.kubeconfig(w.api["validator"].token, "validator")))
+        opts = ValidatorOptions("gpu-a", publish_namespace=NS)
+        publish(k, opts, PREFIX, {"driver": "470.256.02", "result": "fail", "images": []}, event=False)
+        node = w.node("gpu-a")
+        assert node["spec"]["taints"] == [theirs, {"key": mine, "value": "470.256.02", "effect": "NoSchedule"}]
+        assert node["metadata"]["labels"][VALIDATED] == "failed"
+        with_mine = node["spec"]["taints"]
+        for taints, says in (
+                ([theirs, {"key": mine, "value": "470.256.02", "effect": "NoExecute"}], "effect NoSchedule"),
+                (with_mine + [{"key": mine, "value": "x", "effect": "PreferNoSchedule"}], "once"),
+                ([{"key": mine, "value": "470.256.02", "effect": "NoSchedule"}], "only the taint"),  # theirs removed
+                ([dict(theirs, value="h100"), with_mine[1]], "only the taint"),                     # theirs changed
+                (with_mine + [{"key": "x.example.com/t", "effect": "NoSchedule"}], "only the taint")):
+            assert says in w.refused("validator", "gpu-a", {"spec": {"taints": taints}}, policy=VALIDATOR_NODE_POLICY)
+        for spec in ({"unschedulable": True}, {"providerID": "kwok://x"}, {"podCIDR": "10.0.0.0/24"}):
+            assert "never changes a Node's spec" in w.refused("validator", "gpu-a", {"spec": spec},
+                                                              policy=VALIDATOR_NODE_POLICY), spec
+        # not on another Node, not with a token that names no node
+        assert "may change only that Node" in w.refused(
+            "validator", "gpu-b", {"spec": {"taints": [{"key": mine, "value": "1", "effect": "NoSchedule"}]}},
+            policy=VALIDATOR_NODE_POLICY)
+        publish(k, opts, PREFIX, {"driver": "470.256.02", "result": "pass", "images": []}, event=False)
+        node = w.node("gpu-a")
+        assert node["spec"]["taints"] == [theirs] and node["metadata"]["labels"][VALIDATED] == "470.256.02"
+    finally:
+        w.admin.merge("/api/v1/nodes/gpu-a", {"spec": {"taints": None}})
 
 
 def _probe(node: str = "gpu-a") -> dict:

@@ -93,6 +93,7 @@ def test_the_probe_reports_the_host_library_and_escapes_its_path(probe, tmp_path
 
 COMPAT = {"loads": "compat", "compat_version": COMPAT_550, "compat_dir": "/usr/local/cuda-12.4/compat", "needs": "12.4"}
 HOST = dict(COMPAT, loads="host")
+UNKNOWN = {"loads": None, "compat_version": None, "compat_dir": None, "needs": None}
 COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT_550}"
 HOST_LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
 
@@ -116,12 +117,36 @@ def _probe(lib=HOST_LIB, api=12050, **kw) -> dict:
     (HOST, _probe(None, None, error="libcuda.so.1: cannot open shared object file"), False, "no_libcuda"),
     (HOST, _probe(HOST_LIB, None, driver_api_rc=3), False, "driver_api_failed"),
     (HOST, None, False, "no_probe_result"),
-    ({"loads": None, "compat_version": None, "compat_dir": None, "needs": None}, _probe(HOST_LIB, 11040), True, "ok"),
+    # no decision to compare with (the image could not be read): it fails closed, whatever the probe saw
+    (UNKNOWN, _probe(HOST_LIB, 11040), False, "no_expectation"),
+    (UNKNOWN, _probe(HOST_LIB, 12050), False, "no_expectation"),
 ])
 def test_judge(expect, probe, ok, code):
     got = judge(expect, probe)
     assert (got["ok"], got["code"]) == (ok, code), got
     assert got["message"] and "\n" not in got["message"]
+
+
+def test_judge_without_a_decision_passes_only_when_the_config_allows_it():
+    """cluster.validation_allow_unverified: the probe's own checks alone (the old, looser judgement)."""
+    got = judge(UNKNOWN, _probe(HOST_LIB, 11040), unjudged_ok=True)
+    assert (got["ok"], got["code"]) == (True, "ok"), got
+    got = judge(UNKNOWN, _probe(None, None, error="no libcuda"), unjudged_ok=True)
+    assert (got["ok"], got["code"]) == (False, "no_libcuda"), got
+    got = judge(dict(UNKNOWN, problem="containerd: connection refused"), None)
+    assert got["code"] == "no_expectation" and "containerd: connection refused" in got["message"], got
+
+
+@pytest.mark.parametrize("taints,failed,enabled,want", [
+    ([], True, True, [{"key": "compat-hook.io/validation-failed", "value": "470.256.02", "effect": "NoSchedule"}]),
+    ([], True, False, None),                                   # validation_taint: false
+    ([], False, True, None),                                   # a pass: nothing to remove
+    ([{"key": "x", "effect": "NoExecute"}, {"key": "compat-hook.io/validation-failed", "value": "1", "effect": "NoSchedule"}],
+     False, True, [{"key": "x", "effect": "NoExecute"}]),      # a pass removes ours and keeps theirs
+    ([{"key": "compat-hook.io/validation-failed", "value": "470.256.02", "effect": "NoSchedule"}], True, True, None),
+])
+def test_the_validation_failed_taint(taints, failed, enabled, want):
+    assert validate.taints_after(taints, "compat-hook.io", "470.256.02", failed, enabled) == want
 
 
 @pytest.mark.parametrize("text", [
@@ -488,8 +513,9 @@ def test_a_validation_that_cannot_prove_fails_within_its_deadline_and_says_why(a
     cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
     rec = tmp_path / "agent"
     workloads.record(str(rec), [_pod(f"p{i}", f"registry.test/apps/hang{i}:1") for i in range(3)], driver=HOST_535)
+    # these images are in no store: allowed here, so that each is probed (and hangs) rather than failed at once
     opts = _opts(probe_timeout=10, deadline=15, parallel=2, workloads_dir=str(rec), state_dir=str(tmp_path / "st"),
-                 once=True, ready_file=str(tmp_path / "ready"))
+                 once=True, ready_file=str(tmp_path / "ready"), allow_unverified=True)
     assert validate.read_driver(cfg)[0] == HOST_555
     t0 = time.monotonic()
     rc = validate.run(lambda: k, cfg, opts, "compat-hook.io")
@@ -506,3 +532,47 @@ def test_a_validation_that_cannot_prove_fails_within_its_deadline_and_says_why(a
     evs = cp.admin.get("/api/v1/namespaces/default/events", fieldSelector="involvedObject.name=gpu-k,"
                                                                           "reason=CompatHookValidation")["items"]
     assert evs and evs[-1]["type"] == "Warning" and "registry.test/apps/hang0:1 (pods ml/p0)" in evs[-1]["message"]
+    # the failed node carries compat-hook's own taint, so that an uncordon does not bring work back to it
+    [taint] = [t for t in node["spec"].get("taints") or [] if t["key"] == "compat-hook.io/validation-failed"]
+    assert (taint["value"], taint["effect"]) == (HOST_555, "NoSchedule"), node["spec"]
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_workload_the_validator_cannot_judge_fails_and_taints_the_node_until_a_pass(api, tmp_path):
+    """The store unreachable: no expectation can be formed, so the workload fails (no probe pod is
+    made), the Node gets the taint, and a pass takes only that taint off (someone else's stays)."""
+    import time
+
+    from compat_hook.core.config import from_mapping
+    from tests.support import hookenv
+
+    cp, k = api
+    cp.admin.merge("/api/v1/nodes/gpu-k", {"spec": {"taints": [{"key": "team.example.com/gpu", "effect": "NoSchedule"}]}})
+    host = hookenv.fake_host(tmp_path / "host", HOST_555)
+    cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
+    rec = tmp_path / "agent"
+    workloads.record(str(rec), [_pod("p0", "registry.test/apps/infer:1")], driver=HOST_535)
+    opts = _opts(probe_timeout=10, deadline=60, workloads_dir=str(rec), state_dir=str(tmp_path / "st"), once=True,
+                 address=str(tmp_path / "no-containerd.sock"))
+    t0 = time.monotonic()
+    assert validate.run(lambda: k, cfg, opts, "compat-hook.io") == validate.EXIT_FAILED
+    assert time.monotonic() - t0 < 20
+    st = json.loads((tmp_path / "st" / validate.STATE_FILE).read_text())
+    [row] = st["images"]
+    assert (st["result"], row["ok"], row["code"]) == ("fail", False, "no_expectation"), row
+    assert "could not be formed" in row["message"] and "seconds" not in row, row  # never probed
+    node = cp.admin.get("/api/v1/nodes/gpu-k")
+    assert node["metadata"]["labels"]["compat-hook.io/validated"] == "failed"
+    assert {t["key"]: t.get("value") for t in node["spec"]["taints"]} == {
+        "team.example.com/gpu": None, "compat-hook.io/validation-failed": HOST_555}, node["spec"]
+    # a pass (as the loop publishes it): the label says the driver, compat-hook's taint goes, theirs stays
+    validate.publish(k, opts, "compat-hook.io", {"driver": HOST_555, "result": "pass", "images": []}, event=False)
+    node = cp.admin.get("/api/v1/nodes/gpu-k")
+    assert node["metadata"]["labels"]["compat-hook.io/validated"] == HOST_555
+    assert [t["key"] for t in node["spec"]["taints"]] == ["team.example.com/gpu"], node["spec"]
+    # validation_taint: false: a failure sets none
+    validate.publish(k, _opts(taint=False), "compat-hook.io", {"driver": HOST_555, "result": "fail", "images": []},
+                     event=False)
+    assert [t["key"] for t in cp.admin.get("/api/v1/nodes/gpu-k")["spec"]["taints"]] == ["team.example.com/gpu"]
+    cp.admin.merge("/api/v1/nodes/gpu-k", {"spec": {"taints": None}})
