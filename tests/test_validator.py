@@ -271,6 +271,35 @@ def test_from_pods_keeps_gpu_workloads_only_and_their_gpu_env():
     assert [w["image"] for w in got] == ["docker.io/library/labelled:1"]
 
 
+def _sidecar_pod() -> dict:
+    """A GPU container with a busybox init container, a busybox sidecar (an init container with
+    restartPolicy Always) and a plain busybox container beside it; its LD_LIBRARY_PATH refers to
+    another variable."""
+    pod = _pod("with-sidecars", "registry.test/apps/infer:1",
+               env=[{"name": "BASE", "value": "/opt/app"}, {"name": "LD_LIBRARY_PATH", "value": "$(BASE)/lib"}])
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    pod["spec"]["initContainers"] = [{"name": "init", "image": "busybox:1.36", "env": [{"name": "CUDA_X", "value": "1"}]},
+                                     {"name": "proxy", "image": "busybox:1.36", "restartPolicy": "Always"}]
+    pod["spec"]["containers"].append({"name": "log", "image": "busybox:1.36",
+                                      "env": [{"name": "LD_LIBRARY_PATH", "value": "/x"}]})
+    return pod
+
+
+def test_the_record_holds_the_gpu_containers_only_as_the_agent_judges_them():
+    """One workload model (compat_hook.cluster.pods.Container) for the agent and the validator: the GPU
+    container, its env expanded as the kubelet does; no init container, no sidecar."""
+    from compat_hook.cluster import pods as podsmod
+
+    pod = _sidecar_pod()
+    got = workloads.from_pods([pod])
+    assert [(w["image"], w["env"]) for w in got] == [
+        ("registry.test/apps/infer:1", ["LD_LIBRARY_PATH=/opt/app/lib", "NVIDIA_VISIBLE_DEVICES=all"])], got
+    [c] = podsmod.gpu_containers(pod)[0]  # what the agent assesses: the same container, the same env
+    assert (c.image, list(c.env)) == (got[0]["image"], got[0]["env"])
+    with pytest.raises(AttributeError):
+        c.image = "other"  # frozen: one model, nobody's to change
+
+
 def _probe_pod(name, image) -> dict:
     """A probe pod as the validator makes it: its namespace, label and probe-of annotation."""
     pod = _pod(name, image, labels={"app.kubernetes.io/name": workloads.PROBE_NAME})
@@ -576,3 +605,23 @@ def test_a_workload_the_validator_cannot_judge_fails_and_taints_the_node_until_a
                      event=False)
     assert [t["key"] for t in cp.admin.get("/api/v1/nodes/gpu-k")["spec"]["taints"]] == ["team.example.com/gpu"]
     cp.admin.merge("/api/v1/nodes/gpu-k", {"spec": {"taints": None}})
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_pod_with_a_busybox_sidecar_is_validated_on_its_gpu_container_only(api, tmp_path):
+    """The validator proves what the agent recorded: the GPU container alone (a sidecar would fail
+    every upgrade's validation); its store is unreachable here, so the one row fails closed, at once."""
+    from compat_hook.core.config import from_mapping
+    from tests.support import hookenv
+
+    cp, k = api
+    host = hookenv.fake_host(tmp_path / "host", HOST_555)
+    cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
+    rec = tmp_path / "agent"
+    workloads.record(str(rec), [_sidecar_pod()], driver=HOST_535)
+    opts = _opts(probe_timeout=10, deadline=30, workloads_dir=str(rec), address=str(tmp_path / "none.sock"))
+    result = validate.validate(k, cfg, opts, HOST_555)
+    assert [(r["image"], r["env"], r["code"]) for r in result["images"]] == [
+        ("registry.test/apps/infer:1", ["LD_LIBRARY_PATH=/opt/app/lib", "NVIDIA_VISIBLE_DEVICES=all"], "no_expectation")]
+    assert result["result"] == "fail" and _pods(cp) == []
