@@ -466,6 +466,43 @@ def test_a_watching_agent_keeps_its_hold_while_its_watches_fail(world, client, t
         proxy.close()
 
 
+def test_a_silent_watch_marks_its_cache_unhealthy_and_comes_back(world, tmp_path):
+    """A half-open connection (the proxy stops passing anything on): the watch is silent, no event and
+    no bookmark, so after the idle time the cache is unhealthy (a pass would be incomplete), and it is
+    current again once a new watch opens. Watches ask for 5 to 10 minutes and for bookmarks."""
+    from compat_hook.cluster import kube, reflector
+
+    w = world
+    proxy = FaultProxy(w.cp.url)
+    r = None
+    try:
+        k = kube.connect(str(proxy.kubeconfig(tmp_path / "proxy.kubeconfig", ADMIN_TOKEN)))
+        r = reflector.Reflector(k, "/api/v1/nodes", query={"fieldSelector": "metadata.name=gpu-a"}, name="node",
+                                idle_s=3).start()
+        w.admin.wait("the cache current", lambda: r.synced.is_set() and r.healthy, timeout=30, interval=0.1)
+        watches = [p for m, p in proxy.seen if "watch=true" in p]
+        assert watches and all("allowWatchBookmarks=true" in p for p in watches), watches
+        seconds = [int(p.split("timeoutSeconds=")[1].split("&")[0]) for p in watches]
+        assert all(300 <= s <= 600 for s in seconds), seconds
+        proxy.frozen.set()
+        t0 = time.monotonic()
+        w.admin.wait("unhealthy", lambda: not r.healthy, timeout=30, interval=0.1)
+        took = time.monotonic() - t0
+        assert 2.5 <= took < 10, took
+        time.sleep(4)  # still silent: the watches made meanwhile never open
+        assert not r.healthy and r.error, r.error
+        proxy.frozen.clear()
+        w.admin.wait("current again", lambda: r.healthy, timeout=60, interval=0.1)
+        [node] = r.objects()
+        assert node["metadata"]["name"] == "gpu-a"
+        print(f"unhealthy {took:.1f} s after the stream went silent (idle time 3 s)")
+    finally:
+        if r is not None:
+            r.stop.set()
+        proxy.frozen.clear()
+        proxy.close()
+
+
 def test_a_held_node_the_controller_moved_past_upgrade_required_gets_no_skip_label_back(world, client):
     w = world
     node = f"drain-{client}"
@@ -1078,8 +1115,35 @@ def test_no_crash_without_the_nvidiadriver_crd_and_on_odd_answers(world, client,
         finally:
             agent.terminate()
             agent.wait(10)
+        # without watches, a pass a second: the missing CRD is asked for once, then after a backoff (30 s
+        # at least), not on every pass
+        n0 = len(w.passes(node))
+        seen0 = len(proxy.seen)
+        agent = w.spawn(node, "--interval", "1", "--no-watch", client=client, kubeconfig=kc)
+        try:
+            w.admin.wait("five passes", lambda: len(w.passes(node)) >= n0 + 5, timeout=60)
+            assert agent.poll() is None
+        finally:
+            agent.terminate()
+            agent.wait(10)
+        asked = [p for m, p in proxy.seen[seen0:] if "/nvidiadrivers" in p]
+        policies = [p for m, p in proxy.seen[seen0:] if "/clusterpolicies" in p]
+        assert len(asked) == 1 and len(policies) >= 5, (asked, len(policies))
+        assert all(p["complete"] for p in w.passes(node)[n0:]), w.passes(node)[n0:]
     finally:
         proxy.close()
+
+
+def test_a_missing_namespace_is_one_clear_line(world, client):
+    """The agent run by hand where the chart's namespace is not: one line that says so, exit 1."""
+    w = world
+    node = f"nons-{client}"
+    w.add_node(node, image="legacy")
+    r = w.agent(node, "--publish-namespace", "no-such-ns", client=client, kubeconfig=w.admin_kc, check=False)
+    assert r["rc"] == 1 and r["last"]["event"] == "cluster_error" and r["last"]["status"] == 404, r
+    msg = r["last"]["message"]
+    assert "the namespace no-such-ns does not exist" in msg and "--publish-namespace" in msg, msg
+    assert "{" not in msg and "\n" not in msg, msg  # not the API server's Status body
 
 
 # ----------------------------------------------------------------------------- the loop: faults, watches, cost

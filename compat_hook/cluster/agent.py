@@ -152,10 +152,17 @@ def _key(target, ids) -> str:
 
 
 class DirectView:
-    """Reads everything now (``--once``, ``--no-watch``): four requests, from the watch cache."""
+    """Reads everything now (``--once``, ``--no-watch``): four requests, from the watch cache. A kind
+    the API server does not serve (no such CRD: a 404) is not asked for again until a jittered,
+    exponential backoff (:data:`CRD_RETRY`) has passed; until then there are none of it."""
 
-    def __init__(self, kube, node: str) -> None:
+    #: (base, cap) seconds before a kind found missing is listed again
+    CRD_RETRY = (60.0, 900.0)
+
+    def __init__(self, kube, node: str, rng=None) -> None:
         self.kube, self.node_name = kube, node
+        self.rng = rng or random.Random()
+        self._missing: dict = {}  # path -> (monotonic time to ask again, its Backoff)
 
     def node(self) -> dict:
         return self.kube.get(f"/api/v1/nodes/{self.node_name}")
@@ -165,10 +172,16 @@ class DirectView:
         return [p for p in doc.get("items") or [] if isinstance(p, dict)]
 
     def _optional(self, path: str) -> list:
+        missing = self._missing.get(path)
+        if missing is not None and time.monotonic() < missing[0]:
+            return []  # found missing a moment ago: not asked for on every pass
         try:
             doc = self.kube.get(path, resourceVersion="0")
         except NotFound:  # no such CRD: no GPU Operator objects of that kind
+            b = missing[1] if missing is not None else Backoff(*self.CRD_RETRY, rng=self.rng)
+            self._missing[path] = (time.monotonic() + b.next(), b)
             return []
+        self._missing.pop(path, None)
         return [o for o in doc.get("items") or [] if isinstance(o, dict)]
 
     def policies(self) -> list:
@@ -192,7 +205,7 @@ class WatchView:
 
         r = rng or random.Random()
         self.kube, self.node_name = kube, node
-        self.direct = DirectView(kube, node)
+        self.direct = DirectView(kube, node, rng=r)
         self.r_node = Reflector(kube, "/api/v1/nodes", query={"fieldSelector": f"metadata.name={node}"},
                                 on_change=on_change, name="node", rng=r)
         self.r_pods = Reflector(kube, "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={node}"},
@@ -502,7 +515,7 @@ class Agent:
             obj = publish.configmap(name=opts.node, namespace=opts.publish_namespace, doc=details, when=_rfc3339())
             try:
                 if self.cm_rv is None:
-                    new = kube.create(path, obj)
+                    new = _in_namespace(lambda: kube.create(path, obj), opts.publish_namespace)
                 else:
                     obj["metadata"]["resourceVersion"] = self.cm_rv
                     new = kube.update(f"{path}/{opts.node}", obj)
@@ -531,7 +544,8 @@ class Agent:
             obj = publish.lease(name=opts.node, namespace=opts.publish_namespace, interval=opts.interval,
                                 now=time.time(), acquired=self.lease_acquired, resource_version=self.lease_rv or None)
             try:
-                new = kube.update(f"{path}/{opts.node}", obj) if self.lease_rv else kube.create(path, obj)
+                new = (kube.update(f"{path}/{opts.node}", obj) if self.lease_rv
+                       else _in_namespace(lambda: kube.create(path, obj), opts.publish_namespace))
             except Conflict:
                 self.lease_rv = None
                 if attempt:
@@ -585,7 +599,7 @@ class Agent:
                 self.view = WatchView(self.kube, self.opts.node, self.on_change, rng=self.rng)
                 self.view.start()
             else:
-                self.view = DirectView(self.kube, self.opts.node)
+                self.view = DirectView(self.kube, self.opts.node, rng=self.rng)
 
     def run(self) -> int:
         """One pass with ``once`` (exit 0 published, 1 an API error), else forever."""
@@ -623,6 +637,16 @@ class Agent:
             # waits for its burst of events to settle.
             time.sleep(herd_delay(self.opts.interval, self.rng) if herd else self.rng.uniform(0.05, 0.3))
             self.wake.clear()
+
+
+def _in_namespace(create, namespace: str):
+    """``create()``; a 404 there means the namespace itself is missing (the agent run by hand without
+    the chart's namespace): said in one line, not as the API server's Status body."""
+    try:
+        return create()
+    except NotFound:
+        raise NotFound(f"the namespace {namespace} does not exist: the agent publishes its details and "
+                       f"heartbeat there (install the chart, create it, or pass --publish-namespace)", 404) from None
 
 
 def run(kube_factory, load_config, opts: AgentOptions) -> int:
