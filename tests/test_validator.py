@@ -476,8 +476,8 @@ def api(tmp_path_factory):
         cp.stop()
 
 
-def _opts(**kw) -> ValidatorOptions:
-    return ValidatorOptions("gpu-k", publish_namespace="compat-hook", probe_image="localhost/compat-hook:0.1.0",
+def _opts(node: str = "gpu-k", **kw) -> ValidatorOptions:
+    return ValidatorOptions(node, publish_namespace="compat-hook", probe_image="localhost/compat-hook:0.1.0",
                             **kw)
 
 
@@ -625,3 +625,58 @@ def test_a_pod_with_a_busybox_sidecar_is_validated_on_its_gpu_container_only(api
     assert [(r["image"], r["env"], r["code"]) for r in result["images"]] == [
         ("registry.test/apps/infer:1", ["LD_LIBRARY_PATH=/opt/app/lib", "NVIDIA_VISIBLE_DEVICES=all"], "no_expectation")]
     assert result["result"] == "fail" and _pods(cp) == []
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_workload_image_gone_from_the_node_fails_unless_allowed(api, tmp_path):
+    """The kubelet garbage-collected the image during the drain: the probe (imagePullPolicy Never)
+    waits in ErrImageNeverPull, nothing is proven, so the workload fails; with
+    cluster.validation_allow_unverified it passes as not verified. No kubelet runs this node: the
+    test reports the probe container's state as the kubelet does."""
+    import threading
+    import time
+
+    from compat_hook.core.config import from_mapping
+    from tests.support import hookenv
+    from tests.support.gpucluster import build_store, gpu_node, ref
+
+    cp, k = api
+    node = gpu_node("gpu-gc")
+    node["metadata"]["annotations"] = {}  # not kwok's: nothing runs its pods
+    cp.admin.create("/api/v1/nodes", node)
+    store = build_store(tmp_path / "store", ["infer"])
+    host = hookenv.fake_host(tmp_path / "host", HOST_555)
+    cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
+    rec = tmp_path / "agent"
+    workloads.record(str(rec), [_pod("p0", ref("infer"))], driver=HOST_535,
+                     sources={f"oci:{store}:{ref('infer')}": [ref("infer")]})
+
+    def kubelet() -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            pods = [p for p in _pods(cp) if p["spec"]["nodeName"] == "gpu-gc"]
+            if pods:
+                name = pods[0]["metadata"]["name"]
+                cp.admin.request("PATCH", f"/api/v1/namespaces/compat-hook/pods/{name}/status", {"status": {
+                    "phase": "Pending", "containerStatuses": [{
+                        "name": "probe", "ready": False, "restartCount": 0, "image": ref("infer"), "imageID": "",
+                        "state": {"waiting": {"reason": "ErrImageNeverPull", "message":
+                                              f'Container image "{ref("infer")}" is not present with pull policy of Never'}}}]}},
+                    content_type="application/merge-patch+json")
+                return
+            time.sleep(0.2)
+
+    for allow in (False, True):
+        t = threading.Thread(target=kubelet)
+        t.start()
+        opts = _opts(node="gpu-gc", probe_timeout=30, deadline=60, workloads_dir=str(rec), allow_unverified=allow)
+        result = validate.validate(k, cfg, opts, HOST_555)
+        t.join()
+        [row] = result["images"]
+        assert row["expected"] == "host" and row["needs"] == "12.4", row  # the decision was formed from the store
+        assert (row["ok"], row["code"], row.get("unverified")) == (allow, "not_on_node", True), row
+        assert "not on the node" in row["message"], row
+        assert result["result"] == ("pass" if allow else "fail") and _pods(cp) == []
+        if allow:
+            assert "not verified (not on the node): " + ref("infer") in validate.event_message(HOST_555, result["images"])
