@@ -51,9 +51,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .refs import normalize_ref
-from .workloads import is_probe
 
-__all__ = ["Container", "Workloads", "gpu_containers", "runtime_of", "build", "RELEVANT", "MAX_PODS"]
+__all__ = ["Container", "Workloads", "gpu_containers", "runtime_of", "build", "is_probe", "RELEVANT", "MAX_PODS",
+           "PROBE_NAME", "PROBE_OF"]
 
 #: Env names a decision (compat-hook's or the toolkit's) may read.
 RELEVANT = ("NVIDIA_", "CUDA_", "LD_", "COMPAT_HOOK_")
@@ -74,6 +74,31 @@ def _map(v) -> dict:
 
 def _list(v) -> list:
     return v if isinstance(v, list) else []
+
+
+#: The label value (``app.kubernetes.io/name``) of the validator's probe pods: never a workload.
+PROBE_NAME = "compat-hook-probe"
+#: The annotation every probe pod carries (the image it proves; :func:`compat_hook.cluster.validate.probe_pod`).
+PROBE_OF = "compat-hook.io/probe-of"
+
+
+def is_probe(pod: dict, namespace: str | None) -> bool:
+    """The validator's own probe pod (:mod:`compat_hook.cluster.validate`): in ``namespace`` (the agent's
+    and the validator's, the release namespace), labelled and annotated as the validator makes it. The
+    label alone is anyone's to set: a GPU pod left out of the preflight on its word would be a silent
+    fail-open, so a pod short of any of the three is a workload.
+
+    >>> probe = {"metadata": {"namespace": "compat-hook", "labels": {"app.kubernetes.io/name": PROBE_NAME},
+    ...                       "annotations": {PROBE_OF: "registry.test/a:1"}}}
+    >>> is_probe(probe, "compat-hook"), is_probe(probe, "ml"), is_probe(probe, None)
+    (True, False, False)
+    >>> del probe["metadata"]["annotations"]; is_probe(probe, "compat-hook")
+    False
+    """
+    meta = _map(pod.get("metadata"))
+    return (namespace is not None and meta.get("namespace") == namespace
+            and _map(meta.get("labels")).get("app.kubernetes.io/name") == PROBE_NAME
+            and PROBE_OF in _map(meta.get("annotations")))
 
 
 def relevant(name: str) -> bool:
@@ -286,7 +311,7 @@ class Workloads:
 
 def build(pods: list, classes, probe_namespace: str | None = None) -> Workloads:
     """The :class:`Workloads` of ``pods`` (the pods bound to the node); the validator's probes, in
-    ``probe_namespace`` (the agent's own), are left out (:func:`~.workloads.is_probe`)."""
+    ``probe_namespace`` (the agent's own), are left out (:func:`is_probe`)."""
     ws = Workloads()
     for pod in pods[:MAX_PODS]:
         if isinstance(pod, dict) and is_probe(pod, probe_namespace):  # the validator's own: never a workload

@@ -45,15 +45,12 @@ import os
 import time
 
 from . import refs
+from .pods import PROBE_NAME, PROBE_OF, gpu_containers, is_probe  # is_probe and the names: re-exported
 
 __all__ = ["FILE", "PROBE_NAME", "PROBE_OF", "from_pods", "record", "record_pass", "load", "for_driver", "is_probe"]
 
 FILE = "workloads.json"
 VERSION = 1
-#: The label value (``app.kubernetes.io/name``) of the validator's probe pods: never a workload.
-PROBE_NAME = "compat-hook-probe"
-#: The annotation every probe pod carries (the image it proves; :func:`compat_hook.cluster.validate.probe_pod`).
-PROBE_OF = "compat-hook.io/probe-of"
 MAX_WORKLOADS = 128
 MAX_PODS = 8
 MAX_ENV = 32
@@ -78,25 +75,6 @@ def _text(v, limit: int) -> str | None:
     return v if isinstance(v, str) and 0 < len(v) <= limit and v.isprintable() else None
 
 
-def is_probe(pod: dict, namespace: str | None) -> bool:
-    """The validator's own probe pod (:mod:`compat_hook.cluster.validate`): in ``namespace`` (the agent's
-    and the validator's, the release namespace), labelled and annotated as the validator makes it. The
-    label alone is anyone's to set: a GPU pod left out of the preflight on its word would be a silent
-    fail-open, so a pod short of any of the three is a workload.
-
-    >>> probe = {"metadata": {"namespace": "compat-hook", "labels": {"app.kubernetes.io/name": PROBE_NAME},
-    ...                       "annotations": {PROBE_OF: "registry.test/a:1"}}}
-    >>> is_probe(probe, "compat-hook"), is_probe(probe, "ml"), is_probe(probe, None)
-    (True, False, False)
-    >>> del probe["metadata"]["annotations"]; is_probe(probe, "compat-hook")
-    False
-    """
-    meta = _dict(pod.get("metadata"))
-    return (namespace is not None and meta.get("namespace") == namespace
-            and _dict(meta.get("labels")).get("app.kubernetes.io/name") == PROBE_NAME
-            and PROBE_OF in _dict(meta.get("annotations")))
-
-
 def from_pods(pods: list, *, sources: dict | None = None, when: str | None = None,
               probe_namespace: str | None = None) -> list:
     """The workloads of ``pods`` (the running or pending GPU pods among them, the validator's probes in
@@ -109,8 +87,6 @@ def from_pods(pods: list, *, sources: dict | None = None, when: str | None = Non
     for src, names in _dict(sources).items():
         for n in _list(names):
             by_ref.setdefault(n, src)
-    from .pods import gpu_containers  # the agent's own model of a workload (it imports this module)
-
     when = when or _now()
     out: dict = {}
     for pod in _list(pods)[:refs.MAX_PODS]:
