@@ -196,6 +196,31 @@ def test_agent_sets_its_own_preflight_and_skip_labels(world):
     assert meta["labels"][DEPLOY] == "true" and meta["annotations"]["team.example.com/owner"] == "gpu-team"
 
 
+def test_agent_removes_only_its_own_skip_label(world):
+    """The skip label is the agent's only with its holds-upgrade annotation: an operator's own (no
+    annotation) is never the agent's to remove, nor is its own without the annotation going too; it
+    sets the label only to "true", with the annotation."""
+    w = world
+    hold = f"{PREFIX}/holds-upgrade"
+    w.admin.merge("/api/v1/nodes/gpu-a", {"metadata": {"labels": {SKIP: "true"}, "annotations": {hold: None}}})
+    try:
+        # someone else's skip label (no annotation of compat-hook's)
+        assert "only together with its annotation" in w.refused("gpu-a", "gpu-a", {"metadata": {"labels": {SKIP: None}}})
+        # compat-hook's own, but the label alone
+        w.admin.merge("/api/v1/nodes/gpu-a", {"metadata": {"annotations": {hold: "x"}}})
+        assert "only together with its annotation" in w.refused("gpu-a", "gpu-a", {"metadata": {"labels": {SKIP: None}}})
+        assert "only together with its annotation" in w.refused(
+            "gpu-a", "gpu-a", {"metadata": {"labels": {SKIP: None}, "annotations": {hold: "y"}}})
+        # set to anything but "true", or without the annotation
+        assert 'only to \\"true\\"' in w.refused("gpu-a", "gpu-a", {"metadata": {"labels": {SKIP: "false"}}})
+        w.patch("gpu-a", "gpu-a", {"metadata": {"labels": {SKIP: None}, "annotations": {hold: None}}})  # together: yes
+        assert 'only to \\"true\\"' in w.refused("gpu-a", "gpu-a", {"metadata": {"labels": {SKIP: "true"}}})
+        w.patch("gpu-a", "gpu-a", {"metadata": {"labels": {SKIP: "true"}, "annotations": {hold: "z"}}})
+        assert w.node("gpu-a")["metadata"]["labels"][SKIP] == "true"
+    finally:
+        w.admin.merge("/api/v1/nodes/gpu-a", {"metadata": {"labels": {SKIP: None}, "annotations": {hold: None}}})
+
+
 def test_agent_cannot_change_another_node(world):
     w = world
     msg = w.refused("gpu-a", "gpu-b", {"metadata": {"labels": {f"{PREFIX}/preflight": "fail", SKIP: "true"}}})
@@ -374,7 +399,7 @@ def test_validator_sets_only_its_own_nodes_validated_label(world):
                        ({"metadata": {"annotations": {f"{PREFIX}/preflight": "by-validator"}}}, f"{PREFIX}/preflight"),
                        ({"metadata": {"annotations": {"team.example.com/owner": None}}}, "team.example.com/owner"),
                        ({"spec": {"unschedulable": True}}, "spec"),
-                       ({"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}, "spec")):
+                       ({"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}, "only the taint")):
         if says is None:
             w.patch("validator", "gpu-a", body)
             assert VALIDATED not in w.node("gpu-a")["metadata"]["labels"]
@@ -384,12 +409,53 @@ def test_validator_sets_only_its_own_nodes_validated_label(world):
                                           policy=VALIDATOR_NODE_POLICY)
 
 
-def _probe(node: str = "gpu-a") -> dict:
+def test_validator_adds_and_removes_only_its_own_taint(world):
+    """compat_hook/cluster/validate.py ``publish``: its taint, ``<prefix>/validation-failed=<driver>:NoSchedule``,
+    added and removed in the taints list it writes whole (a JSON merge patch over the version it read);
+    every other change of the spec is refused."""
+    from compat_hook.cluster import kube
+    from compat_hook.cluster.validate import ValidatorOptions, publish
+
+    w = world
+    mine = f"{PREFIX}/validation-failed"
+    theirs = {"key": "team.example.com/gpu", "value": "a100", "effect": "NoSchedule"}
+    w.admin.merge("/api/v1/nodes/gpu-a", {"spec": {"taints": [theirs]}})
+    try:
+        # the validator's own code, with its pod-bound token
+        k = kube.connect(str(w.cp.kubeconfig(w.api["validator"].token, "validator")))
+        opts = ValidatorOptions("gpu-a", publish_namespace=NS)
+        publish(k, opts, PREFIX, {"driver": "470.256.02", "result": "fail", "images": []}, event=False)
+        node = w.node("gpu-a")
+        assert node["spec"]["taints"] == [theirs, {"key": mine, "value": "470.256.02", "effect": "NoSchedule"}]
+        assert node["metadata"]["labels"][VALIDATED] == "failed"
+        with_mine = node["spec"]["taints"]
+        for taints, says in (
+                ([theirs, {"key": mine, "value": "470.256.02", "effect": "NoExecute"}], "effect NoSchedule"),
+                (with_mine + [{"key": mine, "value": "x", "effect": "PreferNoSchedule"}], "once"),
+                ([{"key": mine, "value": "470.256.02", "effect": "NoSchedule"}], "only the taint"),  # theirs removed
+                ([dict(theirs, value="h100"), with_mine[1]], "only the taint"),                     # theirs changed
+                (with_mine + [{"key": "x.example.com/t", "effect": "NoSchedule"}], "only the taint")):
+            assert says in w.refused("validator", "gpu-a", {"spec": {"taints": taints}}, policy=VALIDATOR_NODE_POLICY)
+        for spec in ({"unschedulable": True}, {"providerID": "kwok://x"}, {"podCIDR": "10.0.0.0/24"}):
+            assert "never changes a Node's spec" in w.refused("validator", "gpu-a", {"spec": spec},
+                                                              policy=VALIDATOR_NODE_POLICY), spec
+        # not on another Node, not with a token that names no node
+        assert "may change only that Node" in w.refused(
+            "validator", "gpu-b", {"spec": {"taints": [{"key": mine, "value": "1", "effect": "NoSchedule"}]}},
+            policy=VALIDATOR_NODE_POLICY)
+        publish(k, opts, PREFIX, {"driver": "470.256.02", "result": "pass", "images": []}, event=False)
+        node = w.node("gpu-a")
+        assert node["spec"]["taints"] == [theirs] and node["metadata"]["labels"][VALIDATED] == "470.256.02"
+    finally:
+        w.admin.merge("/api/v1/nodes/gpu-a", {"spec": {"taints": None}})
+
+
+def _probe(node: str = "gpu-a", gpu_resource: str | None = None) -> dict:
     """The probe pod the validator on ``node`` makes for a workload (its own code builds it)."""
     from compat_hook.cluster.validate import ValidatorOptions, probe_pod
 
     opts = ValidatorOptions(node, publish_namespace=NS, probe_image="localhost/compat-hook:0.1.0",
-                            runtime_class="cuda-compat")
+                            runtime_class="cuda-compat", gpu_resource=gpu_resource)
     return probe_pod(opts, {"image": "registry.test/apps/infer:1", "env": ["CUDA_VISIBLE_DEVICES=0"],
                             "runtime_class": "cuda-compat", "pods": ["apps/infer"]})
 
@@ -431,6 +497,28 @@ BAD_PROBES = {
                    "allowPrivilegeEscalation"),
     "unconfined": (lambda p, s: _sc(s["containers"][0], seccompProfile={"type": "Unconfined"}), "RuntimeDefault"),
     "no-seccomp": (lambda p, s: s["containers"][0]["securityContext"].pop("seccompProfile"), "RuntimeDefault"),
+    # pinned to the probe: its program, its images, its env, nothing it does not need
+    "pull-policy": (lambda p, s: s["containers"][0].update(imagePullPolicy="Always"), "imagePullPolicy: Never"),
+    "other-image": (lambda p, s: s["containers"][0].update(image="registry.test/evil:1"), "probe-of annotation"),
+    "command": (lambda p, s: s["containers"][0].update(command=["/bin/sh", "-c", "id"]), "run only the probe"),
+    "args": (lambda p, s: s["containers"][0].update(args=["--x"]), "run only the probe"),
+    "stage-image": (lambda p, s: s["initContainers"][0].update(image="registry.test/evil:1"), "run only the probe"),
+    "stage-command": (lambda p, s: s["initContainers"][0].update(command=["/bin/sh", "-c", "id"]), "run only the probe"),
+    "second-container": (lambda p, s: s["containers"].append(dict(s["containers"][0], name="two")), "one container"),
+    "env-name": (lambda p, s: s["containers"][0]["env"].append({"name": "HTTP_PROXY", "value": "x"}), "literal values"),
+    "env-value-from": (lambda p, s: s["containers"][0]["env"].append(
+        {"name": "CUDA_X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}), "literal values"),
+    "env-from": (lambda p, s: s["containers"][0].update(envFrom=[{"configMapRef": {"name": "c"}}]), "literal values"),
+    "ports": (lambda p, s: s["containers"][0].update(ports=[{"containerPort": 80}]), "open no port"),
+    "host-port": (lambda p, s: s["containers"][0].update(ports=[{"containerPort": 80, "hostPort": 80}]), "open no port"),
+    "priority": (lambda p, s: s.update(priorityClassName="system-node-critical"), "no priorityClassName"),
+    "memory": (lambda p, s: s["containers"][0]["resources"]["limits"].update(memory="64Gi"), "at most 128Mi"),
+    "gpus": (lambda p, s: s["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "8"}), "at most one GPU"),
+    "cpu": (lambda p, s: s["containers"][0]["resources"]["requests"].update(cpu="16"), "10m CPU"),
+    "proc-mount": (lambda p, s: (s.update(hostUsers=False), _sc(s["containers"][0], procMount="Unmasked")), "procMount"),
+    "apparmor": (lambda p, s: _sc(s["containers"][0], appArmorProfile={"type": "Unconfined"}), "AppArmor"),
+    "sysctls": (lambda p, s: s.update(securityContext={"sysctls": [{"name": "net.core.somaxconn", "value": "1024"}]}),
+                "no sysctls"),
 }
 
 
@@ -474,6 +562,12 @@ def test_validator_creates_and_deletes_probe_pods_on_its_own_node(world):
     with pytest.raises(ApiError) as e:
         v.create("/api/v1/namespaces/apps/pods", dict(_probe(), metadata=dict(_probe()["metadata"], namespace="apps")))
     assert e.value.status == 403 and "ValidatingAdmissionPolicy" not in str(e.value), e.value
+
+
+def test_a_probe_that_asks_the_device_plugin_for_a_gpu_is_admitted(world):
+    """``--gpu-resource``: one GPU by the device plugin (the API server defaults the request to the limit)."""
+    made = world.api["validator"].request("POST", PROBES, _probe(gpu_resource="nvidia.com/gpu"), query={"dryRun": "All"})
+    assert made["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "1"
 
 
 @pytest.mark.parametrize("case", sorted(BAD_PROBES))

@@ -56,8 +56,10 @@ class World:
         self.store = build_store(work / "store", ["train", "legacy", "infer", "future"], libs)
         self.hosts: dict = {}
         self.pythons = clients()
+        # hold_quiet_s 0: a hold lifts on the first pass that finds its workloads gone, so that these tests
+        # can delete a pod and look at once; the quiet time itself has tests of its own (own configs)
         self.config = hookenv.write_config(work / "agent.yaml", host_root=work, log_file=work / "decisions.log",
-                                           nvml="off", cluster={"gate_upgrade": True})
+                                           nvml="off", cluster={"gate_upgrade": True, "hold_quiet_s": 0})
 
     # -- nodes -----------------------------------------------------------------
     def set_driver(self, node: str, version: str, gpu: str = A100) -> None:
@@ -164,7 +166,7 @@ class World:
 
     def status_json(self, case: str, client: str = "debian") -> tuple:
         rc, out, err = self.status(case, "--json", client=client)
-        assert rc in (0, 2, 3), err
+        assert rc in (0, 2, 3, 5), err
         doc = json.loads(out)
         return rc, {n["name"]: n for n in doc["nodes"]}, doc["summary"]
 
@@ -464,6 +466,43 @@ def test_a_watching_agent_keeps_its_hold_while_its_watches_fail(world, client, t
         proxy.close()
 
 
+def test_a_silent_watch_marks_its_cache_unhealthy_and_comes_back(world, tmp_path):
+    """A half-open connection (the proxy stops passing anything on): the watch is silent, no event and
+    no bookmark, so after the idle time the cache is unhealthy (a pass would be incomplete), and it is
+    current again once a new watch opens. Watches ask for 5 to 10 minutes and for bookmarks."""
+    from compat_hook.cluster import kube, reflector
+
+    w = world
+    proxy = FaultProxy(w.cp.url)
+    r = None
+    try:
+        k = kube.connect(str(proxy.kubeconfig(tmp_path / "proxy.kubeconfig", ADMIN_TOKEN)))
+        r = reflector.Reflector(k, "/api/v1/nodes", query={"fieldSelector": "metadata.name=gpu-a"}, name="node",
+                                idle_s=3).start()
+        w.admin.wait("the cache current", lambda: r.synced.is_set() and r.healthy, timeout=30, interval=0.1)
+        watches = [p for m, p in proxy.seen if "watch=true" in p]
+        assert watches and all("allowWatchBookmarks=true" in p for p in watches), watches
+        seconds = [int(p.split("timeoutSeconds=")[1].split("&")[0]) for p in watches]
+        assert all(300 <= s <= 600 for s in seconds), seconds
+        proxy.frozen.set()
+        t0 = time.monotonic()
+        w.admin.wait("unhealthy", lambda: not r.healthy, timeout=30, interval=0.1)
+        took = time.monotonic() - t0
+        assert 2.5 <= took < 10, took
+        time.sleep(4)  # still silent: the watches made meanwhile never open
+        assert not r.healthy and r.error, r.error
+        proxy.frozen.clear()
+        w.admin.wait("current again", lambda: r.healthy, timeout=60, interval=0.1)
+        [node] = r.objects()
+        assert node["metadata"]["name"] == "gpu-a"
+        print(f"unhealthy {took:.1f} s after the stream went silent (idle time 3 s)")
+    finally:
+        if r is not None:
+            r.stop.set()
+        proxy.frozen.clear()
+        proxy.close()
+
+
 def test_a_held_node_the_controller_moved_past_upgrade_required_gets_no_skip_label_back(world, client):
     w = world
     node = f"drain-{client}"
@@ -613,6 +652,152 @@ def test_pods_replaced_under_new_names_leave_the_node_and_a_released_hold_alone(
     r = w.agent(node, "--driver", R470, client=client)["last"]
     assert (r["gate"], r["node_write"]) == ("released-by-other", "unchanged"), r
     assert SKIP not in w.labels(node) and HOLDS not in w.annotations(node)
+
+
+# ----------------------------------------------------------------------------- holds keyed by workload
+
+
+def _quiet_config(w: World, node: str, tmp_path, quiet: float, **cluster) -> pathlib.Path:
+    return hookenv.write_config(tmp_path / f"quiet-{node}.yaml", host_root=w.hosts[node], log_file=tmp_path / "d.log",
+                                nvml="off", cluster={"gate_upgrade": True, "hold_quiet_s": quiet, **cluster})
+
+
+def test_a_hold_outlives_the_gap_between_its_workloads_pods_under_nvidias_state_machine(world, client, tmp_path):
+    """A StatefulSet's pod recreated under its name, then a Job's next pod under a new one, each a few
+    seconds later: the node stays held, parked in upgrade-required by NVIDIA's controller, the whole
+    time (the Node is polled through each gap). Gone for good, the workload stops counting after the
+    quiet time and the controller moves the node on."""
+    w = world
+    node = f"churn-{client}"
+    quiet = 25
+    w.add_node(node, image="infer", deploy_driver=True)
+    conf = _quiet_config(w, node, tmp_path, quiet)
+    pods = "/api/v1/namespaces/apps/pods"
+    agent = w.spawn(node, "--driver", R470, "--interval", "2", client=client, config=conf)
+    try:
+        w.admin.wait(f"{node} upgrade-done", lambda: w.labels(node).get(STATE) == "upgrade-done", timeout=60)
+        w.admin.wait("held", lambda: w.labels(node).get(SKIP) == "true" and HOLDS in w.annotations(node), timeout=60)
+        # the controller is asked to upgrade the node (its own annotation): the skip label parks it
+        w.admin.merge(f"/api/v1/nodes/{node}", {"metadata": {"annotations": {
+            "nvidia.com/gpu-driver-upgrade-requested": "true"}}})
+        w.admin.wait("upgrade-required", lambda: w.labels(node).get(STATE) == "upgrade-required", timeout=60)
+        n0 = len(w.passes(node))
+
+        def held_for(seconds: float) -> int:
+            polls, end = 0, time.monotonic() + seconds
+            while time.monotonic() < end:
+                meta = w.node(node)["metadata"]
+                labels, anns = meta.get("labels") or {}, meta.get("annotations") or {}
+                assert labels.get(SKIP) == "true" and HOLDS in anns, (labels, anns, w.passes(node)[n0:])
+                assert labels.get(STATE) == "upgrade-required", labels
+                polls += 1
+                time.sleep(0.2)
+            return polls
+
+        w.admin.delete(f"{pods}/infer-{node}", gracePeriodSeconds="0")  # a StatefulSet pod being recreated
+        assert held_for(7) >= 20
+        w.admin.create(pods, gpu_pod(f"infer-{node}", node, ref("infer")))
+        held_for(2)
+        w.admin.delete(f"{pods}/infer-{node}", gracePeriodSeconds="0")  # a Job between two pods
+        held_for(9)
+        w.admin.create(pods, gpu_pod(f"job-{node}-2", node, ref("infer")))
+        held_for(3)
+        gap = w.passes(node)[n0:]
+        assert len(gap) >= 5 and all(p["gate"] == "held" and p["preflight"] == "fail" for p in gap), gap
+        assert any(p["absent_regressions"] == 1 and p["regressions"] == 0 for p in gap), gap  # passes in a gap
+        assert gap[-1]["absent_regressions"] == 0 and gap[-1]["regressions"] == 1, gap[-1]
+
+        # gone for good: held for the quiet time, then lifted; NVIDIA's controller moves the node on
+        t0 = time.monotonic()
+        w.admin.delete(f"{pods}/job-{node}-2", gracePeriodSeconds="0")
+        w.admin.wait("released", lambda: SKIP not in w.labels(node), timeout=quiet + 30, interval=0.2)
+        took = time.monotonic() - t0
+        assert quiet - 1 <= took < quiet + 10, took
+        assert HOLDS not in w.annotations(node) and "held" not in json.loads(w.annotations(node)[f"{PREFIX}/preflight"])
+        w.admin.wait("past upgrade-required", lambda: w.labels(node).get(STATE) != "upgrade-required", timeout=60)
+        print(f"{client}: {len(gap)} passes through two gaps, all held; released {took:.1f} s after the last pod "
+              f"went (quiet time {quiet} s)")
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(10)
+        for name in (f"infer-{node}", f"job-{node}-2"):
+            try:
+                w.admin.delete(f"{pods}/{name}", gracePeriodSeconds="0")
+            except ApiError as e:
+                assert e.status == 404, e
+
+
+def test_a_restarted_agent_counts_an_absent_workload_from_the_node(world, client, tmp_path):
+    """Each ``--once`` pass is a new agent process: what it knows of a workload no pod runs now is what
+    the Node says (the ``held`` record of its annotation), so it agrees with the one before."""
+    w = world
+    node = f"restart-{client}"
+    quiet = 8
+    w.add_node(node, image="infer")
+    conf = _quiet_config(w, node, tmp_path, quiet)
+    r = w.agent(node, "--driver", R470, client=client, config=conf)["last"]
+    assert (r["preflight"], r["gate"], r["regressions"], r["absent_regressions"]) == ("fail", "held", 1, 0), r
+    [rec] = json.loads(w.annotations(node)[f"{PREFIX}/preflight"])["held"]["w"].values()
+    assert rec == [ref("infer"), None], rec
+    w.admin.delete(f"/api/v1/namespaces/apps/pods/infer-{node}", gracePeriodSeconds="0")
+    r = w.agent(node, "--driver", R470, client=client, config=conf)["last"]
+    assert (r["preflight"], r["gate"], r["regressions"], r["absent_regressions"]) == ("fail", "held", 0, 1), r
+    doc = json.loads(w.annotations(node)[f"{PREFIX}/preflight"])
+    [[image, gone]] = doc["held"]["w"].values()
+    assert image == ref("infer") and abs(gone - time.time()) < 10, doc
+    assert "run by no pod now" in w.annotations(node)[HOLDS] and w.labels(node)[SKIP] == "true"
+    rc, nodes, _ = w.status_json(node, client)
+    assert (rc, nodes[node]["preflight"], nodes[node]["held"]) == (3, "fail", True), nodes
+    r = w.agent(node, "--driver", R470, client=client, config=conf)["last"]  # another process: the same clock
+    assert (r["gate"], r["absent_regressions"], r["node_write"]) == ("held", 1, "unchanged"), r
+    time.sleep(max(0.0, gone + quiet - time.time()) + 1)
+    r = w.agent(node, "--driver", R470, client=client, config=conf)["last"]
+    assert (r["preflight"], r["gate"], r["absent_regressions"]) == ("pass", "clear", 0), r
+    assert SKIP not in w.labels(node) and HOLDS not in w.annotations(node)
+    assert "held" not in json.loads(w.annotations(node)[f"{PREFIX}/preflight"])
+
+
+def test_a_known_regression_is_held_beside_a_pod_the_agent_cannot_read(world, client):
+    """Completeness per regressing workload: a pod whose envFrom may set what decides cannot be
+    judged, but the regressing pod beside it was: the node is held, and the unknown pod is reported."""
+    w = world
+    node = f"envfrom-{client}"
+    w.add_node(node, image="infer")
+    pod = gpu_pod(f"cfg-{node}", node, ref("legacy"))
+    pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "gpu-env"}}]
+    w.admin.create("/api/v1/namespaces/apps/pods", pod)
+    r = w.agent(node, "--driver", R470, client=client)["last"]
+    assert (r["preflight"], r["gate"], r["complete"]) == ("fail", "held", False), r
+    assert (r["regressions"], r["unknown_workloads"]) == (1, 1), r
+    assert "not judged" in r["gate_message"] and "envFrom configMapRef gpu-env" in r["gate_message"], r
+    assert w.labels(node)[SKIP] == "true" and w.annotations(node)[HOLDS].endswith(ref("infer"))
+    [unk] = w.details(node)["unknown_workloads"]
+    assert unk["pods"] == [f"apps/cfg-{node}"], unk
+    rc, nodes, _ = w.status_json(node, client)
+    assert (rc, nodes[node]["hold"]) == (3, "yes"), nodes
+    # the regressing pod goes: what is left cannot be judged, so the pass is incomplete and keeps the hold
+    w.admin.delete(f"/api/v1/namespaces/apps/pods/infer-{node}", gracePeriodSeconds="0")
+    r = w.agent(node, "--driver", R470, client=client)["last"]
+    assert (r["preflight"], r["gate"], r["complete"]) == ("warn", "held", False), r
+    assert w.labels(node)[SKIP] == "true"
+
+
+def test_status_exits_5_for_a_regression_nothing_holds(world, client, tmp_path):
+    """``fail`` and not held (here: the gate off) is its own exit status: the upgrade will break it."""
+    w = world
+    node = f"unheld-{client}"
+    w.add_node(node, image="infer")
+    off = _quiet_config(w, node, tmp_path, 0, gate_upgrade=False)
+    r = w.agent(node, "--driver", R470, client=client, config=off)["last"]
+    assert (r["preflight"], r["gate"]) == ("fail", "off"), r
+    rc, out, err = w.status(node, client=client)
+    assert rc == 5, (out, err)
+    assert (_table(out)[node]["PREFLIGHT"], _table(out)[node]["HELD"]) == ("fail", "-"), out
+    r = w.agent(node, "--driver", R470, client=client)["last"]  # the gate on: held, and status says 3
+    assert r["gate"] == "held", r
+    rc, out, err = w.status(node, client=client)
+    assert rc == 3 and _table(out)[node]["HELD"] == "yes", (out, err)
 
 
 def test_a_changed_label_prefix_leaves_no_hold_unsaid(world, client, tmp_path):
@@ -778,11 +963,12 @@ def test_pods_are_read_as_the_engine_starts_them(world, client):
     r = w.agent(node, "--driver", R470, client=client)["last"]
     assert (r["workloads"], r["regressions"], r["unknown_workloads"]) == (2, 1, 1), r
     assert (r["preflight"], r["complete"]) == ("fail", False), r
-    # a regression, but not everything was read: an incomplete pass never sets a hold (nor lifts one)
-    assert r["gate"] == "incomplete" and "unknown_workload" in r["gate_message"], r
-    assert SKIP not in w.labels(node) and HOLDS not in w.annotations(node)
+    # completeness per regressing workload: the regression was read and judged, so it is held; what
+    # could not be judged (the other pod's secret) is said, not a reason to let the upgrade through
+    assert r["gate"] == "held" and "not judged" in r["gate_message"] and "secretKeyRef" in r["gate_message"], r
+    assert w.labels(node)[SKIP] == "true" and HOLDS in w.annotations(node)
     rc, nodes, _ = w.status_json(node, client)
-    assert (rc, nodes[node]["hold"], nodes[node]["held"]) == (3, "incomplete", False), nodes
+    assert (rc, nodes[node]["hold"], nodes[node]["held"]) == (3, "yes", True), nodes
     d = w.details(node)
     [reg] = d["regressions"]
     assert reg["pods"] == [f"apps/a-{node}", f"apps/b-{node}"], reg
@@ -929,8 +1115,35 @@ def test_no_crash_without_the_nvidiadriver_crd_and_on_odd_answers(world, client,
         finally:
             agent.terminate()
             agent.wait(10)
+        # without watches, a pass a second: the missing CRD is asked for once, then after a backoff (30 s
+        # at least), not on every pass
+        n0 = len(w.passes(node))
+        seen0 = len(proxy.seen)
+        agent = w.spawn(node, "--interval", "1", "--no-watch", client=client, kubeconfig=kc)
+        try:
+            w.admin.wait("five passes", lambda: len(w.passes(node)) >= n0 + 5, timeout=60)
+            assert agent.poll() is None
+        finally:
+            agent.terminate()
+            agent.wait(10)
+        asked = [p for m, p in proxy.seen[seen0:] if "/nvidiadrivers" in p]
+        policies = [p for m, p in proxy.seen[seen0:] if "/clusterpolicies" in p]
+        assert len(asked) == 1 and len(policies) >= 5, (asked, len(policies))
+        assert all(p["complete"] for p in w.passes(node)[n0:]), w.passes(node)[n0:]
     finally:
         proxy.close()
+
+
+def test_a_missing_namespace_is_one_clear_line(world, client):
+    """The agent run by hand where the chart's namespace is not: one line that says so, exit 1."""
+    w = world
+    node = f"nons-{client}"
+    w.add_node(node, image="legacy")
+    r = w.agent(node, "--publish-namespace", "no-such-ns", client=client, kubeconfig=w.admin_kc, check=False)
+    assert r["rc"] == 1 and r["last"]["event"] == "cluster_error" and r["last"]["status"] == 404, r
+    msg = r["last"]["message"]
+    assert "the namespace no-such-ns does not exist" in msg and "--publish-namespace" in msg, msg
+    assert "{" not in msg and "\n" not in msg, msg  # not the API server's Status body
 
 
 # ----------------------------------------------------------------------------- the loop: faults, watches, cost
@@ -1056,7 +1269,7 @@ def test_hostile_annotations_and_huge_pod_image_lists_stay_bounded(world, client
     assert r["preflight"] == "warn" and r["not_in_store"] == 256 and "left out" in r["problem"], r
     assert not r["complete"] and r["gate"] == "clear", r
     raw = w.annotations(node)[f"{PREFIX}/preflight"]
-    assert len(raw) <= 1024 and json.loads(raw)["verdict"] == "warn", raw
+    assert len(raw) <= 4096 and json.loads(raw)["verdict"] == "warn", raw
     d = w.details(node)
     assert len(json.dumps(d)) <= 256 << 10 and d["counts"]["not_in_store"] == 256, d["counts"]
     rc, nodes, _ = w.status_json(node, client)

@@ -163,3 +163,34 @@ def test_the_validators_record_counts_the_gpu_pods_the_preflight_counts():
     record = sorted(w["image"] for w in workloads.from_pods(listed, probe_namespace="compat-hook"))
     want = sorted(f"registry.test/{n}:1" for n in ("resource", "claim", "cdi", "env"))
     assert preflight == want and record == want, (preflight, record)
+
+
+def test_the_hold_record_keeps_the_node_annotation_bounded():
+    """Many regressing workloads, long image names: the Node's annotation stays within its bound, the
+    workloads pods run now kept first (the record is what a restarted agent goes on)."""
+    import json
+
+    from compat_hook.cluster import holds, publish
+
+    now = 1_000_000.0
+    regressing = {f"{i:012x}": "registry.test/" + "x" * 300 + f"/{i}:1" for i in range(40)}
+    prev = holds.track(None, target="470.256.02", regressing=regressing, present=set(regressing), now=now,
+                       quiet=600).doc()
+    assert len(prev["w"]) == holds.MAX_ENTRIES
+    # half of them go: absent, counted until the quiet time has passed
+    still = dict(list(regressing.items())[:8])
+    rec = holds.track(prev, target="470.256.02", regressing=still, present=set(still), now=now + 5, quiet=600)
+    assert len(rec.absent) == holds.MAX_ENTRIES - 8 and rec.next_expiry == int(now + 5) + 600
+    doc = publish.node_doc(verdict_="fail", target="470.256.02", target_from="x", now="535.261.03", gate="held",
+                           c={"regressions": 16}, reasons=["regression"] * 12, key="k", interval=300,
+                           details="compat-hook/n", since="t", held=rec.doc())
+    assert len(json.dumps(doc, separators=(",", ":"))) <= publish.MAX_NODE_DOC
+    kept = doc["held"]["w"]
+    assert set(still) <= set(kept) and all(len(v[0]) <= holds.MAX_IMAGE for v in kept.values()), kept
+    # the record comes back from the annotation as it went (what another agent process reads)
+    again = holds.track(json.loads(json.dumps(doc["held"])), target="470.256.02", regressing=still,
+                        present=set(still), now=now + 6, quiet=600)
+    assert {k: e["gone"] for k, e in again.entries.items()} == {k: kept[k][1] for k in kept}
+    # junk in the annotation is dropped, never trusted
+    junk = {"target": "470.256.02", "w": {"a": ["img", "soon"], "b": [1, None], "c": ["ok", None], 5: ["x", None]}}
+    assert list(holds.track(junk, target="470.256.02", regressing={}, present={"c"}, now=now, quiet=600).entries) == ["c"]

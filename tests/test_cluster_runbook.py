@@ -95,7 +95,7 @@ class Runbook:
             self.hosts[node] = work / "hosts" / node
             self.configs[node] = hookenv.write_config(
                 work / "etc" / node / "config.yaml", host_root=self.hosts[node], log_file=work / "log" / f"{node}.log",
-                nvml="off", cluster={"gate_upgrade": True})
+                nvml="off", cluster={"gate_upgrade": True, "hold_quiet_s": 0})  # step 4 deletes the pod and looks at once
 
     def kubectl(self, starts: str) -> str:
         """The next step is a kubectl command starting with ``starts``: the test plays it (after this returns)."""

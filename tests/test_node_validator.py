@@ -176,6 +176,9 @@ def test_an_incompatible_rollback_fails_validation_and_names_the_image(world):
     ev = [e for e in world.events() if HOST_470 in e["message"]]
     assert ev and ev[-1]["type"] == "Warning", ev
     assert PLAIN_IMAGE in ev[-1]["message"] and "apps/infer" in ev[-1]["message"], ev[-1]["message"]
+    # compat-hook's own taint, set by the validator's pod-bound token through the chart's admission policy
+    taints = world.admin.get(f"/api/v1/nodes/{world.node.name}")["spec"].get("taints") or []
+    assert {"key": "compat-hook.io/validation-failed", "value": HOST_470, "effect": "NoSchedule"} in taints, taints
     # not Ready, and it stays so: the upgrade controller would hold the node, then mark it upgrade-failed
     for _ in range(4):
         assert not world.validator_ready()

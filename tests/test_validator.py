@@ -93,6 +93,7 @@ def test_the_probe_reports_the_host_library_and_escapes_its_path(probe, tmp_path
 
 COMPAT = {"loads": "compat", "compat_version": COMPAT_550, "compat_dir": "/usr/local/cuda-12.4/compat", "needs": "12.4"}
 HOST = dict(COMPAT, loads="host")
+UNKNOWN = {"loads": None, "compat_version": None, "compat_dir": None, "needs": None}
 COMPAT_LIB = f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT_550}"
 HOST_LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
 
@@ -116,12 +117,36 @@ def _probe(lib=HOST_LIB, api=12050, **kw) -> dict:
     (HOST, _probe(None, None, error="libcuda.so.1: cannot open shared object file"), False, "no_libcuda"),
     (HOST, _probe(HOST_LIB, None, driver_api_rc=3), False, "driver_api_failed"),
     (HOST, None, False, "no_probe_result"),
-    ({"loads": None, "compat_version": None, "compat_dir": None, "needs": None}, _probe(HOST_LIB, 11040), True, "ok"),
+    # no decision to compare with (the image could not be read): it fails closed, whatever the probe saw
+    (UNKNOWN, _probe(HOST_LIB, 11040), False, "no_expectation"),
+    (UNKNOWN, _probe(HOST_LIB, 12050), False, "no_expectation"),
 ])
 def test_judge(expect, probe, ok, code):
     got = judge(expect, probe)
     assert (got["ok"], got["code"]) == (ok, code), got
     assert got["message"] and "\n" not in got["message"]
+
+
+def test_judge_without_a_decision_passes_only_when_the_config_allows_it():
+    """cluster.validation_allow_unverified: the probe's own checks alone (the old, looser judgement)."""
+    got = judge(UNKNOWN, _probe(HOST_LIB, 11040), unjudged_ok=True)
+    assert (got["ok"], got["code"]) == (True, "ok"), got
+    got = judge(UNKNOWN, _probe(None, None, error="no libcuda"), unjudged_ok=True)
+    assert (got["ok"], got["code"]) == (False, "no_libcuda"), got
+    got = judge(dict(UNKNOWN, problem="containerd: connection refused"), None)
+    assert got["code"] == "no_expectation" and "containerd: connection refused" in got["message"], got
+
+
+@pytest.mark.parametrize("taints,failed,enabled,want", [
+    ([], True, True, [{"key": "compat-hook.io/validation-failed", "value": "470.256.02", "effect": "NoSchedule"}]),
+    ([], True, False, None),                                   # validation_taint: false
+    ([], False, True, None),                                   # a pass: nothing to remove
+    ([{"key": "x", "effect": "NoExecute"}, {"key": "compat-hook.io/validation-failed", "value": "1", "effect": "NoSchedule"}],
+     False, True, [{"key": "x", "effect": "NoExecute"}]),      # a pass removes ours and keeps theirs
+    ([{"key": "compat-hook.io/validation-failed", "value": "470.256.02", "effect": "NoSchedule"}], True, True, None),
+])
+def test_the_validation_failed_taint(taints, failed, enabled, want):
+    assert validate.taints_after(taints, "compat-hook.io", "470.256.02", failed, enabled) == want
 
 
 @pytest.mark.parametrize("text", [
@@ -244,6 +269,35 @@ def test_from_pods_keeps_gpu_workloads_only_and_their_gpu_env():
     tenant = _pod("tenant", "labelled:1", labels={"app.kubernetes.io/name": workloads.PROBE_NAME})
     got = workloads.from_pods([tenant], probe_namespace="compat-hook")
     assert [w["image"] for w in got] == ["docker.io/library/labelled:1"]
+
+
+def _sidecar_pod() -> dict:
+    """A GPU container with a busybox init container, a busybox sidecar (an init container with
+    restartPolicy Always) and a plain busybox container beside it; its LD_LIBRARY_PATH refers to
+    another variable."""
+    pod = _pod("with-sidecars", "registry.test/apps/infer:1",
+               env=[{"name": "BASE", "value": "/opt/app"}, {"name": "LD_LIBRARY_PATH", "value": "$(BASE)/lib"}])
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    pod["spec"]["initContainers"] = [{"name": "init", "image": "busybox:1.36", "env": [{"name": "CUDA_X", "value": "1"}]},
+                                     {"name": "proxy", "image": "busybox:1.36", "restartPolicy": "Always"}]
+    pod["spec"]["containers"].append({"name": "log", "image": "busybox:1.36",
+                                      "env": [{"name": "LD_LIBRARY_PATH", "value": "/x"}]})
+    return pod
+
+
+def test_the_record_holds_the_gpu_containers_only_as_the_agent_judges_them():
+    """One workload model (compat_hook.cluster.pods.Container) for the agent and the validator: the GPU
+    container, its env expanded as the kubelet does; no init container, no sidecar."""
+    from compat_hook.cluster import pods as podsmod
+
+    pod = _sidecar_pod()
+    got = workloads.from_pods([pod])
+    assert [(w["image"], w["env"]) for w in got] == [
+        ("registry.test/apps/infer:1", ["LD_LIBRARY_PATH=/opt/app/lib", "NVIDIA_VISIBLE_DEVICES=all"])], got
+    [c] = podsmod.gpu_containers(pod)[0]  # what the agent assesses: the same container, the same env
+    assert (c.image, list(c.env)) == (got[0]["image"], got[0]["env"])
+    with pytest.raises(AttributeError):
+        c.image = "other"  # frozen: one model, nobody's to change
 
 
 def _probe_pod(name, image) -> dict:
@@ -422,8 +476,8 @@ def api(tmp_path_factory):
         cp.stop()
 
 
-def _opts(**kw) -> ValidatorOptions:
-    return ValidatorOptions("gpu-k", publish_namespace="compat-hook", probe_image="localhost/compat-hook:0.1.0",
+def _opts(node: str = "gpu-k", **kw) -> ValidatorOptions:
+    return ValidatorOptions(node, publish_namespace="compat-hook", probe_image="localhost/compat-hook:0.1.0",
                             **kw)
 
 
@@ -488,8 +542,9 @@ def test_a_validation_that_cannot_prove_fails_within_its_deadline_and_says_why(a
     cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
     rec = tmp_path / "agent"
     workloads.record(str(rec), [_pod(f"p{i}", f"registry.test/apps/hang{i}:1") for i in range(3)], driver=HOST_535)
+    # these images are in no store: allowed here, so that each is probed (and hangs) rather than failed at once
     opts = _opts(probe_timeout=10, deadline=15, parallel=2, workloads_dir=str(rec), state_dir=str(tmp_path / "st"),
-                 once=True, ready_file=str(tmp_path / "ready"))
+                 once=True, ready_file=str(tmp_path / "ready"), allow_unverified=True)
     assert validate.read_driver(cfg)[0] == HOST_555
     t0 = time.monotonic()
     rc = validate.run(lambda: k, cfg, opts, "compat-hook.io")
@@ -506,3 +561,122 @@ def test_a_validation_that_cannot_prove_fails_within_its_deadline_and_says_why(a
     evs = cp.admin.get("/api/v1/namespaces/default/events", fieldSelector="involvedObject.name=gpu-k,"
                                                                           "reason=CompatHookValidation")["items"]
     assert evs and evs[-1]["type"] == "Warning" and "registry.test/apps/hang0:1 (pods ml/p0)" in evs[-1]["message"]
+    # the failed node carries compat-hook's own taint, so that an uncordon does not bring work back to it
+    [taint] = [t for t in node["spec"].get("taints") or [] if t["key"] == "compat-hook.io/validation-failed"]
+    assert (taint["value"], taint["effect"]) == (HOST_555, "NoSchedule"), node["spec"]
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_workload_the_validator_cannot_judge_fails_and_taints_the_node_until_a_pass(api, tmp_path):
+    """The store unreachable: no expectation can be formed, so the workload fails (no probe pod is
+    made), the Node gets the taint, and a pass takes only that taint off (someone else's stays)."""
+    import time
+
+    from compat_hook.core.config import from_mapping
+    from tests.support import hookenv
+
+    cp, k = api
+    cp.admin.merge("/api/v1/nodes/gpu-k", {"spec": {"taints": [{"key": "team.example.com/gpu", "effect": "NoSchedule"}]}})
+    host = hookenv.fake_host(tmp_path / "host", HOST_555)
+    cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
+    rec = tmp_path / "agent"
+    workloads.record(str(rec), [_pod("p0", "registry.test/apps/infer:1")], driver=HOST_535)
+    opts = _opts(probe_timeout=10, deadline=60, workloads_dir=str(rec), state_dir=str(tmp_path / "st"), once=True,
+                 address=str(tmp_path / "no-containerd.sock"))
+    t0 = time.monotonic()
+    assert validate.run(lambda: k, cfg, opts, "compat-hook.io") == validate.EXIT_FAILED
+    assert time.monotonic() - t0 < 20
+    st = json.loads((tmp_path / "st" / validate.STATE_FILE).read_text())
+    [row] = st["images"]
+    assert (st["result"], row["ok"], row["code"]) == ("fail", False, "no_expectation"), row
+    assert "could not be formed" in row["message"] and "seconds" not in row, row  # never probed
+    node = cp.admin.get("/api/v1/nodes/gpu-k")
+    assert node["metadata"]["labels"]["compat-hook.io/validated"] == "failed"
+    assert {t["key"]: t.get("value") for t in node["spec"]["taints"]} == {
+        "team.example.com/gpu": None, "compat-hook.io/validation-failed": HOST_555}, node["spec"]
+    # a pass (as the loop publishes it): the label says the driver, compat-hook's taint goes, theirs stays
+    validate.publish(k, opts, "compat-hook.io", {"driver": HOST_555, "result": "pass", "images": []}, event=False)
+    node = cp.admin.get("/api/v1/nodes/gpu-k")
+    assert node["metadata"]["labels"]["compat-hook.io/validated"] == HOST_555
+    assert [t["key"] for t in node["spec"]["taints"]] == ["team.example.com/gpu"], node["spec"]
+    # validation_taint: false: a failure sets none
+    validate.publish(k, _opts(taint=False), "compat-hook.io", {"driver": HOST_555, "result": "fail", "images": []},
+                     event=False)
+    assert [t["key"] for t in cp.admin.get("/api/v1/nodes/gpu-k")["spec"]["taints"]] == ["team.example.com/gpu"]
+    cp.admin.merge("/api/v1/nodes/gpu-k", {"spec": {"taints": None}})
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_pod_with_a_busybox_sidecar_is_validated_on_its_gpu_container_only(api, tmp_path):
+    """The validator proves what the agent recorded: the GPU container alone (a sidecar would fail
+    every upgrade's validation); its store is unreachable here, so the one row fails closed, at once."""
+    from compat_hook.core.config import from_mapping
+    from tests.support import hookenv
+
+    cp, k = api
+    host = hookenv.fake_host(tmp_path / "host", HOST_555)
+    cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
+    rec = tmp_path / "agent"
+    workloads.record(str(rec), [_sidecar_pod()], driver=HOST_535)
+    opts = _opts(probe_timeout=10, deadline=30, workloads_dir=str(rec), address=str(tmp_path / "none.sock"))
+    result = validate.validate(k, cfg, opts, HOST_555)
+    assert [(r["image"], r["env"], r["code"]) for r in result["images"]] == [
+        ("registry.test/apps/infer:1", ["LD_LIBRARY_PATH=/opt/app/lib", "NVIDIA_VISIBLE_DEVICES=all"], "no_expectation")]
+    assert result["result"] == "fail" and _pods(cp) == []
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_workload_image_gone_from_the_node_fails_unless_allowed(api, tmp_path):
+    """The kubelet garbage-collected the image during the drain: the probe (imagePullPolicy Never)
+    waits in ErrImageNeverPull, nothing is proven, so the workload fails; with
+    cluster.validation_allow_unverified it passes as not verified. No kubelet runs this node: the
+    test reports the probe container's state as the kubelet does."""
+    import threading
+    import time
+
+    from compat_hook.core.config import from_mapping
+    from tests.support import hookenv
+    from tests.support.gpucluster import build_store, gpu_node, ref
+
+    cp, k = api
+    node = gpu_node("gpu-gc")
+    node["metadata"]["annotations"] = {}  # not kwok's: nothing runs its pods
+    cp.admin.create("/api/v1/nodes", node)
+    store = build_store(tmp_path / "store", ["infer"])
+    host = hookenv.fake_host(tmp_path / "host", HOST_555)
+    cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
+    rec = tmp_path / "agent"
+    workloads.record(str(rec), [_pod("p0", ref("infer"))], driver=HOST_535,
+                     sources={f"oci:{store}:{ref('infer')}": [ref("infer")]})
+
+    def kubelet() -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            pods = [p for p in _pods(cp) if p["spec"]["nodeName"] == "gpu-gc"]
+            if pods:
+                name = pods[0]["metadata"]["name"]
+                cp.admin.request("PATCH", f"/api/v1/namespaces/compat-hook/pods/{name}/status", {"status": {
+                    "phase": "Pending", "containerStatuses": [{
+                        "name": "probe", "ready": False, "restartCount": 0, "image": ref("infer"), "imageID": "",
+                        "state": {"waiting": {"reason": "ErrImageNeverPull", "message":
+                                              f'Container image "{ref("infer")}" is not present with pull policy of Never'}}}]}},
+                    content_type="application/merge-patch+json")
+                return
+            time.sleep(0.2)
+
+    for allow in (False, True):
+        t = threading.Thread(target=kubelet)
+        t.start()
+        opts = _opts(node="gpu-gc", probe_timeout=30, deadline=60, workloads_dir=str(rec), allow_unverified=allow)
+        result = validate.validate(k, cfg, opts, HOST_555)
+        t.join()
+        [row] = result["images"]
+        assert row["expected"] == "host" and row["needs"] == "12.4", row  # the decision was formed from the store
+        assert (row["ok"], row["code"], row.get("unverified")) == (allow, "not_on_node", True), row
+        assert "not on the node" in row["message"], row
+        assert result["result"] == ("pass" if allow else "fail") and _pods(cp) == []
+        if allow:
+            assert "not verified (not on the node): " + ref("infer") in validate.event_message(HOST_555, result["images"])

@@ -46,7 +46,7 @@ from ..core import logjson
 from ..core.errors import CompatHookError, describe
 from . import gate as gatemod
 from . import pods as podsmod
-from . import predict, publish, target as targetmod, workloads
+from . import holds, predict, publish, target as targetmod, workloads
 from .backoff import Backoff, herd_delay, jittered
 from .kube import Conflict, KubeError, NotFound
 
@@ -85,7 +85,8 @@ def _sa_namespace() -> str | None:
 def settings(cfg) -> dict:
     """The ``cluster:`` settings with their defaults."""
     s = {"gate_upgrade": False, "label_prefix": DEFAULT_PREFIX, "nfd_features_file": None, "textfile": None,
-         "compat_runtime_classes": ["cuda-compat"]}
+         "compat_runtime_classes": ["cuda-compat"], "hold_quiet_s": None, "validation_allow_unverified": False,
+         "validation_taint": True}
     s.update(getattr(cfg, "cluster", None) or {})
     return s
 
@@ -135,37 +136,33 @@ def _patched(node: dict, patch: dict) -> dict:
     return dict(node, metadata=meta)
 
 
-def _identity(w: dict) -> list:
-    """What a workload is, whichever pods run it: its image, the env and annotations that decide, and
-    its runtime (never a pod's name: a Job's or a Deployment's pods come and go under new names)."""
-    return [w.get("image"), list(w.get("env") or []), sorted((w.get("annotations") or {}).items()), w.get("runtime")]
+def _key(target, ids) -> str:
+    """What the regressions are: the target and the regressing workloads' ids (:func:`.holds.workload_id`:
+    identities, never pods' names; those recorded while absent included), as a short hash.
 
-
-def _key(target, rows: list, items: list) -> str:
-    """What the regressions are: the target and the regressing workloads' identities (a short hash).
-
-    >>> w = {"name": "r/a:1 (ml/job-x1 c)", "image": "r/a:1", "env": ["A=1"], "annotations": {}, "runtime": "toolkit"}
-    >>> row = {"name": w["name"], "regression": True}
-    >>> same = dict(w, name="r/a:1 (ml/job-y7 c)")
-    >>> _key("570", [row], [w]) == _key("570", [dict(row, name=same["name"])], [same]) != _key("580", [row], [w])
+    >>> _key("570", ["b", "a"]) == _key("570", ["a", "b"]) != _key("580", ["a", "b"])
     True
     """
     import hashlib
 
-    by_name = {w.get("name"): w for w in items}
-    ids = sorted(json.dumps(_identity(by_name.get(r.get("name")) or {"image": r.get("image")}))
-                 for r in rows if publish.regression(r))
-    return hashlib.sha256("\0".join([str(target)] + ids).encode()).hexdigest()[:12]
+    return hashlib.sha256("\0".join([str(target)] + sorted(ids)).encode()).hexdigest()[:12]
 
 
 # ----------------------------------------------------------------------------- what a pass reads
 
 
 class DirectView:
-    """Reads everything now (``--once``, ``--no-watch``): four requests, from the watch cache."""
+    """Reads everything now (``--once``, ``--no-watch``): four requests, from the watch cache. A kind
+    the API server does not serve (no such CRD: a 404) is not asked for again until a jittered,
+    exponential backoff (:data:`CRD_RETRY`) has passed; until then there are none of it."""
 
-    def __init__(self, kube, node: str) -> None:
+    #: (base, cap) seconds before a kind found missing is listed again
+    CRD_RETRY = (60.0, 900.0)
+
+    def __init__(self, kube, node: str, rng=None) -> None:
         self.kube, self.node_name = kube, node
+        self.rng = rng or random.Random()
+        self._missing: dict = {}  # path -> (monotonic time to ask again, its Backoff)
 
     def node(self) -> dict:
         return self.kube.get(f"/api/v1/nodes/{self.node_name}")
@@ -175,10 +172,16 @@ class DirectView:
         return [p for p in doc.get("items") or [] if isinstance(p, dict)]
 
     def _optional(self, path: str) -> list:
+        missing = self._missing.get(path)
+        if missing is not None and time.monotonic() < missing[0]:
+            return []  # found missing a moment ago: not asked for on every pass
         try:
             doc = self.kube.get(path, resourceVersion="0")
         except NotFound:  # no such CRD: no GPU Operator objects of that kind
+            b = missing[1] if missing is not None else Backoff(*self.CRD_RETRY, rng=self.rng)
+            self._missing[path] = (time.monotonic() + b.next(), b)
             return []
+        self._missing.pop(path, None)
         return [o for o in doc.get("items") or [] if isinstance(o, dict)]
 
     def policies(self) -> list:
@@ -202,7 +205,7 @@ class WatchView:
 
         r = rng or random.Random()
         self.kube, self.node_name = kube, node
-        self.direct = DirectView(kube, node)
+        self.direct = DirectView(kube, node, rng=r)
         self.r_node = Reflector(kube, "/api/v1/nodes", query={"fieldSelector": f"metadata.name={node}"},
                                 on_change=on_change, name="node", rng=r)
         self.r_pods = Reflector(kube, "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={node}"},
@@ -270,6 +273,7 @@ class Agent:
         self.lease_acquired = None
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
         self.published = None    # (prefix, the Node doc) this process last decided: its own last word
+        self.next_expiry = None  # when a regressing workload recorded while absent stops counting (epoch)
 
     # -- configuration -------------------------------------------------------
     def config(self):
@@ -380,29 +384,51 @@ class Agent:
         complete = (tgt.version is not None and a.report is not None and a.reachable and not a.missing
                     and not c["unreadable"] and not c["unknown_workloads"] and not ws.dropped and not stale
                     and not a.problems)
-        verdict = publish.verdict(c, target_known=tgt.version is not None, report=a.report is not None,
-                                  incomplete=not complete)
-        key = _key(tgt.version, a.rows, ws.items)
-        if verdict == "fail":
-            # Images, not pods: the hold's reason changes (a Node write) only when the regressions do.
-            regs = sorted({str(r.get("workload_image")) for r in a.rows if publish.regression(r)})
-            why = (f"{c['regressions']} workload(s) regress on driver {tgt.version}: " + "; ".join(regs[:3])
-                   + (f" and {len(regs) - 3} more image(s)" if len(regs) > 3 else ""))
-        else:
-            why = "; ".join(problems) or verdict
+        verdict0 = publish.verdict(c, target_known=tgt.version is not None, report=a.report is not None,
+                                   incomplete=not complete)
+        quiet = holds.quiet_s(s["hold_quiet_s"], opts.interval)
+        ids = {w["name"]: holds.workload_id(w) for w in ws.items}
+        judged = {ids[r["name"]] for r in a.rows if r.get("name") in ids}
+        regressing = {ids[r["name"]]: str(r.get("workload_image")) for r in a.rows
+                      if r.get("name") in ids and publish.regression(r)}
+        # what could not be judged, by name (the gate's message says it beside a hold)
+        unk = ws.unknown()
+        unjudged = [f"{w['name']}: {w['unknown']}" for w in unk[:2]] + (
+            [f"and {len(unk) - 2} more unknown workload(s)"] if len(unk) > 2 else [])
         result, conflicts = None, 0
         for attempt in range(CONFLICT_RETRIES):
             meta = _map(node.get("metadata"))
             prev = _node_doc_of(meta, prefix)
             previous = self._previous(prev, prefix)
+            # The regressing workloads, recorded: one no pod runs for a moment (a pod recreated, evicted,
+            # a Job between pods) still counts until it has been absent for the quiet time.
+            rec = holds.track(_map(previous).get("held"), target=tgt.version, regressing=regressing,
+                              present=set(ids.values()), judged=judged, now=time.time(), quiet=quiet,
+                              current=not stale)
+            self.next_expiry = rec.next_expiry
+            absent = rec.absent
+            cn = dict(c, regressions=c["regressions"] + len(absent), absent_regressions=len(absent))
+            verdict = "fail" if absent and verdict0 in ("pass", "warn") else verdict0
+            key = _key(tgt.version, list(rec.entries))
+            if verdict == "fail":
+                # Images, not pods: the hold's reason changes (a Node write) only when the regressions do.
+                regs = sorted({e["image"] for e in rec.entries.values()})
+                why = (f"{cn['regressions']} workload(s) regress on driver {tgt.version}: " + "; ".join(regs[:3])
+                       + (f" and {len(regs) - 3} more image(s)" if len(regs) > 3 else ""))
+                if absent:
+                    why += (f" ({len(absent)} run by no pod now, counted until "
+                            f"{_rfc3339(rec.next_expiry)} at the earliest)")
+            else:
+                why = "; ".join(problems) or verdict
             g = gatemod.decide(meta, verdict=verdict, complete=complete, why=why, enabled=bool(s["gate_upgrade"]),
                                prefix=prefix, blocked=tgt.blocked, key=key, previous=previous,
-                               problem="; ".join(problems) or
+                               problem="; ".join(problems + unjudged) or
                                "reasons " + ", ".join(sorted(set(reasons) - {"regression"})))
             doc = publish.node_doc(verdict_=verdict, target=tgt.version, target_from=tgt.where, now=a.now,
-                                   gate=g.state, c=c, reasons=sorted(set(reasons)), key=key, interval=opts.interval,
+                                   gate=g.state, c=cn, reasons=sorted(set(reasons)), key=key, interval=opts.interval,
                                    details=f"{opts.publish_namespace}/{opts.node}", since=_rfc3339(),
-                                   released_by=g.released_by if g.state == "released-by-other" else None)
+                                   released_by=g.released_by if g.state == "released-by-other" else None,
+                                   held=rec.doc())
             if publish.same_node_doc(prev, doc):
                 doc["since"] = prev.get("since", doc["since"])
             patch = publish.node_patch(prefix=prefix, doc=doc, gate=g, current=meta,
@@ -444,7 +470,8 @@ class Agent:
         out = {"event": "cluster_pass", "node": opts.node, "preflight": verdict, "complete": complete,
                "reasons": sorted(set(reasons)), "target": tgt.version, "target_from": tgt.where, "now": a.now,
                "gate": g.state, "gate_message": g.message, "workloads": c["workloads"],
-               "regressions": c["regressions"], "broken_now_and_after": c["broken_now_and_after"],
+               "regressions": c["regressions"], "absent_regressions": cn["absent_regressions"],
+               "broken_now_and_after": c["broken_now_and_after"],
                "changed": c["changed"], "not_in_store": c["not_in_store"], "unreadable": c["unreadable"],
                "unknown_workloads": c["unknown_workloads"], "pods": len(pods_list),
                "problem": "; ".join(problems) or None, "node_write": result, "conflicts": conflicts,
@@ -488,7 +515,7 @@ class Agent:
             obj = publish.configmap(name=opts.node, namespace=opts.publish_namespace, doc=details, when=_rfc3339())
             try:
                 if self.cm_rv is None:
-                    new = kube.create(path, obj)
+                    new = _in_namespace(lambda: kube.create(path, obj), opts.publish_namespace)
                 else:
                     obj["metadata"]["resourceVersion"] = self.cm_rv
                     new = kube.update(f"{path}/{opts.node}", obj)
@@ -517,7 +544,8 @@ class Agent:
             obj = publish.lease(name=opts.node, namespace=opts.publish_namespace, interval=opts.interval,
                                 now=time.time(), acquired=self.lease_acquired, resource_version=self.lease_rv or None)
             try:
-                new = kube.update(f"{path}/{opts.node}", obj) if self.lease_rv else kube.create(path, obj)
+                new = (kube.update(f"{path}/{opts.node}", obj) if self.lease_rv
+                       else _in_namespace(lambda: kube.create(path, obj), opts.publish_namespace))
             except Conflict:
                 self.lease_rv = None
                 if attempt:
@@ -571,7 +599,7 @@ class Agent:
                 self.view = WatchView(self.kube, self.opts.node, self.on_change, rng=self.rng)
                 self.view.start()
             else:
-                self.view = DirectView(self.kube, self.opts.node)
+                self.view = DirectView(self.kube, self.opts.node, rng=self.rng)
 
     def run(self) -> int:
         """One pass with ``once`` (exit 0 published, 1 an API error), else forever."""
@@ -598,7 +626,10 @@ class Agent:
 
     def _wait(self) -> None:
         """Until the next pass: the (jittered) interval, or soon after a change that matters."""
-        if self.wake.wait(jittered(self.opts.interval, 0.1, self.rng)):
+        timeout = jittered(self.opts.interval, 0.1, self.rng)
+        if self.next_expiry is not None:  # a hold kept for an absent workload: judge it again when that ends
+            timeout = min(timeout, max(0.5, self.next_expiry - time.time() + 0.5))
+        if self.wake.wait(timeout):
             self.wake.clear()
             with self._lock:
                 herd, self._herd = self._herd, False
@@ -606,6 +637,16 @@ class Agent:
             # waits for its burst of events to settle.
             time.sleep(herd_delay(self.opts.interval, self.rng) if herd else self.rng.uniform(0.05, 0.3))
             self.wake.clear()
+
+
+def _in_namespace(create, namespace: str):
+    """``create()``; a 404 there means the namespace itself is missing (the agent run by hand without
+    the chart's namespace): said in one line, not as the API server's Status body."""
+    try:
+        return create()
+    except NotFound:
+        raise NotFound(f"the namespace {namespace} does not exist: the agent publishes its details and "
+                       f"heartbeat there (install the chart, create it, or pass --publish-namespace)", 404) from None
 
 
 def run(kube_factory, load_config, opts: AgentOptions) -> int:

@@ -5,8 +5,8 @@ Exit statuses:
 * ``cluster agent --once``: 0 published, 1 the API server failed or denied the pass
   (without ``--once`` the agent never exits on an API error: it retries with backoff);
 * ``cluster status``: 0 every GPU node passes, 2 some node changes outcome or has no
-  valid verdict (none, unknown, stale), 3 some node would regress, 1 an error (no
-  cluster, denied, a bad config);
+  valid verdict (none, unknown, stale), 3 some node would regress (each such node held),
+  5 some node would regress and nothing holds it, 1 an error (no cluster, denied, a bad config);
 * ``cluster release``: 0 done, 1 an API error.
 
 Bad usage is 2 everywhere; every error is one line on stderr.

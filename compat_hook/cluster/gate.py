@@ -7,17 +7,19 @@ there and nowhere else: on a node already past ``upgrade-required`` the label
 does nothing. So the gate (:func:`decide`, one state per pass):
 
 ``held``
-    A complete pass found a regression (``fail``) and the node is in ``""``,
+    A pass found a regression (``fail``: a workload read and judged, or one
+    recorded recently, :mod:`.holds`) and the node is in ``""``,
     ``upgrade-done`` (between upgrades: a version change moves it from there to
     ``upgrade-required``, where the label parks it) or ``upgrade-required``: the
-    skip label and ``<prefix>/holds-upgrade`` (why) are set together. An existing
-    hold is kept by any pass that is not complete (the target or the node's
-    driver unknown, an image not read, the store or the API failing): only a
-    complete pass with no regression lifts it.
+    skip label and ``<prefix>/holds-upgrade`` (why) are set together.
+    Completeness is judged per regressing workload: a known regression is held
+    even when other workloads could not be judged (the message names what was
+    not). An existing hold is kept by any pass that is not complete (the
+    target or the node's driver unknown, an image not read, the store or the
+    API failing): only a complete pass with no regression lifts it.
 ``incomplete``
-    A regression, but the pass is not complete and there is no hold of ours:
-    none is set (only a complete pass sets a hold, as only one lifts it); the
-    message says why the pass is incomplete.
+    No longer decided (kept so that an older agent's annotation still reads):
+    an incomplete pass that finds a regression holds.
 ``clear``
     No hold; nothing to hold, or a complete pass found no regression (a hold of
     ours is lifted).
@@ -55,9 +57,9 @@ does nothing. So the gate (:func:`decide`, one state per pass):
 >>> unknown = dict(fail, verdict="unknown", complete=False)
 >>> (decide(mine, **unknown).state, decide(mine, **unknown).labels)
 ('held', {})
->>> g = decide({"labels": {}, "annotations": {}}, **dict(fail, complete=False, problem="store unreachable"))
->>> (g.state, g.labels, g.annotations, g.message)
-('incomplete', {}, {}, 'not held: a regression, but this pass is incomplete (store unreachable); 2 workload(s) break')
+>>> g = decide({"labels": {}, "annotations": {}}, **dict(fail, complete=False, problem="1 unknown workload"))
+>>> (g.state, g.labels, g.message)
+('held', {'nvidia.com/gpu-driver-upgrade.skip': 'true'}, 'holding the upgrade: 2 workload(s) break (not judged: 1 unknown workload)')
 >>> decide(mine, **dict(fail, verdict="pass")).labels
 {'nvidia.com/gpu-driver-upgrade.skip': None}
 >>> late = {"labels": {SKIP_LABEL: "true", STATE_LABEL: "drain-required"}, "annotations": {"p.io/holds-upgrade": "x"}}
@@ -183,9 +185,10 @@ def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool,
         return Gate("released-by-other", f"our hold was released by someone else ({SKIP_LABEL} and "
                                          f"{hold_key} removed): not held again for this target; {why}",
                     released_by="release")
+    msg = f"holding the upgrade: {why}"
     if not complete:
-        # What this pass could not read may be what decides (an unknown workload, an image not in the
-        # store): the rule is that an incomplete pass never sets a hold, as it never lifts one.
-        return Gate("incomplete", f"not held: a regression, but this pass is incomplete "
-                                  f"({(problem or 'not everything was read')[:MAX_WHY]}); {why}")
-    return Gate("held", f"holding the upgrade: {why}", labels={SKIP_LABEL: "true"}, annotations={hold_key: why})
+        # Completeness is judged per regressing workload: the one that regresses was read and judged,
+        # so what this pass could not read elsewhere (another pod's envFrom, an image not in the store)
+        # cannot make it any better. Hold, and say what was not judged.
+        msg += f" (not judged: {(problem or 'not everything was read')[:MAX_WHY]})"
+    return Gate("held", msg, labels={SKIP_LABEL: "true"}, annotations={hold_key: why})

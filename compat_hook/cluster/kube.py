@@ -265,10 +265,13 @@ class Kube:
             raise KubeError(f"{what}: the answer is not a JSON object")
         return doc
 
-    def watch(self, path: str, resource_version: str, timeout_s: int, query: dict | None = None):
+    def watch(self, path: str, resource_version: str, timeout_s: int, query: dict | None = None,
+              idle_s: float | None = None):
         """Yield the events (``{"type", "object"}``) of a watch on ``path`` from ``resource_version``,
         until the server ends it after ``timeout_s``; counted once, like the API server counts it. The
-        first event is ``{"type": "OPEN"}``: the server accepted the watch."""
+        first event is ``{"type": "OPEN"}``: the server accepted the watch. ``idle_s``: the longest
+        silence (no event, no bookmark) before the stream counts as broken (:class:`Unreachable`), so
+        that a half-open connection does not keep a cache "current"."""
         from urllib3.exceptions import HTTPError
 
         q = dict(query or {}, watch="true", allowWatchBookmarks="true", timeoutSeconds=str(int(timeout_s)))
@@ -276,7 +279,7 @@ class Kube:
             q["resourceVersion"] = resource_version
         self._count("WATCH", path)
         what = f"watch {path}"
-        resp = self._send("GET", path, q, None, None, (TIMEOUT[0], timeout_s + 30), False)
+        resp = self._send("GET", path, q, None, None, (TIMEOUT[0], idle_s or timeout_s + 30), False)
         try:
             if resp.status >= 400:
                 raise _error(resp.status, what, resp.read(1 << 16), _retry_after(resp.headers.get("Retry-After")))

@@ -33,8 +33,12 @@ bounded, and what is left out is counted.
 ...                         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
 ...                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
 >>> [c] = gpu_containers(pod)[0]
->>> c.env, c.annotations, c.unknown, c.runtime_class
-(['LD_LIBRARY_PATH=/opt/lib', 'NVIDIA_VISIBLE_DEVICES=all'], {'compat-hook/disable': '1'}, None, 'nvidia')
+>>> c.env, c.annotation_map, c.unknown, c.runtime_class
+(('LD_LIBRARY_PATH=/opt/lib', 'NVIDIA_VISIBLE_DEVICES=all'), {'compat-hook/disable': '1'}, None, 'nvidia')
+>>> pod["spec"]["initContainers"] = [{"name": "i", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+>>> pod["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
+>>> [c.name for c in gpu_containers(pod)[0]]
+['c']
 >>> runtime_of("nvidia", ["cuda-compat"]), runtime_of(None, ["", "cuda-compat"]), runtime_of("x", ["*"])
 ('toolkit', 'compat-hook', 'compat-hook')
 >>> pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "cfg"}}]
@@ -44,10 +48,12 @@ bounded, and what is left out is counted.
 
 from __future__ import annotations
 
-from .refs import normalize_ref
-from .workloads import is_probe
+from dataclasses import dataclass
 
-__all__ = ["Container", "Workloads", "gpu_containers", "runtime_of", "build", "RELEVANT", "MAX_PODS"]
+from .refs import normalize_ref
+
+__all__ = ["Container", "Workloads", "gpu_containers", "runtime_of", "build", "is_probe", "RELEVANT", "MAX_PODS",
+           "PROBE_NAME", "PROBE_OF"]
 
 #: Env names a decision (compat-hook's or the toolkit's) may read.
 RELEVANT = ("NVIDIA_", "CUDA_", "LD_", "COMPAT_HOOK_")
@@ -70,6 +76,31 @@ def _list(v) -> list:
     return v if isinstance(v, list) else []
 
 
+#: The label value (``app.kubernetes.io/name``) of the validator's probe pods: never a workload.
+PROBE_NAME = "compat-hook-probe"
+#: The annotation every probe pod carries (the image it proves; :func:`compat_hook.cluster.validate.probe_pod`).
+PROBE_OF = "compat-hook.io/probe-of"
+
+
+def is_probe(pod: dict, namespace: str | None) -> bool:
+    """The validator's own probe pod (:mod:`compat_hook.cluster.validate`): in ``namespace`` (the agent's
+    and the validator's, the release namespace), labelled and annotated as the validator makes it. The
+    label alone is anyone's to set: a GPU pod left out of the preflight on its word would be a silent
+    fail-open, so a pod short of any of the three is a workload.
+
+    >>> probe = {"metadata": {"namespace": "compat-hook", "labels": {"app.kubernetes.io/name": PROBE_NAME},
+    ...                       "annotations": {PROBE_OF: "registry.test/a:1"}}}
+    >>> is_probe(probe, "compat-hook"), is_probe(probe, "ml"), is_probe(probe, None)
+    (True, False, False)
+    >>> del probe["metadata"]["annotations"]; is_probe(probe, "compat-hook")
+    False
+    """
+    meta = _map(pod.get("metadata"))
+    return (namespace is not None and meta.get("namespace") == namespace
+            and _map(meta.get("labels")).get("app.kubernetes.io/name") == PROBE_NAME
+            and PROBE_OF in _map(meta.get("annotations")))
+
+
 def relevant(name: str) -> bool:
     """Whether the decision may read env variable ``name``.
 
@@ -83,15 +114,29 @@ def _prefix_may_be_relevant(prefix: str) -> bool:
     return any(r.startswith(prefix) or prefix.startswith(r) for r in RELEVANT)
 
 
+@dataclass(frozen=True)
 class Container:
-    """One GPU container of a pod: ``pod`` (ns/name), ``name``, ``image``, ``env``, ``annotations``,
-    ``runtime_class``, ``unknown`` (why it cannot be assessed, or None)."""
+    """One GPU container of a pod, as the engine will start it: the one workload model of the agent
+    (its preflight, through ``plan``'s policy layer) and the validator (its record,
+    :mod:`.workloads`, and its probe pods), so both judge the same containers with the same env.
 
-    __slots__ = ("pod", "name", "image", "env", "annotations", "runtime_class", "unknown")
+    ``pod`` (ns/name), ``name``, ``image`` (normalized), ``env`` (``K=V``: the relevant variables,
+    ``$(VAR)`` expanded as the kubelet does, the device plugin's ``NVIDIA_VISIBLE_DEVICES``
+    last), ``annotations`` (``(key, value)`` pairs, sorted: the pod's compat-hook and CDI ones),
+    ``runtime_class``, ``unknown`` (why it cannot be assessed, or None). Init containers and
+    containers that ask for no GPU (sidecars) are never one."""
 
-    def __init__(self, pod, name, image, env, annotations, runtime_class, unknown) -> None:
-        self.pod, self.name, self.image, self.env = pod, name, image, env
-        self.annotations, self.runtime_class, self.unknown = annotations, runtime_class, unknown
+    pod: str
+    name: str
+    image: str
+    env: tuple
+    annotations: tuple
+    runtime_class: str | None
+    unknown: str | None
+
+    @property
+    def annotation_map(self) -> dict:
+        return dict(self.annotations)
 
 
 def _expand(value: str, defined: dict) -> str:
@@ -197,7 +242,9 @@ def gpu_containers(pod: dict) -> tuple:
     cdi_gpu = any(k.startswith("cdi.k8s.io/") and "nvidia.com/" in v for k, v in anns.items())
     rc = spec.get("runtimeClassName") if isinstance(spec.get("runtimeClassName"), str) else None
     out, dropped = [], 0
-    cs = [c for key in ("initContainers", "containers") for c in _list(spec.get(key)) if isinstance(c, dict)]
+    # The app containers only: init containers (and sidecars, restartPolicy Always, among them) run
+    # before or beside the workload, never as it; a container that asks for no GPU is not one either.
+    cs = [c for c in _list(spec.get("containers")) if isinstance(c, dict)]
     for c in cs[:MAX_CONTAINERS]:
         env, unknown = _env(pod, c)
         spec_nvd = next((e.split("=", 1)[1] for e in reversed(env) if e.startswith("NVIDIA_VISIBLE_DEVICES=")), None)
@@ -210,7 +257,8 @@ def gpu_containers(pod: dict) -> tuple:
         if not isinstance(img, str) or not img or len(img) > MAX_REF or not img.isprintable() or " " in img:
             dropped += 1
             continue
-        out.append(Container(who, str(c.get("name"))[:63], normalize_ref(img), env, anns, rc, unknown))
+        out.append(Container(who, str(c.get("name"))[:63], normalize_ref(img), tuple(env), tuple(sorted(anns.items())),
+                             rc, unknown))
     dropped += max(0, len(cs) - MAX_CONTAINERS)
     return out, dropped
 
@@ -239,7 +287,7 @@ class Workloads:
 
     def add(self, c: Container, runtime: str) -> None:
         self.containers += 1
-        key = (c.image, tuple(c.env), tuple(sorted(c.annotations.items())), runtime, c.unknown)
+        key = (c.image, c.env, c.annotations, runtime, c.unknown)
         w = self._by_key.get(key)
         if w is None:
             if len(self.items) >= MAX_WORKLOADS:
@@ -247,7 +295,7 @@ class Workloads:
                 return
             name = f"{c.image} ({c.pod} {c.name})"
             w = {"source": None, "name": name, "image": c.image, "env": list(c.env),
-                 "annotations": dict(c.annotations), "runtime": runtime, "runtime_class": c.runtime_class,
+                 "annotations": c.annotation_map, "runtime": runtime, "runtime_class": c.runtime_class,
                  "unknown": c.unknown}
             self._by_key[key] = w
             self.items.append(w)
@@ -263,7 +311,7 @@ class Workloads:
 
 def build(pods: list, classes, probe_namespace: str | None = None) -> Workloads:
     """The :class:`Workloads` of ``pods`` (the pods bound to the node); the validator's probes, in
-    ``probe_namespace`` (the agent's own), are left out (:func:`~.workloads.is_probe`)."""
+    ``probe_namespace`` (the agent's own), are left out (:func:`is_probe`)."""
     ws = Workloads()
     for pod in pods[:MAX_PODS]:
         if isinstance(pod, dict) and is_probe(pod, probe_namespace):  # the validator's own: never a workload

@@ -8,7 +8,8 @@ what changes with the verdict (:func:`node_doc`, :func:`node_patch`):
   ``<prefix>/preflight.broken`` (the regressions), ``<prefix>/preflight.target-driver``;
 * the annotation ``<prefix>/preflight``: a small JSON (at most :data:`MAX_NODE_DOC`
   bytes: verdict, target and where from, driver now, gate state, counts, reason
-  codes, when it last changed, the agent's interval, where the details are).
+  codes, when it last changed, the agent's interval, where the details are, and
+  ``held``: the regressing workloads with when each was last missed, :mod:`.holds`).
 
 A pass writes to the Node only when that changes: the verdict, the target
 (and where from), the driver now, the gate and the hold's reason, the counts,
@@ -54,7 +55,7 @@ __all__ = ["verdict", "counts", "regression", "node_doc", "node_patch", "details
            "EVENT_NAMESPACE"]
 
 #: The Node annotation's largest size.
-MAX_NODE_DOC = 1024
+MAX_NODE_DOC = 4096
 #: The details ConfigMap's JSON, at most (a ConfigMap holds 1 MiB).
 MAX_DETAILS = 256 << 10
 MAX_STR = 200
@@ -134,17 +135,23 @@ def label_value(v) -> str | None:
 
 
 def node_doc(*, verdict_: str, target, target_from, now, gate: str, c: dict, reasons: list, key: str,
-             interval: float, details: str, since: str, released_by: str | None = None) -> dict:
+             interval: float, details: str, since: str, released_by: str | None = None,
+             held: dict | None = None) -> dict:
     """The Node's small annotation (see the module docstring); ``since`` is when it last changed;
-    ``released_by``: how a ``released-by-other`` gate came (:class:`~.gate.Gate`)."""
+    ``released_by``: how a ``released-by-other`` gate came (:class:`~.gate.Gate`); ``held``: the
+    regressing workloads' record (:meth:`.holds.Record.doc`), what a restarted agent goes on."""
     doc = {"v": 2, "verdict": verdict_, "target": _s(target, 64), "from": _s(target_from, 160), "now": _s(now, 64),
            "gate": gate, "regressions": c.get("regressions", 0), "broken_now": c.get("broken_now_and_after", 0),
            "reasons": [_s(r, 32) for r in reasons[:12]], "key": key, "interval": int(interval),
            "details": _s(details, 320), "since": since}
     if released_by:
         doc["released_by"] = _s(released_by, 16)
+    if held:
+        doc["held"] = {"target": held.get("target"), "w": dict(held.get("w") or {})}
     while len(json.dumps(doc, separators=(",", ":"))) > MAX_NODE_DOC and doc["reasons"]:
         doc["reasons"].pop()
+    while len(json.dumps(doc, separators=(",", ":"))) > MAX_NODE_DOC and doc.get("held", {}).get("w"):
+        doc["held"]["w"].popitem()  # the last: the longest absent (the present ones come first)
     return doc
 
 

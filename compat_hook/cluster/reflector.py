@@ -10,7 +10,10 @@ waits a jittered, exponential, capped backoff (:mod:`.backoff`), honouring the
 server's ``Retry-After``.
 
 ``healthy`` says whether the cache can be trusted now (its watch is running);
-a pass made while one is not is incomplete. A resource the API server does not
+a pass made while one is not is incomplete. Watches last 5 to 10 minutes
+(:data:`WATCH_SECONDS`) and ask for bookmarks; one silent for
+:data:`IDLE_SECONDS` (no event, no bookmark: a half-open connection) breaks, and
+its cache is unhealthy until a new watch is open. A resource the API server does not
 serve (404: no GPU Operator CRDs) is an empty cache when ``optional``.
 
 Every change calls ``on_change(reflector)`` from the reflector's thread; the
@@ -30,11 +33,15 @@ import threading
 from .backoff import Backoff
 from .kube import Gone, KubeError, NotFound
 
-__all__ = ["Reflector", "WATCH_SECONDS"]
+__all__ = ["Reflector", "WATCH_SECONDS", "IDLE_SECONDS"]
 
 #: A watch asks the server to end it after a random time in this range (seconds): the reconnects of a
-#: fleet's agents spread out, and each costs one request every half hour to an hour.
-WATCH_SECONDS = (1800, 3600)
+#: fleet's agents spread out (client-go's reflector: 5 to 10 minutes), one request each.
+WATCH_SECONDS = (300, 600)
+#: The longest a watch may be silent. The API server's watch cache sends every watcher that asked
+#: for bookmarks (``allowWatchBookmarks``) one about every minute, whether anything changed or not; a
+#: stream silent for longer is a half-open connection, and the cache behind it is not current.
+IDLE_SECONDS = 150.0
 
 
 def _key(obj: dict) -> str:
@@ -53,11 +60,12 @@ class Reflector:
     """See the module docstring; ``objects()`` is a snapshot of the cache."""
 
     def __init__(self, kube, path: str, *, query: dict | None = None, optional: bool = False, on_change=None,
-                 name: str = "", rng=None, watch_seconds=WATCH_SECONDS) -> None:
+                 name: str = "", rng=None, watch_seconds=WATCH_SECONDS, idle_s: float = IDLE_SECONDS) -> None:
         self.kube, self.path, self.query = kube, path, dict(query or {})
         self.optional, self.on_change, self.name = optional, on_change, name or path
         self._rng = rng or random.Random()
         self._watch_seconds = watch_seconds
+        self._idle_s = idle_s
         self._lock = threading.Lock()
         self._objects: dict = {}
         self.synced = threading.Event()
@@ -136,7 +144,7 @@ class Reflector:
 
     def _watch(self, rv: str) -> str:
         seconds = self._rng.randint(*self._watch_seconds)
-        for ev in self.kube.watch(self.path, rv, seconds, query=self.query):
+        for ev in self.kube.watch(self.path, rv, seconds, query=self.query, idle_s=self._idle_s):
             kind = ev.get("type")
             obj = ev.get("object") if isinstance(ev.get("object"), dict) else {}
             if kind == "OPEN":

@@ -25,11 +25,16 @@ paginated lists of :data:`PAGE` (four requests for a thousand nodes).
 
 Exit status: 0 every node passes; 2 some node changes outcome (``warn``), its
 verdict is ``unknown``, missing or stale; 3 some node would regress (``fail``,
-not stale); 1 an error.
+not stale) and every such node is held (:data:`HELD`: compat-hook's hold, a
+skip label of someone else's, or the admin's override); 5 some node would
+regress and nothing holds it (the gate off, ``too-late``, ``cannot-hold``,
+``released-by-other``): the upgrade will break it; 1 an error.
 
 >>> rows = [{"preflight": "pass"}, {"preflight": "warn"}]
->>> exit_status(rows), exit_status(rows + [{"preflight": "fail"}]), exit_status([])
+>>> exit_status(rows), exit_status(rows + [{"preflight": "fail", "hold": "yes"}]), exit_status([])
 (2, 3, 0)
+>>> exit_status(rows + [{"preflight": "fail", "hold": "yes"}, {"preflight": "fail", "hold": "too-late"}])
+5
 >>> exit_status([{"preflight": "stale", "verdict": "fail"}])
 2
 """
@@ -42,7 +47,7 @@ import time
 from . import target as targetmod
 from .gate import OVERRIDE, SKIP_LABEL, STATE_LABEL
 
-__all__ = ["status", "render_text", "exit_status", "node_row", "PAGE"]
+__all__ = ["status", "render_text", "exit_status", "node_row", "PAGE", "HELD", "FAIL_NOT_HELD"]
 
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 PRESENT_LABEL = "nvidia.com/gpu.present"
@@ -50,6 +55,10 @@ MAX_FIELD = 64
 MAX_ANNOTATION = 64 << 10
 PAGE = 1000
 LEASE_SELECTOR = "app.kubernetes.io/name=compat-hook,app.kubernetes.io/component=preflight"
+#: The ``hold`` values of a node that NVIDIA's upgrade controller will not upgrade unasked.
+HELD = ("yes", "stale", "other", "override")
+#: ``cluster status``'s exit: some node would regress and nothing holds it.
+FAIL_NOT_HELD = 5
 
 
 def _s(v, n: int = MAX_FIELD):
@@ -204,6 +213,8 @@ def status(kube, prefix: str, namespace: str, now: float | None = None, selector
 
 def exit_status(nodes: list) -> int:
     pre = [r.get("preflight") for r in nodes]
+    if any(r.get("preflight") == "fail" and r.get("hold") not in HELD for r in nodes):
+        return FAIL_NOT_HELD
     if "fail" in pre:
         return 3
     if any(p != "pass" for p in pre):

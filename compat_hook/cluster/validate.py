@@ -26,8 +26,15 @@ DaemonSet (templates/validator.yaml) carries that label, so the node waits for t
 
 A failure is retried every ``--retry`` seconds (a fixed image, re-tagged, then passes); the
 pod stays not Ready meanwhile, so past the controller's 600 s the node ends in
-``upgrade-failed`` with the label saying ``failed`` and the Event saying why. An image no
-longer on the node is reported as not verified, not failed: the probe never pulls.
+``upgrade-failed`` with the label saying ``failed`` and the Event saying why.
+
+It fails closed: a workload whose expectation cannot be formed (its image unreadable, the store
+unreachable: ``no_expectation``) or whose image is no longer on the node (the probe never pulls;
+``ErrImageNeverPull``: ``not_on_node``) fails, unless the config's
+``cluster.validation_allow_unverified`` is true (then it passes as not verified). A failed node
+carries compat-hook's own taint :data:`TAINT` (``<prefix>/validation-failed=<driver>:NoSchedule``,
+``cluster.validation_taint``, on by default) until a pass: NVIDIA's controller uncordons a node in
+``upgrade-failed`` once its driver pod is Ready, and the taint keeps new pods off it all the same.
 """
 
 from __future__ import annotations
@@ -45,9 +52,11 @@ from .kube import KubeError, NotFound
 from .publish import EVENT_NAMESPACE  # where an Event about a Node can be (the agent's too)
 
 __all__ = ["ValidatorOptions", "expectation", "judge", "probe_pod", "probe_name", "parse_probe", "validate",
-           "run", "main", "LABEL", "EVENT_REASON"]
+           "run", "main", "LABEL", "TAINT", "EVENT_REASON", "taints_after"]
 
 LABEL = "validated"
+#: ``<prefix>/`` + this: the taint (``=<driver>:NoSchedule``) a node carries while its validation fails.
+TAINT = "validation-failed"
 EVENT_REASON = "CompatHookValidation"
 STATE_FILE = "validation.json"
 #: In compat-hook's image (packaging/oci-image/stage-probe.sh) and in the probe pod.
@@ -70,19 +79,25 @@ SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 class ValidatorOptions:
     __slots__ = ("node", "publish_namespace", "workloads_dir", "state_dir", "probe_image", "runtime_class",
                  "probe_timeout", "deadline", "parallel", "interval", "retry", "ready_file", "address",
-                 "namespace", "once", "gpu_resource")
+                 "namespace", "once", "gpu_resource", "allow_unverified", "taint")
 
     def __init__(self, node: str, *, publish_namespace: str = "compat-hook", workloads_dir: str = "",
                  state_dir: str = "", probe_image: str = "", runtime_class: str = "cuda-compat",
                  probe_timeout: int = 90, deadline: int = 420, parallel: int = 4, interval: float = 5.0,
                  retry: float = 300.0, ready_file: str | None = None, address: str | None = None,
-                 namespace: str = "k8s.io", once: bool = False, gpu_resource: str | None = None) -> None:
+                 namespace: str = "k8s.io", once: bool = False, gpu_resource: str | None = None,
+                 allow_unverified: bool = False, taint: bool = True) -> None:
         self.node, self.publish_namespace, self.workloads_dir = node, publish_namespace, workloads_dir
         self.state_dir, self.probe_image, self.runtime_class = state_dir, probe_image, runtime_class
         self.probe_timeout, self.deadline, self.parallel = probe_timeout, deadline, parallel
         self.interval, self.retry, self.ready_file = interval, retry, ready_file
         self.address, self.namespace, self.once = address, namespace, once
         self.gpu_resource = gpu_resource
+        #: ``cluster.validation_allow_unverified``: a workload that cannot be judged (its image unreadable,
+        #: or not on the node) passes, not verified. Off by default: the interlock fails closed.
+        self.allow_unverified = allow_unverified
+        #: ``cluster.validation_taint``: a failed node carries TAINT until a pass.
+        self.taint = taint
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -224,9 +239,11 @@ CU_ERRORS = {35: "CUDA_ERROR_INSUFFICIENT_DRIVER", 100: "CUDA_ERROR_NO_DEVICE", 
              999: "CUDA_ERROR_UNKNOWN"}
 
 
-def judge(expect: dict, probe: dict | None) -> dict:
+def judge(expect: dict, probe: dict | None, *, unjudged_ok: bool = False) -> dict:
     """``{"ok", "code", "message"}``: does what the probe saw match compat-hook's decision (``expect``,
-    :func:`expectation`) and cover the image's CUDA need?
+    :func:`expectation`) and cover the image's CUDA need? Without a decision (``loads`` None: the image
+    could not be read) it fails (``no_expectation``), unless ``unjudged_ok`` (the config's
+    ``cluster.validation_allow_unverified``): then only the probe's own checks count.
 
     >>> e = {"loads": "compat", "compat_version": "550.163.01", "compat_dir": "/usr/local/cuda/compat", "needs": "12.4"}
     >>> judge(e, {"libcuda": "/usr/local/cuda-12.4/compat/libcuda.so.550.163.01", "driver_api": 12040, "maps": []})["ok"]
@@ -237,7 +254,17 @@ def judge(expect: dict, probe: dict | None) -> dict:
     (False, 'insufficient_driver')
     >>> judge(dict(e, needs="12.6"), {"libcuda": "/c/libcuda.so.550.163.01", "driver_api": 12040, "maps": []})["code"]
     'minor_version_compatibility'
+    >>> unknown = {"loads": None, "problem": "store unreachable"}
+    >>> judge(unknown, {"libcuda": "/c/libcuda.so.1", "driver_api": 11040, "maps": []})["code"]
+    'no_expectation'
+    >>> judge(unknown, {"libcuda": "/c/libcuda.so.1", "driver_api": 11040, "maps": []}, unjudged_ok=True)["ok"]
+    True
     """
+    if expect.get("loads") is None and not unjudged_ok:
+        # No decision to compare with (the image could not be read): nothing is proven, so nothing passes.
+        return {"ok": False, "code": "no_expectation",
+                "message": "compat-hook's decision for the image could not be formed"
+                           + (f": {expect['problem']}" if expect.get("problem") else "")}
     if probe is None:
         return {"ok": False, "code": "no_probe_result", "message": "the probe gave no result"}
     if probe.get("error") or not probe.get("libcuda"):
@@ -457,13 +484,20 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
         if time.monotonic() > deadline or STOP.is_set():
             return dict(row, ok=False, code="not_probed", message=f"not probed within {opts.deadline} s")
         exp = expectation(cfg, opts, w, host, reader)
+        if exp["loads"] is None and not opts.allow_unverified:
+            # nothing to compare a probe with: fail closed (cluster.validation_allow_unverified lets it pass)
+            return dict(row, expected=None, needs=None, **judge(exp, None))
         got = run_probe(kube, opts, w, deadline)
         row.update(expected=exp["loads"], needs=exp["needs"], seconds=got["seconds"])
         if got["unverified"]:
-            return dict(row, ok=True, unverified=True, code="not_on_node", message=got["error"])
+            # the image is not on the node (the kubelet's image GC during the drain): not proven
+            return dict(row, ok=opts.allow_unverified, unverified=True, code="not_on_node",
+                        message=got["error"] + ("" if opts.allow_unverified else
+                                                " (cluster.validation_allow_unverified is off: a workload "
+                                                "not proven fails)"))
         if got["error"]:
             return dict(row, ok=False, code="probe_failed", message=got["error"])
-        verdict = judge(exp, got["probe"])
+        verdict = judge(exp, got["probe"], unjudged_ok=opts.allow_unverified)
         p = got["probe"]
         return dict(row, libcuda=p.get("libcuda"), driver_api=p.get("driver_api"), cuinit=p.get("cuinit"),
                     glibc=p.get("glibc"), **verdict)
@@ -518,15 +552,56 @@ def _set_ready(opts: ValidatorOptions, line: str | None) -> None:
         _log({"event": "validation_state_error", "message": describe(e)[1]})
 
 
+def taints_after(taints, prefix: str, driver: str, failed: bool, enabled: bool = True) -> list | None:
+    """The Node's taints with compat-hook's :data:`TAINT` set (``failed``, ``enabled``) or removed;
+    None when they already are so. Everyone else's taints are kept as they are, in their order.
+
+    >>> other = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
+    >>> taints_after([other], "p.io", "470.256.02", True)
+    [{'key': 'nvidia.com/gpu', 'effect': 'NoSchedule'}, {'key': 'p.io/validation-failed', 'value': '470.256.02', 'effect': 'NoSchedule'}]
+    >>> taints_after(taints_after([other], "p.io", "470.256.02", True), "p.io", "470.256.02", False)
+    [{'key': 'nvidia.com/gpu', 'effect': 'NoSchedule'}]
+    >>> taints_after([other], "p.io", "470.256.02", False) is None
+    True
+    """
+    from .publish import label_value
+
+    key = f"{prefix}/{TAINT}"
+    old = [t for t in (taints if isinstance(taints, list) else []) if isinstance(t, dict)]
+    new = [t for t in old if t.get("key") != key]
+    if failed and enabled:
+        new.append({"key": key, "value": label_value(driver) or "unknown", "effect": "NoSchedule"})
+    return None if new == old else new
+
+
 def publish(kube, opts: ValidatorOptions, prefix: str, state: dict, *, event: bool) -> None:
-    """The Node's label (when it differs) and, with ``event``, the Event."""
+    """The Node's label and taint (when they differ: one patch, conditional on the Node's
+    resourceVersion, as the taints are one list) and, with ``event``, the Event."""
+    from .kube import Conflict
+
     path = f"/api/v1/nodes/{opts.node}"
-    node = kube.get(path)
-    meta = node.get("metadata") or {}
     value = state["driver"] if state["result"] == "pass" else "failed"
     key = f"{prefix}/{LABEL}"
-    if (meta.get("labels") or {}).get(key) != value:
-        kube.patch(path, {"metadata": {"labels": {key: value}}})
+    for attempt in range(4):
+        node = kube.get(path)
+        meta = node.get("metadata") or {}
+        taints = taints_after((node.get("spec") or {}).get("taints"), prefix, state["driver"],
+                              state["result"] != "pass", opts.taint)
+        patch: dict = {}
+        if (meta.get("labels") or {}).get(key) != value:
+            patch["metadata"] = {"labels": {key: value}}
+        if taints is not None:
+            # taints are one atomic list: written whole, and only over the version read
+            patch.setdefault("metadata", {})["resourceVersion"] = str(meta.get("resourceVersion") or "")
+            patch["spec"] = {"taints": taints}
+        if not patch:
+            break
+        try:
+            kube.patch(path, patch, merge="json")
+            break
+        except Conflict:
+            if attempt == 3:
+                raise
     if event:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         kube.create(f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", {
@@ -709,5 +784,7 @@ def _main(args, load_config, node_name_ok) -> int:
                             probe_timeout=args.probe_timeout, deadline=args.deadline, parallel=args.parallel,
                             interval=args.interval, retry=args.retry, ready_file=args.ready_file,
                             address=args.address, namespace=args.namespace, once=args.once,
-                            gpu_resource=args.gpu_resource or None)
+                            gpu_resource=args.gpu_resource or None,
+                            allow_unverified=bool(settings(cfg)["validation_allow_unverified"]),
+                            taint=bool(settings(cfg)["validation_taint"]))
     return run(lambda: kube.connect(args.kubeconfig), cfg, opts, settings(cfg)["label_prefix"])

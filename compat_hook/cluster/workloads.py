@@ -10,11 +10,13 @@ when it changes::
                     "runtime_class": "cuda-compat", "seen": "2026-12-03T10:00:00.000Z"}],
      "previous": {"driver": "525.147.05", "until": "...", "workloads": [...]}}
 
-A *workload* is one container image of a running or pending GPU pod (as the agent's preflight
-counts GPU pods, by a GPU resource, a resource claim, an NVIDIA CDI annotation or
-``NVIDIA_VISIBLE_DEVICES`` in the spec: :func:`compat_hook.cluster.refs.gpu_pod`) with the env from its pod spec that can change
-what it loads (``NVIDIA_*``, ``CUDA_*``, ``LD_LIBRARY_PATH``, ``COMPAT_HOOK_DISABLE``; literal
-values only) and its ``runtimeClassName``. Workloads seen under one driver accumulate (a job
+A *workload* is one GPU container of a running or pending pod, the agent's own model
+(:class:`compat_hook.cluster.pods.Container`: the app containers that ask for a GPU, by a GPU
+resource, a resource claim, an NVIDIA CDI annotation or ``NVIDIA_VISIBLE_DEVICES``; never an init
+container or a sidecar) with the env from its pod spec that can change what it loads
+(``NVIDIA_*``, ``CUDA_*``, ``LD_*``, ``COMPAT_HOOK_*``; ``$(VAR)`` expanded as the kubelet does,
+the device plugin's ``NVIDIA_VISIBLE_DEVICES=all`` for a GPU resource) and its
+``runtimeClassName``: the validator's probe runs with the env the agent judged. Workloads seen under one driver accumulate (a job
 that ran this morning counts) until the driver changes; then the record moves to
 ``previous`` and a new one starts. Entries not seen for :data:`MAX_AGE_S` are dropped. The
 validator's own probe pods are never workloads (:func:`is_probe`: the label
@@ -29,10 +31,11 @@ Everything is bounded: :data:`MAX_WORKLOADS` workloads, :data:`MAX_PODS` pod nam
 
 >>> pod = {"metadata": {"namespace": "ml", "name": "train-0"},
 ...        "spec": {"runtimeClassName": "cuda-compat", "containers": [{"image": "cuda-app:1",
-...                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "HOME", "value": "/"}]}]},
+...                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "HOME", "value": "/"},
+...                         {"name": "LD_LIBRARY_PATH", "value": "$(HOME)lib"}]}, {"image": "busybox"}]},
 ...        "status": {"phase": "Running"}}
 >>> [(w["image"], w["env"], w["pods"], w["runtime_class"]) for w in from_pods([pod])]
-[('docker.io/library/cuda-app:1', ['NVIDIA_VISIBLE_DEVICES=all'], ['ml/train-0'], 'cuda-compat')]
+[('docker.io/library/cuda-app:1', ['NVIDIA_VISIBLE_DEVICES=all', 'LD_LIBRARY_PATH=/lib'], ['ml/train-0'], 'cuda-compat')]
 """
 
 from __future__ import annotations
@@ -42,15 +45,12 @@ import os
 import time
 
 from . import refs
+from .pods import PROBE_NAME, PROBE_OF, gpu_containers, is_probe  # is_probe and the names: re-exported
 
-__all__ = ["FILE", "PROBE_NAME", "PROBE_OF", "from_pods", "record", "record_pass", "load", "for_driver", "is_probe", "workload_env"]
+__all__ = ["FILE", "PROBE_NAME", "PROBE_OF", "from_pods", "record", "record_pass", "load", "for_driver", "is_probe"]
 
 FILE = "workloads.json"
 VERSION = 1
-#: The label value (``app.kubernetes.io/name``) of the validator's probe pods: never a workload.
-PROBE_NAME = "compat-hook-probe"
-#: The annotation every probe pod carries (the image it proves; :func:`compat_hook.cluster.validate.probe_pod`).
-PROBE_OF = "compat-hook.io/probe-of"
 MAX_WORKLOADS = 128
 MAX_PODS = 8
 MAX_ENV = 32
@@ -60,8 +60,6 @@ MAX_FILE = 1 << 20
 MAX_AGE_S = 7 * 24 * 3600
 #: "seen" is refreshed at most this often (so an unchanged node does not rewrite the file each pass).
 SEEN_REFRESH_S = 3600
-_ENV_NAMES = ("LD_LIBRARY_PATH", "COMPAT_HOOK_DISABLE")
-_ENV_PREFIXES = ("NVIDIA_", "CUDA_")
 
 
 def _dict(v) -> dict:
@@ -75,49 +73,6 @@ def _list(v) -> list:
 def _text(v, limit: int) -> str | None:
     """A printable string of at most ``limit`` characters, else None."""
     return v if isinstance(v, str) and 0 < len(v) <= limit and v.isprintable() else None
-
-
-def _containers(pod: dict) -> list:
-    spec = _dict(pod.get("spec"))
-    return [c for key in ("initContainers", "containers") for c in _list(spec.get(key)) if isinstance(c, dict)]
-
-
-def is_probe(pod: dict, namespace: str | None) -> bool:
-    """The validator's own probe pod (:mod:`compat_hook.cluster.validate`): in ``namespace`` (the agent's
-    and the validator's, the release namespace), labelled and annotated as the validator makes it. The
-    label alone is anyone's to set: a GPU pod left out of the preflight on its word would be a silent
-    fail-open, so a pod short of any of the three is a workload.
-
-    >>> probe = {"metadata": {"namespace": "compat-hook", "labels": {"app.kubernetes.io/name": PROBE_NAME},
-    ...                       "annotations": {PROBE_OF: "registry.test/a:1"}}}
-    >>> is_probe(probe, "compat-hook"), is_probe(probe, "ml"), is_probe(probe, None)
-    (True, False, False)
-    >>> del probe["metadata"]["annotations"]; is_probe(probe, "compat-hook")
-    False
-    """
-    meta = _dict(pod.get("metadata"))
-    return (namespace is not None and meta.get("namespace") == namespace
-            and _dict(meta.get("labels")).get("app.kubernetes.io/name") == PROBE_NAME
-            and PROBE_OF in _dict(meta.get("annotations")))
-
-
-def workload_env(container: dict) -> list:
-    """``["K=V", ...]``: the container's literal env entries that can change which libcuda it loads.
-
-    >>> workload_env({"env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}, {"name": "PATH", "value": "/bin"},
-    ...                       {"name": "NVIDIA_DRIVER_CAPABILITIES", "valueFrom": {}}]})
-    ['CUDA_VISIBLE_DEVICES=0']
-    """
-    out = []
-    for e in _list(container.get("env")):
-        name, value = _dict(e).get("name"), _dict(e).get("value")
-        if not isinstance(name, str) or not isinstance(value, str) or "=" in name or len(value) > MAX_VALUE:
-            continue
-        if name in _ENV_NAMES or name.startswith(_ENV_PREFIXES):
-            out.append(f"{name}={value}")
-            if len(out) >= MAX_ENV:
-                break
-    return out
 
 
 def from_pods(pods: list, *, sources: dict | None = None, when: str | None = None,
@@ -137,17 +92,14 @@ def from_pods(pods: list, *, sources: dict | None = None, when: str | None = Non
     for pod in _list(pods)[:refs.MAX_PODS]:
         if not isinstance(pod, dict) or is_probe(pod, probe_namespace) or not refs.gpu_pod(pod):
             continue
-        if _dict(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
-            continue
-        meta, spec = _dict(pod.get("metadata")), _dict(pod.get("spec"))
-        who = f"{str(meta.get('namespace'))[:63]}/{str(meta.get('name'))[:253]}"
-        rc = _text(spec.get("runtimeClassName"), 253)
-        for c in _containers(pod):
-            img = c.get("image")
-            if not isinstance(img, str) or not img or len(img) > refs.MAX_REF or not img.isprintable() or " " in img:
+        # the GPU containers of the pod, with their env expanded, exactly as the agent judges them
+        # (no init container, no sidecar: a busybox beside the workload is not proven on the driver)
+        for c in gpu_containers(pod)[0]:
+            if len(c.image) > refs.MAX_REF:
                 continue
-            ref = refs.normalize_ref(img)
-            env = workload_env(c)
+            ref, who = c.image, c.pod
+            rc = _text(c.runtime_class, 253) if c.runtime_class is not None else None
+            env = [e for e in c.env if len(e) <= MAX_VALUE + 256 and e.isprintable()][:MAX_ENV]
             key = (ref, rc, tuple(env))
             w = out.get(key)
             if w is None:

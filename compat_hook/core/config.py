@@ -133,8 +133,19 @@ def _name_list(v, where):
     return list(v)
 
 
+def _opt_quiet(v, where):
+    # Seconds (0 .. a week) a regressing workload must be absent before its hold lifts; null: the default.
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 7 * 24 * 3600:
+        raise ConfigError(f"{where}: must be a number of seconds from 0 to 604800, or null (the default: "
+                          f"twice the agent's interval, at least 120)")
+    return v
+
+
 _CLUSTER_KEYS = {"gate_upgrade": _bool, "label_prefix": None, "nfd_features_file": _opt_abs_path,
-                 "textfile": _opt_abs_path, "compat_runtime_classes": _name_list}
+                 "textfile": _opt_abs_path, "compat_runtime_classes": _name_list, "hold_quiet_s": _opt_quiet,
+                 "validation_allow_unverified": _bool, "validation_taint": _bool}
 
 
 def _cluster(v, where):
@@ -194,7 +205,11 @@ SCHEMA = {
     "annotations": ({}, _opt_str_map, "extra annotations to treat as set on every container (testing)"),
     "cluster": ({}, _cluster, "compat-hook cluster agent: gate_upgrade (false), label_prefix (compat-hook.io), "
                               "nfd_features_file, textfile (null: not written), compat_runtime_classes "
-                              "([cuda-compat]: the RuntimeClasses that run through compat-hook)"),
+                              "([cuda-compat]: the RuntimeClasses that run through compat-hook), hold_quiet_s "
+                              "(null: a regressing workload no pod runs keeps its hold for twice the agent's "
+                              "interval, at least 120 s), validation_allow_unverified (false: a workload the "
+                              "validator cannot judge fails), validation_taint (true: <prefix>/validation-failed "
+                              "taint while validation fails)"),
 }
 
 

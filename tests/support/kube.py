@@ -327,7 +327,14 @@ class FaultProxy:
         self.seen: list = []
         self.open: set = set()
         self._lock = threading.Lock()
+        #: set: nothing more reaches the clients (answers held back, streams silent), as behind a
+        #: half-open connection; cleared: it flows again
+        self.frozen = threading.Event()
         proxy = self
+
+        def hold() -> None:
+            while proxy.frozen.is_set():
+                time.sleep(0.05)
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -364,6 +371,7 @@ class FaultProxy:
                 try:
                     up.request(self.command, path, body=body, headers=headers)
                     resp = up.getresponse()
+                    hold()
                     self.send_response(resp.status)
                     for k, v in resp.getheaders():
                         if k.lower() not in ("transfer-encoding", "content-length", "connection"):
@@ -374,10 +382,11 @@ class FaultProxy:
                         data = resp.read1(65536)
                         if not data:
                             break
+                        hold()
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                         self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")
-                except OSError:
+                except (OSError, http.client.HTTPException):  # either side gone (a cut, a closed stream)
                     self.close_connection = True
                 finally:
                     up.close()
