@@ -123,14 +123,6 @@ def plan_for(enable: bool, compat_dir: str | None, existing: str | None, purpose
     return [("ldconfig", None)] if refresh else []
 
 
-def _includes_dropins(text: str) -> bool:
-    for line in text.splitlines():
-        parts = line.split("#", 1)[0].split()
-        if len(parts) == 2 and parts[0] == "include" and parts[1].startswith(DROPIN_DIR + "/"):
-            return True
-    return False
-
-
 def namespace_pid(state: dict):
     """The pid whose mount namespace ldconfig must run in, or ``None`` for our own.
 
@@ -183,11 +175,10 @@ def _apply(root, actions, config, ns_pid, purpose, done) -> None:
                 root.write_file(LD_SO_CONF, _LD_SO_CONF_TEXT, 0o644)
                 done.append("created /etc/ld.so.conf")
             else:
-                try:
-                    conf = root.read_file(LD_SO_CONF, 1 << 16).decode("utf-8", "replace")
-                except OSError:
-                    conf = ""
-                if not _includes_dropins(conf):
+                from ..facts.loader import ld_so_conf
+
+                # the loader model's own reading (one parser): does an include read our drop-in?
+                if ld_so_conf(root, skip=DROPIN_NAME).dropin_key(DROPIN_NAME) is None:
                     # The image's ld.so.conf ignores ld.so.conf.d: name the dir
                     # on ldconfig's command line, which it reads first.
                     extra_dirs.append(arg)

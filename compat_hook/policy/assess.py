@@ -394,10 +394,10 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
                 "wrapper, or mode: ldconfig")
     for x in a.losers:
         x["how"] = _how_it_loses(a, config, x)
-    if a.effect in ("compat", "host") and a.ldconf is not None and a.ldconf.has_conf and _our_key(a) is None \
-            and a.hook_target is not None and "hook" in a.actors:
-        a.warnings.append("/etc/ld.so.conf includes no /etc/ld.so.conf.d/*.conf: ldconfig never reads "
-                          "compat-hook's drop-in there; add the include to the image")
+    if (a.effect in ("compat", "host") and a.ldconf is not None and a.ldconf.dropin_key(DROPIN_NAME_) is None
+            and a.hook_target is not None and "hook" in a.actors):
+        a.notes.append("/etc/ld.so.conf includes no /etc/ld.so.conf.d/*.conf: the hook names the dir on "
+                       "ldconfig's command line too (a later ldconfig by another hook would drop it)")
     if toolkit:
         _toolkit_view(a, root, config)
     return a
@@ -442,6 +442,9 @@ def _find_losers(a: Assessment, config, root) -> None:
                          "how": []})
 
 
+DROPIN_NAME_ = "00-00-compat-hook.conf"  # effects/ldcache.DROPIN_NAME, without importing it here
+
+
 def _where(x: dict) -> str:
     """Where a line of ldconfig's configuration is, for a person: the drop-in's path or ``/etc/ld.so.conf:N``."""
     f = x["file"]
@@ -454,7 +457,9 @@ def _our_key(a: Assessment):
 
     if a.ldconf is None:
         return None
-    return a.ldconf.dropin_key(DROPIN_NAME)
+    key = a.ldconf.dropin_key(DROPIN_NAME)
+    # no include reads it: the hook names its dir on ldconfig's command line, read before any line
+    return key if key is not None else (-1.0, "")
 
 
 def _how_it_loses(a: Assessment, config, x: dict) -> list:

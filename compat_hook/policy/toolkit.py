@@ -380,6 +380,8 @@ def effective(*, has_compat: bool, toolkit_enables: bool, dropins: list, ld_libr
         compat.append((key(TOOLKIT_COMPAT), "the toolkit's enable-cuda-compat drop-in (00-compat-*.conf)",
                        "toolkit", None))
     ours = key(OUR_DROPIN)
+    if ours is None and conf is not None and conf.get("ldconf") is not None:
+        ours = (-1.0, "")  # no include reads it: the hook names the dir on ldconfig's command line, read first
     if hook_effect == "compat" and ours is not None:
         compat.append((ours, "compat-hook's drop-in names the compat dir and sorts first", "compat-hook", None))
     elif hook_effect == "host" and ours is not None and (host_at is None or ours < host_at):
