@@ -340,6 +340,34 @@ def test_values_schema_rejects_what_the_chart_does_not_know():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("bad, says", [
+    (["validator.parallel=0"], ["validator/parallel"]),
+    (["validator.probeTimeout=5"], ["validator/probeTimeout"]),
+    (["validator.paralel=2"], ["paralel"]),
+    (["agent.store=bogus:x"], ["agent/store", "bogus:x"]),
+    (["agent.interval=0.5"], ["agent/interval"]),
+    # several at once: each named, not the first only
+    (["validator.parallel=0", "agent.store=bogus:x", "validator.deadline=1"],
+     ["validator/parallel", "agent/store", "validator/deadline"]),
+])
+def test_values_the_command_line_refuses_are_refused_by_name(bad, says):
+    """What the agent and the validator would refuse at their start (`--parallel 0`, `--store bogus:x`) is
+    refused by `helm template`, naming each bad value; and by the templates too for values that skip the
+    schema."""
+    from tests.support import chart
+
+    sets = [a for b in bad for a in ("--set", b)]
+    p = chart.helm("template", "x", chart.CHART, *sets, check=False)
+    assert p.returncode != 0 and all(s in p.stderr for s in says), (bad, p.stderr)
+    assert "'not' failed" not in p.stderr and "Traceback" not in p.stderr
+    if "paralel" in bad[0]:
+        return
+    p = chart.helm("template", "x", chart.CHART, *sets, "--skip-schema-validation", check=False)
+    names = [b.split("=")[0] for b in bad]
+    assert p.returncode != 0 and all(f"{n}=" in p.stderr for n in names), (bad, p.stderr)
+
+
+@pytest.mark.slow
 def test_agent_tmp_holds_the_readers_whole_spool():
     """The emptyDir's sizeLimit is above the image reader's spool cap (its own Limits), so a full spool
     is an error for that image, never an eviction."""
