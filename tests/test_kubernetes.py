@@ -831,3 +831,17 @@ def test_agent_runs_from_the_image_with_only_the_charts_mounts(image, tmp_path):
     assert meta["labels"]["compat-hook.io/preflight.target-driver"] == target
     assert meta["labels"]["compat-hook.io/preflight"] in ("pass", "warn"), meta["labels"]  # read: not unknown
     assert any((node / "var/lib/compat-hook-agent").iterdir()), "the agent keeps its last result in its state dir"
+
+
+@pytest.mark.slow
+def test_notes_name_the_release_namespace():
+    """NOTES' commands run against the release's own namespace (`cluster status` reads the agents' Leases
+    there), and say what `helm uninstall` removes."""
+    from tests.support import chart
+
+    for ns, flag in (("gpu-ops", " --publish-namespace gpu-ops"), ("compat-hook", "")):
+        p = chart.helm("install", "compat-hook", chart.CHART, "--namespace", ns, "--dry-run=client")
+        notes = p.stdout[p.stdout.index("NOTES:"):]
+        assert f"compat-hook cluster status{flag}   " in notes, notes
+        assert f"kubectl -n {ns} rollout status ds/compat-hook" in notes, notes
+        assert "every other compat-hook.io/ key and the agents' Leases and ConfigMaps" in notes, notes

@@ -253,14 +253,12 @@ def _release(args) -> int:
     if not _dns_label(args.publish_namespace):
         raise UsageError(f"--publish-namespace: not a namespace name, got {args.publish_namespace[:80]!r}")
     k = kube.connect(args.kubeconfig, args.context)
-    try:
-        done = release.release(k, prefixes, node=args.node, out=sys.stdout)
-        if args.purge:
-            got = release.purge(k, prefixes, args.publish_namespace, out=sys.stdout)
-            sys.stdout.write(f"removed what compat-hook wrote from {len(got['nodes'])} node(s) and "
-                             f"{len(got['objects'])} Lease(s)/ConfigMap(s) of its agents in {args.publish_namespace}\n")
-    finally:
-        _said_server("release", k)
+    done = release.release(k, prefixes, node=args.node, out=sys.stdout)
+    if args.purge:
+        got = release.purge(k, prefixes, args.publish_namespace, out=sys.stdout)
+        sys.stdout.write(f"removed what compat-hook wrote from {len(got['nodes'])} node(s) and "
+                         f"{len(got['objects'])} Lease(s)/ConfigMap(s) of its agents in {args.publish_namespace}\n")
+    _said_server("release", k)  # (an error is one line, and names the server where it matters)
     if args.all:
         sys.stdout.write(f"released {len(done)} hold(s) of compat-hook\n")
     elif done is None:  # --node NAME: no such node (a typo must not look like a release)
