@@ -517,6 +517,8 @@ def test_the_override_annotation_releases_the_hold_within_seconds(world, client)
         # the override is gone: the hold is back
         w.admin.merge(f"/api/v1/nodes/{node}", {"metadata": {"annotations": {OVERRIDE: None}}})
         w.admin.wait("held again", lambda: w.labels(node).get(SKIP) == "true", timeout=30)
+        # the pass logs its line after its Event and Lease, a moment after the Node shows the hold
+        w.admin.wait("the third pass logged", lambda: len(w.passes(node)) >= 3, timeout=10, interval=0.1)
         assert agent.poll() is None
         assert [p["gate"] for p in w.passes(node)][:3] == ["held", "override", "held"], w.passes(node)
     finally:
@@ -1385,3 +1387,33 @@ def test_sigterm_stops_a_watching_agent_within_a_second(world, client):
     assert last["event"] == "cluster_agent_stopped" and last["last_result"].startswith("fail for " + R470), last
     state = json.loads((w.work / "state" / node / "cluster-agent.json").read_text())
     assert (state["verdict"], state["gate"], state["prefix"]) == ("fail", "held", PREFIX), state
+
+
+def test_purge_leaves_no_key_and_a_running_agent_writes_nothing_back(world, client):
+    """(Last in this file: it purges every node.) ``cluster release --all --purge`` with a watching agent still
+    running, as under ``helm uninstall`` (its pre-delete Job runs before the DaemonSet goes): no ``<prefix>/`` key,
+    Lease or ConfigMap of the agent is left, and the agent, seeing its Node purged, writes none of them back."""
+    w = world
+    node = f"purge-{client}"
+    w.add_node(node, image="infer")
+    w.admin.merge(f"/api/v1/nodes/{node}", {"metadata": {"labels": {f"{PREFIX}/validated": R535}}})
+    agent = w.spawn(node, "--driver", R470, "--interval", "2", client=client)
+    try:
+        w.admin.wait("held", lambda: w.labels(node).get(SKIP) == "true" and w.passes(node), timeout=60)
+        p = w.run("release", "--all", "--purge", "--publish-namespace", "compat-hook", client=client)
+        assert p.returncode == 0 and f"removed compat-hook's labels and annotations from {node}" in p.stdout, \
+            p.stdout + p.stderr
+        time.sleep(5)  # two intervals and a watch event: a pass would have written by now
+        meta = w.node(node)["metadata"]
+        left = [k for k in list(meta.get("labels") or {}) + list(meta.get("annotations") or {})
+                if k.startswith(f"{PREFIX}/") or k == SKIP]
+        assert left == [], meta
+        for kind in ("apis/coordination.k8s.io/v1/namespaces/compat-hook/leases", "api/v1/namespaces/compat-hook/configmaps"):
+            with pytest.raises(ApiError) as e:
+                w.admin.get(f"/{kind}/{node}")
+            assert e.value.status == 404
+        assert [r for r in w.log(node) if r["event"] == "cluster_purged"], w.log(node)
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(10)

@@ -344,6 +344,20 @@ def _event(line: bytes):
     return ev if isinstance(ev, dict) else None
 
 
+def _rooted(doc: dict):
+    """The merged kubeconfig as the client's own ``ConfigNode``, rooted in the working directory: the client
+    runs an exec plugin in the directory of the file it read (22.x: with a plain dict, in ``""``, which fails
+    every exec plugin); kubectl runs it where it was started, and :mod:`.kubeconfig` has made every path of
+    the entries absolute already."""
+    import os
+
+    try:
+        from kubernetes.config.kube_config import ConfigNode
+    except ImportError:  # a client without it takes the plain dict
+        return doc
+    return ConfigNode("kube-config", doc, os.path.join(os.getcwd(), "kubeconfig"))
+
+
 def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
     """In-cluster service-account config (in a pod, with neither ``kubeconfig`` nor ``context``), else the
     kubeconfig files merged as kubectl merges them (:mod:`.kubeconfig`), ``context`` or their current one."""
@@ -366,7 +380,8 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
         else:
             doc, name, files = load(kubeconfig, context)
             src = f"context {name}, {files}"
-            config.load_kube_config_from_dict(doc, context=name, client_configuration=cfg, persist_config=False)
+            config.load_kube_config_from_dict(_rooted(doc), context=name, client_configuration=cfg,
+                                              persist_config=False)
             where = f"the API server {cfg.host}"
     except KubeconfigError as e:
         shown = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
