@@ -300,7 +300,10 @@ def _stop_pod(world, ds: str) -> dict:
         except ApiError as e:
             assert e.status == 404, e
             break
-        deleted_at = p["metadata"].get("deletionTimestamp") or deleted_at
+        if deleted_at is None and p["metadata"].get("deletionTimestamp"):
+            # the deletion's time: deletionTimestamp is when the grace period ends (the kubelet's last
+            # update moves it to the moment it finished)
+            deleted_at = (p["metadata"]["deletionTimestamp"], p["metadata"].get("deletionGracePeriodSeconds") or 0)
         for c in p.get("status", {}).get("containerStatuses") or []:
             term = (c.get("state") or {}).get("terminated")
             if term:
@@ -312,7 +315,8 @@ def _stop_pod(world, ds: str) -> dict:
         import datetime
         return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").timestamp()
 
-    took = {c: ts(t["finishedAt"]) - ts(deleted_at) for c, t in seen.items() if t.get("finishedAt") and deleted_at}
+    took = {c: ts(t["finishedAt"]) - (ts(deleted_at[0]) - deleted_at[1]) for c, t in seen.items()
+            if t.get("finishedAt") and deleted_at}
     return {"gone": gone, "exit": {c: t.get("exitCode") for c, t in seen.items()}, "took": took,
             "grace": pod["spec"]["terminationGracePeriodSeconds"]}
 

@@ -359,8 +359,9 @@ def _rooted(doc: dict):
 
 
 def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
-    """In-cluster service-account config (in a pod, with neither ``kubeconfig`` nor ``context``), else the
-    kubeconfig files merged as kubectl merges them (:mod:`.kubeconfig`), ``context`` or their current one."""
+    """In-cluster service-account config (in a pod, with neither ``kubeconfig`` nor ``context``, no
+    ``$KUBECONFIG`` and no ``~/.kube/config``), else the kubeconfig files merged as kubectl merges them
+    (:mod:`.kubeconfig`), ``context`` or their current one."""
     import os
 
     from .kubeconfig import KubeconfigError, load
@@ -374,7 +375,9 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
     cfg = client.Configuration()
     src = "in-cluster"
     try:
-        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        # in a pod, as kubectl: the service account unless a kubeconfig is named or found
+        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST") \
+                and not os.environ.get("KUBECONFIG") and not os.path.exists(os.path.expanduser("~/.kube/config")):
             config.load_incluster_config(client_configuration=cfg)
             where = "the API server (in-cluster)"
         else:
