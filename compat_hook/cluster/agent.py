@@ -30,7 +30,8 @@ pass waits a random share of a window, so a fleet's agents do not all write at
 once. The config file is read again at every pass. An API failure is one JSON
 line with a reason code and the last published result; the next try waits an
 exponential, jittered, capped backoff that honours ``Retry-After``. It never
-exits on an API error (``--once`` exits 1).
+exits on an API error (``--once`` exits 1). SIGTERM or SIGINT ends it at once
+(exit 0, :func:`run`); a Node purged by ``cluster release --purge`` quiets it.
 """
 
 from __future__ import annotations
@@ -273,6 +274,7 @@ class Agent:
         self.cm_doc = None       # the details the ConfigMap holds (as last read or written)
         self.cm_rv = None
         self.cm_before = None    # the details before this pass's write (a changed problem is news)
+        self._said_purged = False
         self.lease_rv = None
         self.lease_acquired = None
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
@@ -638,7 +640,7 @@ class Agent:
         mine = self.published[0] + "/"
         if any(str(k).startswith(mine) for k in list(_map(meta.get("labels"))) + list(_map(meta.get("annotations")))):
             return False
-        if not getattr(self, "_said_purged", False):
+        if not self._said_purged:
             self._said_purged = True
             _log({"event": "cluster_purged", "node": self.opts.node,
                   "message": f"every {mine} key is gone from the Node (cluster release --purge): "
