@@ -553,6 +553,11 @@ def test_release_purge_removes_everything_compat_hook_wrote_and_nothing_else(wor
     w.admin.merge("/api/v1/nodes/gpu-b", {"metadata": {"labels": dict(ours["labels"], **{SKIP: "true"}),
                                                       "annotations": ours["annotations"]}})  # a skip of someone else's
     for node in ("gpu-a", "gpu-b"):
+        for path in (cms, leases):  # (an earlier test's agent may have written its own)
+            try:
+                w.admin.delete(f"{path}/{node}")
+            except ApiError as e:
+                assert e.status == 404, e
         w.admin.create(cms, {"metadata": {"name": node, "labels": AGENT_LABELS}, "data": {"preflight.json": "{}"}})
         w.admin.create(leases, {"metadata": {"name": node, "labels": AGENT_LABELS}, "spec": {"holderIdentity": node}})
     w.admin.create(cms, {"metadata": {"name": "team-notes", "labels": {"app.kubernetes.io/name": "compat-hook"}}})
