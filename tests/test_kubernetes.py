@@ -120,6 +120,8 @@ def test_daemonset_shape():
                          ("ValidatingAdmissionPolicyBinding", "compat-hook-events"),
                          ("ValidatingAdmissionPolicy", "compat-hook-release-node"),
                          ("ValidatingAdmissionPolicyBinding", "compat-hook-release-node"),
+                         ("ValidatingAdmissionPolicy", "compat-hook-release-objects"),
+                         ("ValidatingAdmissionPolicyBinding", "compat-hook-release-objects"),
                          ("DaemonSet", "compat-hook"), ("RuntimeClass", "cuda-compat")}
     ns, ds = docs[("Namespace", "compat-hook")], docs[("DaemonSet", "compat-hook")]
     assert ds["metadata"]["namespace"] == ns["metadata"]["name"]
@@ -166,7 +168,8 @@ def test_daemonset_shape():
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in events["rules"]] == [([""], ["events"], ["create"])]
     assert docs[("RoleBinding", "compat-hook-agent-events")]["subjects"] == [
         {"kind": "ServiceAccount", "name": "compat-hook", "namespace": "compat-hook"}]
-    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node"):
+    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node",
+                 "compat-hook-release-objects"):
         binding = docs[("ValidatingAdmissionPolicyBinding", name)]
         assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
         assert docs[("ValidatingAdmissionPolicy", name)]["spec"]["failurePolicy"] == "Fail"
@@ -239,7 +242,8 @@ def test_helm_template_defaults_confine_both_containers():
     assert [s for s in sources if "serviceAccountToken" in s][0]["serviceAccountToken"]["path"] == "token"
     assert {e["name"]: e["value"] for e in installer["env"]}["UNINSTALL_ON_STOP"] == "false"
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node"):
+    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node",
+                 "compat-hook-release-objects"):
         assert ("ValidatingAdmissionPolicy", name) in kinds and ("ValidatingAdmissionPolicyBinding", name) in kinds
     # the pre-delete hook: `cluster release --all` as its own account, nothing else of the node
     [job] = [d for d in docs if d["kind"] == "Job"]
@@ -248,11 +252,20 @@ def test_helm_template_defaults_confine_both_containers():
     assert jpod["serviceAccountName"] == "compat-hook-release" and jpod["securityContext"]["runAsNonRoot"] is True
     assert jpod["containers"][0]["command"][:4] == ["compat-hook", "cluster", "release", "--all"]
     assert "--prefix=compat-hook.io" in jpod["containers"][0]["command"]
+    # and everything else compat-hook wrote (release.keepPublished=false, the default)
+    assert jpod["containers"][0]["command"][-2:] == ["--purge", "--publish-namespace=compat-hook"]
     assert not any("hostPath" in v for v in jpod.get("volumes", []))
     # its account and grant exist only for it: pre-delete hooks made before it, deleted with it
     release = {d["kind"]: d for d in docs if d["metadata"]["name"] == "compat-hook-release" and d["kind"] != "Job"}
-    assert set(release) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    assert set(release) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
     assert [(r["resources"], r["verbs"]) for r in release["ClusterRole"]["rules"]] == [(["nodes"], ["list", "patch"])]
+    assert release["Role"]["metadata"]["namespace"] == "compat-hook"
+    assert [(r["resources"], r["verbs"]) for r in release["Role"]["rules"]] == [
+        (["configmaps"], ["list", "delete"]), (["leases"], ["list", "delete"])]
+    kept = chart.render("release.keepPublished=true")
+    [kjob] = [d for d in kept if d["kind"] == "Job"]
+    assert "--purge" not in kjob["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert ("Role", "compat-hook-release") not in {(d["kind"], d["metadata"]["name"]) for d in kept}
     for d in release.values():
         a = d["metadata"]["annotations"]
         assert a["helm.sh/hook"] == "pre-delete", d
