@@ -627,6 +627,64 @@ def test_release_account_removes_holds_and_adds_none(world):
     assert f"{PREFIX}/preflight" not in meta["labels"] and meta["labels"][DEPLOY] == "true"
 
 
+RELEASE_OBJECTS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-release-objects'"
+
+
+def test_release_purge_removes_everything_compat_hook_wrote_and_nothing_else(world, tmp_path):
+    """``helm uninstall``'s Job (``cluster release --all --purge``) with the chart's own RBAC and policies: every
+    ``<prefix>/`` key on every Node, compat-hook's hold, the agents' Leases and ConfigMaps go; someone else's
+    skip label, keys and ConfigMaps, and the chart's own ConfigMap, stay."""
+    import subprocess
+
+    w = world
+    cms, leases = f"/api/v1/namespaces/{NS}/configmaps", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
+    ours = {"labels": {f"{PREFIX}/preflight": "fail", f"{PREFIX}/preflight.broken": "1",
+                       f"{PREFIX}/preflight.target-driver": "570.195.03", VALIDATED: "570.195.03"},
+            "annotations": {f"{PREFIX}/preflight": "{}", f"{PREFIX}/allow-upgrade": "true"}}
+    w.admin.merge("/api/v1/nodes/gpu-a", {"metadata": {"labels": dict(ours["labels"], **{SKIP: "true"}),
+                                                      "annotations": dict(ours["annotations"], **{
+                                                          f"{PREFIX}/holds-upgrade": "2026-12-03T10:00:00Z"})}})
+    w.admin.merge("/api/v1/nodes/gpu-b", {"metadata": {"labels": dict(ours["labels"], **{SKIP: "true"}),
+                                                      "annotations": ours["annotations"]}})  # a skip of someone else's
+    for node in ("gpu-a", "gpu-b"):
+        for path in (cms, leases):  # (an earlier test's agent may have written its own)
+            try:
+                w.admin.delete(f"{path}/{node}")
+            except ApiError as e:
+                assert e.status == 404, e
+        w.admin.create(cms, {"metadata": {"name": node, "labels": AGENT_LABELS}, "data": {"preflight.json": "{}"}})
+        w.admin.create(leases, {"metadata": {"name": node, "labels": AGENT_LABELS}, "spec": {"holderIdentity": node}})
+    w.admin.create(cms, {"metadata": {"name": "team-notes", "labels": {"app.kubernetes.io/name": "compat-hook"}}})
+    try:
+        # the account deletes only the agents' objects: not the chart's ConfigMap, not another one
+        release = w.api["release"]
+        _wait_refused(w, RELEASE_OBJECTS_POLICY, lambda: release.request(
+            "DELETE", f"{cms}/compat-hook-agent", query={"dryRun": "All"}))
+        with pytest.raises(ApiError) as e:
+            release.request("DELETE", f"{cms}/team-notes", query={"dryRun": "All"})
+        assert e.value.status == 403 and RELEASE_OBJECTS_POLICY in str(e.value), e.value
+        kc = w.cp.kubeconfig(_token(w.admin, "compat-hook-release"), "release-purge")
+        p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "cluster", "release", "--all", "--purge",
+                            "--publish-namespace", NS, "--kubeconfig", str(kc)], cwd=chart.REPO,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout + p.stderr
+        assert "removed what compat-hook wrote from 2 node(s) and 4 Lease(s)/ConfigMap(s)" in p.stdout, p.stdout
+        for node in ("gpu-a", "gpu-b"):
+            meta = w.node(node)["metadata"]
+            left = [k for k in list(meta.get("labels") or {}) + list(meta.get("annotations") or {})
+                    if k.startswith(f"{PREFIX}/")]
+            assert left == [], (node, meta)
+            assert meta["labels"][DEPLOY] == "true" and meta["annotations"]["team.example.com/owner"] == "gpu-team"
+        assert SKIP not in w.node("gpu-a")["metadata"]["labels"]          # compat-hook's hold
+        assert w.node("gpu-b")["metadata"]["labels"][SKIP] == "true"       # someone else's
+        sel = "app.kubernetes.io/component=preflight"
+        assert w.admin.get(cms, labelSelector=sel)["items"] == [] and w.admin.get(leases, labelSelector=sel)["items"] == []
+        assert w.admin.get(f"{cms}/team-notes") and w.admin.get(f"{cms}/compat-hook-agent")
+    finally:
+        w.admin.merge("/api/v1/nodes/gpu-b", {"metadata": {"labels": {SKIP: None}}})
+        w.admin.delete(f"{cms}/team-notes")
+
+
 # ----------------------------------------------------------------------------- RBAC, as the API server sees it
 
 
@@ -665,6 +723,14 @@ def test_rbac_grants_the_agent_only_what_it_uses(world):
     assert _can(w, "compat-hook-release", "list", "nodes") and _can(w, "compat-hook-release", "patch", "nodes")
     assert not any(_can(w, "compat-hook-release", v, r) for v, r in
                    (("get", "nodes"), ("update", "nodes"), ("list", "pods"), ("create", "events")))
+    # --purge: the agents' Leases and ConfigMaps in the release namespace, listed and deleted, nothing more
+    assert all(_can(w, "compat-hook-release", v, r, group=g, namespace=NS) for v, r, g in
+               (("list", "configmaps", ""), ("delete", "configmaps", ""), ("list", "leases", "coordination.k8s.io"),
+                ("delete", "leases", "coordination.k8s.io")))
+    assert not any(_can(w, "compat-hook-release", v, r, group=g, namespace=ns) for v, r, g, ns in
+                   (("create", "configmaps", "", NS), ("update", "leases", "coordination.k8s.io", NS),
+                    ("get", "secrets", "", NS), ("delete", "configmaps", "", "default"),
+                    ("delete", "leases", "coordination.k8s.io", "kube-system")))
     # the validator: its Node, probe pods in its namespace, Events in default; nothing cluster-wide beyond
     v_allowed = [("get", "nodes", None), ("patch", "nodes", None), ("create", "pods", NS), ("get", "pods", NS),
                  ("delete", "pods", NS), ("create", "events", "default")]
@@ -794,12 +860,14 @@ def test_a_changed_prefix_moves_the_policy(world):
 ], ids=["nvidia", "nvidia-sub", "kubernetes", "kubernetes-sub", "k8s", "former-k8s-sub"])
 def test_a_reserved_label_prefix_is_refused(values):
     """The prefix is what the agent may write on its Node (and the release Job remove): one of the GPU
-    Operator's or Kubernetes' own would hand every node's agent their keys. The schema refuses it, and
-    the templates do for values that skip the schema."""
+    Operator's or Kubernetes' own would hand every node's agent their keys. The templates refuse it by name
+    (never a schema's bare "'not' failed"), also for values that skip the schema."""
     sets = [a for v in values for a in ("--set", v)]
-    for extra, says in (([], "'not' failed"), (["--skip-schema-validation"], "is reserved")):
+    key = values[0].split("=")[0] + ("[1]" if "former" in values[0] else "")
+    for extra in ([], ["--skip-schema-validation"]):
         p = chart.helm("template", "compat-hook", chart.CHART, "--namespace", NS, *sets, *extra, check=False)
-        assert p.returncode != 0 and says in p.stderr, (extra, p.stderr)
+        assert p.returncode != 0 and f"{key}=" in p.stderr and "is reserved" in p.stderr, (extra, p.stderr)
+        assert "'not' failed" not in p.stderr, p.stderr
     # a prefix that only ends like one, or holds one as a label, is someone's own domain
     for prefix in ("mynvidia.com", "nvidia.com.example.org"):
         chart.render(f"agent.labelPrefix={prefix}")

@@ -127,6 +127,28 @@ def test_config_check_reports_every_error_one_line_each(tmp_path):
     ]
 
 
+def test_config_check_names_every_bad_cluster_key_and_refuses_others_prefixes(tmp_path):
+    """``cluster:`` as the rest of the file: every bad key a line, and a label prefix that is the GPU Operator's
+    or Kubernetes' own (nvidia.com, a subdomain of k8s.io) refused as the chart refuses it."""
+    f = tmp_path / "bad.yaml"
+    f.write_text("cluster:\n  label_prefix: nvidia.com\n  gate: true\n  gate_upgrade: maybe\n")
+    p = _run("config", "--check", str(f))
+    assert p.returncode == 2 and p.stdout == "" and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.splitlines() == [
+        f"compat-hook: {f}: cluster.label_prefix: 'nvidia.com' is nvidia.com's (the GPU Operator's or Kubernetes' "
+        "own keys): choose a domain of yours (compat-hook.io)",
+        f"compat-hook: {f}: cluster.gate: unknown key (one of gate_upgrade, label_prefix, nfd_features_file, textfile, "
+        "compat_runtime_classes)",
+        f"compat-hook: {f}: cluster.gate_upgrade: must be true or false, got 'maybe'",
+    ]
+    for prefix in ("node.k8s.io", "kubernetes.io", "x.nvidia.com"):
+        f.write_text(f"cluster: {{label_prefix: {prefix}}}\n")
+        line = _one_line_exit_2(_run("config", "--check", str(f)))
+        assert f"cluster.label_prefix: {prefix!r} is " in line, line
+    f.write_text("cluster: {label_prefix: nvidia.com.example.org}\n")  # a domain of one's own that mentions it
+    assert _run("config", "--check", str(f)).returncode == 0
+
+
 def test_config_check_missing_file_names_it(tmp_path):
     f = tmp_path / "nope.yaml"
     assert _one_line_exit_2(_run("config", "--check", str(f))) == f"compat-hook: {f}: no such file"

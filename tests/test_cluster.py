@@ -556,6 +556,8 @@ def test_the_override_annotation_releases_the_hold_within_seconds(world, client)
         # the override is gone: the hold is back
         w.admin.merge(f"/api/v1/nodes/{node}", {"metadata": {"annotations": {OVERRIDE: None}}})
         w.admin.wait("held again", lambda: w.labels(node).get(SKIP) == "true", timeout=30)
+        # the pass logs its line after its Event and Lease, a moment after the Node shows the hold
+        w.admin.wait("the third pass logged", lambda: len(w.passes(node)) >= 3, timeout=10, interval=0.1)
         assert agent.poll() is None
         assert [p["gate"] for p in w.passes(node)][:3] == ["held", "override", "held"], w.passes(node)
     finally:
@@ -1047,7 +1049,11 @@ def test_a_bad_announcement_is_a_warning_and_keeps_the_hold(world, client):
             assert "bad_announcement" in r["reasons"] and repr(bad) in r["problem"], r
             _still_held(w, node)
         warnings = [e["message"] for e in w.events(node) if e["type"] == "Warning"]
-        assert any("next-driver" in m and "'latest'" in m for m in warnings), warnings
+        # one Warning per bad value: an operator's fix that is bad again is news too
+        for bad in ("latest", "v570.195.03", "570"):
+            assert len([m for m in warnings if "next-driver" in m and repr(bad) in m]) == 1, (bad, warnings)
+        w.agent(node, client=client)  # the same bad value again: no new Event
+        assert len([e for e in w.events(node) if e["type"] == "Warning"]) == len(warnings), w.events(node)
         # a branch is what a precompiled driver is announced by
         w.admin.merge(CP, {"spec": {"driver": {"usePrecompiled": True}}})
         w.set_target(announce="470")
@@ -1468,3 +1474,159 @@ def test_the_clients_configuration_is_what_the_requests_use(world, client, tmp_p
                             {"certificate-authority-data": ca, "tls-server-name": "wrong.example"}, token)
         out = _connect(w, client, wrong)
         assert out.startswith("ERROR 0 ") and "wrong.example" in out, out
+
+
+# ----------------------------------------------------------------------------- the operator's command lines
+
+
+def _kc_file(path, doc: dict) -> pathlib.Path:
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _cluster_cmd(w: World, client: str, *args, env=None) -> subprocess.CompletedProcess:
+    import os
+
+    p = subprocess.run([w.pythons[client], "-m", "compat_hook", "cluster", *args, "--config", str(w.config)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, **(env or {})))
+    assert "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
+    return p
+
+
+def test_several_kubeconfig_files_are_merged_as_kubectl_merges_them(world, client, tmp_path):
+    """$KUBECONFIG=a:b: the first file to name a user, cluster or context wins whole, and current-context
+    comes from the first file that sets one (kubectl's rules, client-go's clientcmd); the command says
+    which server and context it used."""
+    w = world
+    case = f"merge-{client}"
+    w.add_node(case, image="legacy")
+    w.agent(case, client=client)
+    server = {"name": "test", "cluster": {"server": w.cp.url, "insecure-skip-tls-verify": True}}
+    # a: no current-context; context "ops" with user "me", who is the admin here
+    a = _kc_file(tmp_path / "a", {"apiVersion": "v1", "kind": "Config",
+                                  "contexts": [{"name": "ops", "context": {"cluster": "test", "user": "me"}}],
+                                  "users": [{"name": "me", "user": {"token": ADMIN_TOKEN}}]})
+    # b: current-context "ops"; its own "me" (nobody) and "ops" (with user "me"), the cluster
+    b = _kc_file(tmp_path / "b", {"apiVersion": "v1", "kind": "Config", "current-context": "ops",
+                                  "clusters": [server],
+                                  "contexts": [{"name": "ops", "context": {"cluster": "test", "user": "me"}}],
+                                  "users": [{"name": "me", "user": {"token": NOBODY_TOKEN}}]})
+    p = _cluster_cmd(w, client, "status", "-l", f"{CASE}={case}", env={"KUBECONFIG": f"{a}:{b}"})
+    assert p.returncode in (0, 2) and case in p.stdout, p.stdout + p.stderr  # a's "me": the admin
+    assert f"API server {w.cp.url} (context ops, {a}:{b})" in p.stderr, p.stderr
+    p = _cluster_cmd(w, client, "status", "-l", f"{CASE}={case}", env={"KUBECONFIG": f"{b}:{a}"})
+    assert p.returncode == 1 and "403" in p.stderr and "forbidden" in p.stderr, p.stderr  # b's "me": nobody
+    assert p.stderr.count("\n") == 1, p.stderr
+    # --json names the server too
+    p = _cluster_cmd(w, client, "status", "-l", f"{CASE}={case}", "--json", env={"KUBECONFIG": f"{a}:{b}"})
+    assert json.loads(p.stdout)["server"] == {"url": w.cp.url, "credentials": f"context ops, {a}:{b}"}, p.stdout
+
+
+def test_context_picks_the_kubeconfig_context(world, client, tmp_path):
+    w = world
+    case = f"context-{client}"
+    w.add_node(case, image="legacy")
+    w.agent(case, client=client)
+    server = {"name": "test", "cluster": {"server": w.cp.url, "insecure-skip-tls-verify": True}}
+    kc = _kc_file(tmp_path / "kc", {
+        "apiVersion": "v1", "kind": "Config", "current-context": "nobody", "clusters": [server],
+        "contexts": [{"name": "nobody", "context": {"cluster": "test", "user": "nobody"}},
+                     {"name": "admin", "context": {"cluster": "test", "user": "admin"}}],
+        "users": [{"name": "nobody", "user": {"token": NOBODY_TOKEN}}, {"name": "admin", "user": {"token": ADMIN_TOKEN}}]})
+    p = _cluster_cmd(w, client, "status", "-l", f"{CASE}={case}", "--kubeconfig", str(kc))
+    assert p.returncode == 1 and "forbidden" in p.stderr, p.stderr
+    p = _cluster_cmd(w, client, "status", "-l", f"{CASE}={case}", "--kubeconfig", str(kc), "--context", "admin")
+    assert p.returncode in (0, 2) and case in p.stdout and "(context admin, " in p.stderr, p.stdout + p.stderr
+    p = _cluster_cmd(w, client, "release", "--node", case, "--kubeconfig", str(kc), "--context", "admin")
+    assert p.returncode == 0 and "(context admin, " in p.stderr, p.stdout + p.stderr
+    r = w.agent(case, "--context", "admin", client=client, kubeconfig=kc)["stdout"]
+    connected = [json.loads(ln) for ln in r.splitlines() if '"cluster_connected"' in ln]
+    assert connected and connected[0]["server"] == w.cp.url and connected[0]["credentials"].startswith("context admin"), r
+
+
+def test_a_selector_that_matches_nothing_and_an_unknown_node_exit_4(world, client):
+    """A typo in a CI gate must not pass: no GPU node selected, or no such node to release, is exit 4
+    with one line saying so."""
+    w = world
+    rc, out, err = w.status(f"no-such-case-{client}", client=client)
+    assert rc == 4 and "no GPU node" in err and "selects none" in err, (rc, out, err)
+    rc, out, err = w.status(f"no-such-case-{client}", "--json", client=client)
+    assert rc == 4 and json.loads(out)["nodes"] == [], (rc, out, err)
+    p = w.run("release", "--node", f"nosuchnode-{client}", client=client)
+    assert p.returncode == 4 and f"nosuchnode-{client}: no such node" in p.stdout + p.stderr, p
+
+
+def test_every_unknown_row_has_a_note(world, client):
+    """An ``unknown`` verdict (here: a bad announcement) and a node no agent published on say why."""
+    w = world
+    case = f"unknownnote-{client}"
+    for n in (f"{case}-a", f"{case}-none"):
+        w.add_node(n, image="legacy", labels={CASE: case})
+    w.set_target(announce="latest")
+    try:
+        w.agent(f"{case}-a", client=client)
+        rc, out, _ = w.status(case, client=client)
+    finally:
+        w.set_target(remove_announce=True)
+    rows = _table(out)
+    assert rc == 2 and rows[f"{case}-a"]["PREFLIGHT"] == "unknown", out
+    assert rows[f"{case}-a"]["NOTE"].startswith("unknown: ") and "bad_announcement" in rows[f"{case}-a"]["NOTE"], out
+    assert rows[f"{case}-none"]["NOTE"] == "no preflight published: is its agent running?", out
+
+
+def test_sigterm_stops_a_watching_agent_within_a_second(world, client):
+    """As a pod's PID 1 the agent gets SIGTERM from the kubelet: it ends its loop at once (exit 0), its
+    state file whole and naming what it last published."""
+    import signal
+
+    w = world
+    node = f"sigterm-{client}"
+    w.add_node(node, image="infer")
+    agent = w.spawn(node, "--driver", R470, "--interval", "300", client=client)
+    try:
+        w.admin.wait("a pass", lambda: w.passes(node), timeout=60)
+        time.sleep(0.5)  # in its wait for the next pass
+        t = time.monotonic()
+        agent.send_signal(signal.SIGTERM)
+        rc = agent.wait(10)
+        took = time.monotonic() - t
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(10)
+    print(f"agent exit after SIGTERM: {took:.3f} s")
+    assert rc == 0 and took < 1.0, (rc, took)
+    last = w.log(node)[-1]
+    assert last["event"] == "cluster_agent_stopped" and last["last_result"].startswith("fail for " + R470), last
+    state = json.loads((w.work / "state" / node / "cluster-agent.json").read_text())
+    assert (state["verdict"], state["gate"], state["prefix"]) == ("fail", "held", PREFIX), state
+
+
+def test_purge_leaves_no_key_and_a_running_agent_writes_nothing_back(world, client):
+    """(Last in this file: it purges every node.) ``cluster release --all --purge`` with a watching agent still
+    running, as under ``helm uninstall`` (its pre-delete Job runs before the DaemonSet goes): no ``<prefix>/`` key,
+    Lease or ConfigMap of the agent is left, and the agent, seeing its Node purged, writes none of them back."""
+    w = world
+    node = f"purge-{client}"
+    w.add_node(node, image="infer")
+    w.admin.merge(f"/api/v1/nodes/{node}", {"metadata": {"labels": {f"{PREFIX}/validated": R535}}})
+    agent = w.spawn(node, "--driver", R470, "--interval", "2", client=client)
+    try:
+        w.admin.wait("held", lambda: w.labels(node).get(SKIP) == "true" and w.passes(node), timeout=60)
+        p = w.run("release", "--all", "--purge", "--publish-namespace", "compat-hook", client=client)
+        assert p.returncode == 0 and f"removed compat-hook's labels and annotations from {node}" in p.stdout, \
+            p.stdout + p.stderr
+        time.sleep(5)  # two intervals and a watch event: a pass would have written by now
+        meta = w.node(node)["metadata"]
+        left = [k for k in list(meta.get("labels") or {}) + list(meta.get("annotations") or {})
+                if k.startswith(f"{PREFIX}/") or k == SKIP]
+        assert left == [], meta
+        for kind in ("apis/coordination.k8s.io/v1/namespaces/compat-hook/leases", "api/v1/namespaces/compat-hook/configmaps"):
+            with pytest.raises(ApiError) as e:
+                w.admin.get(f"/{kind}/{node}")
+            assert e.value.status == 404
+        assert [r for r in w.log(node) if r["event"] == "cluster_purged"], w.log(node)
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(10)

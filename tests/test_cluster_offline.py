@@ -58,6 +58,11 @@ def test_every_cluster_help_exits_0(args):
     (["cluster", "agent", "--node", "../../api/v1/secrets?x=", "--once"], "--node: not a node name"),
     (["cluster", "agent", "--node", "n", "--once", "--driver", "sha256:abc"], "image digest"),
     (["cluster", "agent", "--node", "n", "--once", "--host-root", "/nonexistent-dir"], "no such directory"),
+    # a store the agent cannot use stops its start (the pod's), not every pass silently
+    (["cluster", "agent", "--node", "n", "--store", "bogus:x"], "--store bogus:x: not an image source"),
+    (["cluster", "agent", "--node", "n", "--store", "oci:/nonexistent-dir"], "--store oci:/nonexistent-dir: no such"),
+    (["cluster", "release", "--node", "n", "--purge"], "--purge: only with --all"),
+    (["cluster", "release", "--all", "--purge", "--publish-namespace", "A_B"], "--publish-namespace: not a namespace"),
 ])
 def test_bad_usage_is_one_line_exit_2(args, want):
     p = _run(*args)
@@ -194,3 +199,47 @@ def test_the_hold_record_keeps_the_node_annotation_bounded():
     # junk in the annotation is dropped, never trusted
     junk = {"target": "470.256.02", "w": {"a": ["img", "soon"], "b": [1, None], "c": ["ok", None], 5: ["x", None]}}
     assert list(holds.track(junk, target="470.256.02", regressing={}, present={"c"}, now=now, quiet=600).entries) == ["c"]
+
+
+@pytest.mark.parametrize("text, want", [
+    ("apiVersion: v1\nclusters: [\n  - name: x\n    cluster: {server: \"https://a\"\n", "not valid YAML (line "),
+    ("- just\n- a list\n", "not a kubeconfig (a list, not a mapping)"),
+    ("apiVersion: v1\nclusters: {a: b}\n", "clusters: not a list of named entries"),
+])
+@pytest.mark.parametrize("command", [
+    ["cluster", "status"], ["cluster", "release", "--all"], ["cluster", "release", "--node", "n"],
+    ["cluster", "agent", "--node", "n", "--once"],
+    ["cluster", "validate", "--node", "n", "--once", "--probe-image", "x"],
+])
+def test_an_invalid_kubeconfig_is_one_line_in_every_cluster_command(tmp_path, text, want, command):
+    """A kubeconfig that is not YAML (or not a kubeconfig): one line naming the file, exit 1, never a traceback;
+    through --kubeconfig and through $KUBECONFIG alike."""
+    kc = tmp_path / "bad.kubeconfig"
+    kc.write_text(text)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C"}
+    extra = ["--state-dir", str(tmp_path / "state")] if command[1] in ("agent", "validate") else []
+    for how in ("flag", "env"):
+        argv = command + extra + (["--kubeconfig", str(kc)] if how == "flag" else [])
+        p = _run(*argv, env=dict(env, KUBECONFIG=f"{tmp_path / 'missing'}:{kc}") if how == "env" else env)
+        out = p.stdout + p.stderr
+        assert p.returncode == 1, (how, out)
+        assert "Traceback" not in out and str(kc) in out and want in out, (how, out)
+        if command[1] in ("status", "release"):
+            assert p.stderr.count("\n") == 1 and p.stdout == "", (how, out)
+        else:  # the agent and the validator speak JSON lines: one of them says it
+            [line] = [ln for ln in p.stdout.splitlines() if str(kc) in ln]
+            assert "no cluster credentials" in line, line
+
+
+def test_an_unknown_context_and_no_context_are_one_line(tmp_path):
+    kc = tmp_path / "kc"
+    kc.write_text('{"apiVersion": "v1", "kind": "Config", '
+                  '"clusters": [{"name": "t", "cluster": {"server": "https://127.0.0.1:1"}}], '
+                  '"users": [{"name": "u", "user": {"token": "x"}}], '
+                  '"contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}]}')
+    p = _run("cluster", "status", "--kubeconfig", str(kc))
+    assert p.returncode == 1 and "no current-context" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    p = _run("cluster", "status", "--kubeconfig", str(kc), "--context", "prod")
+    assert p.returncode == 1 and "no context 'prod' (there are: t)" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    p = _run("cluster", "release", "--all", "--kubeconfig", str(kc), "--context", "t")
+    assert p.returncode == 1 and "127.0.0.1:1" in p.stderr and "unreachable" in p.stderr, p.stderr

@@ -120,6 +120,8 @@ def test_daemonset_shape():
                          ("ValidatingAdmissionPolicyBinding", "compat-hook-events"),
                          ("ValidatingAdmissionPolicy", "compat-hook-release-node"),
                          ("ValidatingAdmissionPolicyBinding", "compat-hook-release-node"),
+                         ("ValidatingAdmissionPolicy", "compat-hook-release-objects"),
+                         ("ValidatingAdmissionPolicyBinding", "compat-hook-release-objects"),
                          ("DaemonSet", "compat-hook"), ("RuntimeClass", "cuda-compat")}
     ns, ds = docs[("Namespace", "compat-hook")], docs[("DaemonSet", "compat-hook")]
     assert ds["metadata"]["namespace"] == ns["metadata"]["name"]
@@ -166,7 +168,8 @@ def test_daemonset_shape():
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in events["rules"]] == [([""], ["events"], ["create"])]
     assert docs[("RoleBinding", "compat-hook-agent-events")]["subjects"] == [
         {"kind": "ServiceAccount", "name": "compat-hook", "namespace": "compat-hook"}]
-    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node"):
+    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node",
+                 "compat-hook-release-objects"):
         binding = docs[("ValidatingAdmissionPolicyBinding", name)]
         assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
         assert docs[("ValidatingAdmissionPolicy", name)]["spec"]["failurePolicy"] == "Fail"
@@ -239,7 +242,8 @@ def test_helm_template_defaults_confine_both_containers():
     assert [s for s in sources if "serviceAccountToken" in s][0]["serviceAccountToken"]["path"] == "token"
     assert {e["name"]: e["value"] for e in installer["env"]}["UNINSTALL_ON_STOP"] == "false"
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node"):
+    for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node",
+                 "compat-hook-release-objects"):
         assert ("ValidatingAdmissionPolicy", name) in kinds and ("ValidatingAdmissionPolicyBinding", name) in kinds
     # the pre-delete hook: `cluster release --all` as its own account, nothing else of the node
     [job] = [d for d in docs if d["kind"] == "Job"]
@@ -248,11 +252,20 @@ def test_helm_template_defaults_confine_both_containers():
     assert jpod["serviceAccountName"] == "compat-hook-release" and jpod["securityContext"]["runAsNonRoot"] is True
     assert jpod["containers"][0]["command"][:4] == ["compat-hook", "cluster", "release", "--all"]
     assert "--prefix=compat-hook.io" in jpod["containers"][0]["command"]
+    # and everything else compat-hook wrote (release.keepPublished=false, the default)
+    assert jpod["containers"][0]["command"][-2:] == ["--purge", "--publish-namespace=compat-hook"]
     assert not any("hostPath" in v for v in jpod.get("volumes", []))
     # its account and grant exist only for it: pre-delete hooks made before it, deleted with it
     release = {d["kind"]: d for d in docs if d["metadata"]["name"] == "compat-hook-release" and d["kind"] != "Job"}
-    assert set(release) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    assert set(release) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
     assert [(r["resources"], r["verbs"]) for r in release["ClusterRole"]["rules"]] == [(["nodes"], ["list", "patch"])]
+    assert release["Role"]["metadata"]["namespace"] == "compat-hook"
+    assert [(r["resources"], r["verbs"]) for r in release["Role"]["rules"]] == [
+        (["configmaps"], ["list", "delete"]), (["leases"], ["list", "delete"])]
+    kept = chart.render("release.keepPublished=true")
+    [kjob] = [d for d in kept if d["kind"] == "Job"]
+    assert "--purge" not in kjob["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert ("Role", "compat-hook-release") not in {(d["kind"], d["metadata"]["name"]) for d in kept}
     for d in release.values():
         a = d["metadata"]["annotations"]
         assert a["helm.sh/hook"] == "pre-delete", d
@@ -337,6 +350,34 @@ def test_values_schema_rejects_what_the_chart_does_not_know():
         assert p.returncode != 0 and says in p.stderr, (bad, p.stderr)
     p = chart.helm("template", "x", chart.CHART, "--set", "agent.tmpSizeLimit=4Gi", check=False)
     assert p.returncode != 0 and "at least 5Gi" in p.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad, says", [
+    (["validator.parallel=0"], ["validator/parallel"]),
+    (["validator.probeTimeout=5"], ["validator/probeTimeout"]),
+    (["validator.paralel=2"], ["paralel"]),
+    (["agent.store=bogus:x"], ["agent/store", "bogus:x"]),
+    (["agent.interval=0.5"], ["agent/interval"]),
+    # several at once: each named, not the first only
+    (["validator.parallel=0", "agent.store=bogus:x", "validator.deadline=1"],
+     ["validator/parallel", "agent/store", "validator/deadline"]),
+])
+def test_values_the_command_line_refuses_are_refused_by_name(bad, says):
+    """What the agent and the validator would refuse at their start (`--parallel 0`, `--store bogus:x`) is
+    refused by `helm template`, naming each bad value; and by the templates too for values that skip the
+    schema."""
+    from tests.support import chart
+
+    sets = [a for b in bad for a in ("--set", b)]
+    p = chart.helm("template", "x", chart.CHART, *sets, check=False)
+    assert p.returncode != 0 and all(s in p.stderr for s in says), (bad, p.stderr)
+    assert "'not' failed" not in p.stderr and "Traceback" not in p.stderr
+    if "paralel" in bad[0]:
+        return
+    p = chart.helm("template", "x", chart.CHART, *sets, "--skip-schema-validation", check=False)
+    names = [b.split("=")[0] for b in bad]
+    assert p.returncode != 0 and all(f"{n}=" in p.stderr for n in names), (bad, p.stderr)
 
 
 @pytest.mark.slow
@@ -803,3 +844,17 @@ def test_agent_runs_from_the_image_with_only_the_charts_mounts(image, tmp_path):
     assert meta["labels"]["compat-hook.io/preflight.target-driver"] == target
     assert meta["labels"]["compat-hook.io/preflight"] in ("pass", "warn"), meta["labels"]  # read: not unknown
     assert any((node / "var/lib/compat-hook-agent").iterdir()), "the agent keeps its last result in its state dir"
+
+
+@pytest.mark.slow
+def test_notes_name_the_release_namespace():
+    """NOTES' commands run against the release's own namespace (`cluster status` reads the agents' Leases
+    there), and say what `helm uninstall` removes."""
+    from tests.support import chart
+
+    for ns, flag in (("gpu-ops", " --publish-namespace gpu-ops"), ("compat-hook", "")):
+        p = chart.helm("install", "compat-hook", chart.CHART, "--namespace", ns, "--dry-run=client")
+        notes = p.stdout[p.stdout.index("NOTES:"):]
+        assert f"compat-hook cluster status{flag}   " in notes, notes
+        assert f"kubectl -n {ns} rollout status ds/compat-hook" in notes, notes
+        assert "every other compat-hook.io/ key and the agents' Leases and ConfigMaps" in notes, notes

@@ -17,8 +17,10 @@ The story, in order (the tests share the cluster and run in file order):
 3. the in-cluster agent, with its pod-bound projected token, publishes ``fail`` for a running
    CUDA 12.4 pod without compat when a rollback to R520 (CUDA 11.8) is announced;
 4. ``helm upgrade --set agent.gate=true``: the agent holds the node;
-5. ``helm uninstall`` with the node held and a GPU pod running: the pod keeps running and the
-   hold is released (the chart's pre-delete Job).
+5. SIGTERM: the agent's, installer's and validator's containers end within 2 s of their pod's
+   deletion, and a ``helm upgrade`` that changes a value rolls the node within seconds;
+6. ``helm uninstall`` with the node held and a GPU pod running: the pod keeps running, the
+   hold is released and everything else compat-hook wrote is gone (the chart's pre-delete Job).
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ class World:
     def daemonset(self, name: str = "compat-hook") -> dict:
         return self.admin.get(f"/apis/apps/v1/namespaces/{NS}/daemonsets/{name}")
 
-    def ds_pod(self) -> dict:
-        pods = self.admin.get(f"/api/v1/namespaces/{NS}/pods", labelSelector="app.kubernetes.io/name=compat-hook")
+    def ds_pod(self, name: str = "compat-hook") -> dict:
+        pods = self.admin.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=f"app.kubernetes.io/name={name}")
         live = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
         assert len(live) == 1, [p["metadata"]["name"] for p in live]
         return live[0]
@@ -282,6 +284,74 @@ def test_helm_upgrade_turns_the_gate_on_and_the_agent_holds_the_node(world):
                      timeout=120, interval=0.5)
 
 
+def _stop_pod(world, ds: str) -> dict:
+    """Delete DaemonSet ``ds``'s pod with its full grace period (the kubelet sends SIGTERM) and measure: the
+    seconds until the pod is gone, and each container's exit code and seconds from the deletion to its end."""
+    pod = world.ds_pod(ds)
+    name = pod["metadata"]["name"]
+    path = f"/api/v1/namespaces/{NS}/pods/{name}"
+    t0 = time.monotonic()
+    world.admin.delete(path)
+    seen: dict = {}
+    deleted_at = None
+    while time.monotonic() - t0 < 150:
+        try:
+            p = world.admin.get(path)
+        except ApiError as e:
+            assert e.status == 404, e
+            break
+        if deleted_at is None and p["metadata"].get("deletionTimestamp"):
+            # the deletion's time: deletionTimestamp is when the grace period ends (the kubelet's last
+            # update moves it to the moment it finished)
+            deleted_at = (p["metadata"]["deletionTimestamp"], p["metadata"].get("deletionGracePeriodSeconds") or 0)
+        for c in p.get("status", {}).get("containerStatuses") or []:
+            term = (c.get("state") or {}).get("terminated")
+            if term:
+                seen[c["name"]] = term
+        time.sleep(0.1)
+    gone = time.monotonic() - t0
+
+    def ts(text):
+        import datetime
+        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").timestamp()
+
+    took = {c: ts(t["finishedAt"]) - (ts(deleted_at[0]) - deleted_at[1]) for c, t in seen.items()
+            if t.get("finishedAt") and deleted_at}
+    return {"gone": gone, "exit": {c: t.get("exitCode") for c, t in seen.items()}, "took": took,
+            "grace": pod["spec"]["terminationGracePeriodSeconds"]}
+
+
+def test_every_container_stops_within_two_seconds_of_sigterm(world):
+    """The agent (the container's PID 1: a signal without a handler is ignored there), the installer and the
+    validator end on the kubelet's SIGTERM at once, not after the grace period; the DaemonSets then start
+    new pods."""
+    results = {}
+    for ds in ("compat-hook", "compat-hook-validator"):
+        r = results[ds] = _stop_pod(world, ds)
+        print(f"{ds}: pod gone {r['gone']:.2f} s after its deletion (grace {r['grace']} s); exits {r['exit']}; "
+              f"container ends after deletion (s, 1 s resolution): {r['took']}")
+        assert r["gone"] < 5.0, (ds, r)
+        assert all(t <= 2.0 for t in r["took"].values()), (ds, r)
+        assert all(code in (0, 143) for code in r["exit"].values()), (ds, r)  # not 137: no SIGKILL
+    for ds in ("compat-hook", "compat-hook-validator"):
+        world.admin.wait(f"{ds} Ready again", lambda: world.daemonset(ds)["status"].get("numberReady") == 1,
+                         timeout=180, interval=0.5)
+
+
+def test_a_helm_upgrade_that_changes_a_value_rolls_within_seconds(world):
+    """A changed value rolls the DaemonSets' pods; each old one stops at once (4 min on 4 nodes when the agent
+    waited out its 120 s grace period)."""
+    old = world.ds_pod()["metadata"]["uid"]
+    t = time.monotonic()
+    world.node.helm("upgrade", "compat-hook", nodemod.CHART, "-n", NS, "--reuse-values", "--set", "agent.interval=11",
+                    "--wait", "--timeout", "3m", timeout=240)
+    world.admin.wait("the new agent pod Ready", lambda: world.ds_pod()["metadata"]["uid"] != old
+                     and ready(world.ds_pod()), timeout=120, interval=0.5)
+    took = time.monotonic() - t
+    print(f"helm upgrade (agent.interval) rolled the node in {took:.1f} s")
+    assert took < 45, took
+
+
 def test_helm_uninstall_keeps_the_gpu_pod_running_and_releases_the_hold(world):
     infer = world.admin.get("/api/v1/namespaces/apps/pods/infer")
     (cs,) = infer["status"]["containerStatuses"]
@@ -296,6 +366,16 @@ def test_helm_uninstall_keeps_the_gpu_pod_running_and_releases_the_hold(world):
     assert running(infer) and after["containerID"] == cs["containerID"] and after["restartCount"] == 0
     task = world.node.ctr("tasks", "ls").stdout
     assert cs["containerID"].split("//")[1] in task and "RUNNING" in task
-    # compat-hook's hold went with it (the skip label and its annotation, together)
+    # compat-hook's hold went with it (the skip label and its annotation, together), and everything else
+    # compat-hook wrote: no <prefix>/ key on the Node, no Lease or ConfigMap of an agent, none of the
+    # chart's objects in the namespace (kept: Helm's record of the release lives there)
     labels, annotations = world.labels(), world.annotations()
+    left = [k for k in list(labels) + list(annotations) if k.startswith(f"{PREFIX}/")]
+    assert left == [], (labels, annotations)
+    for kind in ("api/v1/namespaces/{ns}/configmaps", "apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                 "api/v1/namespaces/{ns}/pods", "apis/apps/v1/namespaces/{ns}/daemonsets",
+                 "apis/batch/v1/namespaces/{ns}/jobs", "api/v1/namespaces/{ns}/serviceaccounts",
+                 "apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles"):
+        names = [o["metadata"]["name"] for o in world.admin.get("/" + kind.format(ns=NS))["items"]]
+        assert [n for n in names if n not in ("kube-root-ca.crt", "default")] == [], (kind, names)
     assert SKIP not in labels and f"{PREFIX}/holds-upgrade" not in annotations, (labels, annotations)

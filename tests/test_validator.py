@@ -680,3 +680,41 @@ def test_a_workload_image_gone_from_the_node_fails_unless_allowed(api, tmp_path)
         assert result["result"] == ("pass" if allow else "fail") and _pods(cp) == []
         if allow:
             assert "not verified (not on the node): " + ref("infer") in validate.event_message(HOST_555, result["images"])
+
+
+def test_once_without_a_driver_names_the_file_and_sigterm_stops_the_loop(api, tmp_path):
+    """``validate --once`` with no kernel driver says which file it read; the loop (the DaemonSet's
+    container, its PID 1) ends on SIGTERM at once, exit 0."""
+    import signal
+    import time
+
+    from tests.support.kube import ADMIN_TOKEN
+
+    cp, _ = api
+    (tmp_path / "host").mkdir()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"host_root: {tmp_path / 'host'}\nlog_file: null\n")
+    kc = cp.kubeconfig(ADMIN_TOKEN, "validator-cli")
+    argv = ["--node", "gpu-k", "--probe-image", "i", "--config", str(cfg), "--state-dir", str(tmp_path / "s"),
+            "--workloads-dir", str(tmp_path / "w"), "--kubeconfig", str(kc), "--publish-namespace", "compat-hook"]
+    p = _cli(*argv, "--once")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stdout + p.stderr
+    [rec] = [json.loads(ln) for ln in p.stdout.splitlines() if '"no_driver"' in ln]
+    want = str(tmp_path / "host" / "proc/driver/nvidia/version")
+    assert rec["file"] == want and want in rec["message"], rec
+    proc = subprocess.Popen(["/usr/bin/python3", "-m", "compat_hook", "cluster", "validate", *argv], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    try:
+        time.sleep(3)  # connected, no driver: waiting for one
+        assert proc.poll() is None, proc.stdout.read()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(10)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    out = proc.stdout.read()
+    print(f"validator exit after SIGTERM: {took:.3f} s")
+    assert rc == 0 and took < 1.0 and '"validation_stopped"' in out, (rc, took, out)

@@ -30,7 +30,8 @@ pass waits a random share of a window, so a fleet's agents do not all write at
 once. The config file is read again at every pass. An API failure is one JSON
 line with a reason code and the last published result; the next try waits an
 exponential, jittered, capped backoff that honours ``Retry-After``. It never
-exits on an API error (``--once`` exits 1).
+exits on an API error (``--once`` exits 1). SIGTERM or SIGINT ends it at once
+(exit 0, :func:`run`); a Node purged by ``cluster release --purge`` quiets it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ DEFAULT_NAMESPACE = "compat-hook"
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 STATE_FILE = "cluster-agent.json"
 MAX_BACKOFF = 300.0
+#: Seconds a pass under way may still take after SIGTERM (the kubelet's grace is longer; a Pod's stop
+#: should not be).
+STOP_GRACE = 0.8
 CONFLICT_RETRIES = 4
 MAX_NODE_ANNOTATION = 64 << 10
 
@@ -264,11 +268,16 @@ class Agent:
         self.cfg = None
         self.config_error = None
         self.wake = threading.Event()
+        #: set by SIGTERM/SIGINT (:func:`run`): every wait of the loop ends at once, the loop exits after
+        #: the pass under way (its Node write and state file are whole)
+        self.stop = threading.Event()
         self._lock = threading.Lock()
         self._last_trigger = None
         self._herd = False
         self.cm_doc = None       # the details the ConfigMap holds (as last read or written)
         self.cm_rv = None
+        self.cm_before = None    # the details before this pass's write (a changed problem is news)
+        self._said_purged = False
         self.lease_rv = None
         self.lease_acquired = None
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
@@ -460,8 +469,10 @@ class Agent:
                                       pods_seen=len(pods_list), workloads=ws.items)
         cm_written = self._details(details)
         event_sent = False
+        # a bad announcement changed to another bad one is news too (the operator's fix did not take)
         if prev is None or publish.event_signature(prev) != publish.event_signature(doc) or \
-                (tgt.reason == "bad_announcement" and (prev or {}).get("reasons") != doc["reasons"]):
+                (tgt.reason == "bad_announcement" and ((prev or {}).get("reasons") != doc["reasons"]
+                                                       or (self.cm_before or {}).get("problem") != details["problem"])):
             kube.create(f"/api/v1/namespaces/{publish.EVENT_NAMESPACE}/events",
                         publish.event(node=node, details=details, when=_rfc3339(),
                                       warning_reason=tgt.reason if tgt.reason == "bad_announcement" else None))
@@ -510,6 +521,8 @@ class Agent:
                     self.cm_doc = old
                 except NotFound:
                     self.cm_rv, self.cm_doc = None, {}
+            if not attempt:
+                self.cm_before = self.cm_doc
             if self.cm_doc == details:
                 return False
             obj = publish.configmap(name=opts.node, namespace=opts.publish_namespace, doc=details, when=_rfc3339())
@@ -594,6 +607,8 @@ class Agent:
     def _connect(self) -> None:
         if self.kube is None:
             self.kube = self.kube_factory()
+            _log({"event": "cluster_connected", "node": self.opts.node, "server": getattr(self.kube, "host", None),
+                  "credentials": getattr(self.kube, "source", None)})
         if self.view is None:
             if self.opts.watch and not self.opts.once:
                 self.view = WatchView(self.kube, self.opts.node, self.on_change, rng=self.rng)
@@ -602,12 +617,15 @@ class Agent:
                 self.view = DirectView(self.kube, self.opts.node, rng=self.rng)
 
     def run(self) -> int:
-        """One pass with ``once`` (exit 0 published, 1 an API error), else forever."""
+        """One pass with ``once`` (exit 0 published, 1 an API error), else until :attr:`stop` (exit 0)."""
         backoff = Backoff(base=1.0, cap=min(MAX_BACKOFF, max(self.opts.interval, 30.0)), rng=self.rng)
         self.config()
-        while True:
+        while not self.stop.is_set():
             try:
                 self._connect()
+                if self._purged():
+                    self._wait()
+                    continue
                 _log(self.run_pass())
                 backoff.reset()
                 if self.opts.once:
@@ -620,23 +638,50 @@ class Agent:
                       "retry_in": None if self.opts.once else round(wait, 3), "last_result": _last_result(self.opts)})
                 if self.opts.once:
                     return 1
-                time.sleep(wait)
+                self.stop.wait(wait)
                 continue
             self._wait()
+        _log({"event": "cluster_agent_stopped", "node": self.opts.node, "last_result": _last_result(self.opts)})
+        return 0
 
     def _wait(self) -> None:
-        """Until the next pass: the (jittered) interval, or soon after a change that matters."""
+        """Until the next pass: the (jittered) interval, or soon after a change that matters (or a stop)."""
         timeout = jittered(self.opts.interval, 0.1, self.rng)
         if self.next_expiry is not None:  # a hold kept for an absent workload: judge it again when that ends
             timeout = min(timeout, max(0.5, self.next_expiry - time.time() + 0.5))
-        if self.wake.wait(timeout):
+        if self.wake.wait(timeout) and not self.stop.is_set():
             self.wake.clear()
             with self._lock:
                 herd, self._herd = self._herd, False
             # A change every agent sees at once waits a random share of a window; one of this node only
             # waits for its burst of events to settle.
-            time.sleep(herd_delay(self.opts.interval, self.rng) if herd else self.rng.uniform(0.05, 0.3))
+            self.stop.wait(herd_delay(self.opts.interval, self.rng) if herd else self.rng.uniform(0.05, 0.3))
             self.wake.clear()
+
+    def _purged(self) -> bool:
+        """``cluster release --purge`` (``helm uninstall``) took every key of this process's prefix off its
+        Node: the agent is being removed, so it writes nothing more (no key, Lease, ConfigMap or Event
+        back) until it restarts. Seen from the watch's cache only (free); said once."""
+        if self.published is None or not isinstance(self.view, WatchView) or not self.view.synced():
+            return False
+        try:
+            meta = _map(self.view.node().get("metadata"))
+        except KubeError:
+            return False
+        mine = self.published[0] + "/"
+        if any(str(k).startswith(mine) for k in list(_map(meta.get("labels"))) + list(_map(meta.get("annotations")))):
+            return False
+        if not self._said_purged:
+            self._said_purged = True
+            _log({"event": "cluster_purged", "node": self.opts.node,
+                  "message": f"every {mine} key is gone from the Node (cluster release --purge): "
+                             "publishing nothing more until this agent restarts"})
+        return True
+
+    def request_stop(self, *_) -> None:
+        """SIGTERM (the kubelet stopping the pod) or SIGINT: the loop ends without waiting out its interval."""
+        self.stop.set()
+        self.wake.set()
 
 
 def _in_namespace(create, namespace: str):
@@ -650,7 +695,30 @@ def _in_namespace(create, namespace: str):
 
 
 def run(kube_factory, load_config, opts: AgentOptions) -> int:
-    return Agent(kube_factory, load_config, opts).run()
+    """The agent until SIGTERM or SIGINT. As a container's PID 1 a signal without a handler is ignored
+    (the kubelet would wait out the whole grace period, then SIGKILL): the handler ends the loop. A pass
+    under way finishes first (its writes are whole); one blocked on the API server longer than
+    ``STOP_GRACE`` seconds is abandoned: every write it makes is atomic, so nothing is left half done."""
+    import signal
+
+    agent = Agent(kube_factory, load_config, opts)
+    if threading.current_thread() is threading.main_thread():
+        def on_signal(signum, _frame):
+            agent.request_stop()
+            t = threading.Timer(STOP_GRACE, _abandon, args=(opts.node, signum))
+            t.daemon = True
+            t.start()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    return agent.run()
+
+
+def _abandon(node: str, signum: int) -> None:
+    _log({"event": "cluster_agent_stopped", "node": node, "reason": "pass_abandoned",
+          "message": f"signal {signum}: the pass under way did not end within {STOP_GRACE} s"})
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def _max_rss_kib() -> int:

@@ -7,7 +7,13 @@ Exit statuses:
 * ``cluster status``: 0 every GPU node passes, 2 some node changes outcome or has no
   valid verdict (none, unknown, stale), 3 some node would regress (each such node held),
   5 some node would regress and nothing holds it, 1 an error (no cluster, denied, a bad config);
+* ``cluster status`` and ``cluster release --node NAME``: 4 nothing to report on (no GPU node
+  matched, the selector's typo included; no node of that name);
 * ``cluster release``: 0 done, 1 an API error.
+
+Credentials: in a pod its service account, else the kubeconfig files merged by kubectl's rules
+(:mod:`.kubeconfig`); ``--context`` picks a context. ``status`` and ``release`` name the API
+server they talked to on stderr (``status --json``: also its ``server`` key).
 
 Bad usage is 2 everywhere; every error is one line on stderr.
 
@@ -21,7 +27,9 @@ import sys
 
 __all__ = ["main"]
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOTHING = 0, 1, 2, 4
+KUBECONFIG_HELP = "default: the pod's service account, else $KUBECONFIG (merged as kubectl does), else ~/.kube/config"
+CONTEXT_HELP = "the kubeconfig context to use (default: its current-context)"
 
 
 def _parser():
@@ -41,7 +49,8 @@ def _parser():
                    help="seconds between passes (default 300, jittered; a change that matters starts one sooner)")
     a.add_argument("--no-watch", action="store_true",
                    help="poll only (read everything at each pass); do not watch the Node, pods and GPU Operator objects")
-    a.add_argument("--kubeconfig", metavar="PATH", help="default: the pod's service account, else $KUBECONFIG")
+    a.add_argument("--kubeconfig", metavar="PATH", help=KUBECONFIG_HELP)
+    a.add_argument("--context", metavar="NAME", help=CONTEXT_HELP)
     a.add_argument("--store", action="append", metavar="SOURCE", default=[],
                    help="where the node's images are: containerd: (default, every image), oci:DIR, oci-archive:FILE, "
                         "docker-archive:FILE, docker:, containers-storage:; repeatable")
@@ -58,7 +67,8 @@ def _parser():
                         "compat-hook)")
     sub.add_parser("validate", add_help=False, help="after a driver change, prove this node's workloads (docs/validation.md)")
     s = sub.add_parser("status", help="every GPU node: driver, target, upgrade state, preflight, hold, validation")
-    s.add_argument("--kubeconfig", metavar="PATH")
+    s.add_argument("--kubeconfig", metavar="PATH", help=KUBECONFIG_HELP)
+    s.add_argument("--context", metavar="NAME", help=CONTEXT_HELP)
     s.add_argument("--config", metavar="FILE", help="for cluster.label_prefix")
     s.add_argument("--publish-namespace", metavar="NS", default="compat-hook",
                    help="the agents' namespace, where their Leases are (default compat-hook)")
@@ -69,11 +79,18 @@ def _parser():
     who = r.add_mutually_exclusive_group(required=True)
     who.add_argument("--node", metavar="NAME", help="this node only")
     who.add_argument("--all", action="store_true", help="every node")
-    r.add_argument("--kubeconfig", metavar="PATH")
+    r.add_argument("--kubeconfig", metavar="PATH", help=KUBECONFIG_HELP)
+    r.add_argument("--context", metavar="NAME", help=CONTEXT_HELP)
     r.add_argument("--config", metavar="FILE", help="for cluster.label_prefix")
     r.add_argument("--prefix", action="append", default=[], metavar="P",
                    help="also release holds published under this label prefix (a former cluster.label_prefix); "
                         "repeatable")
+    r.add_argument("--purge", action="store_true",
+                   help="with --all: remove everything compat-hook wrote, not only the holds: every label and "
+                        "annotation under the prefixes on every Node, and the agents' Leases and ConfigMaps in "
+                        "--publish-namespace (what helm uninstall runs)")
+    r.add_argument("--publish-namespace", metavar="NS", default="compat-hook",
+                   help="the agents' namespace, for --purge (default compat-hook)")
     return p
 
 
@@ -123,6 +140,8 @@ def _agent(args) -> int:
         raise UsageError(f"--node: not a node name (a DNS subdomain), got {args.node[:80]!r}")
     if args.publish_namespace is not None and not _dns_label(args.publish_namespace):
         raise UsageError(f"--publish-namespace: not a namespace name, got {args.publish_namespace[:80]!r}")
+    for src in args.store:
+        _check_store(src)
     cfg = _config(args.config, args.host_root)
     opts = agent.AgentOptions(args.node, stores=args.store or ["containerd:"], address=args.address,
                               namespace=args.namespace, driver=args.driver,
@@ -139,7 +158,36 @@ def _agent(args) -> int:
             return first.pop()
         return _config(args.config, args.host_root)
 
-    return agent.run(lambda: kube.connect(args.kubeconfig), load, opts)
+    return agent.run(lambda: kube.connect(args.kubeconfig, args.context), load, opts)
+
+
+def _check_store(src: str) -> None:
+    """A ``--store`` the agent can use, checked at its start (a pod that cannot read its images fails to
+    start, instead of publishing an incomplete pass, and so never a hold, every interval).
+
+    >>> _check_store("containerd:"), _check_store("/")
+    (None, None)
+    >>> _check_store("bogus:x")
+    Traceback (most recent call last):
+    ...
+    compat_hook.core.errors.UsageError: --store bogus:x: not an image source (containerd:, oci:DIR, oci-archive:FILE, docker-archive:FILE, docker:, containers-storage:, or a directory)
+    """
+    import os
+
+    from ..core.errors import UsageError
+    from ..images.reader import TRANSPORTS
+
+    kinds = ", ".join(("containerd:", "oci:DIR", "oci-archive:FILE", "docker-archive:FILE", "docker:",
+                       "containers-storage:"))
+    if not src.startswith(TRANSPORTS):
+        if os.path.isdir(src):
+            return
+        raise UsageError(f"--store {src[:200]}: not an image source ({kinds}, or a directory)")
+    kind, _, rest = src.partition(":")
+    if kind in ("oci", "oci-archive", "docker-archive"):
+        # the path, maybe followed by :TAG
+        if not rest or not (os.path.exists(rest) or os.path.exists(rest.rsplit(":", 1)[0])):
+            raise UsageError(f"--store {src[:200]}: no such {'directory' if kind == 'oci' else 'file'}")
 
 
 def _dns_subdomain(name: str) -> bool:
@@ -162,16 +210,29 @@ def _status(args) -> int:
 
     cfg = _config(args.config)
     prefix = agent.settings(cfg)["label_prefix"]
-    k = kube.connect(args.kubeconfig)
+    k = kube.connect(args.kubeconfig, args.context)
     rep = status.status(k, prefix, args.publish_namespace, selector=args.selector)
+    _said_server("status", k)
     if args.json:
         keys = ("name", "driver", "target", "upgrade_state", "preflight", "verdict", "broken", "held", "hold",
-                "stale", "renewed", "since", "validated")
-        out = {"nodes": [{key: r[key] for key in keys} for r in rep["nodes"]], "summary": rep["summary"]}
+                "stale", "renewed", "since", "validated", "note")
+        out = {"nodes": [{key: r[key] for key in keys} for r in rep["nodes"]], "summary": rep["summary"],
+               "server": {"url": k.host, "credentials": k.source}}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")
     else:
         sys.stdout.write(status.render_text(rep))
+    if not rep["nodes"]:  # a typo in a CI gate's selector must not pass
+        what = f"the selector {args.selector!r} selects" if args.selector else "the cluster has"
+        sys.stderr.write(f"compat-hook cluster status: no GPU node: {what} none (a node labelled "
+                         f"{status.PRESENT_LABEL}=true or published on by an agent)\n")
+        return EXIT_NOTHING
     return status.exit_status(rep["nodes"])
+
+
+def _said_server(command: str, k) -> None:
+    """One stderr line: which API server, and how its credentials were found (kubectl's merge of several
+    files can surprise; this line settles which cluster was read or changed)."""
+    sys.stderr.write(f"compat-hook cluster {command}: API server {k.host} ({k.source})\n")
 
 
 def _release(args) -> int:
@@ -187,8 +248,19 @@ def _release(args) -> int:
             prefixes.append(p)
     if args.node is not None and not _dns_subdomain(args.node):
         raise UsageError(f"--node: not a node name (a DNS subdomain), got {args.node[:80]!r}")
-    k = kube.connect(args.kubeconfig)
+    if args.purge and not args.all:
+        raise UsageError("--purge: only with --all (it is what an uninstall runs)")
+    if not _dns_label(args.publish_namespace):
+        raise UsageError(f"--publish-namespace: not a namespace name, got {args.publish_namespace[:80]!r}")
+    k = kube.connect(args.kubeconfig, args.context)
     done = release.release(k, prefixes, node=args.node, out=sys.stdout)
+    if args.purge:
+        got = release.purge(k, prefixes, args.publish_namespace, out=sys.stdout)
+        sys.stdout.write(f"removed what compat-hook wrote from {len(got['nodes'])} node(s) and "
+                         f"{len(got['objects'])} Lease(s)/ConfigMap(s) of its agents in {args.publish_namespace}\n")
+    _said_server("release", k)  # (an error is one line, and names the server where it matters)
     if args.all:
         sys.stdout.write(f"released {len(done)} hold(s) of compat-hook\n")
+    elif done is None:  # --node NAME: no such node (a typo must not look like a release)
+        return EXIT_NOTHING
     return EXIT_OK

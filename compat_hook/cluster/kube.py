@@ -199,6 +199,8 @@ class Kube:
         self._http = _pool(cfg)
         self.host = str(cfg.host).rstrip("/")
         self.where = where
+        #: how the credentials were found: ``in-cluster`` or ``context NAME, FILES``
+        self.source = "in-cluster"
         self.calls = 0
         #: ``{"VERB resource": n}``: what was asked, for the cost a pass or a benchmark reports
         self.by_kind: dict = {}
@@ -345,9 +347,27 @@ def _event(line: bytes):
     return ev if isinstance(ev, dict) else None
 
 
-def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
-    """In-cluster service-account config, or ``kubeconfig`` (also when not in a pod: ``$KUBECONFIG``)."""
+def _rooted(doc: dict):
+    """The merged kubeconfig as the client's own ``ConfigNode``, rooted in the working directory: the client
+    runs an exec plugin in the directory of the file it read (22.x: with a plain dict, in ``""``, which fails
+    every exec plugin); kubectl runs it where it was started, and :mod:`.kubeconfig` has made every path of
+    the entries absolute already."""
     import os
+
+    try:
+        from kubernetes.config.kube_config import ConfigNode
+    except ImportError:  # a client without it takes the plain dict
+        return doc
+    return ConfigNode("kube-config", doc, os.path.join(os.getcwd(), "kubeconfig"))
+
+
+def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
+    """In-cluster service-account config (in a pod, with neither ``kubeconfig`` nor ``context``, no
+    ``$KUBECONFIG`` and no ``~/.kube/config``), else the kubeconfig files merged as kubectl merges them
+    (:mod:`.kubeconfig`), ``context`` or their current one."""
+    import os
+
+    from .kubeconfig import KubeconfigError, load
 
     try:
         from kubernetes import client, config
@@ -356,21 +376,31 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
         raise KubeError("the cluster commands need the Kubernetes client: install compat-hook[cluster] "
                         "(pip) or python3-kubernetes (Debian, Ubuntu)") from None
     cfg = client.Configuration()
+    src = "in-cluster"
     try:
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        # in a pod, as kubectl: the service account unless a kubeconfig is named or found
+        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST") \
+                and not os.environ.get("KUBECONFIG") and not os.path.exists(os.path.expanduser("~/.kube/config")):
             config.load_incluster_config(client_configuration=cfg)
             where = "the API server (in-cluster)"
         else:
-            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg,
-                                    persist_config=False)
+            doc, name, files = load(kubeconfig, context)
+            src = f"context {name}, {files}"
+            config.load_kube_config_from_dict(_rooted(doc), context=name, client_configuration=cfg,
+                                              persist_config=False)
             where = f"the API server {cfg.host}"
+    except KubeconfigError as e:
+        shown = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise KubeError(f"no cluster credentials ({_one_line(shown, 200)}): {e}") from None
     except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-        src = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
         raise KubeError(f"no cluster credentials ({src}): {_one_line(e, 200)}") from None
     if not str(cfg.host or "").startswith(("http://", "https://")):
-        raise KubeError(f"no cluster credentials: the API server address {str(cfg.host)[:100]!r} is not a URL")
+        raise KubeError(f"no cluster credentials ({src}): the API server address {str(cfg.host)[:100]!r} "
+                        "is not a URL")
     if not cfg.verify_ssl:  # the kubeconfig asks for it (insecure-skip-tls-verify): said once there, not per request
         import urllib3
 
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-    return Kube(cfg, where)
+    k = Kube(cfg, where)
+    k.source = src
+    return k

@@ -14,9 +14,19 @@ A skip label without that annotation is someone else's and is never touched.
 Several prefixes can be given (``--prefix``, repeatable): the holds of an agent
 that ran with another ``cluster.label_prefix`` are found and released too.
 
+With ``--purge`` (``helm uninstall``'s pre-delete Job, unless the chart's
+``release.keepPublished``) it removes everything compat-hook wrote, not only the holds:
+every label and annotation under the prefixes on every Node (the preflight's,
+``validated``, the override), the skip label where it was compat-hook's hold,
+and the agents' Leases and ConfigMaps in their namespace (only those labelled
+as the agents' own). An agent still running sees its Node purged and writes
+nothing more until it restarts (:meth:`~.agent.Agent.run`); one caught in the
+middle of a pass may write once more, so the sweep is repeated until it finds
+nothing (:data:`SWEEPS` at most).
+
 Run by the Helm chart's pre-delete hook, and by hand after turning the agent
 off. Exit status: 0 done (also when there was nothing to release), 1 an API
-error, 2 bad usage.
+error, 2 bad usage, 4 ``--node NAME`` names no node.
 
 >>> ours({"labels": {SKIP_LABEL: "true"}, "annotations": {"p.io/holds-upgrade": "x"}}, ["p.io"])
 ['p.io']
@@ -31,10 +41,15 @@ from __future__ import annotations
 from .gate import SKIP_LABEL
 from .kube import Conflict
 
-__all__ = ["release", "ours", "release_patch"]
+__all__ = ["release", "ours", "release_patch", "purge", "purge_patch"]
 
 PAGE = 500
 RETRIES = 4
+#: Sweeps of a purge at most, :data:`SETTLE` seconds apart, until one finds nothing left.
+SWEEPS = 5
+SETTLE = 1.0
+#: The labels of the agents' Leases and ConfigMaps (compat_hook/cluster/publish.py).
+AGENT_OBJECTS = "app.kubernetes.io/name=compat-hook,app.kubernetes.io/component=preflight"
 
 
 def _map(v) -> dict:
@@ -87,12 +102,15 @@ def _one(kube, node: dict, prefixes: list) -> list:
 
 
 def release(kube, prefixes: list, node: str | None = None, out=None) -> list:
-    """Release compat-hook's holds on ``node`` (None: every node); ``[(node, [prefixes])]`` released."""
+    """Release compat-hook's holds on ``node`` (None: every node); ``[(node, [prefixes])]`` released, None
+    when ``node`` does not exist."""
     done = []
     if node is not None:
         nodes = _nodes(kube, fieldSelector=f"metadata.name={node}")
-        if not nodes and out is not None:
-            out.write(f"{node}: no such node\n")
+        if not nodes:
+            if out is not None:
+                out.write(f"{node}: no such node\n")
+            return None
     else:
         nodes = _nodes(kube, labelSelector=f"{SKIP_LABEL}=true")
     for n in nodes:
@@ -107,3 +125,102 @@ def release(kube, prefixes: list, node: str | None = None, out=None) -> list:
             out.write(f"{name}: no hold of compat-hook's (a skip label without {prefixes[0]}/holds-upgrade "
                       f"is someone else's)\n")
     return done
+
+
+def _under(key: str, prefixes: list) -> bool:
+    return any(key.startswith(p + "/") for p in prefixes)
+
+
+def purge_patch(meta: dict, prefixes: list) -> dict | None:
+    """Every key under ``prefixes`` removed (and the skip label where it is compat-hook's hold); None:
+    nothing of compat-hook's on this Node.
+
+    >>> purge_patch({"resourceVersion": "3", "labels": {"p.io/preflight": "pass", "team": "a"},
+    ...              "annotations": {"p.io/preflight": "{}", "other.io/x": "1"}}, ["p.io"])
+    {'metadata': {'resourceVersion': '3', 'labels': {'p.io/preflight': None}, 'annotations': {'p.io/preflight': None}}}
+    >>> purge_patch({"labels": {SKIP_LABEL: "true"}}, ["p.io"]) is None
+    True
+    """
+    labels, anns = _map(meta.get("labels")), _map(meta.get("annotations"))
+    drop_labels = {k: None for k in labels if _under(k, prefixes)}
+    if ours(meta, prefixes):
+        drop_labels[SKIP_LABEL] = None
+    drop_anns = {k: None for k in anns if _under(k, prefixes)}
+    if not drop_labels and not drop_anns:
+        return None
+    return {"metadata": {"resourceVersion": str(meta.get("resourceVersion") or ""), "labels": drop_labels,
+                         "annotations": drop_anns}}
+
+
+def _purge_node(kube, node: dict, prefixes: list) -> bool:
+    name = _map(node.get("metadata")).get("name")
+    for attempt in range(RETRIES):
+        patch = purge_patch(_map(node.get("metadata")), prefixes)
+        if patch is None:
+            return False
+        try:
+            kube.patch(f"/api/v1/nodes/{name}", patch)
+            return True
+        except Conflict:
+            if attempt == RETRIES - 1:
+                raise
+            again = _nodes(kube, fieldSelector=f"metadata.name={name}")
+            if not again:
+                return False
+            node = again[0]
+    return False
+
+
+def _purge_objects(kube, namespace: str) -> list:
+    """The agents' Leases and ConfigMaps in ``namespace`` deleted (each only as the object listed: its uid
+    is the delete's precondition); ``["Lease/NAME", ...]``."""
+    from .kube import NotFound
+
+    gone = []
+    for kind, path in (("Lease", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"),
+                       ("ConfigMap", f"/api/v1/namespaces/{namespace}/configmaps")):
+        try:
+            items = kube.get(path, labelSelector=AGENT_OBJECTS).get("items") or []
+        except NotFound:
+            continue
+        for o in items:
+            meta = _map(_map(o).get("metadata"))
+            name, uid = meta.get("name"), meta.get("uid")
+            if not name:
+                continue
+            try:
+                kube.request("DELETE", f"{path}/{name}", body={"kind": "DeleteOptions", "apiVersion": "v1",
+                                                               "preconditions": {"uid": uid}})
+                gone.append(f"{kind}/{name}")
+            except (NotFound, Conflict):
+                pass  # gone already, or replaced: the next sweep sees it
+    return gone
+
+
+def purge(kube, prefixes: list, namespace: str, out=None, sleep=None) -> dict:
+    """Everything compat-hook wrote (module docstring): ``{"nodes": [names], "objects": [...], "sweeps": n}``."""
+    import time
+
+    sleep = sleep or time.sleep
+    nodes_done, objects_done, sweeps = [], [], 0
+    for sweeps in range(1, SWEEPS + 1):
+        found = False
+        for n in _nodes(kube):
+            name = str(_map(n.get("metadata")).get("name"))
+            if _purge_node(kube, n, prefixes):
+                found = True
+                if name not in nodes_done:
+                    nodes_done.append(name)
+                    if out is not None:
+                        out.write(f"removed compat-hook's labels and annotations from {name}\n")
+        gone = _purge_objects(kube, namespace)
+        found = found or bool(gone)
+        for g in gone:
+            if g not in objects_done:
+                objects_done.append(g)
+                if out is not None:
+                    out.write(f"deleted {namespace}/{g}\n")
+        if not found:
+            break
+        sleep(SETTLE)  # an agent in the middle of a pass may write once more: look again
+    return {"nodes": nodes_done, "objects": objects_done, "sweeps": sweeps}

@@ -28,11 +28,12 @@ verdict is ``unknown``, missing or stale; 3 some node would regress (``fail``,
 not stale) and every such node is held (:data:`HELD`: compat-hook's hold, a
 skip label of someone else's, or the admin's override); 5 some node would
 regress and nothing holds it (the gate off, ``too-late``, ``cannot-hold``,
-``released-by-other``): the upgrade will break it; 1 an error.
+``released-by-other``): the upgrade will break it; 4 no GPU node at all (none
+matched the selector: a typo in a CI gate must not pass); 1 an error.
 
 >>> rows = [{"preflight": "pass"}, {"preflight": "warn"}]
->>> exit_status(rows), exit_status(rows + [{"preflight": "fail", "hold": "yes"}]), exit_status([])
-(2, 3, 0)
+>>> exit_status(rows), exit_status(rows + [{"preflight": "fail", "hold": "yes"}])
+(2, 3)
 >>> exit_status(rows + [{"preflight": "fail", "hold": "yes"}, {"preflight": "fail", "hold": "too-late"}])
 5
 >>> exit_status([{"preflight": "stale", "verdict": "fail"}])
@@ -161,7 +162,24 @@ def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None,
         "renewed": _s(spec.get("renewTime"), 40),
         "since": _s(doc.get("since"), 40),
         "validated": _s(labels.get(f"{prefix}/validated")),
+        "note": stale or _note(verdict, doc),
     }
+
+
+def _note(verdict: str | None, doc: dict) -> str | None:
+    """Why a node has no verdict to act on (an ``unknown`` or missing one): never an empty NOTE.
+
+    >>> _note("unknown", {"reasons": ["no_target", "driver_unknown"]}), _note(None, {})
+    ('unknown: no_target, driver_unknown', 'no preflight published: is its agent running?')
+    >>> _note("pass", {}), _note("unknown", {})
+    (None, 'unknown: its agent gave no reason')
+    """
+    if verdict is None:
+        return "no preflight published: is its agent running?"
+    if verdict != "unknown":
+        return None
+    reasons = [_s(r, 32) for r in (doc.get("reasons") or [])[:4] if isinstance(r, str) and r]
+    return "unknown: " + (", ".join(reasons) if reasons else "its agent gave no reason")
 
 
 def _pages(kube, path: str, **query) -> list:
@@ -238,7 +256,7 @@ def render_text(rep: dict) -> str:
     for r in rep["nodes"]:
         rows.append((r["name"] or "?", r["driver"] or "-", r["target"] or "-", r["upgrade_state"] or "-",
                      r["preflight"] or "-", "-" if r["broken"] is None else str(r["broken"]), r["hold"],
-                     r["validated"] or "-", r["stale"] or ""))
+                     r["validated"] or "-", r.get("note") or r["stale"] or ""))
     widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
     out = ["  ".join(row[k].ljust(widths[k]) for k in range(len(row))).rstrip() for row in rows]
     s = rep["summary"]

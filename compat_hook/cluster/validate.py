@@ -325,13 +325,18 @@ def event_message(driver: str, rows: list) -> str:
 # --------------------------------------------------------------------------- node side
 
 
+def driver_file(cfg) -> str:
+    """Where the loaded kernel driver's version is read (``host_root`` + ``/proc/driver/nvidia/version``)."""
+    return os.path.join(cfg.host_root, "proc/driver/nvidia/version")
+
+
 def read_driver(cfg) -> tuple:
     """``(version, first line)`` of ``/proc/driver/nvidia/version`` under ``host_root``; ``(None, None)``
     while no kernel module is loaded."""
     from ..facts.hostfacts import parse_proc_version
 
     try:
-        with open(os.path.join(cfg.host_root, "proc/driver/nvidia/version"), "rb") as f:
+        with open(driver_file(cfg), "rb") as f:
             text = f.read(65536).decode("utf-8", "replace")
     except OSError:
         return None, None
@@ -657,7 +662,9 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
             if driver is None:
                 _set_ready(opts, None)
                 if opts.once:
-                    _log({"event": "validation", "node": opts.node, "result": "no_driver"})
+                    _log({"event": "validation", "node": opts.node, "result": "no_driver",
+                          "file": driver_file(cfg),
+                          "message": f"no NVIDIA kernel driver: {driver_file(cfg)} is missing or names no version"})
                     return EXIT_ERROR
             elif state.get("driver") == driver and state.get("result") == "pass" and not opts.once:
                 _set_ready(opts, line)
@@ -721,7 +728,9 @@ def _parser():
                            "and publish <prefix>/validated on the Node (docs/validation.md).")
     p.add_argument("--node", required=True, metavar="NAME", help="this node's name (the downward API's spec.nodeName)")
     p.add_argument("--once", action="store_true", help="validate the current driver once: exit 0 pass, 3 failed, 1 error")
-    p.add_argument("--kubeconfig", metavar="PATH", help="default: the pod's service account, else $KUBECONFIG")
+    p.add_argument("--kubeconfig", metavar="PATH",
+                   help="default: the pod's service account, else $KUBECONFIG (merged as kubectl does)")
+    p.add_argument("--context", metavar="NAME", help="the kubeconfig context to use (default: its current-context)")
     p.add_argument("--config", metavar="FILE", help="compat-hook's config (host_root, cluster.label_prefix)")
     p.add_argument("--host-root", metavar="DIR", help="read the node's files under DIR (default: the config's)")
     p.add_argument("--workloads-dir", metavar="DIR", default="/var/lib/compat-hook",
@@ -787,4 +796,4 @@ def _main(args, load_config, node_name_ok) -> int:
                             gpu_resource=args.gpu_resource or None,
                             allow_unverified=bool(settings(cfg)["validation_allow_unverified"]),
                             taint=bool(settings(cfg)["validation_taint"]))
-    return run(lambda: kube.connect(args.kubeconfig), cfg, opts, settings(cfg)["label_prefix"])
+    return run(lambda: kube.connect(args.kubeconfig, args.context), cfg, opts, settings(cfg)["label_prefix"])

@@ -143,30 +143,53 @@ def _opt_quiet(v, where):
     return v
 
 
-_CLUSTER_KEYS = {"gate_upgrade": _bool, "label_prefix": None, "nfd_features_file": _opt_abs_path,
+#: Label prefixes that are others' (the GPU Operator's, Kubernetes' own): refused, with their subdomains.
+RESERVED_PREFIXES = ("nvidia.com", "kubernetes.io", "k8s.io")
+
+
+def _label_prefix(x, where):
+    ok = isinstance(x, str) and 0 < len(x) <= 253 and all(
+        p and len(p) <= 63 and p[0].isalnum() and p[-1].isalnum() and p.isascii()
+        and all(c.isalnum() and not c.isupper() or c == "-" for c in p) for p in x.split("."))
+    if not ok:
+        raise ConfigError(f"{where}: must be a DNS subdomain (compat-hook.io), got {x!r}")
+    for r in RESERVED_PREFIXES:
+        if x == r or x.endswith("." + r):
+            raise ConfigError(f"{where}: {x!r} is {r}'s (the GPU Operator's or Kubernetes' own keys): "
+                              "choose a domain of yours (compat-hook.io)")
+    return x
+
+
+_CLUSTER_KEYS = {"gate_upgrade": _bool, "label_prefix": _label_prefix, "nfd_features_file": _opt_abs_path,
                  "textfile": _opt_abs_path, "compat_runtime_classes": _name_list, "hold_quiet_s": _opt_quiet,
                  "validation_allow_unverified": _bool, "validation_taint": _bool}
 
 
 def _cluster(v, where):
-    """``cluster:`` settings of ``compat-hook cluster agent`` (defaults filled in by compat_hook.cluster)."""
+    """``cluster:`` settings of ``compat-hook cluster agent`` (defaults filled in by compat_hook.cluster);
+    every bad key is named (:class:`ConfigErrors`), not the first only.
+
+    >>> _cluster({"label_prefix": "gpu.nvidia.com", "gate": True, "gate_upgrade": "yes"}, "cluster")
+    Traceback (most recent call last):
+    ...
+    compat_hook.core.config.ConfigErrors: cluster.label_prefix: 'gpu.nvidia.com' is nvidia.com's (the GPU Operator's or Kubernetes' own keys): choose a domain of yours (compat-hook.io); cluster.gate: unknown key (one of gate_upgrade, label_prefix, nfd_features_file, textfile, compat_runtime_classes); cluster.gate_upgrade: must be true or false, got 'yes'
+    """
     if v is None:
         return {}
     if not isinstance(v, dict):
         raise ConfigError(f"{where}: must be a mapping")
-    out = {}
+    out, errors = {}, []
     for k, x in v.items():
-        if k not in _CLUSTER_KEYS:
-            raise ConfigError(f"{where}.{k}: unknown key (one of {', '.join(_CLUSTER_KEYS)})")
-        if k == "label_prefix":
-            ok = isinstance(x, str) and 0 < len(x) <= 253 and all(
-                p and len(p) <= 63 and p[0].isalnum() and p[-1].isalnum() and p.isascii()
-                and all(c.isalnum() and not c.isupper() or c == "-" for c in p) for p in x.split("."))
-            if not ok:
-                raise ConfigError(f"{where}.{k}: must be a DNS subdomain (compat-hook.io), got {x!r}")
-            out[k] = x
-        else:
+        try:
+            if k not in _CLUSTER_KEYS:
+                raise ConfigError(f"{where}.{k}: unknown key (one of {', '.join(_CLUSTER_KEYS)})")
             out[k] = _CLUSTER_KEYS[k](x, f"{where}.{k}")
+        except ConfigErrors as e:
+            errors += e.errors
+        except ConfigError as e:
+            errors.append(str(e))
+    if errors:
+        raise ConfigErrors(errors)
     return out
 
 

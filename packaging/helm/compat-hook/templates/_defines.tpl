@@ -46,16 +46,37 @@ system:serviceaccount:{{ .Release.Namespace }}:compat-hook-validator
 {{- end -}}
 
 {{/*
-The label prefixes the agent writes under and the release Job removes under: never nvidia.com,
-kubernetes.io, k8s.io or a subdomain of one, whose keys belong to the GPU Operator and to
-Kubernetes (the admission policy would otherwise let every node's agent write them). The schema
-says so too; this holds for a values file that skips it.
+What the schema cannot say plainly, checked here and refused at once, every bad value named (one
+message): the label prefixes the agent writes under and the release Job removes under are never
+nvidia.com, kubernetes.io, k8s.io or a subdomain of one, whose keys belong to the GPU Operator and to
+Kubernetes (the admission policy would otherwise let every node's agent write them); and the rest the
+agent and validator would refuse at their start (the same rules as the command line), also for values
+that skip the schema.
 */}}
-{{- define "compat-hook.checkPrefixes" -}}
-{{- range $p := prepend .Values.release.formerLabelPrefixes .Values.agent.labelPrefix -}}
+{{- define "compat-hook.checkValues" -}}
+{{- $bad := list -}}
+{{- range $i, $p := .Values.release.formerLabelPrefixes -}}
 {{- if regexMatch "(^|\\.)(nvidia\\.com|kubernetes\\.io|k8s\\.io)$" (toString $p) -}}
-{{- fail (printf "label prefix %s is reserved (nvidia.com, kubernetes.io, k8s.io and their subdomains belong to the GPU Operator and to Kubernetes): choose another agent.labelPrefix / release.formerLabelPrefixes" $p) -}}
+{{- $bad = append $bad (printf "release.formerLabelPrefixes[%d]=%s is reserved (the GPU Operator's or Kubernetes' own keys)" $i $p) -}}
 {{- end -}}
+{{- end -}}
+{{- if regexMatch "(^|\\.)(nvidia\\.com|kubernetes\\.io|k8s\\.io)$" (toString .Values.agent.labelPrefix) -}}
+{{- $bad = prepend $bad (printf "agent.labelPrefix=%s is reserved (the GPU Operator's or Kubernetes' own keys)" .Values.agent.labelPrefix) -}}
+{{- end -}}
+{{- if not (regexMatch "^(containerd:.*|docker:.*|containers-storage:.*|(oci|oci-archive|docker-archive):.+|/.+)$" (toString .Values.agent.store)) -}}
+{{- $bad = append $bad (printf "agent.store=%s is not an image source (containerd:, oci:DIR, oci-archive:FILE, docker-archive:FILE, docker:, containers-storage:)" (toString .Values.agent.store)) -}}
+{{- end -}}
+{{- if lt (float64 .Values.agent.interval) 1.0 -}}
+{{- $bad = append $bad (printf "agent.interval=%v is below 1 (seconds)" .Values.agent.interval) -}}
+{{- end -}}
+{{- range $k, $low := dict "probeTimeout" 10 "deadline" 10 "parallel" 1 "retry" 1 -}}
+{{- $v := index $.Values.validator $k -}}
+{{- if lt (float64 $v) (float64 $low) -}}
+{{- $bad = append $bad (printf "validator.%s=%v is below %v" $k $v $low) -}}
+{{- end -}}
+{{- end -}}
+{{- if $bad -}}
+{{- fail (printf "bad values: %s" (join "; " $bad)) -}}
 {{- end -}}
 {{- end -}}
 
