@@ -172,7 +172,7 @@ def _cluster(v, where):
     >>> _cluster({"label_prefix": "gpu.nvidia.com", "gate": True, "gate_upgrade": "yes"}, "cluster")
     Traceback (most recent call last):
     ...
-    compat_hook.core.config.ConfigErrors: cluster.label_prefix: 'gpu.nvidia.com' is nvidia.com's (the GPU Operator's or Kubernetes' own keys): choose a domain of yours (compat-hook.io); cluster.gate: unknown key (one of gate_upgrade, label_prefix, nfd_features_file, textfile, compat_runtime_classes); cluster.gate_upgrade: must be true or false, got 'yes'
+    compat_hook.core.config.ConfigErrors: cluster.label_prefix: 'gpu.nvidia.com' is nvidia.com's (the GPU Operator's or Kubernetes' own keys): choose a domain of yours (compat-hook.io); cluster.gate: unknown key (one of gate_upgrade, label_prefix, nfd_features_file, textfile, compat_runtime_classes, hold_quiet_s, validation_allow_unverified, validation_taint); cluster.gate_upgrade: must be true or false, got 'yes'
     """
     if v is None:
         return {}
