@@ -501,7 +501,9 @@ def test_chart_detection_on_containerd_2_and_1_6(tmp_path):
 
     two = str(engines.containerd2() / "containerd")
     p = _detect(_v3_config(tmp_path, ""), two)
-    assert (p.returncode, p.stdout) == (0, "nri\n"), p
+    assert (p.returncode, p.stdout) == (0, "nri /opt/nri/plugins/90-compat-hook\n"), p
+    p = _detect(_v3_config(tmp_path, "    plugin_path = '/x/plugins'\n"), two)
+    assert (p.returncode, p.stdout) == (0, "nri /x/plugins/90-compat-hook\n"), p
     p = _detect(_v3_config(tmp_path, "    disable = true\n"), two)
     assert p.returncode == 1 and p.stdout.count("\n") == 1 and "NRI is off" in p.stdout, p
     # containerd 1.6's own default config (version 2), written by `containerd config default`.
@@ -523,7 +525,7 @@ def test_chart_detection_on_containerd_2_and_1_6(tmp_path):
     assert "Traceback" not in p.stderr, p
     # no file at all: containerd 2.x's defaults, NRI on
     p = _detect(tmp_path / "missing.toml", two)
-    assert (p.returncode, p.stdout) == (0, "nri\n"), p
+    assert (p.returncode, p.stdout) == (0, "nri /opt/nri/plugins/90-compat-hook\n"), p
 
 
 def test_plugin_unit_tests():

@@ -123,8 +123,9 @@ def detect(main_path: str) -> str | None:
 
 
 def detect_main(argv: list | None = None) -> int:
-    """``detect`` for the chart's installer script: 0 and ``nri`` when NRI is on, 1 and the reason when
-    it is off, 2 on a usage error (one line each, on stdout)."""
+    """``detect`` for the chart's installer script: 0 and ``nri PLUGIN`` (where the plugin's binary goes,
+    which the installer then checks is still there) when NRI is on, 1 and the reason when it is off, 2 on
+    a usage error (one line each, on stdout)."""
     import sys
 
     from ..core.errors import CompatHookError
@@ -138,7 +139,7 @@ def detect_main(argv: list | None = None) -> int:
     except (CompatHookError, OSError) as e:  # an unreadable config is a reason too, in one line
         why = f"containerd's configuration could not be read: {e}"
     if why is None:
-        print("nri")
+        print("nri", plugin_files(nri_settings(os.path.abspath(args[0])))[0])
         return 0
     print(" ".join(why.split()))
     return 1
