@@ -290,6 +290,17 @@ def test_helm_template_value_switches():
            ["installer"]["env"]}
     assert env["TOOLKIT_CONFIGS"] == "" and env["INSTALL_ARGS"] == "--set-as-default --toolkit-config none"
     assert env["TOOLKIT_EXPECT"] == "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml"
+    # registration.path: auto by default; each value reaches the installer; the installer writes the path
+    # taken where the agent reads it (one in-memory emptyDir, read-only for the agent)
+    for values, want in (((), "auto"), (("registration.path=nri",), "nri"),
+                         (("registration.path=runtimeclass",), "runtimeclass")):
+        c = chart.containers(chart.render(*values))
+        env = {e["name"]: e["value"] for e in c["installer"]["env"]}
+        assert (env["REGISTRATION_PATH"], env["PATH_FILE"]) == (want, "/run/compat-hook/registration"), values
+        assert {"name": "registration", "mountPath": "/run/compat-hook", "readOnly": True} in c["agent"]["volumeMounts"]
+        assert {"name": "registration", "mountPath": "/run/compat-hook"} in c["installer"]["volumeMounts"]
+    vols = {v["name"]: v for v in chart.daemonset(chart.render())["spec"]["template"]["spec"]["volumes"]}
+    assert vols["registration"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}
     # the Namespace is the chart's by default (helm install --create-namespace labels it); off, none is rendered
     assert not [d for d in chart.render("namespace.create=false") if d["kind"] == "Namespace"]
 
@@ -332,7 +343,8 @@ def test_values_schema_rejects_what_the_chart_does_not_know():
     for bad, says in (("agent.gatee=true", "gatee"), ("registration.uninstallOnstop=true", "uninstallOnstop"),
                       ("agent.labelPrefix=Bad_Prefix", "labelPrefix"), ("containerd.distribution=k8s", "distribution"),
                       ("agent.gate=yes", "gate"), ("agent.tmpSizeLimit=500Mi", "tmpSizeLimit"),
-                      ("admissionpolicy.enabled=false", "admissionpolicy")):
+                      ("admissionpolicy.enabled=false", "admissionpolicy"),
+                      ("registration.path=wrapper", "at '/registration/path': value must be one of 'auto', 'nri'")):
         p = chart.helm("template", "x", chart.CHART, "--set", bad, check=False)
         assert p.returncode != 0 and says in p.stderr, (bad, p.stderr)
     p = chart.helm("template", "x", chart.CHART, "--set", "agent.tmpSizeLimit=4Gi", check=False)
