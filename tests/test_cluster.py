@@ -199,7 +199,7 @@ def _table(out: str) -> dict:
     """``cluster status``'s text table as ``{node: {column: value}}`` (columns by the header's positions)."""
     lines = out.splitlines()
     header = lines[0]
-    cols = ["NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD", "VALIDATED", "NOTE"]
+    cols = ["NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD", "VALIDATED", "PATH", "NOTE"]
     starts = [header.index(c) for c in cols]
     rows = {}
     for ln in lines[1:-1]:
@@ -693,6 +693,44 @@ def test_status_shows_what_the_validator_published(world, client):
     rc_json, doc, summary = w.status_json(case, client)
     assert {n: doc[n]["validated"] for n in nodes} == nodes and summary["validation_failed"] == 1, (doc, summary)
     assert rc == rc_json
+
+
+def test_the_registration_path_is_a_node_label_and_a_status_column(world, client, tmp_path):
+    """What the chart's installer wrote (--registration-file) becomes ``compat-hook.io/registration``; a
+    pass that finds it unchanged writes nothing; ``cluster status`` shows it (PATH, ``path`` in --json),
+    and a node whose NRI plugin is not connected makes it exit 2 although its preflight passes. A file
+    that says something else, or none, leaves the label as it is."""
+    w = world
+    node = f"regpath-{client}"
+    w.add_node(node, image="legacy", gpu=H100, driver=R535)
+    word = tmp_path / "registration"
+    word.write_text("nri\n")
+    r = w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)["last"]
+    assert r["preflight"] == "pass" and w.labels(node)[f"{PREFIX}/registration"] == "nri", r
+    r = w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)["last"]
+    assert r["node_write"] == "unchanged", r
+    rc, out, _ = w.status(node, client=client)
+    assert rc == 0 and _table(out)[node]["PATH"] == "nri", out
+    word.write_text("nri-not-connected\n")
+    r = w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)["last"]
+    assert r["node_write"] == "written" and w.labels(node)[f"{PREFIX}/registration"] == "nri-not-connected", r
+    rc, out, _ = w.status(node, client=client)
+    row = _table(out)[node]
+    assert rc == 2 and (row["PREFLIGHT"], row["PATH"]) == ("pass", "nri (not connected)"), out
+    assert out.splitlines()[-1].endswith("; 1 with the NRI plugin not connected"), out
+    rc_json, nodes, summary = w.status_json(node, client)
+    assert rc_json == 2 and nodes[node]["path"] == "nri (not connected)" and summary["nri_not_connected"] == 1
+    for junk in ("wrapper\n", None):  # not a path the installer writes; no file: the label stays
+        if junk is None:
+            word.unlink()
+        else:
+            word.write_text(junk)
+        r = w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)["last"]
+        assert r["node_write"] == "unchanged" and w.labels(node)[f"{PREFIX}/registration"] == "nri-not-connected"
+    word.write_text("runtimeclass\n")
+    w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)
+    rc, out, _ = w.status(node, client=client)
+    assert rc == 0 and _table(out)[node]["PATH"] == "runtimeclass", out
 
 
 def test_backoff_honours_retry_after(world, client, tmp_path):

@@ -63,14 +63,29 @@ MAX_NODE_ANNOTATION = 64 << 10
 
 class AgentOptions:
     __slots__ = ("node", "stores", "address", "namespace", "driver", "state_dir", "interval", "once", "watch",
-                 "publish_namespace")
+                 "publish_namespace", "registration_file")
 
     def __init__(self, node: str, *, stores=None, address=None, namespace="k8s.io", driver=None,
                  state_dir=None, interval: float = 300.0, once: bool = False, watch: bool = True,
-                 publish_namespace: str | None = None) -> None:
+                 publish_namespace: str | None = None, registration_file: str | None = None) -> None:
         self.node, self.stores, self.address, self.namespace = node, list(stores or ["containerd:"]), address, namespace
         self.driver, self.state_dir, self.interval, self.once, self.watch = driver, state_dir, interval, once, watch
         self.publish_namespace = publish_namespace or _sa_namespace() or DEFAULT_NAMESPACE
+        #: the chart's installer's word on how this node's containerd reaches compat-hook (Node label)
+        self.registration_file = registration_file
+
+
+def registration(path: str | None) -> str | None:
+    """The path the chart's installer registered this node by (:data:`publish.REGISTRATIONS`), read from
+    ``path``; None (the label is left as it is) when there is no such file or it says something else."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            word = f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return word if word in publish.REGISTRATIONS else None
 
 
 def _sa_namespace() -> str | None:
@@ -406,7 +421,8 @@ class Agent:
             if publish.same_node_doc(prev, doc):
                 doc["since"] = prev.get("since", doc["since"])
             patch = publish.node_patch(prefix=prefix, doc=doc, gate=g, current=meta,
-                                       resource_version=str(meta.get("resourceVersion") or ""))
+                                       resource_version=str(meta.get("resourceVersion") or ""),
+                                       registration=registration(opts.registration_file))
             if patch is None:
                 result = "unchanged"
                 break
