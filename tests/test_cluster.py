@@ -539,9 +539,15 @@ def test_cluster_release_removes_compat_hooks_holds_and_leaves_an_operators_own(
     # the agent's last word goes with the hold (its labels stay): an agent installed again starts fresh
     assert f"{PREFIX}/preflight" not in w.annotations(mine[0]) and w.labels(mine[0])[f"{PREFIX}/preflight"] == "fail"
     assert w.labels(mine[1])[SKIP] == "true"
+    # the chart's registration label (the agent's, from its installer), held node or not: --all takes it off
+    for n in (mine[0], theirs):
+        w.admin.merge(f"/api/v1/nodes/{n}", {"metadata": {"labels": {f"{PREFIX}/registration": "nri"}}})
     p = w.run("release", "--all", "--prefix", "old.example.com", client=client, kubeconfig=w.release_kc)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert f"released the hold on {mine[1]}" in p.stdout and theirs not in p.stdout, p.stdout
+    assert f"released the hold on {mine[1]}" in p.stdout, p.stdout
+    assert f"removed the label {PREFIX}/registration from {theirs}" in p.stdout, p.stdout
+    assert f"{PREFIX}/registration" not in w.labels(mine[0]) and f"{PREFIX}/registration" not in w.labels(theirs)
+    assert w.labels(mine[0])[f"{PREFIX}/preflight"] == "fail"  # the agent's other labels stay
     anns = w.annotations(mine[1])
     assert SKIP not in w.labels(mine[1]) and HOLDS not in anns and "old.example.com/holds-upgrade" not in anns, anns
     assert w.labels(theirs)[SKIP] == "true"  # never ours: left alone

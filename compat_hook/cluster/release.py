@@ -14,6 +14,10 @@ A skip label without that annotation is someone else's and is never touched.
 Several prefixes can be given (``--prefix``, repeatable): the holds of an agent
 that ran with another ``cluster.label_prefix`` are found and released too.
 
+``--all`` also takes the label ``<prefix>/registration`` (how the chart registered the
+node: :data:`.publish.REGISTRATIONS`) off every Node that has one: the chart that said
+it is going.
+
 Run by the Helm chart's pre-delete hook, and by hand after turning the agent
 off. Exit status: 0 done (also when there was nothing to release), 1 an API
 error, 2 bad usage.
@@ -106,4 +110,18 @@ def release(kube, prefixes: list, node: str | None = None, out=None) -> list:
         elif out is not None and node is not None:
             out.write(f"{name}: no hold of compat-hook's (a skip label without {prefixes[0]}/holds-upgrade "
                       f"is someone else's)\n")
+    if node is None:
+        _drop_registration(kube, prefixes, out)
     return done
+
+
+def _drop_registration(kube, prefixes: list, out) -> None:
+    """``<prefix>/registration`` off every Node (a label removal: no resourceVersion needed, and one
+    already gone is no error)."""
+    for p in prefixes:
+        key = f"{p}/registration"
+        for n in _nodes(kube, labelSelector=key):
+            name = str(_map(n.get("metadata")).get("name"))
+            kube.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {key: None}}})
+            if out is not None:
+                out.write(f"removed the label {key} from {name}\n")
