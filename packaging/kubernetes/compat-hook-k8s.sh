@@ -274,6 +274,7 @@ nri_detect() {
 # install): nri-not-connected then.
 publish_path() {
     p=$1
+    [ -n "$p" ] || return 0  # no install of this pod's yet
     if [ "$p" = nri ]; then
         b=$(cat "$NRI_BINARY_FILE" 2>/dev/null || true)
         if [ -z "$b" ] || [ ! -f "$HOST_ROOT$b" ]; then p=nri-not-connected; fi
@@ -412,7 +413,7 @@ watch_toolkit() {
         while read -r what; do
             sync_toolkit "$dest"
             # a change of a toolkit config: nothing else to do then, the next one may follow at once
-            [ "$what" = change ] || { sync_containerd "$dest"; rotate_log; publish_path "$(cat "$TOOLKIT_STATE.path")"; }
+            [ "$what" = change ] || { sync_containerd "$dest"; rotate_log; publish_path "$(cat "$TOOLKIT_STATE.path" 2>/dev/null || true)"; }
         done
 }
 
@@ -450,7 +451,7 @@ toolkit_loop() {
         check_toolkit_env
         sync_containerd "$(cat "$READY_FILE")"
         rotate_log
-        publish_path "$(cat "$TOOLKIT_STATE.path")"
+        publish_path "$(cat "$TOOLKIT_STATE.path" 2>/dev/null || true)"
     done
 }
 
