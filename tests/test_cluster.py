@@ -737,6 +737,23 @@ def test_the_registration_path_is_a_node_label_and_a_status_column(world, client
     w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)
     rc, out, _ = w.status(node, client=client)
     assert rc == 0 and _table(out)[node]["PATH"] == "runtimeclass", out
+    # A running agent says it once: after `cluster release --all` (helm uninstall's pre-delete Job) took the
+    # label off, its later passes leave it off; a new word from the installer is written again.
+    key = f"{PREFIX}/registration"
+    agent = w.spawn(node, "--driver", R580, "--interval", "1", "--registration-file", str(word), client=client)
+    try:
+        w.admin.wait("a pass", lambda: len(w.passes(node)) >= 1, timeout=60)
+        p = w.run("release", "--all", client=client, kubeconfig=w.release_kc)
+        assert p.returncode == 0 and f"removed the label {key} from {node}" in p.stdout, p.stdout + p.stderr
+        n0 = len(w.passes(node))
+        w.admin.wait("three more passes", lambda: len(w.passes(node)) >= n0 + 3, timeout=60)
+        assert key not in w.labels(node), w.labels(node)
+        word.write_text("nri\n")
+        w.admin.wait("the new word", lambda: w.labels(node).get(key) == "nri", timeout=30)
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(10)
 
 
 def test_backoff_honours_retry_after(world, client, tmp_path):

@@ -285,6 +285,10 @@ class Agent:
         self.lease_acquired = None
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
         self.published = None    # (prefix, the Node doc) this process last decided: its own last word
+        # The registration path this process last put on the Node: written again only when the installer's
+        # word changes, so a label `cluster release --all` took off (helm uninstall) is not put back by an
+        # agent still running in the seconds before its pod goes.
+        self.registration_said = None
 
     # -- configuration -------------------------------------------------------
     def config(self):
@@ -406,6 +410,8 @@ class Agent:
         else:
             why = "; ".join(problems) or verdict
         result, conflicts = None, 0
+        reg = registration(opts.registration_file)
+        reg = None if reg == self.registration_said else reg
         for attempt in range(CONFLICT_RETRIES):
             meta = _map(node.get("metadata"))
             prev = _node_doc_of(meta, prefix)
@@ -422,7 +428,7 @@ class Agent:
                 doc["since"] = prev.get("since", doc["since"])
             patch = publish.node_patch(prefix=prefix, doc=doc, gate=g, current=meta,
                                        resource_version=str(meta.get("resourceVersion") or ""),
-                                       registration=registration(opts.registration_file))
+                                       registration=reg)
             if patch is None:
                 result = "unchanged"
                 break
@@ -440,6 +446,8 @@ class Agent:
                     raise
                 node = kube.get(f"/api/v1/nodes/{opts.node}")  # changed since read: decide again on what is there now
         self.published = (prefix, doc)
+        if reg is not None:
+            self.registration_said = reg
         # What the Node now says, on the node at once: the ConfigMap, Event and Lease below may fail
         # (the API server gone mid-pass), and the error line's last_result must still be this.
         self._state_file(prefix, doc)
