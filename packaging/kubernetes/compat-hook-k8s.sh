@@ -27,7 +27,8 @@
 #      asks for a GPU, whatever runtime it names), runtimeclass (the runtime the
 #      RuntimeClass names, below), or auto (nri where the node's containerd runs
 #      NRI: 2.x unless disabled, 1.7 when enabled; else runtimeclass, with one
-#      line saying why). The path taken is written to $PATH_FILE (the agent
+#      line saying why). The runtime is registered on nri nodes too, for pods
+#      that name the RuntimeClass. The path taken is written to $PATH_FILE (the agent
 #      publishes it as a Node label); taking runtimeclass removes a plugin an
 #      earlier nri install left. The runtime wrapper goes to the fixed path
 #      $HOST_PREFIX/bin/compat-hook-runtime (rewritten atomically), so an
@@ -74,7 +75,7 @@
 # Environment (defaults in brackets):
 #   HOST_ROOT [/host]  PAYLOAD [/opt/compat-hook]  HOST_PREFIX [/opt/compat-hook]
 #   HOST_PYTHON [/usr/bin/python3]  CONTAINERD_CONFIG [/etc/containerd/config.toml]
-#   RUNTIME_NAME [cuda-compat]  INSTALL_ARGS [] (e.g. "--set-as-default"; the runtimeclass path's)
+#   RUNTIME_NAME [cuda-compat]  INSTALL_ARGS [] (e.g. "--set-as-default")
 #   REGISTRATION_PATH [runtimeclass] (auto, nri, runtimeclass)  PATH_FILE [/run/compat-hook/registration]
 #   CONFIG_SOURCE []  RESTART_CONTAINERD [false]  RESTART_COMMAND [see above]
 #   UNINSTALL_ON_STOP [true]  READY_FILE [/tmp/compat-hook-ready]
@@ -222,15 +223,17 @@ do_install() {
     before=$(containerd_sum)
     path=$(choose_path "$dest")
     nri_changed=false
+    # The runtime the RuntimeClass names, on every node: pods that name it keep working where the NRI
+    # plugin reaches every GPU container too (the wrapper adds no second hook to a spec that has one).
+    # shellcheck disable=SC2086 # INSTALL_ARGS is a list of words on purpose
+    compat_hook "$dest" install containerd --engine-config "$CONTAINERD_CONFIG" \
+        --runtime-name "$RUNTIME_NAME" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" \
+        $INSTALL_ARGS >&2 || die "compat-hook install containerd failed"
     if [ "$path" = nri ]; then
         out=$(install_nri "$dest" 2>&1) || { echo "$out" >&2; die "compat-hook install containerd --via nri failed"; }
         echo "$out" >&2
         case $out in *"nothing changed"*) ;; *) nri_changed=true ;; esac
     else
-        # shellcheck disable=SC2086 # INSTALL_ARGS is a list of words on purpose
-        compat_hook "$dest" install containerd --engine-config "$CONTAINERD_CONFIG" \
-            --runtime-name "$RUNTIME_NAME" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" \
-            $INSTALL_ARGS >&2 || die "compat-hook install containerd failed"
         drop_nri "$dest" && nri_changed=true
     fi
     echo "$path" > "$TOOLKIT_STATE.path"
@@ -247,7 +250,7 @@ do_install() {
     prune "$dest"
     echo "$dest" > "$READY_FILE"
     if [ "$path" = nri ]; then
-        log "ready: NRI plugin $NRI_BASENAME -> compat-hook $dest"
+        log "ready: NRI plugin $NRI_BASENAME and runtime '$RUNTIME_NAME' -> compat-hook $dest"
     else
         log "ready: runtime '$RUNTIME_NAME' -> compat-hook $dest"
     fi
@@ -378,7 +381,8 @@ sync_containerd() {
             echo "$out" >&2
             log "warning: compat-hook install containerd --via nri failed after containerd's configuration changed"
         fi
-    elif [ -f "$TOOLKIT_STATE.containerd" ]; then
+    fi
+    if [ -f "$TOOLKIT_STATE.containerd" ]; then
         # shellcheck disable=SC2086 # INSTALL_ARGS is a list of words on purpose
         if out=$(compat_hook "$dest" install containerd --engine-config "$CONTAINERD_CONFIG" \
                 --runtime-name "$RUNTIME_NAME" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" \
