@@ -231,6 +231,21 @@ def test_agent_cannot_change_another_node(world):
     assert w.node("gpu-b")["metadata"]["labels"][f"{PREFIX}/preflight"] == "warn"
 
 
+def test_agent_sets_its_nodes_registration_label_and_only_there(world):
+    """``<prefix>/registration`` (the chart's registration path, compat_hook/cluster/publish.py) is one of the
+    agent's own keys on its own Node: set and changed there, refused on another Node and to the validator."""
+    w = world
+    key = f"{PREFIX}/registration"
+    w.patch("gpu-a", "gpu-a", {"metadata": {"labels": {key: "nri"}}}, SMP)
+    w.patch("gpu-a", "gpu-a", {"metadata": {"labels": {key: "nri-not-connected"}}}, SMP)
+    assert w.node("gpu-a")["metadata"]["labels"][key] == "nri-not-connected"
+    assert "may change only that Node, not gpu-b" in w.refused("gpu-a", "gpu-b", {"metadata": {"labels": {key: "nri"}}})
+    assert key in w.refused("validator", "gpu-a", {"metadata": {"labels": {key: "runtimeclass"}}},
+                            policy=VALIDATOR_NODE_POLICY)
+    w.patch("gpu-a", "gpu-a", {"metadata": {"labels": {key: None}}}, SMP)
+    assert key not in w.node("gpu-a")["metadata"]["labels"]
+
+
 @pytest.mark.parametrize("body,ct,says", [
     ({"metadata": {"labels": {DEPLOY: "false"}}}, MERGE, DEPLOY),                # the operator's driver switch
     ({"metadata": {"labels": {DEPLOY: None}}}, SMP, DEPLOY),                     # ... removed

@@ -201,7 +201,7 @@ def _table(out: str) -> dict:
     """``cluster status``'s text table as ``{node: {column: value}}`` (columns by the header's positions)."""
     lines = out.splitlines()
     header = lines[0]
-    cols = ["NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD", "VALIDATED", "NOTE"]
+    cols = ["NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD", "VALIDATED", "PATH", "NOTE"]
     starts = [header.index(c) for c in cols]
     rows = {}
     for ln in lines[1:-1]:
@@ -580,9 +580,15 @@ def test_cluster_release_removes_compat_hooks_holds_and_leaves_an_operators_own(
     # the agent's last word goes with the hold (its labels stay): an agent installed again starts fresh
     assert f"{PREFIX}/preflight" not in w.annotations(mine[0]) and w.labels(mine[0])[f"{PREFIX}/preflight"] == "fail"
     assert w.labels(mine[1])[SKIP] == "true"
+    # the chart's registration label (the agent's, from its installer), held node or not: --all takes it off
+    for n in (mine[0], theirs):
+        w.admin.merge(f"/api/v1/nodes/{n}", {"metadata": {"labels": {f"{PREFIX}/registration": "nri"}}})
     p = w.run("release", "--all", "--prefix", "old.example.com", client=client, kubeconfig=w.release_kc)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert f"released the hold on {mine[1]}" in p.stdout and theirs not in p.stdout, p.stdout
+    assert f"released the hold on {mine[1]}" in p.stdout, p.stdout
+    assert f"removed the label {PREFIX}/registration from {theirs}" in p.stdout, p.stdout
+    assert f"{PREFIX}/registration" not in w.labels(mine[0]) and f"{PREFIX}/registration" not in w.labels(theirs)
+    assert w.labels(mine[0])[f"{PREFIX}/preflight"] == "fail"  # the agent's other labels stay
     anns = w.annotations(mine[1])
     assert SKIP not in w.labels(mine[1]) and HOLDS not in anns and "old.example.com/holds-upgrade" not in anns, anns
     assert w.labels(theirs)[SKIP] == "true"  # never ours: left alone
@@ -880,6 +886,61 @@ def test_status_shows_what_the_validator_published(world, client):
     rc_json, doc, summary = w.status_json(case, client)
     assert {n: doc[n]["validated"] for n in nodes} == nodes and summary["validation_failed"] == 1, (doc, summary)
     assert rc == rc_json
+
+
+def test_the_registration_path_is_a_node_label_and_a_status_column(world, client, tmp_path):
+    """What the chart's installer wrote (--registration-file) becomes ``compat-hook.io/registration``; a
+    pass that finds it unchanged writes nothing; ``cluster status`` shows it (PATH, ``path`` in --json),
+    and a node whose NRI plugin is not connected makes it exit 2 although its preflight passes. A file
+    that says something else, or none, leaves the label as it is."""
+    w = world
+    node = f"regpath-{client}"
+    w.add_node(node, image="legacy", gpu=H100, driver=R535)
+    word = tmp_path / "registration"
+    word.write_text("nri\n")
+    r = w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)["last"]
+    assert r["preflight"] == "pass" and w.labels(node)[f"{PREFIX}/registration"] == "nri", r
+    r = w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)["last"]
+    assert r["node_write"] == "unchanged", r
+    rc, out, _ = w.status(node, client=client)
+    assert rc == 0 and _table(out)[node]["PATH"] == "nri", out
+    word.write_text("nri-not-connected\n")
+    r = w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)["last"]
+    assert r["node_write"] == "written" and w.labels(node)[f"{PREFIX}/registration"] == "nri-not-connected", r
+    rc, out, _ = w.status(node, client=client)
+    row = _table(out)[node]
+    assert rc == 2 and (row["PREFLIGHT"], row["PATH"]) == ("pass", "nri (not connected)"), out
+    assert out.splitlines()[-1].endswith("; 1 with the NRI plugin not connected"), out
+    rc_json, nodes, summary = w.status_json(node, client)
+    assert rc_json == 2 and nodes[node]["path"] == "nri (not connected)" and summary["nri_not_connected"] == 1
+    for junk in ("wrapper\n", None):  # not a path the installer writes; no file: the label stays
+        if junk is None:
+            word.unlink()
+        else:
+            word.write_text(junk)
+        r = w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)["last"]
+        assert r["node_write"] == "unchanged" and w.labels(node)[f"{PREFIX}/registration"] == "nri-not-connected"
+    word.write_text("runtimeclass\n")
+    w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)
+    rc, out, _ = w.status(node, client=client)
+    assert rc == 0 and _table(out)[node]["PATH"] == "runtimeclass", out
+    # A running agent says it once: after `cluster release --all` (helm uninstall's pre-delete Job) took the
+    # label off, its later passes leave it off; a new word from the installer is written again.
+    key = f"{PREFIX}/registration"
+    agent = w.spawn(node, "--driver", R580, "--interval", "1", "--registration-file", str(word), client=client)
+    try:
+        w.admin.wait("a pass", lambda: len(w.passes(node)) >= 1, timeout=60)
+        p = w.run("release", "--all", client=client, kubeconfig=w.release_kc)
+        assert p.returncode == 0 and f"removed the label {key} from {node}" in p.stdout, p.stdout + p.stderr
+        n0 = len(w.passes(node))
+        w.admin.wait("three more passes", lambda: len(w.passes(node)) >= n0 + 3, timeout=60)
+        assert key not in w.labels(node), w.labels(node)
+        word.write_text("nri\n")
+        w.admin.wait("the new word", lambda: w.labels(node).get(key) == "nri", timeout=30)
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(10)
 
 
 def test_backoff_honours_retry_after(world, client, tmp_path):

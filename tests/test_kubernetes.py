@@ -303,6 +303,17 @@ def test_helm_template_value_switches():
            ["installer"]["env"]}
     assert env["TOOLKIT_CONFIGS"] == "" and env["INSTALL_ARGS"] == "--set-as-default --toolkit-config none"
     assert env["TOOLKIT_EXPECT"] == "/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml"
+    # registration.path: auto by default; each value reaches the installer; the installer writes the path
+    # taken where the agent reads it (one in-memory emptyDir, read-only for the agent)
+    for values, want in (((), "auto"), (("registration.path=nri",), "nri"),
+                         (("registration.path=runtimeclass",), "runtimeclass")):
+        c = chart.containers(chart.render(*values))
+        env = {e["name"]: e["value"] for e in c["installer"]["env"]}
+        assert (env["REGISTRATION_PATH"], env["PATH_FILE"]) == (want, "/run/compat-hook/registration"), values
+        assert {"name": "registration", "mountPath": "/run/compat-hook", "readOnly": True} in c["agent"]["volumeMounts"]
+        assert {"name": "registration", "mountPath": "/run/compat-hook"} in c["installer"]["volumeMounts"]
+    vols = {v["name"]: v for v in chart.daemonset(chart.render())["spec"]["template"]["spec"]["volumes"]}
+    assert vols["registration"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}
     # the Namespace is the chart's by default (helm install --create-namespace labels it); off, none is rendered
     assert not [d for d in chart.render("namespace.create=false") if d["kind"] == "Namespace"]
 
@@ -345,7 +356,8 @@ def test_values_schema_rejects_what_the_chart_does_not_know():
     for bad, says in (("agent.gatee=true", "gatee"), ("registration.uninstallOnstop=true", "uninstallOnstop"),
                       ("agent.labelPrefix=Bad_Prefix", "labelPrefix"), ("containerd.distribution=k8s", "distribution"),
                       ("agent.gate=yes", "gate"), ("agent.tmpSizeLimit=500Mi", "tmpSizeLimit"),
-                      ("admissionpolicy.enabled=false", "admissionpolicy")):
+                      ("admissionpolicy.enabled=false", "admissionpolicy"),
+                      ("registration.path=wrapper", "at '/registration/path': value must be one of 'auto', 'nri'")):
         p = chart.helm("template", "x", chart.CHART, "--set", bad, check=False)
         assert p.returncode != 0 and says in p.stderr, (bad, p.stderr)
     p = chart.helm("template", "x", chart.CHART, "--set", "agent.tmpSizeLimit=4Gi", check=False)
@@ -445,7 +457,10 @@ def image(tmp_path_factory) -> dict:
     _run(["make", "-C", REPO, "deb", f"DEB_OUT={out}", "PY=/usr/bin/python3"])
     deb = out / f"compat-hook_{VERSION}_all.deb"
     layout, tar = out / "layout", out / "image.tar"
-    p = _run([REPO / "packaging/oci-image/build-image.sh", "--deb", deb, "--layout", layout, "--tar", tar])
+    from tests.support.kubebuild import nri_plugin
+
+    p = _run([REPO / "packaging/oci-image/build-image.sh", "--deb", deb, "--layout", layout, "--tar", tar,
+              "--nri-plugin", nri_plugin()])
     assert p.stdout.split() == [f"{layout}:{VERSION}", str(tar)], p.stdout
     return {"deb": deb, "layout": layout, "tar": tar, "dir": out}
 
@@ -633,6 +648,103 @@ def test_installer_writes_node_paths(image, tmp_path):
     assert tk.read_text().startswith("# the toolkit's config\n")  # its formatting kept
     launcher = (node / "opt/compat-hook/bin/compat-hook").read_text()
     assert f"/opt/compat-hook/{copy.name}/bin/compat-hook" in launcher
+
+
+NRI_INSIDE = r"""
+set -eu
+N={node}
+mount --bind /usr "$N/usr"
+mount -o remount,bind,ro "$N/usr"
+mount --rbind /dev "$N/dev"
+step() {{ echo "=== $1"; }}
+# the installer's state on the node, so that one run's outlives its container
+PM="{podman_run} -v $N:/host -e TOOLKIT_CONFIGS= -e TOOLKIT_STATE=/host/state/tk -e READY_FILE=/host/state/ready
+    -e PATH_FILE=/host/state/registration"
+mkdir -p "$N/state"
+step one-six-nri
+$PM -e REGISTRATION_PATH=nri {image} compat-hook-k8s install 2>&1 && echo "exit=0" || echo "exit=$?"
+step one-six-auto
+$PM -e REGISTRATION_PATH=auto {image} compat-hook-k8s install 2>&1 || echo "exit=$?"
+cat "$N/state/registration"
+# containerd 2.1.9 as the node's containerd, with its own (version 3) config
+mount --bind {containerd2} "$N/usr/bin/containerd"
+printf '%s' "$V3" > "$N/etc/containerd/config.toml"
+step two-auto
+$PM -e REGISTRATION_PATH=auto -e RESTART_CONTAINERD=true -e 'RESTART_COMMAND=echo restarted >> /host/restarted' \
+    {image} compat-hook-k8s install 2>&1 || echo "exit=$?"
+cat "$N/state/registration"
+mkdir "$N/../snap" && cp -a "$N/opt/nri/plugins/90-compat-hook" "$N/etc/nri/conf.d/90-compat-hook.conf" \
+    "$N/etc/containerd/config.toml" "$N/../snap/" && cp -a "$N"/opt/compat-hook/*/libexec/compat-hook-nri "$N/../snap/"
+step two-again
+$PM -e REGISTRATION_PATH=auto {image} compat-hook-k8s install 2>&1 || echo "exit=$?"
+step gone
+rm "$N/opt/nri/plugins/90-compat-hook"
+$PM -e REGISTRATION_PATH=auto -e TOOLKIT_RECHECK=1 {image} /bin/busybox timeout 5 compat-hook-k8s watch 2>&1 || true
+cat "$N/state/registration"
+step forced-runtimeclass
+$PM -e REGISTRATION_PATH=runtimeclass {image} compat-hook-k8s install 2>&1 || echo "exit=$?"
+cat "$N/state/registration"
+ls "$N/etc/nri/conf.d" 2>&1 || true
+step two-nri
+$PM -e REGISTRATION_PATH=nri {image} compat-hook-k8s install 2>&1 || echo "exit=$?"
+step uninstall
+$PM -e UNINSTALL_ON_STOP=true -e RESTART_CONTAINERD=true -e 'RESTART_COMMAND=echo restarted >> /host/restarted' \
+    {image} compat-hook-k8s uninstall 2>&1 || echo "exit=$?"
+ls -A "$N/state"
+step end
+"""
+
+
+@pytest.mark.containers
+def test_installer_picks_nri_on_containerd_2_and_the_runtimeclass_on_1_6(image, tmp_path):
+    """registration.path (REGISTRATION_PATH) on a fake node: Debian's containerd 1.6 has no NRI (nri is
+    refused with one line, auto falls back and says why); the same node with containerd 2.1.9 gets the
+    NRI plugin from the image's payload (auto) besides the runtime, and the installer reports it gone once
+    it is; a forced runtimeclass removes it; uninstall removes it and what the agent reads."""
+    from tests.support.engines import containerd2
+
+    node = _fake_node(tmp_path)
+    v3 = "version = 3\n"
+    pm = start_podman(tmp_path / "pm", image["tar"])
+    try:
+        podman_run = " ".join(shlex.quote(str(a)) for a in pm.argv("run", "--rm", *RUN_FLAGS))
+        script = tmp_path / "inside.sh"
+        script.write_text(NRI_INSIDE.format(node=shlex.quote(str(node)), podman_run=podman_run,
+                                            image="localhost/compat-hook-test:latest",
+                                            containerd2=shlex.quote(str(containerd2() / "containerd"))))
+        p = _run(["unshare", "-m", "--propagation", "private", "/bin/sh", script], check=False, timeout=300,
+                 env=dict(ENV, V3=v3))
+    finally:
+        pm.reset()
+    out = _sections(p.stdout)
+    assert p.returncode == 0 and "end" in out, p.stdout + p.stderr
+    assert "exit=1" in out["one-six-nri"] and "REGISTRATION_PATH=nri: containerd 1.6 has no NRI" in out["one-six-nri"]
+    assert "registration: the RuntimeClass path (auto: containerd 1.6 has no NRI (1.7 and later))" \
+        in out["one-six-auto"], out["one-six-auto"]
+    assert out["one-six-auto"].strip().endswith("runtimeclass"), out["one-six-auto"]
+    two = out["two-auto"]
+    assert "exit=" not in two and two.strip().endswith("nri"), two
+    assert "restarting containerd" in two, two  # the plugin is new: containerd starts it at its start
+    snap = tmp_path / "snap"  # the node's files right after that install
+    plugin = snap / "90-compat-hook"
+    conf = json.loads((snap / "90-compat-hook.conf").read_text())
+    assert os.access(plugin, os.X_OK) and plugin.read_bytes() == (snap / "compat-hook-nri").read_bytes()
+    assert conf["hook"]["args"][-2:] == ["--via", "nri"] and "/opt/compat-hook/" in " ".join(conf["hook"]["args"])
+    assert str(tmp_path) not in json.dumps(conf)
+    # the runtime the RuntimeClass names is registered too, for pods that name it (containerd 2.x: a drop-in)
+    assert "ready: NRI plugin 90-compat-hook and runtime 'cuda-compat'" in two, two
+    plugin = node / "opt/nri/plugins/90-compat-hook"
+    assert "nothing changed" in out["two-again"] and "restarting" not in out["two-again"], out["two-again"]
+    assert out["gone"].strip().endswith("nri-not-connected"), out["gone"]
+    assert "the NRI plugin /opt/nri/plugins/90-compat-hook is gone" in out["gone"], out["gone"]
+    rc = out["forced-runtimeclass"]
+    assert "exit=" not in rc and "removed /etc/nri/conf.d/90-compat-hook.conf" in rc, rc
+    assert "ready: runtime 'cuda-compat'" in rc and "runtimeclass\n" in rc, rc
+    assert "exit=" not in out["two-nri"] and "wrote /opt/nri/plugins/90-compat-hook" in out["two-nri"], out["two-nri"]
+    un = out["uninstall"]
+    assert "exit=" not in un and "removed /opt/nri/plugins/90-compat-hook" in un, un
+    assert not plugin.exists() and not (node / "etc/nri").exists() and not (node / "opt/nri").exists()
+    assert not (node / "state/registration").exists()  # what the agent reads went too
 
 
 TOOLKIT_ENV_INSIDE = r"""

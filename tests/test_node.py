@@ -143,6 +143,9 @@ def test_daemonset_ready_and_the_installer_registered_cuda_compat(world):
     log = world.node.pod_log(NS, pod["metadata"]["name"], "installer")
     assert "ready: runtime 'cuda-compat'" in log, log
     assert "containerd not restarted (RESTART_CONTAINERD=false)" in log, log
+    # registration.path=auto (the default) on Debian's containerd 1.6: the RuntimeClass path, and why
+    assert "registration: the RuntimeClass path (auto: containerd 1.6 has no NRI (1.7 and later))" in log, log
+    assert not world.node.path("/opt/nri/plugins/90-compat-hook").exists()
     # the node's own containerd config (in the node's /etc), as the installer left it
     import tomllib
 
@@ -208,6 +211,7 @@ def test_the_in_cluster_agent_publishes_fail_with_its_projected_token(world):
     labels = world.admin.wait("the agent's fail", lambda: (lambda l: l.get(f"{PREFIX}/preflight") == "fail" and l)(
         world.labels()), timeout=180, interval=1)
     assert labels[f"{PREFIX}/preflight.target-driver"] == TARGET
+    assert labels[f"{PREFIX}/registration"] == "runtimeclass"  # what the installer told the agent, in the pod
     doc = json.loads(world.annotations()[f"{PREFIX}/preflight"])
     assert doc["now"] == HOST_555  # read by the agent from the node's /proc/driver under /host
     assert doc["regressions"] >= 1 and doc["details"] == f"{NS}/{world.node.name}", doc
@@ -379,3 +383,4 @@ def test_helm_uninstall_keeps_the_gpu_pod_running_and_releases_the_hold(world):
         names = [o["metadata"]["name"] for o in world.admin.get("/" + kind.format(ns=NS))["items"]]
         assert [n for n in names if n not in ("kube-root-ca.crt", "default")] == [], (kind, names)
     assert SKIP not in labels and f"{PREFIX}/holds-upgrade" not in annotations, (labels, annotations)
+    assert f"{PREFIX}/registration" not in labels, labels  # the chart's registration path: said by the chart only

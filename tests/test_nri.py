@@ -477,6 +477,57 @@ def test_via_nri_is_containerds_only(tmp_path):
         "compat-hook: --via nri is containerd's (2.x); docker is registered without it", p
 
 
+def _detect(main, containerd: str | None = "/usr/bin/containerd"):
+    """The installer's own call (packaging/kubernetes/compat-hook-k8s.sh: nri_detect), with ``containerd``
+    as the node's /usr/bin/containerd (bind-mounted in a private mount namespace: compat-hook looks for it
+    on a fixed PATH only); None: no containerd at all."""
+    import subprocess
+
+    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.install.nri import detect_main; "
+            "sys.exit(detect_main())")
+    # /dev/null has no x bit: no containerd is found
+    bind = "/dev/null" if containerd is None else containerd
+    script = 'mount --bind "$1" /usr/bin/containerd && shift && exec /usr/bin/env -i PATH=/usr/bin:/bin "$@"'
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "/bin/sh", "-c", script, "sh", bind,
+                           "/usr/bin/python3", "-I", "-c", code, str(REPO), str(main)],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+
+
+def test_chart_detection_on_containerd_2_and_1_6(tmp_path):
+    """What the chart's installer (registration.path=auto) asks the node: containerd 2.1.9's NRI is on
+    with its defaults and off when disabled; Debian's containerd 1.6 has none, even when its file says
+    disable = false (1.6 knows no NRI plugin)."""
+    import subprocess
+
+    two = str(engines.containerd2() / "containerd")
+    p = _detect(_v3_config(tmp_path, ""), two)
+    assert (p.returncode, p.stdout) == (0, "nri /opt/nri/plugins/90-compat-hook\n"), p
+    p = _detect(_v3_config(tmp_path, "    plugin_path = '/x/plugins'\n"), two)
+    assert (p.returncode, p.stdout) == (0, "nri /x/plugins/90-compat-hook\n"), p
+    p = _detect(_v3_config(tmp_path, "    disable = true\n"), two)
+    assert p.returncode == 1 and p.stdout.count("\n") == 1 and "NRI is off" in p.stdout, p
+    # containerd 1.6's own default config (version 2), written by `containerd config default`.
+    assert subprocess.run(["containerd", "--version"], capture_output=True, text=True).stdout.split()[2] < "1.7"
+    main = tmp_path / "config-1.6.toml"
+    main.write_text(subprocess.run(["containerd", "config", "default"], capture_output=True, text=True,
+                                   check=True).stdout)
+    p = _detect(main)
+    assert p.returncode == 1 and "has no NRI" in p.stdout, p
+    main.write_text(main.read_text() + "\n[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = false\n")
+    p = _detect(main)
+    assert p.returncode == 1 and "has no NRI" in p.stdout, p
+    # no containerd on the node, a file that is not TOML: one line each, no traceback
+    p = _detect(main, None)
+    assert p.returncode == 1 and p.stdout == "no containerd binary on the node's PATH\n", p
+    (tmp_path / "bad.toml").write_text("version = [\n")
+    p = _detect(tmp_path / "bad.toml", two)
+    assert p.returncode == 1 and "not valid TOML" in p.stdout and p.stdout.count("\n") == 1, p
+    assert "Traceback" not in p.stderr, p
+    # no file at all: containerd 2.x's defaults, NRI on
+    p = _detect(tmp_path / "missing.toml", two)
+    assert (p.returncode, p.stdout) == (0, "nri /opt/nri/plugins/90-compat-hook\n"), p
+
+
 def test_plugin_unit_tests():
     """packaging/nri's own Go tests (routing rules, configuration, the start time it reads)."""
     import subprocess

@@ -67,14 +67,29 @@ MAX_NODE_ANNOTATION = 64 << 10
 
 class AgentOptions:
     __slots__ = ("node", "stores", "address", "namespace", "driver", "state_dir", "interval", "once", "watch",
-                 "publish_namespace")
+                 "publish_namespace", "registration_file")
 
     def __init__(self, node: str, *, stores=None, address=None, namespace="k8s.io", driver=None,
                  state_dir=None, interval: float = 300.0, once: bool = False, watch: bool = True,
-                 publish_namespace: str | None = None) -> None:
+                 publish_namespace: str | None = None, registration_file: str | None = None) -> None:
         self.node, self.stores, self.address, self.namespace = node, list(stores or ["containerd:"]), address, namespace
         self.driver, self.state_dir, self.interval, self.once, self.watch = driver, state_dir, interval, once, watch
         self.publish_namespace = publish_namespace or _sa_namespace() or DEFAULT_NAMESPACE
+        #: the chart's installer's word on how this node's containerd reaches compat-hook (Node label)
+        self.registration_file = registration_file
+
+
+def registration(path: str | None) -> str | None:
+    """The path the chart's installer registered this node by (:data:`publish.REGISTRATIONS`), read from
+    ``path``; None (the label is left as it is) when there is no such file or it says something else."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            word = f.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return word if word in publish.REGISTRATIONS else None
 
 
 def _sa_namespace() -> str | None:
@@ -283,6 +298,10 @@ class Agent:
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
         self.published = None    # (prefix, the Node doc) this process last decided: its own last word
         self.next_expiry = None  # when a regressing workload recorded while absent stops counting (epoch)
+        # The registration path this process last put on the Node: written again only when the installer's
+        # word changes, so a label `cluster release --all` took off (helm uninstall) is not put back by an
+        # agent still running in the seconds before its pod goes.
+        self.registration_said = None
 
     # -- configuration -------------------------------------------------------
     def config(self):
@@ -405,6 +424,8 @@ class Agent:
         unjudged = [f"{w['name']}: {w['unknown']}" for w in unk[:2]] + (
             [f"and {len(unk) - 2} more unknown workload(s)"] if len(unk) > 2 else [])
         result, conflicts = None, 0
+        reg = registration(opts.registration_file)
+        reg = None if reg == self.registration_said else reg
         for attempt in range(CONFLICT_RETRIES):
             meta = _map(node.get("metadata"))
             prev = _node_doc_of(meta, prefix)
@@ -441,7 +462,8 @@ class Agent:
             if publish.same_node_doc(prev, doc):
                 doc["since"] = prev.get("since", doc["since"])
             patch = publish.node_patch(prefix=prefix, doc=doc, gate=g, current=meta,
-                                       resource_version=str(meta.get("resourceVersion") or ""))
+                                       resource_version=str(meta.get("resourceVersion") or ""),
+                                       registration=reg)
             if patch is None:
                 result = "unchanged"
                 break
@@ -459,6 +481,8 @@ class Agent:
                     raise
                 node = kube.get(f"/api/v1/nodes/{opts.node}")  # changed since read: decide again on what is there now
         self.published = (prefix, doc)
+        if reg is not None:
+            self.registration_said = reg
         # What the Node now says, on the node at once: the ConfigMap, Event and Lease below may fail
         # (the API server gone mid-pass), and the error line's last_result must still be this.
         self._state_file(prefix, doc)

@@ -65,6 +65,9 @@ def _parser():
     a.add_argument("--publish-namespace", metavar="NS",
                    help="the namespace of the agent's Lease, ConfigMap and Events (default: the pod's own, else "
                         "compat-hook)")
+    a.add_argument("--registration-file", metavar="FILE",
+                   help="the chart's installer's registration path (nri, nri-not-connected, runtimeclass), "
+                        "published as the label <prefix>/registration")
     sub.add_parser("validate", add_help=False, help="after a driver change, prove this node's workloads (docs/validation.md)")
     s = sub.add_parser("status", help="every GPU node: driver, target, upgrade state, preflight, hold, validation")
     s.add_argument("--kubeconfig", metavar="PATH", help=KUBECONFIG_HELP)
@@ -146,7 +149,8 @@ def _agent(args) -> int:
     opts = agent.AgentOptions(args.node, stores=args.store or ["containerd:"], address=args.address,
                               namespace=args.namespace, driver=args.driver,
                               state_dir=args.state_dir or DEFAULT_STATE_DIR, interval=args.interval,
-                              once=args.once, watch=not args.no_watch, publish_namespace=args.publish_namespace)
+                              once=args.once, watch=not args.no_watch, publish_namespace=args.publish_namespace,
+                              registration_file=args.registration_file)
     if args.driver is not None:
         from ..policy.outcome import check_driver
 
@@ -215,7 +219,7 @@ def _status(args) -> int:
     _said_server("status", k)
     if args.json:
         keys = ("name", "driver", "target", "upgrade_state", "preflight", "verdict", "broken", "held", "hold",
-                "stale", "renewed", "since", "validated", "note")
+                "stale", "renewed", "since", "validated", "path", "note")
         out = {"nodes": [{key: r[key] for key in keys} for r in rep["nodes"]], "summary": rep["summary"],
                "server": {"url": k.host, "credentials": k.source}}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")

@@ -5,7 +5,9 @@ controller-manager, CNI agents, the GPU Operator), so the Node carries only
 what changes with the verdict (:func:`node_doc`, :func:`node_patch`):
 
 * labels ``<prefix>/preflight`` (``pass``/``warn``/``fail``/``unknown``),
-  ``<prefix>/preflight.broken`` (the regressions), ``<prefix>/preflight.target-driver``;
+  ``<prefix>/preflight.broken`` (the regressions), ``<prefix>/preflight.target-driver``,
+  and under the chart ``<prefix>/registration`` (:data:`REGISTRATIONS`: how the node's containerd
+  reaches compat-hook, as its installer says);
 * the annotation ``<prefix>/preflight``: a small JSON (at most :data:`MAX_NODE_DOC`
   bytes: verdict, target and where from, driver now, gate state, counts, reason
   codes, when it last changed, the agent's interval, where the details are, and
@@ -50,7 +52,7 @@ from __future__ import annotations
 import json
 import os
 
-__all__ = ["verdict", "counts", "regression", "node_doc", "node_patch", "details_doc", "lease", "event",
+__all__ = ["REGISTRATIONS", "verdict", "counts", "regression", "node_doc", "node_patch", "details_doc", "lease", "event",
            "event_signature", "label_value", "nfd_text", "textfile_text", "write_file", "MAX_NODE_DOC",
            "EVENT_NAMESPACE"]
 
@@ -65,6 +67,9 @@ DETAILS_KEY = "preflight.json"
 #: in another namespace it must name that namespace, and ``kubectl describe node``, which selects
 #: ``involvedObject.namespace=""``, never shows it. The kubelet writes its Node Events there too.
 EVENT_NAMESPACE = "default"
+#: ``<prefix>/registration``: the NRI plugin, the same with the plugin gone from containerd's plugin
+#: dir (GPU containers start without compat-hook), or the runtime the RuntimeClass names.
+REGISTRATIONS = ("nri", "nri-not-connected", "runtimeclass")
 COMPONENT_LABELS = {"app.kubernetes.io/name": "compat-hook", "app.kubernetes.io/component": "preflight"}
 
 
@@ -162,11 +167,15 @@ def same_node_doc(a, b) -> bool:
     return {k: v for k, v in a.items() if k != "since"} == {k: v for k, v in b.items() if k != "since"}
 
 
-def node_patch(*, prefix: str, doc: dict, gate, resource_version: str, current: dict) -> dict | None:
+def node_patch(*, prefix: str, doc: dict, gate, resource_version: str, current: dict,
+               registration: str | None = None) -> dict | None:
     """The strategic-merge patch that makes the Node say ``doc`` and the gate's changes; None when the
-    Node already says it all (``current``: its metadata)."""
+    Node already says it all (``current``: its metadata). ``registration``: the ``<prefix>/registration``
+    label's value (None: left as it is)."""
     labels = {f"{prefix}/preflight": doc["verdict"], f"{prefix}/preflight.target-driver": label_value(doc["target"]),
               f"{prefix}/preflight.broken": str(doc["regressions"])}
+    if registration in REGISTRATIONS:
+        labels[f"{prefix}/registration"] = registration
     labels.update(gate.labels)
     annotations = {f"{prefix}/preflight": json.dumps(doc, separators=(",", ":"))}
     annotations.update(gate.annotations)

@@ -24,6 +24,10 @@ nothing more until it restarts (:meth:`~.agent.Agent.run`); one caught in the
 middle of a pass may write once more, so the sweep is repeated until it finds
 nothing (:data:`SWEEPS` at most).
 
+``--all`` also takes the label ``<prefix>/registration`` (how the chart registered the
+node: :data:`.publish.REGISTRATIONS`) off every Node that has one: the chart that said
+it is going.
+
 Run by the Helm chart's pre-delete hook, and by hand after turning the agent
 off. Exit status: 0 done (also when there was nothing to release), 1 an API
 error, 2 bad usage, 4 ``--node NAME`` names no node.
@@ -124,6 +128,8 @@ def release(kube, prefixes: list, node: str | None = None, out=None) -> list:
         elif out is not None and node is not None:
             out.write(f"{name}: no hold of compat-hook's (a skip label without {prefixes[0]}/holds-upgrade "
                       f"is someone else's)\n")
+    if node is None:
+        _drop_registration(kube, prefixes, out)
     return done
 
 
@@ -224,3 +230,15 @@ def purge(kube, prefixes: list, namespace: str, out=None, sleep=None) -> dict:
             break
         sleep(SETTLE)  # an agent in the middle of a pass may write once more: look again
     return {"nodes": nodes_done, "objects": objects_done, "sweeps": sweeps}
+
+
+def _drop_registration(kube, prefixes: list, out) -> None:
+    """``<prefix>/registration`` off every Node (a label removal: no resourceVersion needed, and one
+    already gone is no error)."""
+    for p in prefixes:
+        key = f"{p}/registration"
+        for n in _nodes(kube, labelSelector=key):
+            name = str(_map(n.get("metadata")).get("name"))
+            kube.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {key: None}}})
+            if out is not None:
+                out.write(f"removed the label {key} from {name}\n")

@@ -20,12 +20,17 @@ Each row also shows what the validator (:mod:`.validate`) published after the
 node's last driver change: ``<prefix>/validated``, the driver version its
 workloads were proven on, or ``failed``; the summary counts the ``failed`` nodes.
 
+Each row also shows how the node's containerd reaches compat-hook (PATH), as the chart's
+installer said and the agent labelled it (``<prefix>/registration``): ``nri``, ``runtimeclass``,
+or ``nri (not connected)`` when the NRI plugin is gone from containerd's plugin dir (GPU
+containers start without compat-hook there); ``-`` without the label (installed by hand).
+
 Reads: Nodes, the agent's Leases, ClusterPolicies and NVIDIADrivers, each as
 paginated lists of :data:`PAGE` (four requests for a thousand nodes).
 
 Exit status: 0 every node passes; 2 some node changes outcome (``warn``), its
-verdict is ``unknown``, missing or stale; 3 some node would regress (``fail``,
-not stale) and every such node is held (:data:`HELD`: compat-hook's hold, a
+verdict is ``unknown``, missing or stale, or its NRI plugin is not connected; 3 some
+node would regress (``fail``, not stale) and every such node is held (:data:`HELD`: compat-hook's hold, a
 skip label of someone else's, or the admin's override); 5 some node would
 regress and nothing holds it (the gate off, ``too-late``, ``cannot-hold``,
 ``released-by-other``): the upgrade will break it; 4 no GPU node at all (none
@@ -38,6 +43,8 @@ matched the selector: a typo in a CI gate must not pass); 1 an error.
 5
 >>> exit_status([{"preflight": "stale", "verdict": "fail"}])
 2
+>>> exit_status([{"preflight": "pass", "path": "nri"}]), exit_status([{"preflight": "pass", "path": NOT_CONNECTED}])
+(0, 2)
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ PRESENT_LABEL = "nvidia.com/gpu.present"
 MAX_FIELD = 64
 MAX_ANNOTATION = 64 << 10
 PAGE = 1000
+NOT_CONNECTED = "nri (not connected)"
+_PATHS = {"nri": "nri", "runtimeclass": "runtimeclass", "nri-not-connected": NOT_CONNECTED}
 LEASE_SELECTOR = "app.kubernetes.io/name=compat-hook,app.kubernetes.io/component=preflight"
 #: The ``hold`` values of a node that NVIDIA's upgrade controller will not upgrade unasked.
 HELD = ("yes", "stale", "other", "override")
@@ -163,6 +172,7 @@ def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None,
         "since": _s(doc.get("since"), 40),
         "validated": _s(labels.get(f"{prefix}/validated")),
         "note": stale or _note(verdict, doc),
+        "path": _PATHS.get(labels.get(f"{prefix}/registration")),
     }
 
 
@@ -217,7 +227,8 @@ def status(kube, prefix: str, namespace: str, now: float | None = None, selector
             rows.append(row)
     rows.sort(key=lambda r: r["name"] or "")
     summary = {"nodes": len(rows), "held": sum(1 for r in rows if r["held"]),
-               "validation_failed": sum(1 for r in rows if r["validated"] == "failed")}
+               "validation_failed": sum(1 for r in rows if r["validated"] == "failed"),
+               "nri_not_connected": sum(1 for r in rows if r["path"] == NOT_CONNECTED)}
     for v in ("pass", "warn", "fail", "unknown", "stale"):
         summary[v] = sum(1 for r in rows if r["preflight"] == v)
     summary["no_preflight"] = sum(1 for r in rows if r["preflight"] is None)
@@ -235,7 +246,7 @@ def exit_status(nodes: list) -> int:
         return FAIL_NOT_HELD
     if "fail" in pre:
         return 3
-    if any(p != "pass" for p in pre):
+    if any(p != "pass" for p in pre) or any(r.get("path") == NOT_CONNECTED for r in nodes):
         return 2
     return 0
 
@@ -244,23 +255,24 @@ def render_text(rep: dict) -> str:
     """The table and the summary line.
 
     >>> row = {"name": "gpu-a", "driver": "470.256.02", "target": "470.256.02", "upgrade_state": "upgrade-done",
-    ...        "preflight": "pass", "broken": 0, "hold": "-", "validated": "failed", "stale": None}
+    ...        "preflight": "pass", "broken": 0, "hold": "-", "validated": "failed", "stale": None, "path": "nri"}
     >>> s = {"nodes": 1, "pass": 1, "warn": 0, "fail": 0, "unknown": 0, "no_preflight": 0, "stale": 0, "held": 0,
     ...      "validation_failed": 1}
     >>> print(render_text({"nodes": [row], "summary": s}), end="")
-    NODE   DRIVER      TARGET      UPGRADE STATE  PREFLIGHT  BROKEN  HELD  VALIDATED  NOTE
-    gpu-a  470.256.02  470.256.02  upgrade-done   pass       0       -     failed
+    NODE   DRIVER      TARGET      UPGRADE STATE  PREFLIGHT  BROKEN  HELD  VALIDATED  PATH  NOTE
+    gpu-a  470.256.02  470.256.02  upgrade-done   pass       0       -     failed     nri
     1 GPU node(s): 1 pass, 0 warn, 0 fail, 0 unknown, 0 stale; 0 held by compat-hook; 1 failed validation
     """
-    rows = [("NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD", "VALIDATED", "NOTE")]
+    rows = [("NODE", "DRIVER", "TARGET", "UPGRADE STATE", "PREFLIGHT", "BROKEN", "HELD", "VALIDATED", "PATH", "NOTE")]
     for r in rep["nodes"]:
         rows.append((r["name"] or "?", r["driver"] or "-", r["target"] or "-", r["upgrade_state"] or "-",
                      r["preflight"] or "-", "-" if r["broken"] is None else str(r["broken"]), r["hold"],
-                     r["validated"] or "-", r.get("note") or r["stale"] or ""))
+                     r["validated"] or "-", r.get("path") or "-", r.get("note") or r["stale"] or ""))
     widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
     out = ["  ".join(row[k].ljust(widths[k]) for k in range(len(row))).rstrip() for row in rows]
     s = rep["summary"]
     out.append(f"{s['nodes']} GPU node(s): {s['pass']} pass, {s['warn']} warn, {s['fail']} fail, "
                f"{s['unknown'] + s['no_preflight']} unknown, {s['stale']} stale; {s['held']} held by compat-hook; "
-               f"{s['validation_failed']} failed validation")
+               f"{s['validation_failed']} failed validation"
+               + (f"; {s['nri_not_connected']} with the NRI plugin not connected" if s.get("nri_not_connected") else ""))
     return "\n".join(out) + "\n"

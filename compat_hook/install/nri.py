@@ -42,7 +42,7 @@ import os
 
 from .hooksd import InstallError, say
 
-__all__ = ["install", "uninstall", "DEFAULT_PLUGIN", "PLUGIN_NAME", "PLUGIN_INDEX", "nri_settings",
+__all__ = ["install", "uninstall", "detect", "detect_main", "DEFAULT_PLUGIN", "PLUGIN_NAME", "PLUGIN_INDEX", "nri_settings",
            "plugin_files", "render_config"]
 
 #: Where a package or ``make nri-plugin`` puts the built plugin.
@@ -85,6 +85,64 @@ def nri_settings(main_path: str) -> dict:
             f"default); set disable = false there and restart containerd, or use --via wrapper")
     return {"plugin_path": nri.get("plugin_path") or DEFAULT_PLUGIN_PATH,
             "plugin_config_path": nri.get("plugin_config_path") or DEFAULT_CONFIG_PATH}
+
+
+def _release(binary: str) -> tuple | None:
+    """containerd's ``(major, minor)`` from ``containerd --version``, or None."""
+    from .containerd import _run
+
+    try:
+        out = _run([binary, "--version"], "containerd --version", timeout=20)
+    except InstallError:
+        return None
+    for tok in out.split()[2:3]:
+        parts = tok.lstrip("v").split(".")
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            return int(parts[0]), int(parts[1])
+    return None
+
+
+def detect(main_path: str) -> str | None:
+    """None when the node's containerd runs NRI (so ``--via nri`` reaches its containers), else one line
+    saying why not: the Helm chart's installer (``registration.path: auto``) then takes the RuntimeClass
+    path. containerd 1.6 has no NRI whatever its file says; 1.7 only with ``disable = false``; 2.x unless
+    disabled."""
+    from .containerd import _which
+
+    binary = _which("containerd")
+    if binary is None:
+        return "no containerd binary on the node's PATH"
+    rel = _release(binary)
+    if rel is not None and rel < (1, 7):
+        return f"containerd {rel[0]}.{rel[1]} has no NRI (1.7 and later)"
+    try:
+        nri_settings(main_path)
+    except InstallError as e:
+        return str(e)
+    return None
+
+
+def detect_main(argv: list | None = None) -> int:
+    """``detect`` for the chart's installer script: 0 and ``nri PLUGIN`` (where the plugin's binary goes,
+    which the installer then checks is still there) when NRI is on, 1 and the reason when it is off, 2 on
+    a usage error (one line each, on stdout)."""
+    import sys
+
+    from ..core.errors import CompatHookError
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: detect CONTAINERD_CONFIG")
+        return 2
+    try:
+        why = detect(os.path.abspath(args[0]))
+    except (CompatHookError, OSError) as e:  # an unreadable config is a reason too, in one line
+        why = f"containerd's configuration could not be read: {e}"
+    if why is None:
+        print("nri", plugin_files(nri_settings(os.path.abspath(args[0])))[0])
+        return 0
+    print(" ".join(why.split()))
+    return 1
 
 
 def plugin_files(settings: dict) -> tuple:

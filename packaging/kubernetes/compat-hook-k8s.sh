@@ -22,7 +22,15 @@
 #      $CONFIG_SOURCE over it, e.g. a mounted ConfigMap);
 #   3. runs `compat-hook install containerd` chrooted into the node root with
 #      the node's python3 (>= 3.9 required), so every path it registers is a
-#      node path. The runtime wrapper goes to the fixed path
+#      node path. REGISTRATION_PATH picks how: nri (the NRI plugin the payload
+#      carries at libexec/compat-hook-nri, `--via nri`: every container that
+#      asks for a GPU, whatever runtime it names), runtimeclass (the runtime the
+#      RuntimeClass names, below), or auto (nri where the node's containerd runs
+#      NRI: 2.x unless disabled, 1.7 when enabled; else runtimeclass, with one
+#      line saying why). The runtime is registered on nri nodes too, for pods
+#      that name the RuntimeClass. The path taken is written to $PATH_FILE (the agent
+#      publishes it as a Node label); taking runtimeclass removes a plugin an
+#      earlier nri install left. The runtime wrapper goes to the fixed path
 #      $HOST_PREFIX/bin/compat-hook-runtime (rewritten atomically), so an
 #      upgrade of the DaemonSet changes no containerd setting and needs no
 #      containerd restart: the next container start runs the new copy.
@@ -68,6 +76,7 @@
 #   HOST_ROOT [/host]  PAYLOAD [/opt/compat-hook]  HOST_PREFIX [/opt/compat-hook]
 #   HOST_PYTHON [/usr/bin/python3]  CONTAINERD_CONFIG [/etc/containerd/config.toml]
 #   RUNTIME_NAME [cuda-compat]  INSTALL_ARGS [] (e.g. "--set-as-default")
+#   REGISTRATION_PATH [runtimeclass] (auto, nri, runtimeclass)  PATH_FILE [/run/compat-hook/registration]
 #   CONFIG_SOURCE []  RESTART_CONTAINERD [false]  RESTART_COMMAND [see above]
 #   UNINSTALL_ON_STOP [true]  READY_FILE [/tmp/compat-hook-ready]
 #   TOOLKIT_CONFIGS [the two paths in 4.; "" none]  TOOLKIT_EXPECT []  TOOLKIT_RECHECK [30]
@@ -88,6 +97,8 @@ CONFIG_SOURCE=${CONFIG_SOURCE:-}
 RESTART_CONTAINERD=${RESTART_CONTAINERD:-false}
 RESTART_COMMAND=${RESTART_COMMAND:-nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd}
 UNINSTALL_ON_STOP=${UNINSTALL_ON_STOP:-true}
+REGISTRATION_PATH=${REGISTRATION_PATH:-runtimeclass}
+PATH_FILE=${PATH_FILE:-/run/compat-hook/registration}
 READY_FILE=${READY_FILE:-/tmp/compat-hook-ready}
 # (set but empty: no toolkit config is registered or watched)
 TOOLKIT_CONFIGS=${TOOLKIT_CONFIGS-/usr/local/nvidia/toolkit/.config/nvidia-container-runtime/config.toml /etc/nvidia-container-runtime/config.toml}
@@ -210,22 +221,105 @@ do_install() {
     dest=$(copy_payload)
     put_config
     before=$(containerd_sum)
+    path=$(choose_path "$dest")
+    nri_changed=false
+    # The runtime the RuntimeClass names, on every node: pods that name it keep working where the NRI
+    # plugin reaches every GPU container too (the wrapper adds no second hook to a spec that has one).
     # shellcheck disable=SC2086 # INSTALL_ARGS is a list of words on purpose
     compat_hook "$dest" install containerd --engine-config "$CONTAINERD_CONFIG" \
         --runtime-name "$RUNTIME_NAME" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" \
         $INSTALL_ARGS >&2 || die "compat-hook install containerd failed"
+    if [ "$path" = nri ]; then
+        out=$(install_nri "$dest" 2>&1) || { echo "$out" >&2; die "compat-hook install containerd --via nri failed"; }
+        echo "$out" >&2
+        case $out in *"nothing changed"*) ;; *) nri_changed=true ;; esac
+    else
+        drop_nri "$dest" && nri_changed=true
+    fi
+    echo "$path" > "$TOOLKIT_STATE.path"
+    publish_path "$path"
     launcher "$dest"
     sync_toolkit "$dest"
     check_toolkit_env
     after=$(containerd_sum)
-    if [ "$before" != "$after" ]; then
+    if [ "$before" != "$after" ] || [ "$nri_changed" = true ]; then
         restart_containerd || true
     else
         log "containerd's configuration is unchanged"
     fi
     prune "$dest"
     echo "$dest" > "$READY_FILE"
-    log "ready: runtime '$RUNTIME_NAME' -> compat-hook $dest"
+    if [ "$path" = nri ]; then
+        log "ready: NRI plugin $NRI_BASENAME and runtime '$RUNTIME_NAME' -> compat-hook $dest"
+    else
+        log "ready: runtime '$RUNTIME_NAME' -> compat-hook $dest"
+    fi
+}
+
+NRI_BASENAME=90-compat-hook
+
+# Whether the node's containerd runs NRI (compat_hook.install.nri.detect): 0, with where the plugin's
+# binary goes in $NRI_BINARY_FILE; or 1 and the reason on stdout.
+NRI_BINARY_FILE=$TOOLKIT_STATE.nri-binary
+nri_detect() {
+    if why=$(host_env "$HOST_PYTHON" -I -c \
+            'import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.install.nri import detect_main; sys.exit(detect_main())' \
+            "$1/lib" "$CONTAINERD_CONFIG"); then
+        echo "${why#nri }" > "$NRI_BINARY_FILE"
+        return 0
+    fi
+    echo "${why:-the NRI check failed}"
+    return 1
+}
+
+# What the agent publishes (<prefix>/registration): the path taken, and for nri, whether the plugin is
+# still where containerd starts it from (removed by hand, or NRI's plugin_path moved without a new
+# install): nri-not-connected then.
+publish_path() {
+    p=$1
+    [ -n "$p" ] || return 0  # no install of this pod's yet
+    if [ "$p" = nri ]; then
+        b=$(cat "$NRI_BINARY_FILE" 2>/dev/null || true)
+        if [ -z "$b" ] || [ ! -f "$HOST_ROOT$b" ]; then p=nri-not-connected; fi
+    fi
+    mkdir -p "$(dirname "$PATH_FILE")"
+    [ "$(cat "$PATH_FILE" 2>/dev/null)" = "$p" ] && return 0
+    echo "$p" > "$PATH_FILE.tmp" && mv "$PATH_FILE.tmp" "$PATH_FILE"
+    [ "$p" = nri-not-connected ] && log "warning: the NRI plugin ${b:-?} is gone: GPU containers start without compat-hook"
+    return 0
+}
+
+# The path this node gets (REGISTRATION_PATH), on stdout; the reason for a fallback on stderr.
+# registration.path=nri where it cannot be had is an error (the pod does not become ready).
+choose_path() {
+    case $REGISTRATION_PATH in
+        runtimeclass) echo runtimeclass; return 0 ;;
+        nri|auto) ;;
+        *) die "REGISTRATION_PATH=$REGISTRATION_PATH: use auto, nri or runtimeclass" ;;
+    esac
+    if [ ! -f "$HOST_ROOT$1/libexec/compat-hook-nri" ]; then
+        why="this image carries no NRI plugin (built without it: packaging/oci-image/build-image.sh --nri-plugin)"
+    elif why=$(nri_detect "$1"); then
+        echo nri
+        return 0
+    fi
+    [ "$REGISTRATION_PATH" = nri ] && die "REGISTRATION_PATH=nri: $why"
+    log "registration: the RuntimeClass path (auto: $why)"
+    echo runtimeclass
+}
+
+install_nri() {
+    compat_hook "$1" install containerd --via nri --engine-config "$CONTAINERD_CONFIG" \
+        --nri-plugin "$1/libexec/compat-hook-nri"
+}
+
+# The runtimeclass path: a plugin an earlier nri install left goes (0 when one went, 1 when none was there).
+drop_nri() {
+    out=$(compat_hook "$1" uninstall containerd --via nri --engine-config "$CONTAINERD_CONFIG" 2>&1) ||
+        { echo "$out" >&2; log "warning: the NRI plugin of an earlier install could not be removed"; return 1; }
+    case $out in *"nothing changed"*) return 1 ;; esac
+    echo "$out" >&2
+    return 0
 }
 
 # Register (again) under every NVIDIA toolkit config on the node whose content
@@ -274,6 +368,20 @@ sync_containerd() {
     dest=$1
     sum=$(containerd_sum | md5sum)
     [ "$sum" = "$(cat "$TOOLKIT_STATE.containerd" 2>/dev/null)" ] && return 0
+    if [ -f "$TOOLKIT_STATE.containerd" ] && [ "$(cat "$TOOLKIT_STATE.path" 2>/dev/null)" = nri ]; then
+        # containerd's NRI settings may have moved its plugin dirs: the plugin goes where they say now
+        if out=$(install_nri "$dest" 2>&1); then
+            case $out in
+                *"nothing changed"*) ;;
+                *) echo "$out" >&2
+                   log "containerd's configuration changed: compat-hook's NRI plugin registered again"
+                   restart_containerd || true ;;
+            esac
+        else
+            echo "$out" >&2
+            log "warning: compat-hook install containerd --via nri failed after containerd's configuration changed"
+        fi
+    fi
     if [ -f "$TOOLKIT_STATE.containerd" ]; then
         # shellcheck disable=SC2086 # INSTALL_ARGS is a list of words on purpose
         if out=$(compat_hook "$dest" install containerd --engine-config "$CONTAINERD_CONFIG" \
@@ -309,7 +417,7 @@ watch_toolkit() {
         while read -r what; do
             sync_toolkit "$dest"
             # a change of a toolkit config: nothing else to do then, the next one may follow at once
-            [ "$what" = change ] || { sync_containerd "$dest"; rotate_log; }
+            [ "$what" = change ] || { sync_containerd "$dest"; rotate_log; publish_path "$(cat "$TOOLKIT_STATE.path" 2>/dev/null || true)"; }
         done
 }
 
@@ -347,6 +455,7 @@ toolkit_loop() {
         check_toolkit_env
         sync_containerd "$(cat "$READY_FILE")"
         rotate_log
+        publish_path "$(cat "$TOOLKIT_STATE.path" 2>/dev/null || true)"
     done
 }
 
@@ -366,15 +475,18 @@ do_uninstall() {
             log "warning: compat-hook uninstall nvidia-toolkit --engine-config $cfg failed"
     done
     rm -rf "$TOOLKIT_STATE"
-    rm -f "$TOOLKIT_STATE.containerd"
+    rm -f "$TOOLKIT_STATE.containerd" "$TOOLKIT_STATE.path" "$NRI_BINARY_FILE"
     # Pods of the runtime still running keep a pass-through at the wrapper's path (it execs
     # runc, nothing of compat-hook), so they can still be stopped and drained.
     compat_hook "$dest" uninstall containerd --engine-config "$CONTAINERD_CONFIG" \
         --runtime-name "$RUNTIME_NAME" --wrapper-path "$HOST_PREFIX/bin/compat-hook-runtime" >&2 ||
         die "compat-hook uninstall containerd failed"
+    # the NRI plugin too, whichever path this node got (a running plugin stops at containerd's restart)
+    nri_changed=false
+    drop_nri "$dest" && nri_changed=true
     after=$(containerd_sum)
-    rm -f "$READY_FILE"
-    if [ "$before" != "$after" ] && restart_containerd; then
+    rm -f "$READY_FILE" "$PATH_FILE"
+    if { [ "$before" != "$after" ] || [ "$nri_changed" = true ]; } && restart_containerd; then
         # The uninstall left a pass-through for the containerd that had the runtime in memory; this
         # one has restarted without it: the pass-through goes now unless pods created through it live.
         compat_hook "$dest" uninstall containerd --engine-config "$CONTAINERD_CONFIG" \

@@ -1,7 +1,7 @@
 #!/bin/sh
 # build-image.sh: the DaemonSet's OCI image, built locally with umoci (no registry, no daemon).
 #
-#   packaging/oci-image/build-image.sh [--deb DEB] [--layout DIR] [--tag TAG] [--tar FILE]
+#   packaging/oci-image/build-image.sh [--deb DEB] [--layout DIR] [--tag TAG] [--tar FILE] [--nri-plugin BIN|none]
 #
 # DEB defaults to the newest dist/compat-hook_*_all.deb (make deb), DIR to
 # dist/oci/compat-hook, TAG to the package version, FILE to
@@ -10,7 +10,9 @@
 # payload copied to the node: the chart's `installer` container) plus stage-agent.sh's
 # (Debian's python3 with python3-kubernetes, and ctr: the chart's `agent` container,
 # `compat-hook cluster agent`) plus stage-probe.sh's compat-hook-probe (the validator's probe,
-# compiled here). Then, on a node (or for kind, `kind load image-archive`):
+# compiled here). BIN (default dist/compat-hook-nri when `make nri-plugin` made it; none: without)
+# is the NRI plugin the installer registers on containerd 2.x (registration.path); an image
+# without it takes the RuntimeClass path on every node, and says so in the installer's log. Then, on a node (or for kind, `kind load image-archive`):
 #
 #   ctr -n k8s.io images import --base-name localhost/compat-hook dist/compat-hook-image_<version>.tar
 #   podman load -i dist/compat-hook-image_<version>.tar    # then: podman tag <id> localhost/compat-hook:<version>
@@ -22,13 +24,14 @@ set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-deb= layout= tag= tar=
+deb= layout= tag= tar= nri=
 while [ $# -gt 0 ]; do
     case $1 in
         --deb) deb=$2; shift 2 ;;
         --layout) layout=$2; shift 2 ;;
         --tag) tag=$2; shift 2 ;;
         --tar) tar=$2; shift 2 ;;
+        --nri-plugin) nri=$2; shift 2 ;;
         -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "$0: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -41,6 +44,8 @@ version=$(dpkg-deb -f "$deb" Version)
 tag=${tag:-$version}
 layout=${layout:-$repo/dist/oci/compat-hook}
 tar=${tar:-$repo/dist/compat-hook-image_$version.tar}
+if [ -z "$nri" ] && [ -f "$repo/dist/compat-hook-nri" ]; then nri=$repo/dist/compat-hook-nri; fi
+[ "$nri" != none ] || nri=
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -49,7 +54,7 @@ mkdir -p "$(dirname "$layout")"
 umoci init --layout "$layout"
 umoci new --image "$layout:$tag"
 umoci unpack --image "$layout:$tag" "$work/bundle" >/dev/null
-"$here/stage-payload.sh" "$deb" "$work/bundle/rootfs"
+NRI_PLUGIN=$nri "$here/stage-payload.sh" "$deb" "$work/bundle/rootfs"
 "$here/stage-agent.sh" "$work/bundle/rootfs"
 "$here/stage-probe.sh" "$work/bundle/rootfs"
 umoci repack --image "$layout:$tag" "$work/bundle"

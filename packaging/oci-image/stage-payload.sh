@@ -8,6 +8,8 @@
 #                                      (C extensions dropped: the node's Python may differ)
 #     bin/compat-hook                  launcher using the node's /usr/bin/python3
 #     share/config.yaml                DEB's /etc/compat-hook/config.yaml
+#     libexec/compat-hook-nri          $NRI_PLUGIN when set (make nri-plugin's dist/compat-hook-nri):
+#                                      the NRI plugin the installer registers (registration.path)
 #     STAMP                            <version>-<sha256 of the above, 12 hex digits>
 #   ROOTFS/bin/busybox (+ applets)     busybox-static: all the installer container runs
 #                                      (stage-agent.sh adds the agent's python3 and ctr)
@@ -24,11 +26,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 K8S_SCRIPT=${K8S_SCRIPT:-$here/../kubernetes/compat-hook-k8s.sh}
 DIST_PACKAGES=${DIST_PACKAGES:-/usr/lib/python3/dist-packages}
 BUSYBOX=${BUSYBOX:-/bin/busybox}
+NRI_PLUGIN=${NRI_PLUGIN:-}
 APPLETS="sh ash cat chroot cp dirname env find grep ln ls md5sum mkdir mv nsenter rm rmdir sed sleep sort test [ touch true false echo printf readlink sha256sum"
 
 [ -f "$deb" ] || { echo "$0: no such .deb: $deb" >&2; exit 1; }
 [ -x "$BUSYBOX" ] || { echo "$0: $BUSYBOX missing (apt-get install busybox-static)" >&2; exit 1; }
 [ -f "$K8S_SCRIPT" ] || { echo "$0: $K8S_SCRIPT missing" >&2; exit 1; }
+[ -z "$NRI_PLUGIN" ] || [ -f "$NRI_PLUGIN" ] || { echo "$0: NRI_PLUGIN=$NRI_PLUGIN missing (make nri-plugin)" >&2; exit 1; }
 for m in yaml elftools tomlkit; do
     [ -f "$DIST_PACKAGES/$m/__init__.py" ] || {
         echo "$0: $DIST_PACKAGES/$m missing (apt-get install python3-yaml python3-pyelftools python3-tomlkit)" >&2
@@ -50,6 +54,10 @@ done
 find "$p/lib" -name __pycache__ -type d -prune -exec rm -rf {} +
 find "$p/lib" -name '*.so' -type f -exec rm -f {} +
 cp "$tmp/deb/etc/compat-hook/config.yaml" "$p/share/config.yaml"
+if [ -n "$NRI_PLUGIN" ]; then
+    mkdir -p "$p/libexec"
+    cp "$NRI_PLUGIN" "$p/libexec/compat-hook-nri"
+fi
 cat > "$p/bin/compat-hook" <<'SH'
 #!/bin/sh
 # compat-hook from this copy, with the node's Python (>= 3.9).
@@ -60,8 +68,9 @@ exec "${COMPAT_HOOK_PYTHON:-/usr/bin/python3}" -I -c \
 SH
 chmod 0755 "$p/bin/compat-hook"
 find "$p" -type d -exec chmod 0755 {} +
-find "$p" -type f ! -path "$p/bin/*" -exec chmod 0644 {} +
-sum=$(cd "$p" && find lib bin share -type f | LC_ALL=C sort | while read -r f; do sha256sum "$f"; done |
+find "$p" -type f ! -path "$p/bin/*" ! -path "$p/libexec/*" -exec chmod 0644 {} +
+[ ! -d "$p/libexec" ] || chmod 0755 "$p/libexec/compat-hook-nri"
+sum=$(cd "$p" && find lib bin share $( [ -d libexec ] && echo libexec ) -type f | LC_ALL=C sort | while read -r f; do sha256sum "$f"; done |
       sha256sum | cut -c1-12)
 echo "$version-$sum" > "$p/STAMP"
 
@@ -77,4 +86,8 @@ cp "$K8S_SCRIPT" "$rootfs/usr/local/bin/compat-hook-k8s"
 chmod 0755 "$rootfs/usr/local/bin/compat-hook-k8s"
 printf 'root:x:0:0:root:/:/bin/sh\n' > "$rootfs/etc/passwd"
 printf 'root:x:0:\n' > "$rootfs/etc/group"
-echo "staged compat-hook $version-$sum into $rootfs" >&2
+if [ -n "$NRI_PLUGIN" ]; then
+    echo "staged compat-hook $version-$sum (with the NRI plugin) into $rootfs" >&2
+else
+    echo "staged compat-hook $version-$sum into $rootfs (no NRI plugin: registration.path auto takes the RuntimeClass path)" >&2
+fi

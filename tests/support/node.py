@@ -164,7 +164,7 @@ def project_image() -> Path:
         _sh(["make", "-C", REPO, "deb", f"DEB_OUT={tmp}", "PY=/usr/bin/python3"])
         (deb,) = tmp.glob("compat-hook_*_all.deb")
         _sh([REPO / "packaging/oci-image/build-image.sh", "--deb", deb, "--layout", tmp / "layout",
-             "--tar", tmp / "image.tar"], timeout=900)
+             "--tar", tmp / "image.tar", "--nri-plugin", kubebuild.nri_plugin()], timeout=900)
         shutil.rmtree(tmp / "layout")
         (tmp / "seconds").write_text(f"{time.monotonic() - t0:.1f}\n")
 
