@@ -356,29 +356,15 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
     # LD_LIBRARY_PATH as $PREFIX/lib: hiding the cuda-compat dir they point into makes
     # every one of them dangle, and the loader goes on to the next dir.
     linked = [x for x in a.losers if x["links"]]
-    if linked and "hook" in a.actors and mount_ns and root is not None:
-        if _plan_masks(a, root, [x["dir"] for x in linked], "conda's cuda-compat dir"):
-            a.hook_refresh = True
-            a.hook = a.replan_hook(a.existing_dropin)
-    elif linked and "hook" in a.actors and "wrapper" not in a.actors:
-        a.warnings.append(
-            f"{', '.join(x['links'][0] for x in linked)} links into {', '.join(x['dir'] for x in linked)}, "
-            f"conda's compat driver, which must not be used {_not_used_why(a)}, and a hook outside the "
-            "container's mount namespace (prestart, createRuntime) cannot hide it: register the hook at "
-            "createContainer, or use compat-hook's runtime wrapper (compat-hook install containerd|docker|crio)")
+    _hide_or_warn(a, root, mount_ns, linked, "conda's cuda-compat dir",
+                  f"{', '.join(x['links'][0] for x in linked)} links into {', '.join(x['dir'] for x in linked)}, "
+                  f"conda's compat driver, which must not be used {_not_used_why(a)}")
     # A line ldconfig reads before compat-hook's drop-in (a line of /etc/ld.so.conf before its
     # include, a drop-in sorting first) beats ours in the cache: the dir it names must go.
     early = [x for x in a.losers if x["early"] and x["dir"] not in a.hook_masks]
-    if early and "hook" in a.actors and mount_ns and root is not None:
-        if _plan_masks(a, root, [x["dir"] for x in early], "a dir ldconfig reads before compat-hook's drop-in"):
-            a.hook_refresh = True
-            a.hook = a.replan_hook(a.existing_dropin)
-    elif early and "hook" in a.actors and "wrapper" not in a.actors:
-        a.warnings.append(
-            f"{', '.join(x['early'][0] for x in early)} names {', '.join(x['dir'] for x in early)}, a compat dir "
-            f"that must not be used {_not_used_why(a)}, before compat-hook's drop-in, and a hook outside the "
-            "container's mount namespace (prestart, createRuntime) cannot hide it: register the hook at "
-            "createContainer, or use compat-hook's runtime wrapper (compat-hook install containerd|docker|crio)")
+    _hide_or_warn(a, root, mount_ns, early, "a dir ldconfig reads before compat-hook's drop-in",
+                  f"{', '.join(x['early'][0] for x in early)} names {', '.join(x['dir'] for x in early)}, a compat "
+                  f"dir that must not be used {_not_used_why(a)}, before compat-hook's drop-in")
     if a.effect == "compat" and a.decision.source == "image" and "hook" in a.actors and "wrapper" not in a.actors:
         first = _host_first_on_ld_path(a, root)
         if first is not None:
@@ -401,6 +387,22 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
     if toolkit:
         _toolkit_view(a, root, config)
     return a
+
+
+def _hide_or_warn(a: Assessment, root, mount_ns: bool, losers: list, what: str, why: str) -> None:
+    """Hide the losing dirs that would beat the chosen library (the hook, in the container's mount
+    namespace), or say that this registration cannot (a hook outside it, without the wrapper)."""
+    if not losers or "hook" not in a.actors:
+        return
+    if mount_ns and root is not None:
+        if _plan_masks(a, root, [x["dir"] for x in losers], what):
+            a.hook_refresh = True
+            a.hook = a.replan_hook(a.existing_dropin)
+    elif "wrapper" not in a.actors:
+        a.warnings.append(
+            f"{why}, and a hook outside the container's mount namespace (prestart, createRuntime) cannot hide "
+            "it: register the hook at createContainer, or use compat-hook's runtime wrapper (compat-hook "
+            "install containerd|docker|crio)")
 
 
 def _not_used_why(a: Assessment) -> str:
