@@ -84,25 +84,34 @@ def _nodes(kube, **query) -> list:
             return nodes
 
 
-def _one(kube, node: dict, prefixes: list) -> list:
-    """Release ``node``'s holds; the prefixes released (a conflict reads the Node again)."""
+def _patch_node(kube, node: dict, plan):
+    """Patch ``node`` with ``plan(meta)`` -> ``(patch, result)`` under its resourceVersion, reading it
+    again on a conflict; ``result`` once applied, ``None`` when there is nothing to patch (any more)."""
     name = _map(node.get("metadata")).get("name")
     for attempt in range(RETRIES):
-        meta = _map(node.get("metadata"))
-        mine = ours(meta, prefixes)
-        if not mine:
-            return []
+        patch, result = plan(_map(node.get("metadata")))
+        if patch is None:
+            return None
         try:
-            kube.patch(f"/api/v1/nodes/{name}", release_patch(meta, mine))
-            return mine
+            kube.patch(f"/api/v1/nodes/{name}", patch)
+            return result
         except Conflict:
             if attempt == RETRIES - 1:
                 raise
             again = _nodes(kube, fieldSelector=f"metadata.name={name}")
             if not again:
-                return []
+                return None
             node = again[0]
-    return []
+    return None
+
+
+def _one(kube, node: dict, prefixes: list) -> list:
+    """Release ``node``'s holds; the prefixes released (a conflict reads the Node again)."""
+    def plan(meta):
+        mine = ours(meta, prefixes)
+        return (release_patch(meta, mine), mine) if mine else (None, None)
+
+    return _patch_node(kube, node, plan) or []
 
 
 def release(kube, prefixes: list, node: str | None = None, out=None) -> list:
@@ -159,22 +168,7 @@ def purge_patch(meta: dict, prefixes: list) -> dict | None:
 
 
 def _purge_node(kube, node: dict, prefixes: list) -> bool:
-    name = _map(node.get("metadata")).get("name")
-    for attempt in range(RETRIES):
-        patch = purge_patch(_map(node.get("metadata")), prefixes)
-        if patch is None:
-            return False
-        try:
-            kube.patch(f"/api/v1/nodes/{name}", patch)
-            return True
-        except Conflict:
-            if attempt == RETRIES - 1:
-                raise
-            again = _nodes(kube, fieldSelector=f"metadata.name={name}")
-            if not again:
-                return False
-            node = again[0]
-    return False
+    return bool(_patch_node(kube, node, lambda meta: (purge_patch(meta, prefixes), True)))
 
 
 def _purge_objects(kube, namespace: str) -> list:

@@ -70,3 +70,18 @@ def plain(item):
 
         return copy.deepcopy(dict(item))
     return item
+
+
+def run_command(fn) -> int:
+    """``fn()``'s exit status; an :class:`InstallError` is one line and exit 1, another named error one line
+    and exit 2 (bad usage or input): what every install/uninstall command returns."""
+    from ..core.errors import EXIT_FAILED, EXIT_USAGE
+
+    try:
+        return fn()
+    except InstallError as e:
+        sys.stderr.write(f"compat-hook: {e}\n")
+        return EXIT_FAILED
+    except CompatHookError as e:
+        sys.stderr.write(f"compat-hook: {e}\n")
+        return EXIT_USAGE

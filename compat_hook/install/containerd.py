@@ -1033,11 +1033,6 @@ def uninstall(opts) -> int:
 
 
 def _main(fn) -> int:
-    try:
-        return fn()
-    except InstallError as e:
-        sys.stderr.write(f"compat-hook: {e}\n")
-        return EXIT_FAILED
-    except CompatHookError as e:
-        sys.stderr.write(f"compat-hook: {e}\n")
-        return EXIT_USAGE
+    from .common import run_command
+
+    return run_command(fn)

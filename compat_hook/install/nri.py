@@ -209,18 +209,9 @@ def uninstall(opts) -> int:
 
 
 def _main(fn) -> int:
-    import sys
+    from .common import run_command
 
-    from ..core.errors import EXIT_FAILED, EXIT_USAGE, CompatHookError
-
-    try:
-        return fn()
-    except InstallError as e:
-        sys.stderr.write(f"compat-hook: {e}\n")
-        return EXIT_FAILED
-    except CompatHookError as e:
-        sys.stderr.write(f"compat-hook: {e}\n")
-        return EXIT_USAGE
+    return run_command(fn)
 
 
 def _install(opts) -> int:
