@@ -208,6 +208,9 @@ func main() {
 	interval := flag.Duration("interval", time.Second, "time between rounds")
 	rounds := flag.Int("rounds", 0, "stop after this many rounds (0: run until killed)")
 	verbosity := flag.Int("v", 0, "log verbosity")
+	// The GPU Operator passes "app=nvidia-operator-validator" (controllers/upgrade_controller.go): a node
+	// leaves validation-required only once every such pod on it is Ready.
+	validation := flag.String("validation", "", "pod selector of the validation state (empty: no validation state)")
 	flag.Parse()
 
 	// The GPU Operator's own call (cmd/gpu-operator/main.go): the keys become nvidia.com/gpu-driver-upgrade-*.
@@ -228,6 +231,9 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "upgrade-harness:", err)
 		os.Exit(1)
+	}
+	if *validation != "" {
+		mgr = mgr.WithValidationEnabled(*validation)
 	}
 	h := &harness{ns: *ns, kube: kube, dyn: dynamic.NewForConfigOrDie(cfg), state: mgr}
 	fmt.Println("keys", upgrade.GetUpgradeStateLabelKey(), upgrade.GetUpgradeSkipNodeLabelKey())
