@@ -178,12 +178,22 @@ def _cluster(v, where):
         return {}
     if not isinstance(v, dict):
         raise ConfigError(f"{where}: must be a mapping")
+
+    def check(k, x):
+        if k not in _CLUSTER_KEYS:
+            raise ConfigError(f"{where}.{k}: unknown key (one of {', '.join(_CLUSTER_KEYS)})")
+        return _CLUSTER_KEYS[k](x, f"{where}.{k}")
+
+    return _each_key(v, check)
+
+
+def _each_key(v: dict, check) -> dict:
+    """``{key: check(key, value)}`` for the mapping ``v``, in its order; a key's :class:`ConfigError`
+    is collected, and every problem of every key raised at the end as one :class:`ConfigErrors`."""
     out, errors = {}, []
     for k, x in v.items():
         try:
-            if k not in _CLUSTER_KEYS:
-                raise ConfigError(f"{where}.{k}: unknown key (one of {', '.join(_CLUSTER_KEYS)})")
-            out[k] = _CLUSTER_KEYS[k](x, f"{where}.{k}")
+            out[k] = check(k, x)
         except ConfigErrors as e:
             errors += e.errors
         except ConfigError as e:
@@ -282,23 +292,17 @@ def from_mapping(data, source: str | None = None) -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigErrors([f"(top level): must be a mapping of keys, got {type(data).__name__}"])
-    values, errors = {}, []
-    for k, v in data.items():  # in the file's order, so the errors are too
+
+    def check(k, v):
         if k not in SCHEMA:
             import difflib
 
             close = difflib.get_close_matches(str(k), list(SCHEMA), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            errors.append(f"{k}: unknown key{hint}")
-            continue
-        try:
-            values[k] = SCHEMA[k][1](v, k)
-        except ConfigErrors as e:
-            errors += e.errors
-        except ConfigError as e:
-            errors.append(str(e))
-    if errors:
-        raise ConfigErrors(errors)
+            raise ConfigError(f"{k}: unknown key{hint}")
+        return SCHEMA[k][1](v, k)
+
+    values = _each_key(data, check)  # in the file's order, so the errors are too
     for k, (default, _, _) in SCHEMA.items():
         if k not in values:
             values[k] = (list(default) if isinstance(default, list)

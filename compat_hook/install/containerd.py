@@ -395,16 +395,8 @@ def plan_install(opts) -> Plan:
     ctrd = cri.setdefault("containerd", {})
     runtimes = ctrd.setdefault("runtimes", {})
     default_name = ctrd.get("default_runtime_name") or "runc"
-    src = runtimes.get("runc")
-    src_name = "runc"
-    if not isinstance(src, dict):
-        src_name = default_name if default_name != name else None
-        src = runtimes.get(src_name) if src_name else None
-    rt = copy.deepcopy(src) if isinstance(src, dict) else {}
-    if not rt.get("runtime_type"):
-        rt["runtime_type"] = RUNC_TYPE
-    options = rt.setdefault("options", {})
-    state["copied_from"] = src_name if isinstance(src, dict) else None
+    rt, state["copied_from"] = _runtime_source(cri, name)
+    options = rt["options"]
 
     plan.changes.extend(_route(rt, options, via, opts, main_path, hook_config, state_dir, state))
     # Switching --via (or --wrapper-path): what the previous install wrote goes.

@@ -131,6 +131,7 @@ def _dropin_change(opts, remove: bool, wrapper: str | None = None):
 
 def install(opts) -> int:
     from .checks import enforce, registered_config
+    from .files import missing_dirs
     from .wrapper import wrapper_path
 
     hooksd.check_args(opts, "crio")
@@ -139,7 +140,7 @@ def install(opts) -> int:
         hooksd.say(f"warning: mode: env takes effect only for pods of the runtime handler {opts.runtime_name!r} "
                    f"(runtimeClassName); the hooks.d hook cannot set LD_LIBRARY_PATH")
     hooks = hooksd.changes(opts, "crio")
-    created = hooksd._missing_dirs(os.path.dirname(hooks[0].path))
+    created = missing_dirs(os.path.dirname(hooks[0].path))
     path = wrapper_path(opts)
     wrapper = hooksd.wrapper_change(opts)
     dropin = _dropin_change(opts, remove=False, wrapper=path)

@@ -52,7 +52,7 @@ import os
 import sys
 import time
 
-__all__ = ["read_text", "diff", "write_atomic", "remove", "backup_path", "backups_of", "Change", "apply"]
+__all__ = ["read_text", "diff", "write_atomic", "remove", "backup_path", "backups_of", "missing_dirs", "Change", "apply"]
 
 
 def read_text(path: str) -> str | None:
@@ -112,6 +112,16 @@ def _copy_aside(path: str) -> str:
     dst = backup_path(path)
     shutil.copy2(path, dst, follow_symlinks=True)
     return dst
+
+
+def missing_dirs(d: str) -> list:
+    """``d`` and its ancestors that do not exist yet (deepest first): what an install creates, and
+    records so that uninstall removes those (and no others) once they are empty."""
+    out = []
+    while d and d != "/" and not os.path.lexists(d):
+        out.append(d)
+        d = os.path.dirname(d)
+    return out
 
 
 def write_atomic(path: str, text: str, mode: int | None = None, backup: bool = True) -> str | None:

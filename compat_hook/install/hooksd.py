@@ -210,15 +210,6 @@ def run(groups: list, opts, engine: str, *, verb: str, after: str = "") -> int:
 CREATED_MARK = ".compat-hook-created-dirs"
 
 
-def _missing_dirs(d: str) -> list:
-    """``d`` and its ancestors that do not exist yet (deepest first)."""
-    out = []
-    while d and d != "/" and not os.path.lexists(d):
-        out.append(d)
-        d = os.path.dirname(d)
-    return out
-
-
 def _record_created(d: str, created: list) -> None:
     from .files import write_atomic
 
@@ -247,10 +238,11 @@ def _remove_created(d: str) -> None:
 def install(opts, engine: str = "podman") -> int:
     """Write the hooks.d file; 0 whether it changed or was already there."""
     from .checks import enforce
+    from .files import missing_dirs
 
     enforce(opts.hook_config, "hook", say)
     ch = changes(opts, engine)
-    created = _missing_dirs(os.path.dirname(ch[0].path))
+    created = missing_dirs(os.path.dirname(ch[0].path))
     run([(ch, False)], opts, engine, verb="registered",
         after=f"{engine}: the createContainer hook {ch[0].path} is in place; it fires for every "
               f"container and skips those that request no GPU")

@@ -180,14 +180,6 @@ def _is_our_binary(path: str) -> bool:
         return False
 
 
-def _missing_dirs(d: str) -> list:
-    out = []
-    while d and d != "/" and not os.path.lexists(d):
-        out.append(d)
-        d = os.path.dirname(d)
-    return out
-
-
 def _source_binary(opts) -> str:
     src = os.path.abspath(opts.nri_plugin or DEFAULT_PLUGIN)
     if not os.path.isfile(src):
@@ -217,7 +209,7 @@ def _main(fn) -> int:
 def _install(opts) -> int:
     from ..core.atomic import replace
     from .checks import enforce
-    from .files import read_text, write_atomic
+    from .files import missing_dirs, read_text, write_atomic
     from .wrapper import fail_closed
 
     main_path = os.path.abspath(opts.config or "/etc/containerd/config.toml")
@@ -237,7 +229,7 @@ def _install(opts) -> int:
         except ValueError:
             created = []
     for d in (os.path.dirname(binary), os.path.dirname(conf)):
-        for m in reversed(_missing_dirs(d)):
+        for m in reversed(missing_dirs(d)):
             if m not in created:
                 created.append(m)
     # Deepest first, for uninstall's rmdir.
