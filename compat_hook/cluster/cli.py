@@ -33,12 +33,7 @@ CONTEXT_HELP = "the kubeconfig context to use (default: its current-context)"
 
 
 def _parser():
-    import argparse
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            sys.stderr.write(f"{self.prog}: {message} (see --help)\n")
-            raise SystemExit(EXIT_USAGE)
+    from ..core.argparser import Parser
 
     p = Parser(prog="compat-hook cluster", description="The upgrade preflight, published on the cluster.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)

@@ -19,8 +19,6 @@ reference lengths are bounded, and a dropped entry is counted, never silently lo
 
 from __future__ import annotations
 
-import os
-
 __all__ = ["normalize_ref", "gpu_pod", "pod_images", "store_index", "match", "MAX_IMAGES", "MAX_REF"]
 
 MAX_IMAGES = 256
@@ -174,19 +172,6 @@ def _pick(entries: list, sel: str) -> list:
     return [sel]
 
 
-def _split_selector(kind: str, rest: str) -> tuple:
-    """``(path, selector or None)`` of a layout or archive source, as the image reader splits it."""
-    exists = os.path.isdir if kind == "oci" else os.path.isfile
-    if exists(rest):
-        return rest, None
-    i = rest.find(":")
-    while i >= 0:
-        if exists(rest[:i]):
-            return rest[:i], rest[i + 1:] or None
-        i = rest.find(":", i + 1)
-    return rest, None
-
-
 def _containerd(store: str, address, namespace: str, host_root: str) -> tuple:
     """``({normalized reference: source}, listed)`` of every name of every image in containerd: a pod
     may name any tag or digest of an image (``expand`` keeps one per image)."""
@@ -216,7 +201,9 @@ def _names_of(store: str, expander) -> tuple:
     """``([(source, [names])], problem or None)`` for a store that is not containerd's."""
     kind = store.split(":", 1)[0] if ":" in store else ""
     if kind in ("oci", "oci-archive", "docker-archive"):
-        path, sel = _split_selector(kind, store[len(kind) + 1:])
+        from ..images.reader import split_source
+
+        path, sel = split_source(kind, store[len(kind) + 1:])
         entries = _archive_entries(kind, path)
         if sel is not None:
             return [(store, _pick(entries, sel))], None

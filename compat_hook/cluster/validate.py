@@ -716,12 +716,7 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
 
 
 def _parser():
-    import argparse
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            sys.stderr.write(f"{self.prog}: {message} (see --help)\n")
-            raise SystemExit(EXIT_USAGE)
+    from ..core.argparser import Parser
 
     p = Parser(prog="compat-hook cluster validate",
                description="After a driver change, run each GPU workload image seen on this node as a probe pod "

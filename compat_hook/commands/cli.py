@@ -61,12 +61,7 @@ def _parser():
     import argparse
 
     from .. import __version__
-
-    class Parser(argparse.ArgumentParser):
-        # One line on stderr for bad usage (the usage text is in --help).
-        def error(self, message):
-            sys.stderr.write(f"{self.prog}: {message} (see --help)\n")
-            raise SystemExit(EXIT_USAGE)
+    from ..core.argparser import Parser
 
     p = Parser(prog="compat-hook", description=(
         "Turn on CUDA Forward Compatibility per container, decided at every start."))

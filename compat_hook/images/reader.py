@@ -55,7 +55,7 @@ import time
 from ..core.errors import ImageError
 
 __all__ = ["ImageError", "Limits", "Reader", "Image", "open_image", "expand_sources", "is_image_source",
-           "default_reader", "TRANSPORTS"]
+           "default_reader", "split_source", "TRANSPORTS"]
 
 TRANSPORTS = ("oci:", "oci-archive:", "docker-archive:", "containerd:", "docker:", "containers-storage:")
 
@@ -156,8 +156,14 @@ def is_image_source(source: str) -> bool:
     return isinstance(source, str) and source.startswith(TRANSPORTS)
 
 
-def _split_ref(rest: str, exists) -> tuple:
-    """``(path, selector)``: the longest prefix of ``rest`` up to a ``:`` that ``exists``."""
+def split_source(kind: str, rest: str) -> tuple:
+    """``(path, selector or None)`` of an ``oci:`` layout (``kind`` ``oci``) or an archive source, ``rest``
+    what follows ``KIND:``: the longest prefix up to a ``:`` that is such a dir or file (a path may hold ``:``).
+
+    >>> split_source("oci", "/:latest"), split_source("oci", "/nonexistent:latest")
+    (('/', 'latest'), ('/nonexistent:latest', None))
+    """
+    exists = os.path.isdir if kind == "oci" else os.path.isfile
     if exists(rest):
         return rest, None
     i = rest.find(":")
@@ -300,13 +306,13 @@ class Reader:
             raise ImageError(f"{source}: not an image source ({', '.join(t + '...' for t in TRANSPORTS)})")
         kind, _, rest = source.partition(":")
         if kind == "oci":
-            path, sel = _split_ref(rest, os.path.isdir)
+            path, sel = split_source(kind, rest)
             return kind, self._store(kind, os.path.realpath(path), lambda: st.OciDir(path, lim)), sel
         if kind == "oci-archive":
-            path, sel = _split_ref(rest, os.path.isfile)
+            path, sel = split_source(kind, rest)
             return kind, self._store(kind, os.path.realpath(path), lambda: st.OciArchive(path, lim)), sel
         if kind == "docker-archive":
-            path, sel = _split_ref(rest, os.path.isfile)
+            path, sel = split_source(kind, rest)
             return kind, self._store(kind, os.path.realpath(path), lambda: st.DockerArchive(path, lim)), sel
         if kind in ("docker", "containers-storage"):
             from .snapshots import Engine
