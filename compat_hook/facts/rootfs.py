@@ -32,20 +32,13 @@ from ..core import fastos as os  # os without importing os: ~1 ms of a container
 import stat as _stat
 
 from ..core.errors import UnsafePath
-from .surface import Surface, dirent_kind, not_regular
+from .surface import MAX_SYMLINKS, Surface, dirent_kind, enoent, follow_link, not_regular, split_path
 
 __all__ = ["Root", "UnsafePath", "MAX_SYMLINKS"]
-
-#: Like Linux's limit for one path lookup (ELOOP after 40 links).
-MAX_SYMLINKS = 40
 
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 _PATH_FLAGS = _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
-
-
-def _split(path: str) -> list:
-    return [c for c in path.split("/") if c and c != "."]
 
 
 class _Walk:
@@ -106,7 +99,7 @@ class Root(Surface):
         # stack[i] is an O_PATH fd of the directory named by names[:i].
         stack = [os.dup(self._fd)]
         names: list = []
-        todo = _split(path)
+        todo = split_path(path)
         todo.reverse()
         links = 0
         try:
@@ -123,28 +116,19 @@ class Root(Surface):
                     if missing_ok and not todo:
                         pfd = stack.pop()
                         return _Walk(pfd, os.fstat(pfd), list(names)), name
-                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+                    raise enoent(path) from None
                 st = os.fstat(fd)
                 if _stat.S_ISLNK(st.st_mode) and (todo or follow):
-                    links += 1
-                    if links > MAX_SYMLINKS:
-                        os.close(fd)
-                        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
                     # readlinkat(fd, "") reads the link the O_PATH fd pins, so
                     # the target read is the link just checked (no swap race).
                     try:
-                        target = os.readlink("", dir_fd=fd)
+                        links, absolute = follow_link(links, lambda: os.readlink("", dir_fd=fd), todo, path)
                     finally:
                         os.close(fd)
-                    if target.startswith("/"):
+                    if absolute:
                         while len(stack) > 1:
                             os.close(stack.pop())
                         del names[:]
-                    if not target:
-                        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-                    more = _split(target)
-                    more.reverse()
-                    todo.extend(more)
                     continue
                 if todo and not _stat.S_ISDIR(st.st_mode):
                     os.close(fd)
@@ -247,7 +231,7 @@ class Root(Surface):
         dangling one is refused (it would create a directory where the image
         pointed, which is how root-escape tricks start).
         """
-        parts = _split(path)
+        parts = split_path(path)
         for i in range(len(parts)):
             sub = "/" + "/".join(parts[: i + 1])
             try:
@@ -283,7 +267,7 @@ class Root(Surface):
 
     def _parent_dir_fd(self, path: str):
         """An ``O_RDONLY`` directory fd of the confined parent, and the last name."""
-        parts = _split(path)
+        parts = split_path(path)
         if not parts or parts[-1] == "..":
             raise UnsafePath(f"not a file name: {path!r}")
         parent = "/" + "/".join(parts[:-1])

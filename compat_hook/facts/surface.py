@@ -9,7 +9,10 @@ without knowing which it is. Each holder implements the primitives, resolving
 every path inside its own tree: ``realpath``, ``lstat``, ``stat``,
 ``listdir`` (``(name, kind)``, never following links) and ``open_regular`` (a
 binary file object of a regular file, anything else :class:`UnsafePath`).
-What follows from them is here, once.
+What follows from them is here, once, and so are the path rules every
+holder's walk keeps: components split alike (:func:`split_path`), a symlink
+followed alike (:func:`follow_link`: at most :data:`MAX_SYMLINKS`, an empty
+target missing, an absolute one restarting at the holder's root).
 
 >>> kind_name(0o010644), kind_name(0o040755)
 ('FIFO', 'directory')
@@ -17,9 +20,61 @@ What follows from them is here, once.
 
 from __future__ import annotations
 
+import errno
 import stat as _stat
 
-__all__ = ["Surface", "kind_name", "not_regular", "dirent_kind"]
+from ..core import fastos as os  # os without importing os: a container start reads through Root
+
+__all__ = ["Surface", "kind_name", "not_regular", "dirent_kind", "split_path", "enoent", "follow_link",
+           "MAX_SYMLINKS"]
+
+#: Like Linux's limit for one path lookup (ELOOP after 40 links).
+MAX_SYMLINKS = 40
+
+
+def split_path(path: str) -> list:
+    """Components of ``path`` (``.`` and empty ones dropped; ``..`` kept for the walk).
+
+    >>> split_path("/usr//local/./cuda/../lib/")
+    ['usr', 'local', 'cuda', '..', 'lib']
+    """
+    return [c for c in path.split("/") if c and c != "."]
+
+
+def enoent(path: str) -> FileNotFoundError:
+    """The ``FileNotFoundError`` every holder raises for a missing ``path``."""
+    return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+
+
+def follow_link(links: int, read, todo: list, path: str) -> tuple:
+    """``(links + 1, absolute)``: one more symlink met walking ``path``, its target queued on ``todo``.
+
+    ``todo`` is the walk's components still to resolve, the next one last;
+    ``read()`` returns the link's target, asked only while the count allows
+    one more link (ELOOP past :data:`MAX_SYMLINKS`, as Linux's lookup). An
+    empty target is missing (ENOENT). ``absolute``: the target starts with
+    ``/``, so the caller restarts the walk at its root.
+
+    >>> todo = ["compat"]  # walking /usr/local/cuda/compat, at cuda -> ../cuda-12.4
+    >>> follow_link(0, lambda: "../cuda-12.4", todo, "/usr/local/cuda/compat"), todo
+    ((1, False), ['compat', 'cuda-12.4', '..'])
+    >>> follow_link(1, lambda: "/opt/cuda", todo, "/usr/local/cuda/compat"), todo[-2:]
+    ((2, True), ['cuda', 'opt'])
+    >>> follow_link(MAX_SYMLINKS, lambda: "x", [], "/loop")
+    Traceback (most recent call last):
+    ...
+    OSError: [Errno 40] Too many levels of symbolic links: '/loop'
+    """
+    links += 1
+    if links > MAX_SYMLINKS:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+    target = read()
+    if not target:
+        raise enoent(path)
+    more = split_path(target)
+    more.reverse()
+    todo.extend(more)
+    return links, target.startswith("/")
 
 
 def kind_name(mode: int) -> str:

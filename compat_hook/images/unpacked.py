@@ -60,12 +60,10 @@ import stat as _stat
 import time
 
 from ..core.errors import UnsafePath
-from ..facts.surface import Surface, dirent_kind, not_regular
+from ..facts.surface import MAX_SYMLINKS, Surface, dirent_kind, enoent, follow_link, not_regular, split_path
 
 __all__ = ["Layers", "MAX_SYMLINKS", "OPAQUE_XATTRS"]
 
-#: Like Linux's limit for one path lookup (ELOOP after 40 links), as in rootfs.
-MAX_SYMLINKS = 40
 #: The xattrs overlayfs reads to make a directory opaque (``user.`` with ``userxattr``).
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 
@@ -88,14 +86,6 @@ def _open_dir_in(host, path: str) -> int:
         os.close(out)
         raise OSError(errno.ESTALE, "directory changed while opening", path)
     return out
-
-
-def _split(path: str) -> list:
-    return [c for c in path.split("/") if c and c != "."]
-
-
-def _enoent(path: str) -> FileNotFoundError:
-    return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
 
 
 def is_whiteout(st: os.stat_result) -> bool:
@@ -225,13 +215,13 @@ class Layers(Surface):
             if _opaque(dfd):
                 break
         if found is None:
-            raise _enoent(path)
+            raise enoent(path)
         return _Entry(found, dirs=dirs)
 
     def _walk(self, path: str, follow: bool = True) -> tuple:
         """``(entry, in-tree names, fds to close)``, resolved like :meth:`Root._walk`."""
         self._tick()
-        todo = _split(path)
+        todo = split_path(path)
         todo.reverse()
         names: list = []
         cur = self._root
@@ -250,22 +240,15 @@ class Layers(Surface):
                 ent = self._lookup(cur, name, level, path)
                 fmt = _stat.S_IFMT(ent.st.st_mode)
                 if fmt == _stat.S_IFLNK and (todo or follow):
-                    links += 1
                     try:
-                        if links > MAX_SYMLINKS:
-                            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-                        target = os.readlink(name, dir_fd=ent.parent)
+                        links, absolute = follow_link(links, lambda: os.readlink(name, dir_fd=ent.parent),
+                                                      todo, path)
                     finally:
                         self._release(level)
-                    if not target:
-                        raise _enoent(path)
-                    if target.startswith("/"):
+                    if absolute:
                         del names[:]
                         self._release(owned)
                         cur = self._root
-                    more = _split(target)
-                    more.reverse()
-                    todo.extend(more)
                     continue
                 if todo:
                     if fmt != _stat.S_IFDIR:

@@ -37,17 +37,9 @@ import io
 import os
 import stat as _stat
 
-from ..facts.surface import Surface, not_regular
+from ..facts.surface import MAX_SYMLINKS, Surface, enoent, follow_link, not_regular, split_path
 
 __all__ = ["Node", "Link", "Tree", "View", "Spooled", "Lazy", "Unreadable", "split_path", "MAX_SYMLINKS"]
-
-#: Like Linux's limit for one path lookup (ELOOP after 40 links), as in rootfs.
-MAX_SYMLINKS = 40
-
-
-def split_path(path: str) -> list:
-    """Components of ``path`` (``.`` and empty ones dropped; ``..`` kept for the walk)."""
-    return [c for c in path.split("/") if c and c != "."]
 
 
 class Spooled:
@@ -158,10 +150,6 @@ class Link(_Inode):
         self.target = target
 
 
-def _enoent(path: str) -> FileNotFoundError:
-    return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-
-
 def _walk(root: Node, path: str, follow: bool = True, create: bool = False, miss=None) -> tuple:
     """``(node, in-root components)`` of ``path`` resolved like :meth:`Root._walk`.
 
@@ -187,22 +175,14 @@ def _walk(root: Node, path: str, follow: bool = True, create: bool = False, miss
             node = miss(stack[-1], names, name)
         if node is None:
             if not create:
-                raise _enoent(path)
+                raise enoent(path)
             node = stack[-1].children[name] = Node.directory()
         fmt = _stat.S_IFMT(node.mode)
         if fmt == _stat.S_IFLNK and (todo or follow):
-            links += 1
-            if links > MAX_SYMLINKS:
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-            target = node.target or ""
-            if not target:
-                raise _enoent(path)
-            if target.startswith("/"):
+            links, absolute = follow_link(links, lambda: node.target or "", todo, path)
+            if absolute:
                 del stack[1:]
                 del names[:]
-            more = split_path(target)
-            more.reverse()
-            todo.extend(more)
             continue
         if todo:
             if fmt != _stat.S_IFDIR:
