@@ -32,7 +32,8 @@ from ..core import fastos as os  # os without importing os: ~1 ms of a container
 import stat as _stat
 
 from ..core.errors import UnsafePath
-from .surface import MAX_SYMLINKS, Surface, dirent_kind, enoent, follow_link, not_regular, split_path
+from .surface import (DESCEND, LINK, MAX_SYMLINKS, RESTART, Surface, dirent_kind, enoent, lookup_step, not_regular,
+                      split_path)
 
 __all__ = ["Root", "UnsafePath", "MAX_SYMLINKS"]
 
@@ -118,27 +119,26 @@ class Root(Surface):
                         return _Walk(pfd, os.fstat(pfd), list(names)), name
                     raise enoent(path) from None
                 st = os.fstat(fd)
-                if _stat.S_ISLNK(st.st_mode) and (todo or follow):
-                    # readlinkat(fd, "") reads the link the O_PATH fd pins, so
-                    # the target read is the link just checked (no swap race).
-                    try:
-                        links, absolute = follow_link(links, lambda: os.readlink("", dir_fd=fd), todo, path)
-                    finally:
-                        os.close(fd)
-                    if absolute:
+                # readlinkat(fd, "") reads the link the O_PATH fd pins, so
+                # the target read is the link just checked (no swap race).
+                try:
+                    links, step = lookup_step(st.st_mode, links, lambda: os.readlink("", dir_fd=fd), todo, follow,
+                                              path)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                if step in (LINK, RESTART):
+                    os.close(fd)
+                    if step == RESTART:
                         while len(stack) > 1:
                             os.close(stack.pop())
                         del names[:]
                     continue
-                if todo and not _stat.S_ISDIR(st.st_mode):
-                    os.close(fd)
-                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-                if todo:
+                names.append(name)
+                if step == DESCEND:
                     stack.append(fd)
-                    names.append(name)
                     continue
                 # Last component.
-                names.append(name)
                 for extra in stack:
                     os.close(extra)
                 stack = []

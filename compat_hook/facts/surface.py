@@ -12,7 +12,8 @@ binary file object of a regular file, anything else :class:`UnsafePath`).
 What follows from them is here, once, and so are the path rules every
 holder's walk keeps: components split alike (:func:`split_path`), a symlink
 followed alike (:func:`follow_link`: at most :data:`MAX_SYMLINKS`, an empty
-target missing, an absolute one restarting at the holder's root).
+target missing, an absolute one restarting at the holder's root), each
+component looked up taken alike (:func:`lookup_step`).
 
 >>> kind_name(0o010644), kind_name(0o040755)
 ('FIFO', 'directory')
@@ -26,7 +27,7 @@ import stat as _stat
 from ..core import fastos as os  # os without importing os: a container start reads through Root
 
 __all__ = ["Surface", "kind_name", "not_regular", "dirent_kind", "split_path", "enoent", "follow_link",
-           "MAX_SYMLINKS"]
+           "lookup_step", "MAX_SYMLINKS", "LINK", "RESTART", "DESCEND", "LAST"]
 
 #: Like Linux's limit for one path lookup (ELOOP after 40 links).
 MAX_SYMLINKS = 40
@@ -75,6 +76,42 @@ def follow_link(links: int, read, todo: list, path: str) -> tuple:
     more.reverse()
     todo.extend(more)
     return links, target.startswith("/")
+
+
+#: What :func:`lookup_step` tells a walk to do next: a symlink was followed (its target is on
+#: ``todo``), an absolute one (restart at the root), go into the directory, or it was the last one.
+LINK, RESTART, DESCEND, LAST = "link", "restart", "descend", "last"
+
+
+def lookup_step(mode: int, links: int, read, todo: list, follow: bool, path: str) -> tuple:
+    """``(links, step)`` for the component of ``path`` a walk just looked up (``mode`` its ``lstat``'s).
+
+    As Linux's lookup: a symlink with more to walk, or the last one when
+    ``follow``, is followed (:func:`follow_link` with ``read``): :data:`LINK`,
+    or :data:`RESTART` for an absolute target; anything else with more to walk
+    must be a directory (ENOTDIR otherwise): :data:`DESCEND`; else it is the
+    :data:`LAST` component (a symlink itself when not ``follow``).
+
+    >>> todo = ["lib"]
+    >>> lookup_step(0o120777, 0, lambda: "/opt/cuda", todo, True, "/usr/local/cuda/lib"), todo
+    ((1, 'restart'), ['lib', 'cuda', 'opt'])
+    >>> lookup_step(0o040755, 1, None, todo, True, "/usr/local/cuda/lib")
+    (1, 'descend')
+    >>> lookup_step(0o120777, 1, None, [], False, "/usr/local/cuda")
+    (1, 'last')
+    >>> lookup_step(0o100644, 1, None, ["x"], True, "/etc/passwd/x")
+    Traceback (most recent call last):
+    ...
+    NotADirectoryError: [Errno 20] Not a directory: '/etc/passwd/x'
+    """
+    if _stat.S_ISLNK(mode) and (todo or follow):
+        links, absolute = follow_link(links, read, todo, path)
+        return links, RESTART if absolute else LINK
+    if not todo:
+        return links, LAST
+    if not _stat.S_ISDIR(mode):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+    return links, DESCEND
 
 
 def kind_name(mode: int) -> str:

@@ -60,7 +60,8 @@ import stat as _stat
 import time
 
 from ..core.errors import UnsafePath
-from ..facts.surface import MAX_SYMLINKS, Surface, dirent_kind, enoent, follow_link, not_regular, split_path
+from ..facts.surface import (LAST, LINK, MAX_SYMLINKS, RESTART, Surface, dirent_kind, enoent, lookup_step,
+                             not_regular, split_path)
 
 __all__ = ["Layers", "MAX_SYMLINKS", "OPAQUE_XATTRS"]
 
@@ -238,31 +239,25 @@ class Layers(Surface):
                     continue
                 level = []
                 ent = self._lookup(cur, name, level, path)
-                fmt = _stat.S_IFMT(ent.st.st_mode)
-                if fmt == _stat.S_IFLNK and (todo or follow):
-                    try:
-                        links, absolute = follow_link(links, lambda: os.readlink(name, dir_fd=ent.parent),
-                                                      todo, path)
-                    finally:
-                        self._release(level)
-                    if absolute:
+                # (an error: the except below closes level's fds and owned's)
+                links, step = lookup_step(ent.st.st_mode, links, lambda: os.readlink(name, dir_fd=ent.parent),
+                                          todo, follow, path)
+                if step in (LINK, RESTART):
+                    self._release(level)
+                    if step == RESTART:
                         del names[:]
                         self._release(owned)
                         cur = self._root
                     continue
-                if todo:
-                    if fmt != _stat.S_IFDIR:
-                        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-                    # the parent's fds are not needed any more (".." walks again from the root)
-                    self._release(owned)
-                    owned.extend(level)
-                    level = []
-                    cur = ent
-                    names.append(name)
-                    continue
-                owned.extend(level)  # the parent's fds stay open: ent.parent is one of them
                 names.append(name)
-                return ent, names, owned
+                if step == LAST:
+                    owned.extend(level)  # the parent's fds stay open: ent.parent is one of them
+                    return ent, names, owned
+                # the parent's fds are not needed any more (".." walks again from the root)
+                self._release(owned)
+                owned.extend(level)
+                level = []
+                cur = ent
             return cur, names, owned
         except BaseException:
             self._release(owned)

@@ -37,7 +37,7 @@ import io
 import os
 import stat as _stat
 
-from ..facts.surface import MAX_SYMLINKS, Surface, enoent, follow_link, not_regular, split_path
+from ..facts.surface import LAST, LINK, MAX_SYMLINKS, RESTART, Surface, enoent, lookup_step, not_regular, split_path
 
 __all__ = ["Node", "Link", "Tree", "View", "Spooled", "Lazy", "Unreadable", "split_path", "MAX_SYMLINKS"]
 
@@ -177,21 +177,16 @@ def _walk(root: Node, path: str, follow: bool = True, create: bool = False, miss
             if not create:
                 raise enoent(path)
             node = stack[-1].children[name] = Node.directory()
-        fmt = _stat.S_IFMT(node.mode)
-        if fmt == _stat.S_IFLNK and (todo or follow):
-            links, absolute = follow_link(links, lambda: node.target or "", todo, path)
-            if absolute:
-                del stack[1:]
-                del names[:]
-            continue
-        if todo:
-            if fmt != _stat.S_IFDIR:
-                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-            stack.append(node)
-            names.append(name)
+        links, step = lookup_step(node.mode, links, lambda: node.target or "", todo, follow, path)
+        if step == RESTART:
+            del stack[1:]
+            del names[:]
+        if step in (LINK, RESTART):
             continue
         names.append(name)
-        return node, names
+        if step == LAST:
+            return node, names
+        stack.append(node)
     return stack[-1], names
 
 
