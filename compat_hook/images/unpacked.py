@@ -239,7 +239,7 @@ class Layers(Surface):
                     continue
                 level = []
                 ent = self._lookup(cur, name, level, path)
-                # (an error: the except below closes level's fds and owned's)
+                # on an error (ELOOP, ENOENT, ENOTDIR) the except below closes level's and owned's fds
                 links, step = lookup_step(ent.st.st_mode, links, lambda: os.readlink(name, dir_fd=ent.parent),
                                           todo, follow, path)
                 if step in (LINK, RESTART):
