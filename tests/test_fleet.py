@@ -352,9 +352,9 @@ def test_a_version_is_refused_until_every_node_judged_it(world):
         msg = w.refused(R590)
         w.set_version(R590, annotations={OVERRIDE: R590})
         assert w.version() == R590
-        w.set_version(R570, annotations={OVERRIDE: None})
+        w.set_version(R570, annotations={OVERRIDE: R570})  # back, as nobody judged R570 again
+        w.admin.merge(f"{CP}/cluster-policy", {"metadata": {"annotations": {OVERRIDE: None, ANNOUNCE: None}}})
         assert w.version() == R570
-        w.announce(None)
     finally:
         w.stop_fleets()
 
@@ -381,7 +381,7 @@ def test_one_leader_writes_and_a_standby_takes_over(world):
         assert len(w.events(leader, "fleet_applied")) == applied
         # a change that matters is written once
         w.announce(R580)
-        w.wait_param(CPKEY.format(R580), lambda v: "no verdict" in v)
+        w.wait_param(CPKEY.format(R580), lambda v: v.startswith("not judged on 2 of 2"))
         assert len(w.events(leader, "fleet_applied")) == applied + 1
         # the leader dies without a word (SIGKILL): the standby takes over within the Lease
         w.fleets[leader].kill()
@@ -390,9 +390,11 @@ def test_one_leader_writes_and_a_standby_takes_over(world):
         w.admin.wait("the standby leads", lambda: _leader(w) == other, timeout=LEASE_SECONDS * 3, interval=0.1)
         took = time.monotonic() - t0
         print(f"SIGKILL of the leader: {other} took over after {took:.1f} s (Lease {LEASE_SECONDS} s)")
-        assert took <= LEASE_SECONDS + 2.5, took
+        # a standby waits out one Lease from when it last saw the record change, then reads every retry
+        # period (client-go's rule): the Lease plus one retry period (1 s here), and slack for a busy machine
+        assert took <= LEASE_SECONDS + 1 + 2, took
         w.announce(R590)  # the new leader writes
-        w.wait_param(CPKEY.format(R590), lambda v: "no verdict" in v)
+        w.wait_param(CPKEY.format(R590), lambda v: v.startswith("not judged on 2 of 2"))
         assert w.events(other, "fleet_applied")
         # SIGTERM: the Lease released at once, a prompt exit 0
         t0 = time.monotonic()
