@@ -20,7 +20,6 @@ The pure parts (the reconcile, the election rule) are tested without a server at
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -29,8 +28,8 @@ import time
 import pytest
 
 from tests.support import chart, debs, hookenv
-from tests.support.gpucluster import (A100, CASE, R470, R535, R570, R580, R590, agent_rbac, build_store, gpu_node,
-                                      gpu_operator, gpu_pod, ref, runtime_classes)
+from tests.support.gpucluster import (A100, R470, R535, R570, R580, R590, agent_rbac, build_store, gpu_node,
+                                      gpu_operator, gpu_pod, ref, runtime_classes, set_node_driver)
 from tests.support.kube import AGENT_TOKEN, ApiError, ControlPlane
 from tests.support.toolkit import noted_compat_lib
 
@@ -143,6 +142,7 @@ def _token(admin, sa: str) -> str:
 def world(tmp_path_factory):
     work = tmp_path_factory.mktemp("fleet")
     cp = ControlPlane(work / "cp")
+    w = None
     try:
         cp.start()
         a = cp.admin
@@ -160,16 +160,12 @@ def world(tmp_path_factory):
         for n, image in NODES.items():
             a.create("/api/v1/nodes", gpu_node(n, deploy_driver=False, case="fleet"))
             w.hosts[n] = work / "hosts" / n
-            from tests.support.gpucluster import set_node_driver
-
             set_node_driver(a, w.hosts[n], n, R535, A100)
             a.create("/api/v1/namespaces/apps/pods", gpu_pod(f"{image}-{n}", n, ref(image)))
         yield w
     finally:
-        try:
-            w.stop_fleets()  # noqa: F821 (when the world was made)
-        except NameError:
-            pass
+        if w is not None:
+            w.stop_fleets()
         cp.stop()
         log = work / "cp" / "apiserver.log"
         if log.exists():
@@ -498,3 +494,18 @@ def test_the_election_rule():
     assert decide(rec, me="y", observed_at=0.0, now=6.1) == "acquire"
     assert decide(rec, me="x", observed_at=0.0, now=100.0) == "renew"
     assert decide({"holderIdentity": "", "leaseDurationSeconds": 1}, me="y", observed_at=0.0, now=0.0) == "acquire"
+
+
+@pytest.mark.parametrize("argv, rc, says", [
+    (["--namespace", "Not_A_Namespace"], 2, "--namespace: not a namespace name"),
+    (["--lease-seconds", "1"], 2, "--lease-seconds: 3 to 3600"),
+    (["--resync", "0"], 2, "--resync: 0.5 to 3600 seconds"),
+    (["--kubeconfig", "/nonexistent/kubeconfig"], 1, "no cluster credentials"),
+])
+def test_bad_usage_and_no_credentials_are_one_line(argv, rc, says, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C"}
+    p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "cluster", "fleet", *argv], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == rc, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in p.stderr, p.stderr
