@@ -357,6 +357,31 @@ def test_a_version_is_refused_until_every_node_judged_it(world):
 
 @pytest.mark.containers
 @pytest.mark.slow
+def test_an_nvidiadrivers_scope_is_the_nodes_it_selects(world):
+    """An NVIDIADriver selecting fleet-a only: its keys name fleet-a alone, and its version change is refused
+    with that one node (fleet-a judged the ClusterPolicy's version, not this one)."""
+    w = world
+    w.start_fleet("fleet-nd")
+    try:
+        w.admin.create(ND, {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+                            "metadata": {"name": "pool-a"},
+                            "spec": {"version": R535, "nodeSelector": {"kubernetes.io/hostname": "fleet-a"}}})
+        w.admin.merge(f"{ND}/pool-a", {"metadata": {"annotations": {ANNOUNCE: R580}}})
+        v = w.wait_param(f"nvidiadriver_pool-a_{R580}", lambda v: v.startswith("not judged on 1 of 1 node(s): fleet-a"))
+        assert "fleet-b" not in v
+        with pytest.raises(ApiError) as e:
+            w.admin.merge(f"{ND}/pool-a", {"spec": {"version": R580}})
+        msg = json.loads(e.value.body)["message"]
+        assert f"driver {R580} for NVIDIADriver pool-a is refused" in msg and "1 of 1 node(s): fleet-a (" in msg, msg
+        # deleted: its keys go (server-side apply drops what the manager no longer sets)
+        w.admin.delete(f"{ND}/pool-a")
+        w.admin.wait("pool-a's keys gone", lambda: not [k for k in w.params() if k.startswith("nvidiadriver_pool-a_")])
+    finally:
+        w.stop_fleets()
+
+
+@pytest.mark.containers
+@pytest.mark.slow
 def test_one_leader_writes_and_a_standby_takes_over(world):
     """Two replicas: one leads and writes; SIGKILL of the leader hands over within the Lease; SIGTERM
     releases it at once; nothing is written while nothing changes."""
@@ -379,6 +404,7 @@ def test_one_leader_writes_and_a_standby_takes_over(world):
         w.announce(R580)
         w.wait_param(CPKEY.format(R580), lambda v: v.startswith("not judged on 2 of 2"))
         assert len(w.events(leader, "fleet_applied")) == applied + 1
+        rv_after_change = w.admin.get(PARAM)["metadata"]["resourceVersion"]
         # the leader dies without a word (SIGKILL): the standby takes over within the Lease
         w.fleets[leader].kill()
         w.fleets[leader].wait(10)
@@ -389,6 +415,11 @@ def test_one_leader_writes_and_a_standby_takes_over(world):
         # a standby waits out one Lease from when it last saw the record change, then reads every retry
         # period (client-go's rule): the Lease plus one retry period (1 s here), and slack for a busy machine
         assert took <= LEASE_SECONDS + 1 + 2, took
+        # the new leader reads what the ConfigMap holds: the same answer is not written again
+        w.admin.wait("the new leader's first reconcile", lambda: w.events(other, "fleet_leading"))
+        time.sleep(1.5)
+        assert not w.events(other, "fleet_applied")
+        assert w.admin.get(PARAM)["metadata"]["resourceVersion"] == rv_after_change
         w.announce(R590)  # the new leader writes
         w.wait_param(CPKEY.format(R590), lambda v: v.startswith("not judged on 2 of 2"))
         assert w.events(other, "fleet_applied")
