@@ -62,11 +62,11 @@ class World:
         self.hosts: dict = {}
 
     # -- the fleet controllers ------------------------------------------------
-    def start_fleet(self, identity: str) -> subprocess.Popen:
+    def start_fleet(self, identity: str, kubeconfig=None) -> subprocess.Popen:
         log = (self.work / f"{identity}.log").open("ab")
         p = subprocess.Popen(["/usr/bin/python3", "-m", "compat_hook", "cluster", "fleet", "--namespace", NS,
                               "--identity", identity, "--lease-seconds", str(LEASE_SECONDS), "--resync", "0.5",
-                              "--kubeconfig", str(self.fleet_kc)],
+                              "--kubeconfig", str(kubeconfig or self.fleet_kc)],
                              cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.fleets[identity] = p
         return p
@@ -438,6 +438,37 @@ def test_one_leader_writes_and_a_standby_takes_over(world):
         print(f"SIGTERM: stopped in {stopped:.1f} s; a new replica led after {time.monotonic() - t0:.1f} s")
     finally:
         w.stop_fleets()
+        w.announce(None)
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_cache_that_is_not_current_writes_nothing(world, tmp_path):
+    """The Nodes' watches broken and every list of them failing (500): an announcement seen meanwhile (its
+    cache is current) is not judged from the stale Nodes (nothing written); the Nodes back, it is written."""
+    from tests.support.kube import FaultProxy
+
+    w = world
+    proxy = FaultProxy(w.cp.url)
+    try:
+        kc = proxy.kubeconfig(tmp_path / "proxy.kubeconfig", _token(w.admin, "compat-hook-fleet"))
+        w.start_fleet("fleet-p", kubeconfig=kc)
+        w.admin.wait("fleet-p leads", lambda: w.events("fleet-p", "fleet_leading"))
+        time.sleep(1.0)
+        proxy.fail("GET", r"^/api/v1/nodes", 500)
+        proxy.cut()
+        time.sleep(1.0)
+        rv = w.admin.get(PARAM)["metadata"]["resourceVersion"]
+        w.announce(R580)
+        time.sleep(3.0)
+        assert CPKEY.format(R580) not in w.params()
+        assert w.admin.get(PARAM)["metadata"]["resourceVersion"] == rv
+        proxy.clear()
+        w.wait_param(CPKEY.format(R580), lambda v: v.startswith("not judged on 2 of 2"), timeout=45)
+        assert w.fleets["fleet-p"].poll() is None  # it never stopped
+    finally:
+        w.stop_fleets()
+        proxy.close()
         w.announce(None)
 
 
