@@ -289,6 +289,10 @@ def test_the_policys_cel_case_by_case(world):
     finally:
         a.create(f"/api/v1/namespaces/{NS}/configmaps", {"metadata": {"name": "compat-hook-fleet",
                                                                        "labels": saved["metadata"]["labels"]}})
+        # gone again: a second ClusterPolicy made in the same second as the operator's would be the active
+        # one for the agents (the lowest name wins a tie), and move the other tests' targets
+        a.delete(CP + "/cel-cp")
+        a.delete(ND + "/cel-nd")
 
 
 # ----------------------------------------------------------------------------- the controller
