@@ -478,6 +478,36 @@ def test_a_cache_that_is_not_current_writes_nothing(world, tmp_path):
 
 @pytest.mark.containers
 @pytest.mark.slow
+def test_a_leader_that_cannot_renew_stops_writing_before_the_standby_leads(world, tmp_path):
+    """The leader cut off from its Lease (every Lease request fails; the rest still works): it stops writing
+    within two thirds of the Lease, before the standby may take over, and writes nothing after."""
+    from tests.support.kube import FaultProxy
+
+    w = world
+    proxy = FaultProxy(w.cp.url)
+    try:
+        kc = proxy.kubeconfig(tmp_path / "proxy.kubeconfig", _token(w.admin, "compat-hook-fleet"))
+        w.start_fleet("fleet-p", kubeconfig=kc)
+        w.admin.wait("fleet-p leads", lambda: _leader(w) == "fleet-p")
+        w.start_fleet("fleet-q")
+        time.sleep(1.0)
+        proxy.fail("*", r"/leases/compat-hook-fleet", 500)
+        w.admin.wait("fleet-q leads", lambda: _leader(w) == "fleet-q", timeout=LEASE_SECONDS * 4, interval=0.1)
+        [down] = w.events("fleet-p", "fleet_standby")
+        assert down["reason"] == "renew deadline passed", down
+        applied = len(w.events("fleet-p", "fleet_applied"))
+        w.announce(R580)  # a change: only the leader writes it (fleet-p could still patch the ConfigMap)
+        w.wait_param(CPKEY.format(R580), lambda v: v.startswith("not judged on 2 of 2"))
+        time.sleep(1.0)
+        assert w.events("fleet-q", "fleet_applied") and len(w.events("fleet-p", "fleet_applied")) == applied
+    finally:
+        w.stop_fleets()
+        proxy.close()
+        w.announce(None)
+
+
+@pytest.mark.containers
+@pytest.mark.slow
 def test_the_fleet_account_can_do_only_its_job(world):
     """The chart's RBAC for the fleet: its Lease and ConfigMap by name, no create, no other object."""
     from tests.support.kube import Api

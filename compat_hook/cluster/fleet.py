@@ -354,8 +354,12 @@ class Fleet:
                     next_step = now + backoff.next(getattr(e, "retry_after", None))
                     _say("fleet_error", identity=self.opts.identity, error=str(e)[:300])
                 if was and not leading:
-                    _say("fleet_standby", identity=self.opts.identity, leader=self.elector.holder)
-            leading = leading and self.elector.still_leading()
+                    _say("fleet_standby", identity=self.opts.identity, leader=self.elector.holder,
+                         reason="renew deadline passed" if self.elector.holder in (None, self.opts.identity)
+                         else "another replica holds the Lease")
+            if leading and not self.elector.still_leading():  # no renewal within the deadline: stop writing
+                leading = False
+                _say("fleet_standby", identity=self.opts.identity, leader=None, reason="renew deadline passed")
             if leading and (dirty or now >= next_sync):
                 if dirty:
                     self.stop.wait(self.DEBOUNCE)  # a burst of changes: one reconcile
