@@ -1,4 +1,4 @@
-"""``compat-hook cluster agent|status|release``: the command lines (parsed here, so the main CLI stays small).
+"""``compat-hook cluster agent|status|release|fleet``: the command lines (parsed here, so the main CLI stays small).
 
 Exit statuses:
 
