@@ -579,6 +579,10 @@ def test_reconcile_scope_freshness_and_holds():
     assert data[f"clusterpolicy_cp_{R570}"].startswith("not judged on 2 of 4 node(s): b1 (fail, not held), b2")
     # the same snapshot: the same data (a leader writes only on a change)
     assert reconcile(Snapshot(nodes=nodes, leases=leases, policies=(cp,), now=now), PREFIX) == data
+    # a ClusterPolicy that hands drivers to NVIDIADrivers: its own version drives no node
+    crd = {"metadata": {"name": "cp"}, "spec": {"driver": {"version": R580, "useNvidiaDriverCRD": True}}}
+    assert reconcile(Snapshot(nodes=nodes, leases=leases, policies=(crd,), now=now), PREFIX) == {
+        f"clusterpolicy_cp_{R580}": OK}
 
 
 def test_the_election_rule():

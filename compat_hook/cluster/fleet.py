@@ -149,8 +149,11 @@ def judge(row: dict | None, version: str) -> str | None:
 
 
 def _scope(obj: dict, kind: str, gpu_nodes: list) -> list:
+    """The GPU nodes whose driver ``obj``'s version sets: a ClusterPolicy's, every one (none when it hands
+    drivers to NVIDIADrivers, ``useNvidiaDriverCRD: true``: its version then drives nothing); an
+    NVIDIADriver's, those it selects."""
     if kind == "clusterpolicy":
-        return gpu_nodes
+        return [] if _map(_map(obj.get("spec")).get("driver")).get("useNvidiaDriverCRD") is True else gpu_nodes
     spec = _map(obj.get("spec"))
     return [n for n in gpu_nodes if targetmod.selects(
         spec.get("nodeSelector"), {k: v for k, v in _map(_map(n.get("metadata")).get("labels")).items()
