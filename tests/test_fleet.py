@@ -609,3 +609,65 @@ def test_bad_usage_and_no_credentials_are_one_line(argv, rc, says, tmp_path):
     assert p.returncode == rc, p.stdout + p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_helm_install_runs_and_uninstall_leaves_nothing_of_the_fleet(tmp_path):
+    """`helm install --set fleet.enabled=true` on a control plane of its own (the chart's cluster-scoped objects
+    would meet the module's), the controller run with the installed account's token until it leads and
+    writes, stopped, then `helm uninstall`: no object of the fleet's is left, and it had made none of its own
+    (everything it writes is the chart's Lease and ConfigMap)."""
+    from tests.support.kube import ADMIN_TOKEN
+
+    ns = "ch-fleet"
+    cp = ControlPlane(tmp_path / "cp")
+    proc = None
+    try:
+        cp.start()
+        env = {"KUBECONFIG": str(cp.kubeconfig(ADMIN_TOKEN, "admin"))}
+        chart.helm("install", "compat-hook", chart.CHART, "--namespace", ns, "--create-namespace",
+                   "--set", "fleet.enabled=true", "--no-hooks", env=env)
+        a = cp.admin
+        sel = {"labelSelector": "app.kubernetes.io/name=compat-hook,app.kubernetes.io/component=fleet"}
+        kinds = {"leases": f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                 "configmaps": f"/api/v1/namespaces/{ns}/configmaps",
+                 "deployments": f"/apis/apps/v1/namespaces/{ns}/deployments",
+                 "clusterroles": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+                 "vaps": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"}
+        before = {k: sorted(o["metadata"]["name"] for o in a.get(p, **sel)["items"]) for k, p in kinds.items()}
+        assert before == {"leases": ["compat-hook-fleet"], "configmaps": ["compat-hook-fleet"],
+                          "deployments": ["compat-hook-fleet"], "clusterroles": ["compat-hook-fleet"],
+                          "vaps": ["compat-hook-fleet-driver-version"]}, before
+        a.create("/api/v1/nodes", gpu_node("gpu-1", deploy_driver=False))
+        token = a.create(f"/api/v1/namespaces/{ns}/serviceaccounts/compat-hook-fleet/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600}})["status"]["token"]
+        log = (tmp_path / "fleet.log").open("wb")
+        proc = subprocess.Popen(["/usr/bin/python3", "-m", "compat_hook", "cluster", "fleet", "--namespace", ns,
+                                 "--identity", "pod-1", "--kubeconfig", str(cp.kubeconfig(token, "fleet"))],
+                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        gpu_operator(a, R535)
+        cm = f"/api/v1/namespaces/{ns}/configmaps/compat-hook-fleet"
+        a.wait("the installed controller's answer", lambda: (a.get(cm).get("data") or {}).get(CPKEY.format(R535)))
+        assert (a.get(cm)["data"][CPKEY.format(R535)] == "not judged on 1 of 1 node(s): gpu-1 (no verdict)")
+        with pytest.raises(ApiError) as e:  # the installed policy refuses it
+            a.merge(f"{CP}/cluster-policy", {"spec": {"driver": {"version": R570}}})
+        assert POLICY in e.value.body
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        assert a.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/compat-hook-fleet")["spec"].get(
+            "holderIdentity", "") == ""
+        after_run = {k: sorted(o["metadata"]["name"] for o in a.get(p, **sel)["items"]) for k, p in kinds.items()}
+        assert after_run == before  # it made nothing of its own
+        chart.helm("uninstall", "compat-hook", "--namespace", ns, "--no-hooks", "--wait", env=env)
+        left = {k: [o["metadata"]["name"] for o in a.get(p, **sel)["items"]] for k, p in kinds.items()}
+        assert left == {k: [] for k in kinds}, left
+        # the policy went with it (once the API server's admission has seen it go)
+        a.wait("the policy gone", lambda: a.merge(f"{CP}/cluster-policy", {"spec": {"driver": {"version": R570}}}),
+               timeout=30)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        cp.stop()
