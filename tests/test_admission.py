@@ -765,7 +765,7 @@ def test_rbac_grants_the_agent_only_what_it_uses(world):
     ["agent.gate=true", "agent.labelPrefix=preflight.example.com", "agent.interval=60", "agent.target=570.195.03",
      "agent.nfdFeaturesFile=/etc/kubernetes/node-feature-discovery/features.d/compat-hook",
      "agent.textfile=/var/lib/node_exporter/textfile_collector/compat-hook.prom",
-     "release.formerLabelPrefixes={compat-hook.io,old.example.com}"],
+     "release.formerLabelPrefixes={compat-hook.io,old.example.com}", "fleet.enabled=true"],
     ["agent.enabled=false", "runtimeClass.create=false", "release.enabled=false", "admissionPolicy.enabled=false"],
     # (restartContainerd: a privileged installer with hostPID, which this API server allows)
     ["containerd.distribution=k3s", "gpuOperator.toolkitEnv=true", "registration.restartContainerd=true",
@@ -779,7 +779,7 @@ def test_helm_template_applies_with_a_server_side_dry_run(world, tmp_path, value
         assert kinds == ["DaemonSet", "Namespace"]
     else:
         assert {"ClusterRole", "Role", "ConfigMap", "DaemonSet", "ServiceAccount"} <= set(kinds)
-        [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
+        [cm] = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "compat-hook-agent"]
         conf = tmp_path / "agent.yaml"
         conf.write_text(cm["data"]["config.yaml"])
         p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "config", "--check", str(conf)], cwd=chart.REPO,
@@ -789,6 +789,7 @@ def test_helm_template_applies_with_a_server_side_dry_run(world, tmp_path, value
         assert cluster["gate_upgrade"] is ("agent.gate=true" in values)
         agent = chart.containers(docs)["agent"]
         assert ("--driver=570.195.03" in agent["command"]) is ("agent.target=570.195.03" in values)
+    assert ("Deployment" in kinds) is ("fleet.enabled=true" in values)  # the fleet controller (tests/test_fleet.py)
     assert ("ValidatingAdmissionPolicy" in kinds) is ("admissionPolicy.enabled=false" not in values)
     chart.apply(world.admin, docs, dry_run=True)
 

@@ -319,6 +319,62 @@ def test_helm_template_value_switches():
 
 
 @pytest.mark.slow
+def test_the_fleet_controller_and_its_policy():
+    """fleet.enabled (off by default): a Deployment of two leader-elected replicas of the image, confined like
+    the other pods, whose account reads Nodes, Leases and the GPU Operator's objects and may write only its
+    own Lease and ConfigMap (both the chart's, so no create right and nothing left after an uninstall);
+    the driver-version policy fails closed; fleet.admission=false leaves the policy out."""
+    from tests.support import chart
+
+    assert not [d for d in chart.render() if "fleet" in d["metadata"]["name"]]
+    docs = chart.by_key(chart.render("fleet.enabled=true"))
+    fleet = {k: d for k, d in docs.items() if "fleet" in k[1]}
+    assert set(fleet) == {(k, "compat-hook-fleet") for k in (
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Lease", "ConfigMap",
+        "Deployment")} | {("ValidatingAdmissionPolicy", "compat-hook-fleet-driver-version"),
+                          ("ValidatingAdmissionPolicyBinding", "compat-hook-fleet-driver-version")}
+    dep = fleet[("Deployment", "compat-hook-fleet")]
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "compat-hook-fleet" and pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["seccompProfile"] == {
+        "type": "RuntimeDefault"}
+    [c] = pod["containers"]
+    assert c["command"][:3] == ["compat-hook", "cluster", "fleet"] and "--namespace=compat-hook" in c["command"]
+    assert c["image"].endswith(f":{VERSION}")
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]} == {"POD_NAME": "metadata.name"}
+    assert not any("hostPath" in v for v in pod["volumes"])
+    rules = lambda kind: [(r["apiGroups"], r["resources"], r.get("resourceNames"), r["verbs"])  # noqa: E731
+                          for r in fleet[(kind, "compat-hook-fleet")]["rules"]]
+    assert rules("ClusterRole") == [([""], ["nodes"], None, ["list", "watch"]),
+                                    (["nvidia.com"], ["clusterpolicies", "nvidiadrivers"], None, ["list", "watch"])]
+    assert rules("Role") == [(["coordination.k8s.io"], ["leases"], None, ["list", "watch"]),
+                             (["coordination.k8s.io"], ["leases"], ["compat-hook-fleet"], ["get", "update"]),
+                             ([""], ["configmaps"], ["compat-hook-fleet"], ["get", "patch"])]
+    assert "data" not in fleet[("ConfigMap", "compat-hook-fleet")]  # the controller's (server-side apply)
+    vap = fleet[("ValidatingAdmissionPolicy", "compat-hook-fleet-driver-version")]["spec"]
+    assert vap["failurePolicy"] == "Fail" and vap["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+    assert vap["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": ["nvidia.com"], "apiVersions": ["*"], "operations": ["UPDATE"],
+        "resources": ["clusterpolicies", "nvidiadrivers"]}]
+    binding = fleet[("ValidatingAdmissionPolicyBinding", "compat-hook-fleet-driver-version")]["spec"]
+    assert binding["paramRef"] == {"name": "compat-hook-fleet", "namespace": "compat-hook",
+                                   "parameterNotFoundAction": "Deny"}
+    assert binding["validationActions"] == ["Deny"]
+    off = chart.by_key(chart.render("fleet.enabled=true", "fleet.admission=false"))
+    assert ("Deployment", "compat-hook-fleet") in off
+    assert not [k for k in off if k[0].startswith("ValidatingAdmissionPolicy") and "fleet" in k[1]]
+    p = chart.helm("template", "x", chart.CHART, "--set", "fleet.enabled=true", "--set", "admissionPolicy.enabled=false",
+                   check=False)
+    assert p.returncode != 0 and "fleet.admission=false" in p.stderr
+    p = chart.helm("template", "x", chart.CHART, "--set", "fleet.leaseSeconds=1", check=False)
+    assert p.returncode != 0 and "leaseSeconds" in p.stderr
+
+
+@pytest.mark.slow
 def test_distributions_point_both_containers_at_their_containerd():
     """Each distribution's socket is one the image reader itself looks for (images/stores), and the agent
     mounts its directory and the distribution's snapshotter root; an explicit value wins."""

@@ -1,4 +1,4 @@
-"""``compat-hook cluster agent|status|release``: the command lines (parsed here, so the main CLI stays small).
+"""``compat-hook cluster agent|status|release|fleet``: the command lines (parsed here, so the main CLI stays small).
 
 Exit statuses:
 
@@ -9,7 +9,8 @@ Exit statuses:
   5 some node would regress and nothing holds it, 1 an error (no cluster, denied, a bad config);
 * ``cluster status`` and ``cluster release --node NAME``: 4 nothing to report on (no GPU node
   matched, the selector's typo included; no node of that name);
-* ``cluster release``: 0 done, 1 an API error.
+* ``cluster release``: 0 done, 1 an API error;
+* ``cluster fleet``: runs until SIGTERM or SIGINT (0, its Lease released); 1 no credentials.
 
 Credentials: in a pod its service account, else the kubeconfig files merged by kubectl's rules
 (:mod:`.kubeconfig`); ``--context`` picks a context. ``status`` and ``release`` name the API
@@ -73,6 +74,20 @@ def _parser():
     s.add_argument("-l", "--selector", metavar="SELECTOR",
                    help="only the nodes this label selector selects (a node pool: -l pool=a)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
+    f = sub.add_parser("fleet", help="the leader-elected controller that says which driver versions the fleet has "
+                                     "judged (the driver-version admission policy's parameter)")
+    f.add_argument("--namespace", metavar="NS", default="compat-hook",
+                   help="the release namespace: the agents' Leases, and the fleet's Lease and ConfigMap "
+                        "(compat-hook-fleet) (default compat-hook)")
+    f.add_argument("--identity", metavar="ID",
+                   help="this replica's name in the Lease (default: $POD_NAME, else the host name and pid)")
+    f.add_argument("--lease-seconds", type=int, default=15, metavar="S",
+                   help="the leader's Lease: a standby takes over after S seconds without a renewal (default 15)")
+    f.add_argument("--resync", type=float, default=5.0, metavar="S",
+                   help="seconds between reconciles without a change (Leases expire without one; default 5)")
+    f.add_argument("--kubeconfig", metavar="PATH", help=KUBECONFIG_HELP)
+    f.add_argument("--context", metavar="NAME", help=CONTEXT_HELP)
+    f.add_argument("--config", metavar="FILE", help="for cluster.label_prefix")
     r = sub.add_parser("release", help="remove compat-hook's upgrade holds (skip label and holds-upgrade annotation)")
     who = r.add_mutually_exclusive_group(required=True)
     who.add_argument("--node", metavar="NAME", help="this node only")
@@ -121,7 +136,7 @@ def main(argv: list) -> int:
         _parser().print_help()
         return EXIT_USAGE
     try:
-        return {"agent": _agent, "status": _status, "release": _release}[args.command](args)
+        return {"agent": _agent, "status": _status, "release": _release, "fleet": _fleet}[args.command](args)
     except CompatHookError as e:
         sys.stderr.write(f"compat-hook cluster {args.command}: {e}\n")
         return EXIT_USAGE if e.code in ("usage", "bad_config") else EXIT_ERROR
@@ -226,6 +241,28 @@ def _status(args) -> int:
                          f"{status.PRESENT_LABEL}=true or published on by an agent)\n")
         return EXIT_NOTHING
     return status.exit_status(rep["nodes"])
+
+
+def _fleet(args) -> int:
+    import os
+    import socket
+
+    from ..core.errors import UsageError
+    from . import agent, fleet, kube
+
+    if not _dns_label(args.namespace):
+        raise UsageError(f"--namespace: not a namespace name, got {args.namespace[:80]!r}")
+    if not 3 <= args.lease_seconds <= 3600:
+        raise UsageError("--lease-seconds: 3 to 3600")
+    if not 0.5 <= args.resync <= 3600:
+        raise UsageError("--resync: 0.5 to 3600 seconds")
+    identity = args.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    if not 0 < len(identity) <= 128 or not identity.isprintable():
+        raise UsageError(f"--identity: 1 to 128 printable characters, got {identity[:80]!r}")
+    prefix = agent.settings(_config(args.config))["label_prefix"]
+    opts = fleet.FleetOptions(namespace=args.namespace, identity=identity, prefix=prefix,
+                              lease_seconds=args.lease_seconds, resync=args.resync)
+    return fleet.run(lambda: kube.connect(args.kubeconfig, args.context), opts)
 
 
 def _said_server(command: str, k) -> None:

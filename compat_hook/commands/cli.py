@@ -131,7 +131,8 @@ def _parser():
 
     cl = sub.add_parser("cluster", add_help=False,
                         help="the cluster side: `cluster agent` (per node, in the DaemonSet), `cluster status`, "
-                             "`cluster release`")
+                             "`cluster release`, `cluster validate`, `cluster fleet` (the driver-version admission's "
+                             "controller)")
     cl.add_argument("cluster_args", nargs=argparse.REMAINDER)
 
     d = sub.add_parser("demo", help="show the main job on a built-in example")

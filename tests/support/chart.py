@@ -33,6 +33,8 @@ KINDS = {
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
     "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),
     "Job": ("/apis/batch/v1", "jobs", True),
     "RuntimeClass": ("/apis/node.k8s.io/v1", "runtimeclasses", False),
     "ValidatingAdmissionPolicy": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),

@@ -53,6 +53,7 @@ class ApiError(Exception):
     def __init__(self, status: int, body: str) -> None:
         super().__init__(f"{status}: {body[:500]}")
         self.status = status
+        self.body = body  # whole (a long admission message)
 
 
 class Api:

@@ -1,0 +1,673 @@
+"""The fleet controller and the driver-version admission policy, on a real API server.
+
+``compat-hook cluster fleet`` (compat_hook/cluster/fleet.py, leader.py) runs as processes with a real
+ServiceAccount token of the chart's ``compat-hook-fleet`` account, so the chart's least RBAC is what
+it works under; the agents run as processes too (``cluster agent --once``, the tests' agent token), on
+real OCI image layouts and a host root whose ``/proc/driver/nvidia/version`` names the node's driver
+(tests/support/gpucluster.py). The policy is the chart's, rendered with ``fleet.enabled=true`` and
+applied by server-side apply: kube-apiserver v1.34 from ``k8s.io/kubernetes`` evaluates its CEL.
+
+Why the API server evaluates the CEL tests (:func:`test_the_policys_cel_case_by_case`): it is the
+evaluator the policy meets in a cluster (the same ``k8s.io/apiserver`` CEL environment, its library
+functions, its cost limits, ``has()`` on schemaless custom resources, paramKind/paramRef binding and
+``parameterNotFoundAction``), and a dry-run request changes nothing, so one object takes every case.
+A Go program of our own around ``k8s.io/apiserver``'s CEL would test our wiring of it, not the
+admission chain (matchConditions before validations, the binding's params, the message format).
+
+The pure parts (the reconcile, the election rule) are tested without a server at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.support import chart, debs, hookenv
+from tests.support.gpucluster import (A100, R470, R535, R570, R580, R590, agent_rbac, build_store, gpu_node,
+                                      gpu_operator, gpu_pod, ref, runtime_classes, set_node_driver)
+from tests.support.kube import AGENT_TOKEN, ApiError, ControlPlane
+from tests.support.toolkit import noted_compat_lib
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+NS = "compat-hook"
+PREFIX = "compat-hook.io"
+CP = "/apis/nvidia.com/v1/clusterpolicies"
+ND = "/apis/nvidia.com/v1alpha1/nvidiadrivers"
+PARAM = f"/api/v1/namespaces/{NS}/configmaps/compat-hook-fleet"
+LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/compat-hook-fleet"
+POLICY = "ValidatingAdmissionPolicy 'compat-hook-fleet-driver-version'"
+OVERRIDE = f"{PREFIX}/allow-unjudged-driver"
+ANNOUNCE = f"{PREFIX}/next-driver"
+MERGE = "application/merge-patch+json"
+LEASE_SECONDS = 6
+#: node -> its GPU pod's image: CUDA 11.8 (works on every target here) and CUDA 12.4 without compat
+#: (works on R535 by minor version compatibility, broken on R470: the regression)
+NODES = {"fleet-a": "legacy", "fleet-b": "infer"}
+CPKEY = "clusterpolicy_cluster-policy_{}"
+
+
+class World:
+    def __init__(self, cp: ControlPlane, work: pathlib.Path, fleet_token: str) -> None:
+        self.cp, self.work, self.admin = cp, work, cp.admin
+        self.fleet_kc = cp.kubeconfig(fleet_token, "fleet")
+        self.agent_kc = cp.kubeconfig(AGENT_TOKEN, "agent")
+        libs = {"noted": noted_compat_lib(debs.libcuda("550.163.01"), work / "noted")}
+        self.store = build_store(work / "store", sorted(set(NODES.values())), libs)
+        self.fleets: dict = {}
+        self.hosts: dict = {}
+
+    # -- the fleet controllers ------------------------------------------------
+    def start_fleet(self, identity: str, kubeconfig=None) -> subprocess.Popen:
+        log = (self.work / f"{identity}.log").open("ab")
+        p = subprocess.Popen(["/usr/bin/python3", "-m", "compat_hook", "cluster", "fleet", "--namespace", NS,
+                              "--identity", identity, "--lease-seconds", str(LEASE_SECONDS), "--resync", "0.5",
+                              "--kubeconfig", str(kubeconfig or self.fleet_kc)],
+                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.fleets[identity] = p
+        return p
+
+    def stop_fleets(self) -> None:
+        for p in self.fleets.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(15)
+        self.fleets.clear()
+
+    def fleet_log(self, identity: str) -> list:
+        text = (self.work / f"{identity}.log").read_text()
+        assert "Traceback" not in text, text
+        return [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
+
+    def events(self, identity: str, event: str) -> list:
+        return [e for e in self.fleet_log(identity) if e["event"] == event]
+
+    # -- the agents -------------------------------------------------------------
+    def agent(self, node: str, *, gate: bool = True) -> dict:
+        config = hookenv.write_config(self.work / f"agent-{gate}.yaml", host_root=self.work,
+                                      log_file=self.work / "decisions.log", nvml="off",
+                                      cluster={"gate_upgrade": gate, "hold_quiet_s": 0})
+        p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "cluster", "agent", "--node", node, "--once",
+                            "--kubeconfig", str(self.agent_kc), "--store", f"oci:{self.store}",
+                            "--host-root", str(self.hosts[node]), "--config", str(config),
+                            "--state-dir", str(self.work / "state" / node)],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
+        return [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")][-1]
+
+    def agents(self, **kw) -> None:
+        for n in NODES:
+            self.agent(n, **kw)
+
+    # -- the objects ------------------------------------------------------------
+    def params(self) -> dict:
+        return self.admin.get(PARAM).get("data") or {}
+
+    def wait_param(self, key: str, want, timeout: float = 30) -> str:
+        """Until the ConfigMap's ``key`` satisfies ``want`` (a value, or a test of the value)."""
+        ok = want if callable(want) else (lambda v: v == want)
+        return self.admin.wait(f"{key} {want}", lambda: (lambda v: v if v is not None and ok(v) else None)(
+            self.params().get(key)), timeout=timeout)
+
+    def set_version(self, version: str, *, annotations: dict | None = None, dry_run: bool = False) -> dict:
+        patch: dict = {"spec": {"driver": {"version": version}}}
+        if annotations is not None:
+            patch["metadata"] = {"annotations": annotations}
+        return self.admin.request("PATCH", f"{CP}/cluster-policy", patch, content_type=MERGE,
+                                  query={"dryRun": "All"} if dry_run else None)
+
+    def refused(self, version: str, **kw) -> str:
+        with pytest.raises(ApiError) as e:
+            self.set_version(version, **kw)
+        assert e.value.status == 403 and POLICY in e.value.body, e.value
+        return json.loads(e.value.body)["message"]
+
+    def version(self) -> str:
+        return self.admin.get(f"{CP}/cluster-policy")["spec"]["driver"]["version"]
+
+    def announce(self, version: str | None) -> None:
+        self.admin.merge(f"{CP}/cluster-policy", {"metadata": {"annotations": {ANNOUNCE: version}}})
+
+
+def _token(admin, sa: str) -> str:
+    req = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}}
+    return admin.create(f"/api/v1/namespaces/{NS}/serviceaccounts/{sa}/token", req)["status"]["token"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    work = tmp_path_factory.mktemp("fleet")
+    cp = ControlPlane(work / "cp")
+    w = None
+    try:
+        cp.start()
+        a = cp.admin
+        agent_rbac(cp)
+        runtime_classes(a)
+        # the chart's fleet objects, as `helm install --set fleet.enabled=true` makes them (but the
+        # Deployment: its replicas are the processes started here)
+        docs = [d for d in chart.render("fleet.enabled=true") if "fleet" in d["metadata"]["name"]
+                and d["kind"] != "Deployment"]
+        assert {d["kind"] for d in docs} >= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Lease",
+                                             "ConfigMap", "Role", "ClusterRole"}
+        chart.apply(a, docs)
+        gpu_operator(a, R535)
+        w = World(cp, work, _token(a, "compat-hook-fleet"))
+        for n, image in NODES.items():
+            a.create("/api/v1/nodes", gpu_node(n, deploy_driver=False, case="fleet"))
+            w.hosts[n] = work / "hosts" / n
+            set_node_driver(a, w.hosts[n], n, R535, A100)
+            a.create("/api/v1/namespaces/apps/pods", gpu_pod(f"{image}-{n}", n, ref(image)))
+        yield w
+    finally:
+        if w is not None:
+            w.stop_fleets()
+        cp.stop()
+        log = work / "cp" / "apiserver.log"
+        if log.exists():
+            print("--- apiserver.log (tail)\n" + log.read_text(errors="replace")[-3000:])
+
+
+# ----------------------------------------------------------------------------- the CEL, case by case
+
+
+def _cel_objects(a) -> None:
+    for path, obj in ((CP, {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cel-cp"},
+                            "spec": {"driver": {"version": R535, "repository": "nvcr.io/nvidia"}}}),
+                      (ND, {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": "cel-nd"},
+                            "spec": {"version": R535, "nodeSelector": {"pool": "cel"}}})):
+        try:
+            a.create(path, obj)
+        except ApiError as e:
+            assert e.status == 409, e
+
+
+#: (name, path, patch, subresource) -> allowed, or the texts the refusal must hold. Every request is a dry
+#: run from the same stored objects (version 535.261.03); the params hold PARAMS.
+PARAMS = {
+    f"clusterpolicy_cel-cp_{R570}": "ok",
+    f"clusterpolicy_cel-cp_{R580}": "not judged on 2 of 3 node(s): gpu-x (no verdict), gpu-y (fail, not held)",
+    f"nvidiadriver_cel-nd_{R570}": "ok",
+    f"clusterpolicy_cel-nd_{R580}": "ok",     # a ClusterPolicy's key: no use to the NVIDIADriver of that name
+    f"clusterpolicy_other-cp_{R590}": "ok",   # another object's key: no use to cel-cp
+}
+CASES = [
+    ("cp: a judged version", CP + "/cel-cp", {"spec": {"driver": {"version": R570}}}, True),
+    ("cp: a version with blocking nodes names them", CP + "/cel-cp", {"spec": {"driver": {"version": R580}}},
+     [f"driver {R580} for ClusterPolicy cel-cp is refused", "gpu-x (no verdict), gpu-y (fail, not held)",
+      f"{OVERRIDE}={R580}"]),
+    ("cp: a version never announced", CP + "/cel-cp", {"spec": {"driver": {"version": R590}}},
+     [f"no key clusterpolicy_cel-cp_{R590} in ConfigMap compat-hook/compat-hook-fleet", ANNOUNCE,
+      "fleet controller runs"]),
+    ("cp: the override names the version", CP + "/cel-cp",
+     {"metadata": {"annotations": {OVERRIDE: R590}}, "spec": {"driver": {"version": R590}}}, True),
+    ("cp: an override of another version", CP + "/cel-cp",
+     {"metadata": {"annotations": {OVERRIDE: R580}}, "spec": {"driver": {"version": R590}}}, ["no key"]),
+    ("cp: an override of true is not one", CP + "/cel-cp",
+     {"metadata": {"annotations": {OVERRIDE: "true"}}, "spec": {"driver": {"version": R590}}}, ["no key"]),
+    ("cp: the override beside a blocked version", CP + "/cel-cp",
+     {"metadata": {"annotations": {OVERRIDE: R580}}, "spec": {"driver": {"version": R580}}}, True),
+    ("cp: another edit, the version unchanged", CP + "/cel-cp", {"spec": {"driver": {"repository": "r.example"}}},
+     True),
+    ("cp: the same version written again", CP + "/cel-cp", {"spec": {"driver": {"version": R535}}}, True),
+    ("cp: the version removed (useNvidiaDriverCRD)", CP + "/cel-cp",
+     {"spec": {"driver": {"version": None, "useNvidiaDriverCRD": True}}}, True),
+    ("cp: the status subresource", CP + "/cel-cp/status", {"status": {"state": "ready"}}, True),
+    ("cp: another object's key", CP + "/cel-cp", {"spec": {"driver": {"version": R590}}}, ["no key"]),
+    ("nd: a judged version", ND + "/cel-nd", {"spec": {"version": R570}}, True),
+    ("nd: a ClusterPolicy's key of its name", ND + "/cel-nd", {"spec": {"version": R580}},
+     [f"driver {R580} for NVIDIADriver cel-nd is refused", f"no key nvidiadriver_cel-nd_{R580}"]),
+    ("nd: the override", ND + "/cel-nd",
+     {"metadata": {"annotations": {OVERRIDE: R580}}, "spec": {"version": R580}}, True),
+    ("nd: another edit", ND + "/cel-nd", {"spec": {"nodeSelector": {"pool": "other"}}}, True),
+    ("nd: a version that is not one", ND + "/cel-nd", {"spec": {"version": "latest"}},
+     ["no key nvidiadriver_cel-nd_latest"]),
+]
+
+
+def _dry(a, path: str, patch: dict):
+    return a.request("PATCH", path, patch, content_type=MERGE, query={"dryRun": "All"})
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_the_policys_cel_case_by_case(world):
+    """Each case of :data:`CASES` against the chart's policy on the API server (module docstring)."""
+    a = world.admin
+    _cel_objects(a)
+    a.merge(PARAM, {"data": PARAMS})
+
+    def enforced():  # the policy and its params reached the API server's admission (informers)
+        try:
+            _dry(a, CP + "/cel-cp", {"spec": {"driver": {"version": R570}}})
+        except ApiError:
+            return False
+        try:
+            _dry(a, CP + "/cel-cp", {"spec": {"driver": {"version": R580}}})
+        except ApiError as e:
+            return POLICY in str(e) and "gpu-x" in str(e)
+        return False
+
+    a.wait("the policy enforced with its params", enforced, timeout=60)
+    failures = []
+    for name, path, patch, want in CASES:
+        try:
+            _dry(a, path, patch)
+            got = True
+        except ApiError as e:
+            got = e.body if e.status == 403 and POLICY in e.body else f"not the policy: {e}"
+        if want is True and got is not True:
+            failures.append(f"{name}: refused: {got}")
+        elif want is not True and (got is True or not all(t in got for t in want)):
+            failures.append(f"{name}: want a refusal with {want}, got {got}")
+    assert not failures, "\n".join(failures)
+    # a create is not gated (no fleet has judged a new object's version): a dry run passes
+    a.request("POST", CP, {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cel-new"},
+                           "spec": {"driver": {"version": R590}}}, query={"dryRun": "All"})
+    # no params at all (the ConfigMap deleted): every version change is refused, the message says why
+    saved = a.get(PARAM)
+    a.delete(PARAM)
+    try:
+        def missing():
+            try:
+                _dry(a, CP + "/cel-cp", {"spec": {"driver": {"version": R570}}})
+            except ApiError as e:
+                return "no params found" in e.body and "compat-hook-fleet-driver-version" in e.body
+            return False
+
+        a.wait("refused without params", missing, timeout=30)
+        # the API server looks the params up before it evaluates matchConditions: without them every
+        # update of the objects is refused (422), not only a version change; their status writes still pass
+        with pytest.raises(ApiError) as e:
+            _dry(a, CP + "/cel-cp", {"spec": {"driver": {"repository": "r.example"}}})
+        assert "no params found" in e.value.body, e.value
+        _dry(a, CP + "/cel-cp/status", {"status": {"state": "ready"}})
+    finally:
+        a.create(f"/api/v1/namespaces/{NS}/configmaps", {"metadata": {"name": "compat-hook-fleet",
+                                                                       "labels": saved["metadata"]["labels"]}})
+        # gone again: a second ClusterPolicy made in the same second as the operator's would be the active
+        # one for the agents (the lowest name wins a tie), and move the other tests' targets
+        a.delete(CP + "/cel-cp")
+        a.delete(ND + "/cel-nd")
+
+
+# ----------------------------------------------------------------------------- the controller
+
+
+def _leader(w: World) -> str | None:
+    return w.admin.get(LEASE)["spec"].get("holderIdentity") or None
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_version_is_refused_until_every_node_judged_it(world):
+    """Before the verdicts: refused, naming the nodes. Judged: accepted. A stale agent and a regression
+    nobody holds block it; the override lets one version through."""
+    w = world
+    w.start_fleet("fleet-1")
+    try:
+        w.wait_param(CPKEY.format(R535), lambda v: "fleet-a (no verdict)" in v and "fleet-b (no verdict)" in v)
+        # never announced: no key, the refusal says what to do
+        msg = w.refused(R570)
+        assert f"no key {CPKEY.format(R570)}" in msg and ANNOUNCE in msg, msg
+        # announced, before the agents judged it: refused, naming every node
+        w.announce(R570)
+        w.wait_param(CPKEY.format(R570), lambda v: "fleet-a" in v)
+        msg = w.refused(R570)
+        assert "not judged on 2 of 2 node(s): fleet-a (no verdict), fleet-b (no verdict)" in msg, msg
+        # the agents judge it (the ClusterPolicy's announcement is their target)
+        w.agents()
+        w.wait_param(CPKEY.format(R570), "ok")
+        w.set_version(R570, dry_run=True)  # accepted (not yet applied: the stale agent first)
+        # an agent that stopped renewing its Lease: its verdict is stale, the version blocked again
+        lease = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/fleet-b"
+        w.admin.merge(lease, {"spec": {"renewTime": "2020-01-01T00:00:00.000000Z"}})
+        w.wait_param(CPKEY.format(R570), lambda v: "fleet-b (stale" in v and "fleet-a" not in v)
+        msg = w.refused(R570)
+        assert "not judged on 1 of 2 node(s): fleet-b (stale: no heartbeat for" in msg, msg
+        w.agent("fleet-b")
+        w.wait_param(CPKEY.format(R570), "ok")
+        w.set_version(R570)
+        assert w.version() == R570
+        w.announce(None)
+
+        # a regression nobody holds (R470 breaks the CUDA 12.4 image on fleet-b; the gate off)
+        w.announce(R470)
+        w.agents(gate=False)
+        w.wait_param(CPKEY.format(R470), lambda v: "fleet-b (fail, not held)" in v)
+        msg = w.refused(R470)
+        assert "not judged on 1 of 2 node(s): fleet-b (fail, not held)" in msg, msg
+        # held by its agent: the version may go out, fleet-b stays where it is
+        w.agents(gate=True)
+        assert w.admin.get("/api/v1/nodes/fleet-b")["metadata"]["labels"].get(
+            "nvidia.com/gpu-driver-upgrade.skip") == "true"
+        w.wait_param(CPKEY.format(R470), "ok")
+        w.set_version(R470, dry_run=True)
+
+        # the override: a version nobody judged, with the annotation naming it
+        msg = w.refused(R590)
+        w.set_version(R590, annotations={OVERRIDE: R590})
+        assert w.version() == R590
+        w.set_version(R570, annotations={OVERRIDE: R570})  # back, as nobody judged R570 again
+        w.admin.merge(f"{CP}/cluster-policy", {"metadata": {"annotations": {OVERRIDE: None, ANNOUNCE: None}}})
+        assert w.version() == R570
+    finally:
+        w.stop_fleets()
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_an_nvidiadrivers_scope_is_the_nodes_it_selects(world):
+    """An NVIDIADriver selecting fleet-a only: its keys name fleet-a alone, and its version change is refused
+    with that one node (fleet-a judged the ClusterPolicy's version, not this one)."""
+    w = world
+    w.start_fleet("fleet-nd")
+    try:
+        w.admin.create(ND, {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
+                            "metadata": {"name": "pool-a"},
+                            "spec": {"version": R535, "nodeSelector": {"kubernetes.io/hostname": "fleet-a"}}})
+        w.admin.merge(f"{ND}/pool-a", {"metadata": {"annotations": {ANNOUNCE: R580}}})
+        v = w.wait_param(f"nvidiadriver_pool-a_{R580}", lambda v: v.startswith("not judged on 1 of 1 node(s): fleet-a"))
+        assert "fleet-b" not in v
+        with pytest.raises(ApiError) as e:
+            w.admin.merge(f"{ND}/pool-a", {"spec": {"version": R580}})
+        msg = json.loads(e.value.body)["message"]
+        assert f"driver {R580} for NVIDIADriver pool-a is refused" in msg and "1 of 1 node(s): fleet-a (" in msg, msg
+        # deleted: its keys go (server-side apply drops what the manager no longer sets)
+        w.admin.delete(f"{ND}/pool-a")
+        w.admin.wait("pool-a's keys gone", lambda: not [k for k in w.params() if k.startswith("nvidiadriver_pool-a_")])
+    finally:
+        w.stop_fleets()
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_one_leader_writes_and_a_standby_takes_over(world):
+    """Two replicas: one leads and writes; SIGKILL of the leader hands over within the Lease; SIGTERM
+    releases it at once; nothing is written while nothing changes."""
+    w = world
+    w.start_fleet("fleet-x")
+    w.start_fleet("fleet-y")
+    try:
+        leader = w.admin.wait("a leader", lambda: _leader(w) if _leader(w) in ("fleet-x", "fleet-y") else None)
+        other = "fleet-y" if leader == "fleet-x" else "fleet-x"
+        w.admin.wait("the leader's first reconcile", lambda: w.events(leader, "fleet_leading"))
+        time.sleep(LEASE_SECONDS / 2)
+        assert not w.events(other, "fleet_leading") and not w.events(other, "fleet_applied")
+        # nothing changed for a while: no write (the ConfigMap's resourceVersion stays; resync is 0.5 s)
+        rv = w.admin.get(PARAM)["metadata"]["resourceVersion"]
+        applied = len(w.events(leader, "fleet_applied"))
+        time.sleep(4)
+        assert w.admin.get(PARAM)["metadata"]["resourceVersion"] == rv
+        assert len(w.events(leader, "fleet_applied")) == applied
+        # a change that matters is written once
+        w.announce(R580)
+        w.wait_param(CPKEY.format(R580), lambda v: v.startswith("not judged on 2 of 2"))
+        assert len(w.events(leader, "fleet_applied")) == applied + 1
+        rv_after_change = w.admin.get(PARAM)["metadata"]["resourceVersion"]
+        # the leader dies without a word (SIGKILL): the standby takes over within the Lease
+        w.fleets[leader].kill()
+        w.fleets[leader].wait(10)
+        t0 = time.monotonic()
+        w.admin.wait("the standby leads", lambda: _leader(w) == other, timeout=LEASE_SECONDS * 3, interval=0.1)
+        took = time.monotonic() - t0
+        print(f"SIGKILL of the leader: {other} took over after {took:.1f} s (Lease {LEASE_SECONDS} s)")
+        # a standby waits out one Lease from when it last saw the record change, then reads every retry
+        # period (client-go's rule): the Lease plus one retry period (1 s here), and slack for a busy machine
+        assert took <= LEASE_SECONDS + 1 + 2, took
+        # the new leader reads what the ConfigMap holds: the same answer is not written again
+        w.admin.wait("the new leader's first reconcile", lambda: w.events(other, "fleet_leading"))
+        time.sleep(1.5)
+        assert not w.events(other, "fleet_applied")
+        assert w.admin.get(PARAM)["metadata"]["resourceVersion"] == rv_after_change
+        w.announce(R590)  # the new leader writes
+        w.wait_param(CPKEY.format(R590), lambda v: v.startswith("not judged on 2 of 2"))
+        assert w.events(other, "fleet_applied")
+        # SIGTERM: the Lease released at once, a prompt exit 0
+        t0 = time.monotonic()
+        w.fleets[other].send_signal(signal.SIGTERM)
+        assert w.fleets[other].wait(10) == 0
+        stopped = time.monotonic() - t0
+        assert stopped < 3.5, stopped
+        assert _leader(w) is None
+        assert w.events(other, "fleet_stopped")[-1]["released"] is True
+        # a replica started now leads at its first read (no Lease to wait out)
+        t0 = time.monotonic()
+        w.start_fleet("fleet-z")
+        w.admin.wait("fleet-z leads", lambda: _leader(w) == "fleet-z", timeout=LEASE_SECONDS, interval=0.1)
+        print(f"SIGTERM: stopped in {stopped:.1f} s; a new replica led after {time.monotonic() - t0:.1f} s")
+    finally:
+        w.stop_fleets()
+        w.announce(None)
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_cache_that_is_not_current_writes_nothing(world, tmp_path):
+    """The Nodes' watches broken and every list of them failing (500): an announcement seen meanwhile (its
+    cache is current) is not judged from the stale Nodes (nothing written); the Nodes back, it is written."""
+    from tests.support.kube import FaultProxy
+
+    w = world
+    proxy = FaultProxy(w.cp.url)
+    try:
+        kc = proxy.kubeconfig(tmp_path / "proxy.kubeconfig", _token(w.admin, "compat-hook-fleet"))
+        w.start_fleet("fleet-p", kubeconfig=kc)
+        w.admin.wait("fleet-p leads", lambda: w.events("fleet-p", "fleet_leading"))
+        time.sleep(1.0)
+        proxy.fail("GET", r"^/api/v1/nodes", 500)
+        proxy.cut()
+        time.sleep(1.0)
+        rv = w.admin.get(PARAM)["metadata"]["resourceVersion"]
+        w.announce(R580)
+        time.sleep(3.0)
+        assert CPKEY.format(R580) not in w.params()
+        assert w.admin.get(PARAM)["metadata"]["resourceVersion"] == rv
+        proxy.clear()
+        w.wait_param(CPKEY.format(R580), lambda v: v.startswith("not judged on 2 of 2"), timeout=45)
+        assert w.fleets["fleet-p"].poll() is None  # it never stopped
+    finally:
+        w.stop_fleets()
+        proxy.close()
+        w.announce(None)
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_leader_that_cannot_renew_stops_writing_before_the_standby_leads(world, tmp_path):
+    """The leader cut off from its Lease (every Lease request fails; the rest still works): it stops writing
+    within two thirds of the Lease, before the standby may take over, and writes nothing after."""
+    from tests.support.kube import FaultProxy
+
+    w = world
+    proxy = FaultProxy(w.cp.url)
+    try:
+        kc = proxy.kubeconfig(tmp_path / "proxy.kubeconfig", _token(w.admin, "compat-hook-fleet"))
+        w.start_fleet("fleet-p", kubeconfig=kc)
+        w.admin.wait("fleet-p leads", lambda: _leader(w) == "fleet-p")
+        w.start_fleet("fleet-q")
+        time.sleep(1.0)
+        proxy.fail("*", r"/leases/compat-hook-fleet", 500)
+        w.admin.wait("fleet-q leads", lambda: _leader(w) == "fleet-q", timeout=LEASE_SECONDS * 4, interval=0.1)
+        [down] = w.events("fleet-p", "fleet_standby")
+        assert down["reason"] == "renew deadline passed", down
+        applied = len(w.events("fleet-p", "fleet_applied"))
+        w.announce(R580)  # a change: only the leader writes it (fleet-p could still patch the ConfigMap)
+        w.wait_param(CPKEY.format(R580), lambda v: v.startswith("not judged on 2 of 2"))
+        time.sleep(1.0)
+        assert w.events("fleet-q", "fleet_applied") and len(w.events("fleet-p", "fleet_applied")) == applied
+    finally:
+        w.stop_fleets()
+        proxy.close()
+        w.announce(None)
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_the_fleet_account_can_do_only_its_job(world):
+    """The chart's RBAC for the fleet: its Lease and ConfigMap by name, no create, no other object."""
+    from tests.support.kube import Api
+
+    api = Api(world.cp.url, _token(world.admin, "compat-hook-fleet"))
+    for method, path, body in (
+            ("POST", f"/api/v1/namespaces/{NS}/configmaps", {"metadata": {"name": "x"}}),
+            ("PATCH", f"/api/v1/namespaces/{NS}/configmaps/compat-hook-agent", {"data": {"a": "b"}}),
+            ("DELETE", PARAM, None),
+            ("PATCH", "/api/v1/nodes/fleet-a", {"metadata": {"labels": {"x": "y"}}}),
+            ("PATCH", f"{CP}/cluster-policy", {"metadata": {"labels": {"x": "y"}}}),
+            ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases", {"metadata": {"name": "x"}})):
+        with pytest.raises(ApiError) as e:
+            api.request(method, path, body, content_type=MERGE)
+        assert e.value.status == 403, (method, path, e.value)
+    assert api.get(LEASE)["metadata"]["name"] == "compat-hook-fleet"
+    api.request("PATCH", PARAM, {"metadata": {"labels": {"app.kubernetes.io/component": "fleet"}}},
+                content_type=MERGE, query={"dryRun": "All"})
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def _node(name: str, *, labels=None, verdict=None, target=None, hold=False, prefix=PREFIX) -> dict:
+    from compat_hook.cluster import publish
+
+    lab = {"nvidia.com/gpu.present": "true", **(labels or {})}
+    anns = {}
+    if verdict:
+        lab[f"{prefix}/preflight"] = verdict
+        c = {"regressions": 1 if verdict == "fail" else 0}
+        doc = publish.node_doc(verdict_=verdict, target=target, target_from="ClusterPolicy cp", now=R535,
+                               gate="holding" if hold else "off", c=c, reasons=[], key="k", interval=300,
+                               details="", since="2026-01-01T00:00:00Z")
+        anns[f"{prefix}/preflight"] = json.dumps(doc)
+    if hold:
+        lab["nvidia.com/gpu-driver-upgrade.skip"] = "true"
+        anns[f"{prefix}/holds-upgrade"] = "x"
+    return {"metadata": {"name": name, "labels": lab, "annotations": anns}}
+
+
+def _lease(renewed: float, duration: int = 600) -> dict:
+    t = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(renewed))
+    return {"spec": {"renewTime": t, "leaseDurationSeconds": duration}}
+
+
+def test_reconcile_scope_freshness_and_holds():
+    """An NVIDIADriver's scope is the nodes it selects; each node judged as `cluster status` judges it."""
+    from compat_hook.cluster.fleet import OK, Snapshot, reconcile
+
+    now = 1_000_000.0
+    nodes = (_node("a1", labels={"pool": "a"}, verdict="pass", target=R570),
+             _node("a2", labels={"pool": "a"}, verdict="fail", target=R570, hold=True),
+             _node("b1", labels={"pool": "b"}, verdict="fail", target=R570),
+             _node("b2", labels={"pool": "b"}, verdict="pass", target=R570),
+             {"metadata": {"name": "cpu", "labels": {}}})  # not a GPU node: never in scope
+    leases = {"a1": _lease(now - 10), "a2": _lease(now - 10), "b1": _lease(now - 10), "b2": _lease(now - 900)}
+    nds = ({"metadata": {"name": "pool-a", "annotations": {ANNOUNCE: R570}},
+            "spec": {"version": R535, "nodeSelector": {"pool": "a"}}},
+           {"metadata": {"name": "pool-b"}, "spec": {"version": R570, "nodeSelector": {"pool": "b"}}})
+    data = reconcile(Snapshot(nodes=nodes, leases=leases, policies=(), drivers=nds, now=now), PREFIX)
+    assert data[f"nvidiadriver_pool-a_{R570}"] == OK  # a1 passes, a2 regresses and is held
+    assert data[f"nvidiadriver_pool-a_{R535}"] == ("not judged on 2 of 2 node(s): a1 (verdict for 570.195.03), "
+                                                    "a2 (verdict for 570.195.03)")
+    b = data[f"nvidiadriver_pool-b_{R570}"]
+    assert b.startswith("not judged on 2 of 2 node(s): b1 (fail, not held), b2 (stale: no heartbeat for 900 s"), b
+    cp = {"metadata": {"name": "cp"}, "spec": {"driver": {"version": R570}}}
+    data = reconcile(Snapshot(nodes=nodes, leases=leases, policies=(cp,), now=now), PREFIX)
+    assert data[f"clusterpolicy_cp_{R570}"].startswith("not judged on 2 of 4 node(s): b1 (fail, not held), b2")
+    # the same snapshot: the same data (a leader writes only on a change)
+    assert reconcile(Snapshot(nodes=nodes, leases=leases, policies=(cp,), now=now), PREFIX) == data
+    # a ClusterPolicy that hands drivers to NVIDIADrivers: its own version drives no node
+    crd = {"metadata": {"name": "cp"}, "spec": {"driver": {"version": R580, "useNvidiaDriverCRD": True}}}
+    assert reconcile(Snapshot(nodes=nodes, leases=leases, policies=(crd,), now=now), PREFIX) == {
+        f"clusterpolicy_cp_{R580}": OK}
+
+
+def test_the_election_rule():
+    """Expiry by the standby's own clock, renew by the holder, an empty holder free at once."""
+    from compat_hook.cluster.leader import decide
+
+    rec = {"holderIdentity": "x", "leaseDurationSeconds": 6}
+    assert decide(rec, me="y", observed_at=0.0, now=5.9) == "standby"
+    assert decide(rec, me="y", observed_at=0.0, now=6.1) == "acquire"
+    assert decide(rec, me="x", observed_at=0.0, now=100.0) == "renew"
+    assert decide({"holderIdentity": "", "leaseDurationSeconds": 1}, me="y", observed_at=0.0, now=0.0) == "acquire"
+
+
+@pytest.mark.parametrize("argv, rc, says", [
+    (["--namespace", "Not_A_Namespace"], 2, "--namespace: not a namespace name"),
+    (["--lease-seconds", "1"], 2, "--lease-seconds: 3 to 3600"),
+    (["--resync", "0"], 2, "--resync: 0.5 to 3600 seconds"),
+    (["--kubeconfig", "/nonexistent/kubeconfig"], 1, "no cluster credentials"),
+])
+def test_bad_usage_and_no_credentials_are_one_line(argv, rc, says, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C"}
+    p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "cluster", "fleet", *argv], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == rc, p.stdout + p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_helm_install_runs_and_uninstall_leaves_nothing_of_the_fleet(tmp_path):
+    """`helm install --set fleet.enabled=true` on a control plane of its own (the chart's cluster-scoped objects
+    would meet the module's), the controller run with the installed account's token until it leads and
+    writes, stopped, then `helm uninstall`: no object of the fleet's is left, and it had made none of its own
+    (everything it writes is the chart's Lease and ConfigMap)."""
+    from tests.support.kube import ADMIN_TOKEN
+
+    ns = "ch-fleet"
+    cp = ControlPlane(tmp_path / "cp")
+    proc = None
+    try:
+        cp.start()
+        env = {"KUBECONFIG": str(cp.kubeconfig(ADMIN_TOKEN, "admin"))}
+        chart.helm("install", "compat-hook", chart.CHART, "--namespace", ns, "--create-namespace",
+                   "--set", "fleet.enabled=true", "--no-hooks", env=env)
+        a = cp.admin
+        sel = {"labelSelector": "app.kubernetes.io/name=compat-hook,app.kubernetes.io/component=fleet"}
+        kinds = {"leases": f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                 "configmaps": f"/api/v1/namespaces/{ns}/configmaps",
+                 "deployments": f"/apis/apps/v1/namespaces/{ns}/deployments",
+                 "clusterroles": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+                 "vaps": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"}
+        before = {k: sorted(o["metadata"]["name"] for o in a.get(p, **sel)["items"]) for k, p in kinds.items()}
+        assert before == {"leases": ["compat-hook-fleet"], "configmaps": ["compat-hook-fleet"],
+                          "deployments": ["compat-hook-fleet"], "clusterroles": ["compat-hook-fleet"],
+                          "vaps": ["compat-hook-fleet-driver-version"]}, before
+        a.create("/api/v1/nodes", gpu_node("gpu-1", deploy_driver=False))
+        token = a.create(f"/api/v1/namespaces/{ns}/serviceaccounts/compat-hook-fleet/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600}})["status"]["token"]
+        log = (tmp_path / "fleet.log").open("wb")
+        proc = subprocess.Popen(["/usr/bin/python3", "-m", "compat_hook", "cluster", "fleet", "--namespace", ns,
+                                 "--identity", "pod-1", "--kubeconfig", str(cp.kubeconfig(token, "fleet"))],
+                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        gpu_operator(a, R535)
+        cm = f"/api/v1/namespaces/{ns}/configmaps/compat-hook-fleet"
+        a.wait("the installed controller's answer", lambda: (a.get(cm).get("data") or {}).get(CPKEY.format(R535)))
+        assert (a.get(cm)["data"][CPKEY.format(R535)] == "not judged on 1 of 1 node(s): gpu-1 (no verdict)")
+        with pytest.raises(ApiError) as e:  # the installed policy refuses it
+            a.merge(f"{CP}/cluster-policy", {"spec": {"driver": {"version": R570}}})
+        assert POLICY in e.value.body
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        assert a.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/compat-hook-fleet")["spec"].get(
+            "holderIdentity", "") == ""
+        after_run = {k: sorted(o["metadata"]["name"] for o in a.get(p, **sel)["items"]) for k, p in kinds.items()}
+        assert after_run == before  # it made nothing of its own
+        chart.helm("uninstall", "compat-hook", "--namespace", ns, "--no-hooks", "--wait", env=env)
+        left = {k: [o["metadata"]["name"] for o in a.get(p, **sel)["items"]] for k, p in kinds.items()}
+        assert left == {k: [] for k in kinds}, left
+        # the policy went with it (once the API server's admission has seen it go)
+        a.wait("the policy gone", lambda: a.merge(f"{CP}/cluster-policy", {"spec": {"driver": {"version": R570}}}),
+               timeout=30)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        cp.stop()
