@@ -320,13 +320,21 @@ def test_helm_template_value_switches():
 
 @pytest.mark.slow
 def test_the_fleet_controller_and_its_policy():
-    """fleet.enabled (off by default): a Deployment of two leader-elected replicas of the image, confined like
+    """fleet.enabled (auto by default: with agent.gate): a Deployment of two leader-elected replicas of the image, confined like
     the other pods, whose account reads Nodes, Leases and the GPU Operator's objects and may write only its
     own Lease and ConfigMap (both the chart's, so no create right and nothing left after an uninstall);
     the driver-version policy fails closed; fleet.admission=false leaves the policy out."""
     from tests.support import chart
 
     assert not [d for d in chart.render() if "fleet" in d["metadata"]["name"]]
+    # auto (the default) follows the gate: the documented install (--set agent.gate=true) enforces the order
+    gated = chart.by_key(chart.render("agent.gate=true"))
+    assert {("Deployment", "compat-hook-fleet"), ("ValidatingAdmissionPolicy", "compat-hook-fleet-driver-version")} \
+        <= set(gated)
+    assert not [k for k in chart.by_key(chart.render("agent.gate=true", "fleet.enabled=false")) if "fleet" in k[1]]
+    old = chart.by_key(chart.render("agent.gate=true", "admissionPolicy.enabled=false"))  # Kubernetes < 1.30
+    assert ("Deployment", "compat-hook-fleet") in old
+    assert not [k for k in old if k[0].startswith("ValidatingAdmissionPolicy")]
     docs = chart.by_key(chart.render("fleet.enabled=true"))
     fleet = {k: d for k, d in docs.items() if "fleet" in k[1]}
     assert set(fleet) == {(k, "compat-hook-fleet") for k in (

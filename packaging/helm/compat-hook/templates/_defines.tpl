@@ -86,3 +86,19 @@ helm.sh/hook: pre-delete
 helm.sh/hook-weight: "-10"
 helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end -}}
+
+{{/* Whether the fleet controller runs ("true" or ""): fleet.enabled, where "auto" (the default) follows
+     agent.gate, so the cluster enforces the runbook's order wherever compat-hook holds upgrades. */}}
+{{- define "compat-hook.fleet" -}}
+{{- $on := .Values.fleet.enabled -}}
+{{- if eq (toString $on) "auto" -}}{{- $on = .Values.agent.gate -}}{{- end -}}
+{{- if and .Values.agent.enabled $on -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether the driver-version policy is rendered ("true" or ""): with the fleet; "auto" leaves it out
+     where admissionPolicy.enabled=false (Kubernetes < 1.30), an explicit fleet.enabled=true fails there. */}}
+{{- define "compat-hook.fleetAdmission" -}}
+{{- if and (include "compat-hook.fleet" .) .Values.fleet.admission -}}
+{{- if or .Values.admissionPolicy.enabled (ne (toString .Values.fleet.enabled) "auto") -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
