@@ -23,12 +23,15 @@ The story, in order (the tests share the cluster and run in file order):
    carries the compat 550 driver loads the compat library: the toolkit's ``enable-cuda-compat``
    turns it on without looking at the GPU's brand (a GeForce cannot use it);
 2. ``helm install`` with the chart's defaults (docs/cluster.md): the installer sees that the
-   node's containerd runs NRI and installs the plugin from its payload; after containerd's
-   restart (the docs' step) the Node label says ``nri``;
+   node's containerd runs NRI and installs the plugin from its payload. The Node label says
+   ``nri-not-connected`` (``cluster status``: ``nri (not connected)``) until containerd's restart (the docs'
+   step) starts the plugin, then ``nri``;
 3. the same pod, still with no ``runtimeClassName``, gets compat-hook's decision: the hook the
    plugin added ran after the toolkit's and the container loads the host's library
    (``device_consumer``), as the node's decision log says;
-4. containerd restarts again: the next pod still gets the decision;
+4. the plugin killed: the label says ``nri-not-connected`` again and a GPU pod starts without
+   compat-hook (fail-open: the compat library); containerd's restart starts the plugin again, the
+   label says ``nri`` and the next pod gets the decision;
 5. uninstalled as docs/engines.md says (``registration.uninstallOnStop=true``, ``helm uninstall``,
    containerd's restart), the plugin is gone and the same pod loads the compat library again.
 
@@ -38,7 +41,9 @@ What a container really loads is what tests/support/probe.c, run in it, says.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import time
 
 import pytest
@@ -97,11 +102,42 @@ class World:
             return []
         return [json.loads(ln) for ln in f.read_text().splitlines() if ln.startswith("{")]
 
+    def registration(self, want: str, timeout: float = 90) -> None:
+        """Wait for the Node label to say ``want`` (the installer checks every 30 s, the agent passes every 10 s)."""
+        key = f"{PREFIX}/registration"
+        try:
+            self.admin.wait(f"{key}={want}", lambda: self.labels().get(key) == want, timeout=timeout, interval=0.5)
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {self.labels().get(key)}") from None
+
+    def status(self) -> tuple:
+        """``compat-hook cluster status --json`` as the cluster admin: ``(exit status, this node's row)``."""
+        import subprocess
+
+        p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "cluster", "status", "--json", "--kubeconfig",
+                            str(self.cluster.kubeconfig(nodemod.ADMIN_TOKEN, "admin")),
+                            "--config", str(nodemod.REPO / "config" / "compat-hook.yaml")],
+                           cwd=nodemod.REPO, capture_output=True, text=True, timeout=120, env=nodemod.ENV)
+        assert "Traceback" not in p.stderr, p.stderr
+        (row,) = [n for n in json.loads(p.stdout)["nodes"] if n["name"] == self.node.name]
+        return p.returncode, row
+
+    def plugin_pids(self) -> list:
+        """The node's processes of the NRI plugin: containerd starts it with its path as argv[0]."""
+        out = []
+        for pid in self.node.processes():
+            try:
+                if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0] == PLUGIN.encode():
+                    out.append(pid)
+            except OSError:
+                pass
+        return out
+
     def plugin_starts(self) -> int:
-        """How many processes of compat-hook's pre-registered NRI plugin containerd has started (its log
-        names each ``pre-connected:90-compat-hook[PID]``)."""
+        """How often containerd has registered compat-hook's pre-registered NRI plugin (one line of its log each;
+        the PID there is containerd's own, the peer of the socket pair it hands the plugin)."""
         text = (self.node.work / "containerd.log").read_text(errors="replace")
-        return len(set(re.findall(r"pre-connected:90-compat-hook\[(\d+)\]", text)))
+        return len(re.findall(r'pre-connected:90-compat-hook\[\d+\]\\?" registered as', text))
 
     def gpu_pod(self, name: str) -> tuple:
         """A pod that requests ``nvidia.com/gpu: 1`` and names no RuntimeClass, runs the probe and ends:
@@ -216,11 +252,19 @@ def test_helm_install_with_defaults_takes_the_nri_path(world):
     # containerd reads its plugin dir at start only: the docs' restart (registration.restartContainerd is off)
     assert "containerd not restarted (RESTART_CONTAINERD=false)" in log, log
     assert world.plugin_starts() == 0
+    # installed, not yet running: the label says so until containerd's restart, and so does cluster status
+    world.registration("nri-not-connected")
+    log = world.node.pod_log(NS, pod["metadata"]["name"], "installer")
+    assert f"warning: no process of the NRI plugin {PLUGIN} runs" in log, log
+    rc, row = world.status()
+    assert rc == 2 and row["path"] == "nri (not connected)", row
     world.node.restart_containerd()
     world.admin.wait("containerd started the plugin", lambda: world.plugin_starts() == 1, timeout=30, interval=0.2)
-    labels = world.admin.wait("the registration label", lambda: (lambda l: l.get(f"{PREFIX}/registration") and l)(
-        world.labels()), timeout=120, interval=0.5)
-    assert labels[f"{PREFIX}/registration"] == "nri", labels
+    world.registration("nri")
+    assert f"the NRI plugin {PLUGIN} runs: connected again" in world.node.pod_log(
+        NS, pod["metadata"]["name"], "installer")
+    rc, row = world.status()
+    assert row["path"] == "nri", row
 
 
 def _decided_by_compat_hook(world, name: str, got: dict, cid: str) -> None:
@@ -244,14 +288,27 @@ def test_a_gpu_pod_without_runtime_class_gets_the_decision(world):
     _decided_by_compat_hook(world, "routed", got, cid)
 
 
-def test_after_a_containerd_restart_the_next_pod_still_gets_the_decision(world):
+def test_a_killed_plugin_shows_as_not_connected_until_containerd_restarts(world):
+    """containerd drops a plugin that died until its own restart; GPU containers start without compat-hook
+    meanwhile (fail-open), and the Node label says so."""
+    (pid,) = world.plugin_pids()
+    os.kill(pid, signal.SIGKILL)
+    world.registration("nri-not-connected")
+    rc, row = world.status()
+    assert rc == 2 and row["path"] == "nri (not connected)", row
+    got, cid, _ = world.gpu_pod("plugin-killed")
+    assert got == {"cuDriverGetVersion": CUDA[COMPAT_550], "libcuda": COMPAT_LIB}, got  # the toolkit's alone
+    assert [r for r in world.decisions() if r.get("container_id") == cid] == []
+
+
+def test_after_a_containerd_restart_the_next_pod_gets_the_decision_again(world):
     world.node.restart_containerd()
     world.admin.wait("containerd started the plugin again", lambda: world.plugin_starts() == 2, timeout=30,
                      interval=0.2)
+    world.registration("nri")
     got, cid, allocated = world.gpu_pod("after-restart")
     assert allocated == [["nvidia.com/gpu=0"]], allocated
     _decided_by_compat_hook(world, "after-restart", got, cid)
-    assert world.labels()[f"{PREFIX}/registration"] == "nri"
 
 
 def test_uninstalled_as_the_docs_say_the_toolkits_hook_stands_alone_again(world):
