@@ -309,7 +309,7 @@ publish_path() {
     echo "$p" > "$PATH_FILE.tmp" && mv "$PATH_FILE.tmp" "$PATH_FILE"
     if [ "$p" = nri-not-connected ]; then
         log "warning: $why: GPU containers start without compat-hook"
-    elif [ "$was" = nri-not-connected ]; then
+    elif [ "$p" = nri ] && [ "$was" = nri-not-connected ]; then
         log "the NRI plugin $b runs: connected again"
     fi
     return 0
