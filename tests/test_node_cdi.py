@@ -24,8 +24,8 @@ The story, in order (the tests share the cluster and run in file order):
    turns it on without looking at the GPU's brand (a GeForce cannot use it);
 2. ``helm install`` with the chart's defaults (docs/cluster.md): the installer sees that the
    node's containerd runs NRI and installs the plugin from its payload. The Node label says
-   ``nri-not-connected`` (``cluster status``: ``nri (not connected)``) until containerd's restart (the docs'
-   step) starts the plugin, then ``nri``;
+   ``nri-not-connected`` (``cluster status``: ``nri (not connected)``) until containerd's
+   restart (the docs' step) starts the plugin, then ``nri``;
 3. the same pod, still with no ``runtimeClassName``, gets compat-hook's decision: the hook the
    plugin added ran after the toolkit's and the container loads the host's library
    (``device_consumer``), as the node's decision log says;
