@@ -272,20 +272,46 @@ nri_detect() {
     return 1
 }
 
-# What the agent publishes (<prefix>/registration): the path taken, and for nri, whether the plugin is
-# still where containerd starts it from (removed by hand, or NRI's plugin_path moved without a new
-# install): nri-not-connected then.
+# Whether containerd holds the pre-registered NRI plugin $1 (a node path) connected: 0 when a process
+# of the node runs with $1 as its argv[0] (containerd starts it so, and it exits as soon as containerd's
+# connection to it closes), 1 when none does, 2 when the node's processes cannot be seen (no procfs at
+# $HOST_ROOT/proc). $HOST_ROOT/proc is the node's own procfs, whatever the pod's PID namespace.
+nri_running() {
+    [ -r "$HOST_ROOT/proc/1/comm" ] || return 2
+    comm=$(basename "$1" | cut -c1-15)  # the kernel keeps 15 bytes of the name
+    for f in $(grep -lxF -- "$comm" "$HOST_ROOT"/proc/[0-9]*/comm 2>/dev/null); do
+        [ "$(tr '\000' '\n' < "${f%/comm}/cmdline" 2>/dev/null | head -n 1)" = "$1" ] && return 0
+    done
+    return 1
+}
+
+# What the agent publishes (<prefix>/registration): the path taken, and for nri, whether containerd
+# holds the plugin connected: nri-not-connected when its binary is gone from where containerd starts it
+# (removed by hand, or NRI's plugin_path moved without a new install), or when no process of it runs
+# (containerd has not started it since the install, or it died: containerd starts it again only at its
+# own restart). Checked at the install and every $TOOLKIT_RECHECK s.
 publish_path() {
     p=$1
     [ -n "$p" ] || return 0  # no install of this pod's yet
+    why=
     if [ "$p" = nri ]; then
         b=$(cat "$NRI_BINARY_FILE" 2>/dev/null || true)
-        if [ -z "$b" ] || [ ! -f "$HOST_ROOT$b" ]; then p=nri-not-connected; fi
+        running=0
+        if [ -z "$b" ] || [ ! -f "$HOST_ROOT$b" ]; then
+            p=nri-not-connected why="the NRI plugin ${b:-?} is gone"
+        elif nri_running "$b" || running=$?; [ "$running" = 1 ]; then
+            p=nri-not-connected why="no process of the NRI plugin $b runs (containerd starts it at its own start)"
+        fi
     fi
     mkdir -p "$(dirname "$PATH_FILE")"
-    [ "$(cat "$PATH_FILE" 2>/dev/null)" = "$p" ] && return 0
+    was=$(cat "$PATH_FILE" 2>/dev/null || true)
+    [ "$was" = "$p" ] && return 0
     echo "$p" > "$PATH_FILE.tmp" && mv "$PATH_FILE.tmp" "$PATH_FILE"
-    [ "$p" = nri-not-connected ] && log "warning: the NRI plugin ${b:-?} is gone: GPU containers start without compat-hook"
+    if [ "$p" = nri-not-connected ]; then
+        log "warning: $why: GPU containers start without compat-hook"
+    elif [ "$p" = nri ] && [ "$was" = nri-not-connected ]; then
+        log "the NRI plugin $b runs: connected again"
+    fi
     return 0
 }
 

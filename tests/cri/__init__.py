@@ -18,20 +18,21 @@ import time
 PROTO = pathlib.Path(__file__).with_name("cri.proto")
 
 
-def generate(out_dir: pathlib.Path):
-    """Run protoc on cri.proto into ``out_dir``; returns ``(pb2, pb2_grpc)`` modules."""
+def generate(out_dir: pathlib.Path, proto: pathlib.Path = PROTO):
+    """Run protoc on ``proto`` (cri.proto) into ``out_dir``; returns ``(pb2, pb2_grpc)`` modules."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO.parent}",
-                        f"--python_out={out_dir}", f"--grpc_python_out={out_dir}", PROTO.name],
+    p = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{proto.parent}",
+                        f"--python_out={out_dir}", f"--grpc_python_out={out_dir}", proto.name],
                        capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"grpc_tools.protoc failed: {p.stderr.strip()}")
     sys.path.insert(0, str(out_dir))
     try:
-        for name in ("cri_pb2", "cri_pb2_grpc"):
+        names = (f"{proto.stem}_pb2", f"{proto.stem}_pb2_grpc")
+        for name in names:
             sys.modules.pop(name, None)
-        return importlib.import_module("cri_pb2"), importlib.import_module("cri_pb2_grpc")
+        return tuple(importlib.import_module(name) for name in names)
     finally:
         sys.path.remove(str(out_dir))
 

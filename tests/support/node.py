@@ -35,9 +35,18 @@ Its projected token and ``ca.crt`` then verify (the serving certificate names 12
 
 The pods' network is a ``bridge`` CNI with its own bridge name (no gateway, no masquerade: no
 route, no iptables rule, no forwarding sysctl on this machine); :meth:`Node.stop` deletes the
-bridge. It stops the kubelet, kills the node's containers, stops containerd, unmounts the
+bridge. It stops the kubelet, kills the node's containers (on containerd 2.x it first stops and
+removes the pods through the CRI), stops containerd, unmounts the
 kubelet's mounts deepest first, ends every process left in the namespace and checks that nothing
 is left: :meth:`Node.stop` returns what it had to clean up.
+
+**containerd 2.x, as the GPU Operator's CDI mode leaves it** (``Node(..., containerd_bin=
+engines.containerd2())``): that build's ``containerd``, ``ctr`` and ``containerd-shim-runc-v2``
+are bound over the node's ``/usr/bin`` ones in its namespace (so the chart's installer, chrooted
+into the node, asks 2.x), and its config is :data:`CONTAINERD2_CONFIG`: ``enable_cdi``, the
+default runtime plain runc with no base spec (the driver's files reach a GPU container through a
+CDI spec's edits, which the test writes to ``/var/run/cdi``), NRI on with its defaults. The
+node's GPU model is ``gpu_model`` (a GeForce for the brand's rules).
 """
 
 from __future__ import annotations
@@ -286,14 +295,47 @@ oom_score = 0
         SystemdCgroup = false
 """
 
+#: The node's containerd 2.x (``containerd_bin``): the GPU Operator's CDI mode. The toolkit sets
+#: ``enable_cdi`` and leaves runc the default runtime; NRI is on by 2.x's default (no section).
+CONTAINERD2_CONFIG = """\
+# the node's containerd 2.x (tests/support/node.py)
+version = 3
+oom_score = 0
+
+[plugins]
+  [plugins.'io.containerd.grpc.v1.cri']
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "@PAUSE@"
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_cdi = true
+    restrict_oom_score_adj = true
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ["/usr/lib/cni"]
+      conf_dir = "/etc/cni/net.d"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = "runc"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          SystemdCgroup = false
+"""
+#: What ``containerd_bin`` binds over the node's /usr/bin.
+CONTAINERD_BINARIES = ("containerd", "ctr", "containerd-shim-runc-v2")
+
 SOCKET = "/run/containerd/containerd.sock"
 
 
 class Node:
     """One kubelet + containerd in a private mount namespace (module docstring), registered as ``name``."""
 
-    def __init__(self, work: Path, cluster: Cluster, *, name: str | None = None, pause_image: str) -> None:
+    def __init__(self, work: Path, cluster: Cluster, *, name: str | None = None, pause_image: str,
+                 containerd_bin: Path | None = None, gpu_model: str = GPU_MODEL) -> None:
+        """``containerd_bin``: a containerd 2.x's bin dir (module docstring), else Debian's 1.6."""
         self.work = Path(work)
+        self.containerd_bin = Path(containerd_bin) if containerd_bin else None
+        self.gpu_model = gpu_model
         self.work.mkdir(parents=True, exist_ok=True)
         self.cluster = cluster
         self.name = name or f"gpu-node-{secrets.token_hex(3)}"
@@ -330,14 +372,15 @@ class Node:
             (w / d).mkdir(parents=True, exist_ok=True)
         (w / "driver/nvidia/version").write_text(driver_version_text(driver))
         (w / "driver/nvidia/gpus" / GPU_BDF / "information").write_text(
-            f"Model: \t\t {GPU_MODEL}\nIRQ:   \t\t 42\nBus Location: \t {GPU_BDF}\n")
+            f"Model: \t\t {self.gpu_model}\nIRQ:   \t\t 42\nBus Location: \t {GPU_BDF}\n")
         for rel, value in KUBELET_SYSCTLS.items():
             (w / "sysctl" / rel).parent.mkdir(parents=True, exist_ok=True)
             (w / "sysctl" / rel).write_text(value + "\n")
         # the node's own files, in the overlays' upper dirs (what an image of the node would hold)
         etc = w / "ov" / "_etc" / "upper"
         (etc / "containerd").mkdir(parents=True, exist_ok=True)
-        (etc / "containerd" / "config.toml").write_text(CONTAINERD_CONFIG.replace("@PAUSE@", self.pause_image))
+        config = CONTAINERD2_CONFIG if self.containerd_bin else CONTAINERD_CONFIG
+        (etc / "containerd" / "config.toml").write_text(config.replace("@PAUSE@", self.pause_image))
         spec = json.loads(_sh(["ctr", "oci", "spec"]).stdout)
         spec["mounts"].append({"destination": f"/{HOST_LIB_DIR}/libcuda.so.1", "type": "bind",
                                "source": f"{DRIVER_ROOT}/{HOST_LIB_DIR}/libcuda.so.1",
@@ -379,6 +422,9 @@ class Node:
             time.sleep(0.05)
         self.ns = _mount_ns(self.holder.pid)
         assert self.ns and self.ns != _mount_ns(os.getpid())
+        if self.containerd_bin:
+            for b in CONTAINERD_BINARIES:
+                self.run("mount", "--bind", self.containerd_bin / b, f"/usr/bin/{b}")
         self._install_driver_files(driver)
         self.start_containerd()
         self._start_kubelet()
@@ -418,7 +464,7 @@ class Node:
                "serializeImagePulls": False, "shutdownGracePeriod": "0s"}
         (w / "kubelet.yaml").write_text(json.dumps(cfg, indent=2))
         labels = ",".join(f"{k}={v}" for k, v in {
-            "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": GPU_MODEL.replace(" ", "-"),
+            "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": self.gpu_model.replace(" ", "-"),
             "nvidia.com/gpu.deploy.driver": "true"}.items())
         kubeconfig = self.cluster.kubeconfig(ADMIN_TOKEN, "admin")
         self.kubelet = _spawn(self.nsenter(kubebuild.kubelet(), f"--kubeconfig={kubeconfig}",
@@ -487,6 +533,18 @@ class Node:
                 out.append(int(d))
         return out
 
+    def _remove_pods(self) -> None:
+        """Stop and remove every pod sandbox through the CRI, as the kubelet does. On containerd 2.x the
+        ``ctr`` kills below left the chart's pods' shims running after a containerd restart."""
+        from tests import cri
+
+        client = cri.Client(str(self.path(SOCKET)), self.work / "cri-gen")
+        try:
+            for sb in client.runtime.ListPodSandbox(client.pb.ListPodSandboxRequest(), timeout=60).items:
+                client.remove_pod(sb.id)
+        finally:
+            client.close()
+
     def stop(self) -> dict:
         """Tear the node down (module docstring). Returns ``containers`` and ``cgroups`` it removed,
         ``processes`` it had to kill, and what is still there: ``mounts`` under the test's dir and
@@ -495,6 +553,8 @@ class Node:
         if self.holder is None:
             return left
         _stop(self.kubelet)
+        if self.containerd_bin and self.containerd is not None and self.containerd.poll() is None:
+            self._remove_pods()
         if self.containerd is not None and self.containerd.poll() is None:
             for cid in self.ctr("containers", "ls", "-q", check=False, timeout=60).stdout.split():
                 self.container_ids.add(cid)
