@@ -69,8 +69,13 @@ class World:
         return self.admin.get(f"/apis/apps/v1/namespaces/{NS}/daemonsets/{name}")
 
     def ds_pod(self, name: str = "compat-hook") -> dict:
-        pods = self.admin.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=f"app.kubernetes.io/name={name}")
+        """The one live pod of DaemonSet ``name`` (``compat-hook-fleet``: one of the fleet controller's)."""
+        sel = (f"app.kubernetes.io/name={name},app.kubernetes.io/component!=fleet" if name != "compat-hook-fleet"
+               else "app.kubernetes.io/name=compat-hook,app.kubernetes.io/component=fleet")
+        pods = self.admin.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=sel)
         live = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+        if name == "compat-hook-fleet":
+            live = [p for p in live if ready(p)][:1]
         assert len(live) == 1, [p["metadata"]["name"] for p in live]
         return live[0]
 
@@ -326,11 +331,11 @@ def _stop_pod(world, ds: str) -> dict:
 
 
 def test_every_container_stops_within_two_seconds_of_sigterm(world):
-    """The agent (the container's PID 1: a signal without a handler is ignored there), the installer and the
-    validator end on the kubelet's SIGTERM at once, not after the grace period; the DaemonSets then start
-    new pods."""
+    """The agent (the container's PID 1: a signal without a handler is ignored there), the installer, the
+    validator and the fleet controller (on since the gate is: fleet.enabled auto) end on the kubelet's SIGTERM
+    at once, not after the grace period; the DaemonSets and the Deployment then start new pods."""
     results = {}
-    for ds in ("compat-hook", "compat-hook-validator"):
+    for ds in ("compat-hook", "compat-hook-validator", "compat-hook-fleet"):
         r = results[ds] = _stop_pod(world, ds)
         print(f"{ds}: pod gone {r['gone']:.2f} s after its deletion (grace {r['grace']} s); exits {r['exit']}; "
               f"container ends after deletion (s, 1 s resolution): {r['took']}")
@@ -340,6 +345,9 @@ def test_every_container_stops_within_two_seconds_of_sigterm(world):
     for ds in ("compat-hook", "compat-hook-validator"):
         world.admin.wait(f"{ds} Ready again", lambda: world.daemonset(ds)["status"].get("numberReady") == 1,
                          timeout=180, interval=0.5)
+    world.admin.wait("the fleet controller's replicas Ready again", lambda: world.admin.get(
+        f"/apis/apps/v1/namespaces/{NS}/deployments/compat-hook-fleet")["status"].get("readyReplicas") == 2,
+        timeout=180, interval=0.5)
 
 
 def test_a_helm_upgrade_that_changes_a_value_rolls_within_seconds(world):
@@ -378,6 +386,7 @@ def test_helm_uninstall_keeps_the_gpu_pod_running_and_releases_the_hold(world):
     assert left == [], (labels, annotations)
     for kind in ("api/v1/namespaces/{ns}/configmaps", "apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
                  "api/v1/namespaces/{ns}/pods", "apis/apps/v1/namespaces/{ns}/daemonsets",
+                 "apis/apps/v1/namespaces/{ns}/deployments",
                  "apis/batch/v1/namespaces/{ns}/jobs", "api/v1/namespaces/{ns}/serviceaccounts",
                  "apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles"):
         names = [o["metadata"]["name"] for o in world.admin.get("/" + kind.format(ns=NS))["items"]]
