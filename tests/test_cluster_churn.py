@@ -5,7 +5,7 @@ kwok, NVIDIA's upgrade state machine in tests/upgrade_harness), plus what this m
 
 * **kube-controller-manager** v1.34 with only ``statefulset-controller`` and ``job-controller``: the
   pods come and go as those controllers make them (names, owners, finalizers, the Job's backoff);
-* **kwok pod stages of its own** (:data:`POD_STAGES`, in place of kwok's fast ones), the kubelet
+* **kwok pod stages of its own** (:func:`pod_stages`, in place of kwok's fast ones), the kubelet
   behaviour the churn depends on:
 
   - a pod goes Running and Ready (kwok's own ``pod-ready`` stage, read from kwok's files);
@@ -87,7 +87,8 @@ def _stage(name: str, match: list, *, status: str | None = None, delete: bool = 
 
 
 def pod_stages() -> list:
-    """:data:`POD_STAGES`: mutually exclusive (kwok picks one at random where several match)."""
+    """The pod lifecycle of the module docstring, as kwok ``Stage`` documents. No two match the same pod
+    (where several match, kwok picks one at random)."""
     [ready] = [yaml.safe_load(p.read_text()) for p in kubebuild.kwok()[1] if p.name == "pod-fast-pod-ready.yaml"]
     deleted = {"key": ".metadata.deletionTimestamp", "operator": "Exists"}
     return [
@@ -136,7 +137,7 @@ def _ts(s: str) -> float:
 
 
 def _finished(pod: dict) -> float:
-    """When the pod's container terminated (the API's own time, whole seconds)."""
+    """When the pod's container terminated (kwok's clock, in the API's whole seconds)."""
     [st] = pod["status"]["containerStatuses"]
     return _ts(st["state"]["terminated"]["finishedAt"])
 
