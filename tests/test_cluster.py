@@ -663,77 +663,12 @@ def test_pods_replaced_under_new_names_leave_the_node_and_a_released_hold_alone(
 
 
 # ----------------------------------------------------------------------------- holds keyed by workload
+# (a hold through the pod churn of a real StatefulSet and a real Job: tests/test_cluster_churn.py)
 
 
 def _quiet_config(w: World, node: str, tmp_path, quiet: float, **cluster) -> pathlib.Path:
     return hookenv.write_config(tmp_path / f"quiet-{node}.yaml", host_root=w.hosts[node], log_file=tmp_path / "d.log",
                                 nvml="off", cluster={"gate_upgrade": True, "hold_quiet_s": quiet, **cluster})
-
-
-def test_a_hold_outlives_the_gap_between_its_workloads_pods_under_nvidias_state_machine(world, client, tmp_path):
-    """A StatefulSet's pod recreated under its name, then a Job's next pod under a new one, each a few
-    seconds later: the node stays held, parked in upgrade-required by NVIDIA's controller, the whole
-    time (the Node is polled through each gap). Gone for good, the workload stops counting after the
-    quiet time and the controller moves the node on."""
-    w = world
-    node = f"churn-{client}"
-    quiet = 25
-    w.add_node(node, image="infer", deploy_driver=True)
-    conf = _quiet_config(w, node, tmp_path, quiet)
-    pods = "/api/v1/namespaces/apps/pods"
-    agent = w.spawn(node, "--driver", R470, "--interval", "2", client=client, config=conf)
-    try:
-        w.admin.wait(f"{node} upgrade-done", lambda: w.labels(node).get(STATE) == "upgrade-done", timeout=60)
-        w.admin.wait("held", lambda: w.labels(node).get(SKIP) == "true" and HOLDS in w.annotations(node), timeout=60)
-        # the controller is asked to upgrade the node (its own annotation): the skip label parks it
-        w.admin.merge(f"/api/v1/nodes/{node}", {"metadata": {"annotations": {
-            "nvidia.com/gpu-driver-upgrade-requested": "true"}}})
-        w.admin.wait("upgrade-required", lambda: w.labels(node).get(STATE) == "upgrade-required", timeout=60)
-        n0 = len(w.passes(node))
-
-        def held_for(seconds: float) -> int:
-            polls, end = 0, time.monotonic() + seconds
-            while time.monotonic() < end:
-                meta = w.node(node)["metadata"]
-                labels, anns = meta.get("labels") or {}, meta.get("annotations") or {}
-                assert labels.get(SKIP) == "true" and HOLDS in anns, (labels, anns, w.passes(node)[n0:])
-                assert labels.get(STATE) == "upgrade-required", labels
-                polls += 1
-                time.sleep(0.2)
-            return polls
-
-        w.admin.delete(f"{pods}/infer-{node}", gracePeriodSeconds="0")  # a StatefulSet pod being recreated
-        assert held_for(7) >= 20
-        w.admin.create(pods, gpu_pod(f"infer-{node}", node, ref("infer")))
-        held_for(2)
-        w.admin.delete(f"{pods}/infer-{node}", gracePeriodSeconds="0")  # a Job between two pods
-        held_for(9)
-        w.admin.create(pods, gpu_pod(f"job-{node}-2", node, ref("infer")))
-        held_for(3)
-        gap = w.passes(node)[n0:]
-        assert len(gap) >= 5 and all(p["gate"] == "held" and p["preflight"] == "fail" for p in gap), gap
-        assert any(p["absent_regressions"] == 1 and p["regressions"] == 0 for p in gap), gap  # passes in a gap
-        assert gap[-1]["absent_regressions"] == 0 and gap[-1]["regressions"] == 1, gap[-1]
-
-        # gone for good: held for the quiet time, then lifted; NVIDIA's controller moves the node on
-        t0 = time.monotonic()
-        w.admin.delete(f"{pods}/job-{node}-2", gracePeriodSeconds="0")
-        w.admin.wait("released", lambda: SKIP not in w.labels(node), timeout=quiet + 30, interval=0.2)
-        took = time.monotonic() - t0
-        assert quiet - 1 <= took < quiet + 10, took
-        assert HOLDS not in w.annotations(node) and "held" not in json.loads(w.annotations(node)[f"{PREFIX}/preflight"])
-        w.admin.wait("past upgrade-required", lambda: w.labels(node).get(STATE) != "upgrade-required", timeout=60)
-        print(f"{client}: {len(gap)} passes through two gaps, all held; released {took:.1f} s after the last pod "
-              f"went (quiet time {quiet} s)")
-        assert agent.poll() is None
-    finally:
-        agent.terminate()
-        agent.wait(10)
-        for name in (f"infer-{node}", f"job-{node}-2"):
-            try:
-                w.admin.delete(f"{pods}/{name}", gracePeriodSeconds="0")
-            except ApiError as e:
-                assert e.status == 404, e
 
 
 def test_a_restarted_agent_counts_an_absent_workload_from_the_node(world, client, tmp_path):

@@ -8,7 +8,11 @@
   never the code under test.
 * ClusterPolicy and NVIDIADriver CRDs are created from minimal schemas written here.
 * kwok plays the kubelets: nodes annotated ``kwok.x-k8s.io/node: fake`` stay Ready and pods bound
-  to them go Running (and deleted pods go away).
+  to them go Running (and deleted pods go away). A test that needs another pod lifecycle (pods that
+  run for a while, fail, stop when deleted) gives :meth:`ControlPlane.start_kwok` its own pod stages.
+* No kube-controller-manager runs unless a test asks for one (:meth:`ControlPlane.start_controller_manager`,
+  with only the controllers it names): a StatefulSet or a Job then gets its pods from the real
+  controllers. Without it, nothing acts on them (the upgrade harness plays the DaemonSet controller).
 * :class:`FaultProxy` stands between a client and the API server and answers chosen requests with an
   error (a 500, a 404) while it passes the rest through, watches included: an API server that fails
   some requests and not others.
@@ -159,7 +163,7 @@ class ControlPlane:
     def __init__(self, work: Path) -> None:
         self.work = Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
-        self.etcd = self.apiserver = self.kwok_proc = self.harness_proc = None
+        self.etcd = self.apiserver = self.kwok_proc = self.harness_proc = self.cm = None
         self.etcd_port, self.peer_port, self.port = free_port(), free_port(), free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.admin = Api(self.url, ADMIN_TOKEN)
@@ -188,7 +192,11 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc", f"--service-account-key-file={w / 'sa.pub'}",
             f"--service-account-signing-key-file={w / 'sa.key'}", f"--token-auth-file={w / 'tokens.csv'}",
             "--authorization-mode=RBAC", "--bind-address=127.0.0.1", f"--secure-port={self.port}",
-            f"--cert-dir={w / 'certs'}", "--service-cluster-ip-range=10.96.0.0/16", "--enable-priority-and-fairness=false"]
+            f"--cert-dir={w / 'certs'}", "--service-cluster-ip-range=10.96.0.0/16", "--enable-priority-and-fairness=false",
+            # v1.34 turns a watch from resourceVersion 0 (kwok's) into a watch-list stream, which needs
+            # etcd's progress notifications (Debian's etcd 3.4 has none): each such watch ends in an
+            # error at once, and kwok would see a change only at its next relist, up to 30 s later
+            "--feature-gates=WatchList=false"]
         self.start_apiserver()
         for crd in CRDS:
             self.admin.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
@@ -229,7 +237,7 @@ class ControlPlane:
         _stop(self.apiserver)
 
     def stop(self) -> None:
-        for p in (self.harness_proc, self.kwok_proc, self.apiserver, self.etcd):
+        for p in (self.harness_proc, self.cm, self.kwok_proc, self.apiserver, self.etcd):
             _stop(p)
 
     def kubeconfig(self, token: str, name: str) -> Path:
@@ -241,14 +249,47 @@ class ControlPlane:
         path.write_text(json.dumps(doc))
         return path
 
-    def start_kwok(self) -> None:
+    def start_kwok(self, pod_stages: list | None = None) -> None:
+        """kwok for the nodes annotated ``kwok.x-k8s.io/node: fake``, with its fast stages; ``pod_stages``
+        (kwok ``Stage`` documents) replace the fast pod stages: a pod lifecycle of the test's own."""
         kwok, stages = kubebuild.kwok()
+        if pod_stages is not None:
+            d = self.work / "kwok-stages"
+            d.mkdir(exist_ok=True)
+            stages = [s for s in stages if not s.name.startswith("pod-")]
+            for doc in pod_stages:
+                f = d / f"{doc['metadata']['name']}.json"
+                f.write_text(json.dumps(doc))  # YAML's superset: kwok reads it as its YAML config
+                stages.append(f)
         argv = [kwok, "--kubeconfig", self.kubeconfig(ADMIN_TOKEN, "admin"), "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake", "--cidr=10.0.0.1/24",
                 "--node-ip=10.0.0.1"]
         for s in stages:
             argv += ["--config", s]
         self.kwok_proc = _spawn(argv, self.work / "kwok.log")
+
+    def start_controller_manager(self, controllers=("*",), extra=()) -> None:
+        """kube-controller-manager v1.34 (the cached build) as admin, without leader election, running
+        only ``controllers`` (its ``--controllers`` names: ``job-controller``, ``statefulset-controller``;
+        ``*``: its defaults). ``extra``: more flags (the keys a token or root-CA controller needs).
+        Returns once its /healthz answers ok."""
+        port = free_port()
+        self.cm = _spawn([kubebuild.kube_controller_manager(), f"--kubeconfig={self.kubeconfig(ADMIN_TOKEN, 'admin')}",
+                          f"--controllers={','.join(controllers)}", "--leader-elect=false",
+                          "--use-service-account-credentials=false", f"--secure-port={port}",
+                          "--bind-address=127.0.0.1", *extra], self.work / "controller-manager.log")
+        probe = Api(f"https://127.0.0.1:{port}", ADMIN_TOKEN)
+
+        def healthy():
+            if self.cm.poll() is not None:
+                raise AssertionError("kube-controller-manager exited:\n"
+                                     + (self.work / "controller-manager.log").read_text()[-3000:])
+            try:
+                return probe.request("GET", "/healthz", timeout=5).get("text") == "ok"
+            except (ApiError, OSError):
+                return False
+
+        self.admin.wait("kube-controller-manager /healthz", healthy, timeout=120, interval=0.5)
 
     def start_harness(self, interval: str = "500ms") -> None:
         """NVIDIA's upgrade state machine, reconciling every ``interval`` (tests/upgrade_harness)."""

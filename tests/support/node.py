@@ -196,7 +196,7 @@ class Cluster(ControlPlane):
 
     def __init__(self, work: Path) -> None:
         super().__init__(work)
-        self.cm = self.scheduler = None
+        self.scheduler = None
 
     def start_apiserver(self) -> None:
         for flag in self.EXTRA_APISERVER_FLAGS:
@@ -212,10 +212,8 @@ class Cluster(ControlPlane):
         assert len(blocks) == 2, f"apiserver.crt: {len(blocks)} certificates"
         (w / "ca.crt").write_text(blocks[1])  # the CA that signed the serving certificate
         kc = self.kubeconfig(ADMIN_TOKEN, "admin")
-        self.cm = _spawn([kubebuild.kube_controller_manager(), f"--kubeconfig={kc}",
-                          f"--service-account-private-key-file={w / 'sa.key'}", f"--root-ca-file={w / 'ca.crt'}",
-                          "--leader-elect=false", "--use-service-account-credentials=false",
-                          f"--secure-port={free_port()}", "--bind-address=127.0.0.1"], w / "controller-manager.log")
+        self.start_controller_manager(extra=(f"--service-account-private-key-file={w / 'sa.key'}",
+                                             f"--root-ca-file={w / 'ca.crt'}"))
         self.scheduler = _spawn([kubebuild.kube_scheduler(), f"--kubeconfig={kc}", "--leader-elect=false",
                                  f"--secure-port={free_port()}", "--bind-address=127.0.0.1"], w / "scheduler.log")
         # the root CA published for projected tokens (ca.crt) comes from the controller-manager
@@ -225,7 +223,6 @@ class Cluster(ControlPlane):
 
     def stop(self) -> None:
         _stop(self.scheduler)
-        _stop(self.cm)
         super().stop()
 
     def host_network_shim(self, namespace: str = RELEASE_NAMESPACE) -> None:
