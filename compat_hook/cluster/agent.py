@@ -1,26 +1,24 @@
 """``compat-hook cluster agent``: one node's upgrade preflight, published for the cluster, and the gate.
 
-A pass (:meth:`Agent.run_pass`):
+A pass (:meth:`Agent.run_pass`) is a controller's three steps:
 
-1. reads, from caches a watch keeps current (:mod:`.reflector`; ``--once`` and
-   ``--no-watch`` read them directly, ``resourceVersion=0``): the agent's own
-   Node, the pods bound to it, the ClusterPolicies and NVIDIADrivers;
-2. finds the target driver and whether a hold can work (:mod:`.target`), and the
-   GPU workloads of the node's pods (:mod:`.pods`);
-3. matches their images to the node's store and asks ``plan`` for each on the
-   driver now and on the target (:mod:`.predict`); the driver now comes from the
-   node itself (``/proc/driver/nvidia/version`` under ``host_root``);
-4. decides the gate (:mod:`.gate`): a complete pass (target and driver known,
-   every GPU workload's image read from a reachable store, every cache current)
-   that finds a regression holds, one that finds none lifts a hold; a pass that
-   is not complete keeps what is there and sets nothing;
-5. publishes (:mod:`.publish`): the Node only when its verdict, target,
-   regressions or gate changed (one strategic-merge PATCH, conditional on the
-   Node's resourceVersion: a conflict reads it again and decides again); the
-   details in the agent's ConfigMap when they changed; an Event about the Node
-   (in ``default``, where ``kubectl describe node`` finds it) when the verdict,
-   the gate or the regressions changed; the Lease (the heartbeat) every pass;
-   ``workloads.json`` in the state dir.
+1. **observe** (:meth:`Agent.observe`): a :class:`~.reconcile.Snapshot` of the caches a watch
+   keeps current (:mod:`.reflector`; ``--once`` and ``--no-watch`` read directly,
+   ``resourceVersion=0``): the agent's own Node, the pods bound to it, the ClusterPolicies and
+   NVIDIADrivers, whether every watch is current; the target driver and whether a hold can work
+   (:mod:`.target`); the GPU workloads of the node's pods (:mod:`.pods`), their images matched to
+   the node's store and assessed by ``plan`` on the driver now (``/proc/driver/nvidia/version``
+   under ``host_root``) and on the target (:mod:`.predict`);
+2. **reconcile** (:mod:`.reconcile`, pure): what the pass found, and the keys the Node should
+   carry: the verdict labels, the ``<prefix>/preflight`` doc and the gate (:mod:`.gate`: a
+   regression holds, a complete pass without one lifts a hold, a pass that is not complete keeps
+   what is there), from the Node as read, the settings, the agent's own last word and the clock;
+3. **apply** (:mod:`.nodeapply`): server-side apply of those keys under the field manager
+   ``compat-hook-agent``, only when they change, conditional on the Node's resourceVersion (a
+   conflict reads it again and reconciles again); then the details in the agent's ConfigMap when
+   they changed; an Event about the Node (in ``default``, where ``kubectl describe node`` finds
+   it) when the verdict, the gate or the regressions changed; the Lease (the heartbeat) every
+   pass (:class:`Owned`); ``workloads.json`` in the state dir.
 
 :class:`Agent` loops: a pass every ``interval`` seconds (jittered), and soon
 after a change that matters to this node (its target, the hold-ability, its own
@@ -687,8 +685,8 @@ def _decision_counts(cfg) -> dict | None:
     return counts
 
 
-def _state_prefix(opts: AgentOptions) -> str | None:
-    """The label prefix the last pass (before this process) published under, from the state file."""
+def _state_doc(opts: AgentOptions) -> dict | None:
+    """The state file's doc (what the last pass published, with its prefix); None: none, or unreadable."""
     if not opts.state_dir:
         return None
     try:
@@ -696,16 +694,17 @@ def _state_prefix(opts: AgentOptions) -> str | None:
             doc = json.loads(f.read(1 << 20).decode())
     except (OSError, ValueError, UnicodeDecodeError):
         return None
-    p = doc.get("prefix") if isinstance(doc, dict) else None
+    return doc if isinstance(doc, dict) else None
+
+
+def _state_prefix(opts: AgentOptions) -> str | None:
+    """The label prefix the last pass (before this process) published under, from the state file."""
+    p = (_state_doc(opts) or {}).get("prefix")
     return p if isinstance(p, str) and 0 < len(p) <= 253 else None
 
 
 def _last_result(opts: AgentOptions) -> str | None:
-    if not opts.state_dir:
+    doc = _state_doc(opts)
+    if doc is None:
         return None
-    try:
-        with open(os.path.join(opts.state_dir, STATE_FILE), "rb") as f:
-            doc = json.loads(f.read(1 << 20).decode())
-        return f"{doc.get('verdict')} for {doc.get('target')} since {doc.get('since')} (gate {doc.get('gate')})"
-    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
-        return None
+    return f"{doc.get('verdict')} for {doc.get('target')} since {doc.get('since')} (gate {doc.get('gate')})"
