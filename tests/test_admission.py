@@ -772,7 +772,9 @@ def test_rbac_grants_the_agent_only_what_it_uses(world):
                ("patch", "nodes", "", None), ("list", "pods", "", None), ("watch", "pods", "", None),
                ("list", "clusterpolicies", "nvidia.com", None), ("watch", "nvidiadrivers", "nvidia.com", None),
                ("create", "leases", "coordination.k8s.io", NS), ("update", "leases", "coordination.k8s.io", NS),
-               ("get", "configmaps", "", NS), ("update", "configmaps", "", NS), ("create", "events", "", "default")]
+               ("get", "configmaps", "", NS), ("update", "configmaps", "", NS), ("create", "events", "", "default"),
+               # which pod its token is bound to (Kubernetes' system:basic-user, not the chart, grants it)
+               ("create", "selfsubjectreviews", "authentication.k8s.io", None)]
     denied = [("update", "nodes", "", None), ("delete", "nodes", "", None), ("create", "nodes", "", None),
               ("get", "pods", "", None), ("get", "clusterpolicies", "nvidia.com", None),
               ("get", "nvidiadrivers", "nvidia.com", None), ("create", "events", "", NS),

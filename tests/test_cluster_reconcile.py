@@ -114,6 +114,23 @@ def test_a_release_is_honoured_by_the_process_that_saw_it_and_a_new_agent_starts
     assert reconcile.reconcile(meta, found(), ST, now=1030.0, own=None).gate.state == "held"
 
 
+def test_a_release_binds_the_agents_of_the_installation_that_saw_it():
+    mine = reconcile.Settings(**dict(reconcile.vars_of(ST), installation="ds-uid-1"))
+    held = reconcile.reconcile({}, found(), mine, now=1000.0)
+    meta = written({}, held)
+    del meta["labels"][SKIP_LABEL], meta["annotations"][HOLD], meta["annotations"][f"{P}/preflight"]
+    seen = reconcile.reconcile(meta, found(), mine, now=1010.0, own=held.doc)
+    assert (seen.doc["released_by"], seen.doc["agent"]) == ("release", "ds-uid-1")
+    meta = written(meta, seen)
+    # restarted (or its pod replaced by a rollout): the same DaemonSet, the release stands
+    restarted = reconcile.reconcile(meta, found(), mine, now=1020.0, own=None)
+    assert restarted.gate.state == "released-by-other" and not nodeapply.plan("n", meta, restarted.keys).changed
+    # installed again (another DaemonSet), or run by hand: fresh
+    again = reconcile.Settings(**dict(reconcile.vars_of(ST), installation="ds-uid-2"))
+    assert reconcile.reconcile(meta, found(), again, now=1030.0).gate.state == "held"
+    assert reconcile.reconcile(meta, found(), ST, now=1030.0).gate.state == "held"
+
+
 def test_too_late_takes_its_own_hold_off_and_sets_none():
     meta = written({}, reconcile.reconcile({}, found(), ST, now=1000.0))
     meta["labels"][STATE_LABEL] = "drain-required"

@@ -47,7 +47,7 @@ from . import gate as gatemod
 from . import pods as podsmod
 from . import holds, nodeapply, predict, publish, reconcile, target as targetmod, workloads
 from .backoff import Backoff, herd_delay, jittered
-from .kube import Conflict, KubeError, NotFound
+from .kube import Conflict, KubeError, NotFound, Unreachable
 
 __all__ = ["AgentOptions", "Agent", "run", "settings", "DEFAULT_PREFIX"]
 
@@ -339,6 +339,8 @@ class Agent:
         # word changes, so a label `cluster release --all` took off (helm uninstall) is not put back by an
         # agent still running in the seconds before its pod goes.
         self.registration_said = None
+        #: the uid of the pod this agent's token is bound to (:meth:`_whoami`; None: none; False: not asked yet)
+        self.pod_uid = False
 
     # -- configuration -------------------------------------------------------
     def config(self):
@@ -430,7 +432,8 @@ class Agent:
         st = reconcile.Settings(prefix=prefix, gate=bool(s["gate_upgrade"]),
                                 quiet=holds.quiet_s(s["hold_quiet_s"], opts.interval), interval=opts.interval,
                                 details=f"{opts.publish_namespace}/{opts.node}", former_prefix=self.previous_prefix,
-                                registration=None if reg == self.registration_said else reg)
+                                registration=None if reg == self.registration_said else reg,
+                                installation=reconcile.installation(snap.pods, self.pod_uid or None))
         f = reconcile.findings(snap, target=tgt, workloads=ws, assessment=a, settings=st)
         own = self.published[1] if self.published is not None and self.published[0] == prefix else None
         node, result, conflicts = snap.node, None, 0
@@ -537,12 +540,30 @@ class Agent:
             self.kube = self.kube_factory()
             _log({"event": "cluster_connected", "node": self.opts.node, "server": getattr(self.kube, "host", None),
                   "credentials": getattr(self.kube, "source", None)})
+        self._whoami()
         if self.view is None:
             if self.opts.watch and not self.opts.once:
                 self.view = WatchView(self.kube, self.opts.node, self.on_change, rng=self.rng)
                 self.view.start()
             else:
                 self.view = DirectView(self.kube, self.opts.node, rng=self.rng)
+
+    def _whoami(self) -> None:
+        """The uid of the pod this agent's token is bound to, asked once (a SelfSubjectReview, which every
+        authenticated user may make): the kubelet's projected token names its pod, a token of the agent
+        run by hand none. What a release the agent saw is bound to (:func:`.reconcile.installation`). An
+        API server that cannot answer now is asked again before the next pass; any other answer is final."""
+        if self.pod_uid is not False:
+            return
+        try:
+            r = self.kube.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                                  body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+        except Unreachable:
+            return
+        except KubeError:
+            r = {}
+        v = _map(_map(_map(r.get("status")).get("userInfo")).get("extra")).get("authentication.kubernetes.io/pod-uid")
+        self.pod_uid = v[0][:64] if isinstance(v, list) and len(v) == 1 and isinstance(v[0], str) else None
 
     def run(self) -> int:
         """One pass with ``once`` (exit 0 published, 1 an API error), else until :attr:`stop` (exit 0)."""

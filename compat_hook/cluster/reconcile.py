@@ -15,14 +15,18 @@ The node agent is a controller in three steps (:meth:`.agent.Agent.run_pass`):
 
 State lives on the Node: the last published doc (``<prefix>/preflight``: the gate, the
 regressions' key, ``released_by``, the ``held`` record with each absent workload's clock) is what
-a restarted agent reconciles from, so it agrees with the one before it. One exception, by design:
-a hold ``cluster release`` took off (``released_by: release``) is honoured only by the process that
-saw it (``own``, its last word). The release removes the hold's keys and the doc; the agent then
-writes back a doc saying ``released-by-other``/``release``, and a new agent process does not take
-that as its own, because the Node cannot tell which process will read it next: the release runs
-under ``helm uninstall`` (its pre-delete Job, the agents still running), and with
-``release.keepPublished`` nothing else removes that doc, so the next ``helm install``'s agents
-would read it. A release meant for good is the override annotation or the gate turned off.
+a restarted agent reconciles from, so it agrees with the one before it. A hold ``cluster release``
+took off is the one thing the Node alone cannot say whose it is. The release removes the hold's
+pair and the doc; an agent still running then writes back a doc saying ``released-by-other`` with
+``released_by: release``, and does not hold again for the same regressions. That doc must bind the
+agents of the same installation only: the release runs under ``helm uninstall`` (its pre-delete
+Job, the agents still running), and with ``release.keepPublished`` nothing removes that doc, so the
+next ``helm install``'s agents would read it and never hold that node. So the doc names the
+installation (``agent``: the uid of the DaemonSet that runs the agent's pod, :func:`installation`,
+found from the pod its token is bound to) and is honoured by an agent of the same installation
+(restarted, or its pod replaced by a rollout) and by the process that wrote it; an agent installed
+again, or one run by hand (no pod), starts fresh. A release meant for good is the override
+annotation or the gate turned off.
 
 >>> st = Settings(prefix="p.io", gate=True, quiet=0.0, interval=300.0, details="ns/n")
 >>> f = Findings(counts=dict(_COUNTS, workloads=1, assessed=1, regressions=1), problems=(), reasons=("regression",),
@@ -67,7 +71,8 @@ from dataclasses import dataclass
 from . import gate as gatemod
 from . import holds, publish
 
-__all__ = ["Snapshot", "Settings", "Findings", "Desired", "findings", "reconcile", "node_doc_of", "regressions_key",
+__all__ = ["Snapshot", "Settings", "Findings", "Desired", "findings", "reconcile", "installation", "node_doc_of",
+           "regressions_key",
            "MAX_NODE_ANNOTATION"]
 
 MAX_NODE_ANNOTATION = 64 << 10
@@ -100,8 +105,9 @@ class Snapshot:
 class Settings:
     """What reconcile needs of the config and the options: the label prefix, whether the gate is on,
     the hold's quiet time (:func:`.holds.quiet_s`), the agent's interval, where the details are
-    (``namespace/name``), the label prefix of the agent before this one (None: the same), and the
-    registration path to say (None: the label is left as it is)."""
+    (``namespace/name``), the label prefix of the agent before this one (None: the same), the
+    registration path to say (None: the label is left as it is), and the agent's installation
+    (:func:`installation`; None: unknown)."""
 
     prefix: str
     gate: bool
@@ -110,6 +116,7 @@ class Settings:
     details: str
     former_prefix: str | None = None
     registration: str | None = None
+    installation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -237,12 +244,38 @@ def findings(snap: Snapshot, *, target, workloads, assessment, settings: Setting
                     current=not snap.stale)
 
 
-def _previous(on_node: dict | None, own: dict | None) -> dict | None:
-    """The last word the gate goes on: this process's own (``own``), else the Node's doc, except a
-    release's (the module docstring says why)."""
+def installation(pods: list, pod_uid: str | None) -> str | None:
+    """The agent's installation: the uid of the controller (the DaemonSet) of its own pod, the pod
+    whose uid is ``pod_uid`` among those bound to its node (None: no such pod, or none controls it).
+
+    >>> pod = {"metadata": {"uid": "p1", "ownerReferences": [{"kind": "DaemonSet", "uid": "d1", "controller": True}]}}
+    >>> installation([{"metadata": {}}, pod], "p1"), installation([pod], "p2"), installation([pod], None)
+    ('d1', None, None)
+    """
+    if not pod_uid:
+        return None
+    for p in pods:
+        meta = _map(_map(p).get("metadata"))
+        if meta.get("uid") != pod_uid:
+            continue
+        for ref in meta.get("ownerReferences") or []:
+            if isinstance(ref, dict) and ref.get("controller") and isinstance(ref.get("uid"), str):
+                return ref["uid"][:64]
+    return None
+
+
+def _previous(on_node: dict | None, own: dict | None, installation: str | None = None) -> dict | None:
+    """The last word the gate goes on: this process's own (``own``), else the Node's doc; a release's
+    only for the installation that wrote it (the module docstring says why).
+
+    >>> released = {"gate": "released-by-other", "released_by": "release", "agent": "d1"}
+    >>> _previous(released, None, "d1") is released, _previous(released, None, "d2"), _previous(released, None)
+    (True, None, None)
+    """
     if own is not None:
         return own
-    if on_node is not None and on_node.get("released_by") == "release":
+    if on_node is not None and on_node.get("released_by") == "release" and \
+            (installation is None or on_node.get("agent") != installation):
         return None
     return on_node
 
@@ -253,7 +286,7 @@ def reconcile(meta: dict, f: Findings, st: Settings, *, now: float, own: dict | 
     seconds."""
     prefix = st.prefix
     prev = node_doc_of(meta, prefix)
-    previous = _previous(prev, own)
+    previous = _previous(prev, own, st.installation)
     # The regressing workloads, recorded: one no pod runs for a moment (a pod recreated, evicted, a Job
     # between pods) still counts until it has been absent for the quiet time.
     rec = holds.track(_map(previous).get("held"), target=f.target, regressing=f.regressing, present=set(f.present),
@@ -279,7 +312,7 @@ def reconcile(meta: dict, f: Findings, st: Settings, *, now: float, own: dict | 
     doc = publish.node_doc(verdict_=verdict, target=f.target, target_from=f.target_from, now=f.now, gate=g.state,
                            c=cn, reasons=sorted(set(f.reasons)), key=key, interval=st.interval, details=st.details,
                            since=_rfc3339(now), released_by=g.released_by if g.state == "released-by-other" else None,
-                           held=rec.doc())
+                           held=rec.doc(), agent=st.installation)
     if publish.same_node_doc(prev, doc):
         doc["since"] = prev.get("since", doc["since"])
     keys = publish.node_keys(prefix=prefix, doc=doc, gate=g, current=meta, registration=st.registration)
