@@ -418,6 +418,35 @@ class Agent:
                            namespace=opts.namespace)
         return snap, tgt, ws, a
 
+    def apply(self, snap, f, st, own) -> tuple:
+        """Reconcile the Node and apply it: ``(desired, node, "written" or "unchanged", conflicts)``. A
+        Node changed since it was read (a 409) is read again and reconciled again, up to
+        :data:`CONFLICT_RETRIES` times."""
+        kube, name = self.kube, self.opts.node
+        node, conflicts = snap.node, 0
+        for attempt in range(CONFLICT_RETRIES):
+            meta = _map(node.get("metadata"))
+            d = reconcile.reconcile(meta, f, st, now=time.time(), own=own)
+            self.next_expiry = d.next_expiry
+            w = nodeapply.plan(name, meta, d.keys)
+            if not w.changed:
+                return d, node, "unchanged", conflicts
+            if isinstance(self.view, WatchView):  # our own write is no reason for another pass
+                with self._lock:
+                    self._last_trigger = self._trigger_key(_patched(node, d.keys), snap.pods, snap.policies,
+                                                           snap.drivers)
+            try:
+                node = nodeapply.write(kube, name, w)
+            except Conflict:
+                conflicts += 1
+                if attempt == CONFLICT_RETRIES - 1:
+                    raise
+                node = kube.get(f"/api/v1/nodes/{name}")  # changed since read: decide again on what is there now
+                continue
+            self.view.wrote(node)
+            return d, node, "written", conflicts
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
     def run_pass(self) -> dict:
         """One pass: observe, reconcile (pure, :mod:`.reconcile`), apply (:mod:`.nodeapply`; a Node changed
         since it was read is read again and reconciled again), then the details, Event, Lease and files."""
@@ -436,29 +465,7 @@ class Agent:
                                 installation=reconcile.installation(snap.pods, self.pod_uid or None))
         f = reconcile.findings(snap, target=tgt, workloads=ws, assessment=a, settings=st)
         own = self.published[1] if self.published is not None and self.published[0] == prefix else None
-        node, result, conflicts = snap.node, None, 0
-        for attempt in range(CONFLICT_RETRIES):
-            meta = _map(node.get("metadata"))
-            d = reconcile.reconcile(meta, f, st, now=time.time(), own=own)
-            self.next_expiry = d.next_expiry
-            w = nodeapply.plan(opts.node, meta, d.keys)
-            if not w.changed:
-                result = "unchanged"
-                break
-            if isinstance(self.view, WatchView):  # our own write is no reason for another pass
-                with self._lock:
-                    self._last_trigger = self._trigger_key(_patched(node, d.keys), snap.pods, snap.policies,
-                                                           snap.drivers)
-            try:
-                node = nodeapply.write(kube, opts.node, w)
-                self.view.wrote(node)
-                result = "written"
-                break
-            except Conflict:
-                conflicts += 1
-                if attempt == CONFLICT_RETRIES - 1:
-                    raise
-                node = kube.get(f"/api/v1/nodes/{opts.node}")  # changed since read: decide again on what is there now
+        d, node, result, conflicts = self.apply(snap, f, st, own)
         doc, g, verdict, c, prev = d.doc, d.gate, d.verdict, f.counts, d.previous
         self.published = (prefix, doc)
         if st.registration is not None:
