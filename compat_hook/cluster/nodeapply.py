@@ -7,7 +7,8 @@ them:
 
 * **apply** (``application/apply-patch+yaml``, field manager :data:`MANAGER`): every key that
   should be there, always all of them, since a key the manager applied before and leaves out now is
-  removed. ``kubectl get node NAME -o yaml --show-managed-fields`` then names compat-hook's keys
+  removed (so a key it applied before that the intent does not name, one under a former label
+  prefix, is carried at its value: only a key the intent says None goes). ``kubectl get node NAME -o yaml --show-managed-fields`` then names compat-hook's keys
   (manager ``compat-hook-agent``, operation ``Apply``). The body carries the Node's
   ``metadata.resourceVersion`` as read: a Node changed since (the GPU Operator's upgrade controller,
   an admin, ``cluster release``) is a 409, read again and decided again, so a concurrent writer
@@ -19,9 +20,9 @@ them:
 * **remove** (a JSON merge patch, conditional on the same resourceVersion): a key that should go
   but that another manager owns too. Server-side apply removes a key only when the applier is its
   last owner; a key an older agent wrote by merge patch (manager ``compat-hook``, operation
-  ``Update``), or one set again by hand, would stay for ever. So those keys go by a patch, sent
-  before the apply, and with the pair that makes a hold (the skip label and
-  ``<prefix>/holds-upgrade``) together in it, as the admission policy requires.
+  ``Update``), or one set again by hand, would stay for ever. So when one such key goes, every key
+  that goes is in a patch, sent before the apply: the pair that makes a hold (the skip label and
+  ``<prefix>/holds-upgrade``) is removed in one request, as the admission policy requires.
 
 Nothing is sent when the Node already says it all: no write without a change. Keys another
 manager owns with the value compat-hook wants are left so (shared, no write).
