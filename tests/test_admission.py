@@ -231,6 +231,55 @@ def test_agent_cannot_change_another_node(world):
     assert w.node("gpu-b")["metadata"]["labels"][f"{PREFIX}/preflight"] == "warn"
 
 
+def test_the_agents_server_side_apply_is_admitted_and_takes_over_an_older_agents_keys(world):
+    """compat_hook/cluster/nodeapply.py with the agent's pod-bound token: keys an older agent wrote by
+    merge patch go by a patch (the hold's pair together), a hold is applied and lifted by server-side
+    apply under the field manager compat-hook-agent, and a skip label of someone else's is neither
+    applied nor removed. Each write is one the policy admits."""
+    from compat_hook.cluster import gate, kube, nodeapply, publish
+
+    w = world
+    hold = f"{PREFIX}/holds-upgrade"
+    k = kube.connect(str(w.cp.kubeconfig(w.api["gpu-b"].token, "agent-gpu-b")))
+
+    def write(verdict: str) -> dict:
+        meta = w.node("gpu-b")["metadata"]
+        g = gate.decide(meta, verdict=verdict, complete=True, why="1 workload(s) regress", enabled=True,
+                        prefix=PREFIX)
+        doc = {"v": 2, "verdict": verdict, "target": "580.65.06", "regressions": int(verdict == "fail"),
+               "gate": g.state}
+        plan = nodeapply.plan("gpu-b", meta, publish.node_keys(prefix=PREFIX, doc=doc, gate=g, current=meta))
+        nodeapply.write(k, "gpu-b", plan)
+        after = w.node("gpu-b")["metadata"]
+        return after, {m["manager"]: m["operation"] for m in after["managedFields"]
+                       if f"f:{SKIP}" in json.dumps(m.get("fieldsV1"))}
+
+    # an older agent's hold, written by merge patch (its manager owns the keys)
+    w.patch("gpu-b", "gpu-b", {"metadata": {"labels": {f"{PREFIX}/preflight": "fail", SKIP: "true"},
+                                            "annotations": {hold: "x"}}}, SMP, fieldManager="compat-hook")
+    try:
+        meta, _ = write("pass")  # lifted: the hold's pair by one patch, the verdict by a forced apply
+        assert SKIP not in meta["labels"] and hold not in meta["annotations"], meta
+        assert meta["labels"][f"{PREFIX}/preflight"] == "pass"
+        meta, skip_owners = write("fail")  # held by apply
+        assert meta["labels"][SKIP] == "true" and hold in meta["annotations"]
+        assert skip_owners == {"compat-hook-agent": "Apply"}, skip_owners
+        meta, _ = write("pass")  # lifted by leaving both out of the apply (one request, the pair together)
+        assert SKIP not in meta["labels"] and hold not in meta["annotations"], meta
+        # someone else's skip label: the agent's apply never names it, so it stays, theirs
+        w.admin.merge("/api/v1/nodes/gpu-b", {"metadata": {"labels": {SKIP: "true"}}})
+        meta, skip_owners = write("fail")
+        assert meta["labels"][SKIP] == "true" and hold not in meta["annotations"]
+        assert "compat-hook-agent" not in skip_owners, skip_owners
+        meta, skip_owners = write("pass")
+        assert meta["labels"][SKIP] == "true" and "compat-hook-agent" not in skip_owners
+    finally:
+        w.admin.merge("/api/v1/nodes/gpu-b", {"metadata": {
+            "labels": {SKIP: None, f"{PREFIX}/preflight": None, f"{PREFIX}/preflight.broken": None,
+                       f"{PREFIX}/preflight.target-driver": None},
+            "annotations": {hold: None, f"{PREFIX}/preflight": None}}})
+
+
 def test_agent_sets_its_nodes_registration_label_and_only_there(world):
     """``<prefix>/registration`` (the chart's registration path, compat_hook/cluster/publish.py) is one of the
     agent's own keys on its own Node: set and changed there, refused on another Node and to the validator."""
@@ -723,7 +772,9 @@ def test_rbac_grants_the_agent_only_what_it_uses(world):
                ("patch", "nodes", "", None), ("list", "pods", "", None), ("watch", "pods", "", None),
                ("list", "clusterpolicies", "nvidia.com", None), ("watch", "nvidiadrivers", "nvidia.com", None),
                ("create", "leases", "coordination.k8s.io", NS), ("update", "leases", "coordination.k8s.io", NS),
-               ("get", "configmaps", "", NS), ("update", "configmaps", "", NS), ("create", "events", "", "default")]
+               ("get", "configmaps", "", NS), ("update", "configmaps", "", NS), ("create", "events", "", "default"),
+               # which pod its token is bound to (Kubernetes' system:basic-user, not the chart, grants it)
+               ("create", "selfsubjectreviews", "authentication.k8s.io", None)]
     denied = [("update", "nodes", "", None), ("delete", "nodes", "", None), ("create", "nodes", "", None),
               ("get", "pods", "", None), ("get", "clusterpolicies", "nvidia.com", None),
               ("get", "nvidiadrivers", "nvidia.com", None), ("create", "events", "", NS),

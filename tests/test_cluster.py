@@ -628,6 +628,54 @@ def test_a_release_while_the_agent_runs_is_not_undone(world, client):
     assert w.labels(node)[SKIP] == "true" and HOLDS in w.annotations(node)
 
 
+def _bound_agent(w: World, node: str, installation: str) -> tuple:
+    """A kubeconfig whose token is bound to a pod of the agent's DaemonSet ``installation`` on ``node`` (as
+    the kubelet's projected token is), and that DaemonSet's uid (no controller runs it: its pod stays
+    Pending)."""
+    import uuid
+
+    uid = str(uuid.uuid4())
+    pod = w.admin.create("/api/v1/namespaces/compat-hook/pods", {
+        "metadata": {"name": f"{installation}-{node}", "namespace": "compat-hook", "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": installation, "uid": uid, "controller": True}]},
+        "spec": {"nodeName": node, "serviceAccountName": "compat-hook", "containers": [{"name": "agent", "image": "x"}]}})
+    token = w.admin.create("/api/v1/namespaces/compat-hook/serviceaccounts/compat-hook/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600,
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"],
+                               "uid": pod["metadata"]["uid"]}}})["status"]["token"]
+    return w.cp.kubeconfig(token, f"agent-{installation}-{node}"), uid
+
+
+def test_a_release_binds_a_restarted_agent_of_the_same_installation_only(world, client):
+    """A release a running agent saw is on the Node, bound to the agent's installation (the DaemonSet of
+    the pod its token names): the same installation's agent restarted does not hold again, one
+    installed again (another DaemonSet) does."""
+    w = world
+    node = f"release-restart-{client}"
+    w.add_node(node, image="infer")
+    kc1, ds1 = _bound_agent(w, node, "compat-hook-one")
+    kc2, _ = _bound_agent(w, node, "compat-hook-two")
+    agent = w.spawn(node, "--driver", R470, "--interval", "300", client=client, kubeconfig=kc1)
+    try:
+        w.admin.wait("held", lambda: w.labels(node).get(SKIP) == "true" and HOLDS in w.annotations(node), timeout=60)
+        n0 = len(w.passes(node))
+        p = w.run("release", "--node", node, client=client, kubeconfig=w.release_kc)
+        assert p.returncode == 0, p.stdout + p.stderr
+        w.admin.wait("the release seen", lambda: len(w.passes(node)) > n0 and w.passes(node)[-1]["gate"]
+                     == "released-by-other" and f"{PREFIX}/preflight" in w.annotations(node), timeout=30)
+        doc = json.loads(w.annotations(node)[f"{PREFIX}/preflight"])
+        assert (doc["gate"], doc["released_by"], doc["agent"]) == ("released-by-other", "release", ds1), doc
+    finally:
+        agent.terminate()
+        agent.wait(10)
+    r = w.agent(node, "--driver", R470, client=client, kubeconfig=kc1)["last"]  # restarted
+    assert (r["preflight"], r["gate"], r["node_write"]) == ("fail", "released-by-other", "unchanged"), r
+    assert SKIP not in w.labels(node) and HOLDS not in w.annotations(node)
+    r = w.agent(node, "--driver", R470, client=client, kubeconfig=kc2)["last"]  # installed again
+    assert (r["preflight"], r["gate"]) == ("fail", "held"), r
+    assert w.labels(node)[SKIP] == "true" and HOLDS in w.annotations(node)
+
+
 def test_pods_replaced_under_new_names_leave_the_node_and_a_released_hold_alone(world, client):
     """A Job's or a Deployment's pods come back under new names: the same workloads, so the Node is not
     written, no Event is sent, and a hold someone released does not come back."""
@@ -1300,7 +1348,9 @@ def test_a_watching_agent_reacts_to_what_matters_and_leaves_the_node_quiet(world
         w.admin.request("PUT", CP + "/status", cp)
         time.sleep(3)
         assert len(w.passes(node)) == 1, w.passes(node)
-        mine = [m for m in w.node(node)["metadata"]["managedFields"] if m["manager"] == "compat-hook"]
+        # the agent's keys are its field manager's, by server-side apply
+        mine = [m for m in w.node(node)["metadata"]["managedFields"]
+                if (m["manager"], m["operation"]) == ("compat-hook-agent", "Apply")]
         assert mine and all(m["time"] <= first["time"][:19] + "Z" for m in mine), (mine, first)
         # what matters: the announced target (every agent at once: a jittered wait), a GPU pod
         t0 = time.monotonic()

@@ -1,26 +1,24 @@
 """``compat-hook cluster agent``: one node's upgrade preflight, published for the cluster, and the gate.
 
-A pass (:meth:`Agent.run_pass`):
+A pass (:meth:`Agent.run_pass`) is a controller's three steps:
 
-1. reads, from caches a watch keeps current (:mod:`.reflector`; ``--once`` and
-   ``--no-watch`` read them directly, ``resourceVersion=0``): the agent's own
-   Node, the pods bound to it, the ClusterPolicies and NVIDIADrivers;
-2. finds the target driver and whether a hold can work (:mod:`.target`), and the
-   GPU workloads of the node's pods (:mod:`.pods`);
-3. matches their images to the node's store and asks ``plan`` for each on the
-   driver now and on the target (:mod:`.predict`); the driver now comes from the
-   node itself (``/proc/driver/nvidia/version`` under ``host_root``);
-4. decides the gate (:mod:`.gate`): a complete pass (target and driver known,
-   every GPU workload's image read from a reachable store, every cache current)
-   that finds a regression holds, one that finds none lifts a hold; a pass that
-   is not complete keeps what is there and sets nothing;
-5. publishes (:mod:`.publish`): the Node only when its verdict, target,
-   regressions or gate changed (one strategic-merge PATCH, conditional on the
-   Node's resourceVersion: a conflict reads it again and decides again); the
-   details in the agent's ConfigMap when they changed; an Event about the Node
-   (in ``default``, where ``kubectl describe node`` finds it) when the verdict,
-   the gate or the regressions changed; the Lease (the heartbeat) every pass;
-   ``workloads.json`` in the state dir.
+1. **observe** (:meth:`Agent.observe`): a :class:`~.reconcile.Snapshot` of the caches a watch
+   keeps current (:mod:`.reflector`; ``--once`` and ``--no-watch`` read directly,
+   ``resourceVersion=0``): the agent's own Node, the pods bound to it, the ClusterPolicies and
+   NVIDIADrivers, whether every watch is current; the target driver and whether a hold can work
+   (:mod:`.target`); the GPU workloads of the node's pods (:mod:`.pods`), their images matched to
+   the node's store and assessed by ``plan`` on the driver now (``/proc/driver/nvidia/version``
+   under ``host_root``) and on the target (:mod:`.predict`);
+2. **reconcile** (:mod:`.reconcile`, pure): what the pass found, and the keys the Node should
+   carry: the verdict labels, the ``<prefix>/preflight`` doc and the gate (:mod:`.gate`: a
+   regression holds, a complete pass without one lifts a hold, a pass that is not complete keeps
+   what is there), from the Node as read, the settings, the agent's own last word and the clock;
+3. **apply** (:mod:`.nodeapply`): server-side apply of those keys under the field manager
+   ``compat-hook-agent``, only when they change, conditional on the Node's resourceVersion (a
+   conflict reads it again and reconciles again); then the details in the agent's ConfigMap when
+   they changed; an Event about the Node (in ``default``, where ``kubectl describe node`` finds
+   it) when the verdict, the gate or the regressions changed; the Lease (the heartbeat) every
+   pass (:class:`Owned`); ``workloads.json`` in the state dir.
 
 :class:`Agent` loops: a pass every ``interval`` seconds (jittered), and soon
 after a change that matters to this node (its target, the hold-ability, its own
@@ -47,9 +45,9 @@ from ..core import logjson
 from ..core.errors import CompatHookError, describe
 from . import gate as gatemod
 from . import pods as podsmod
-from . import holds, predict, publish, target as targetmod, workloads
+from . import holds, nodeapply, predict, publish, reconcile, target as targetmod, workloads
 from .backoff import Backoff, herd_delay, jittered
-from .kube import Conflict, KubeError, NotFound
+from .kube import Conflict, KubeError, NotFound, Unreachable
 
 __all__ = ["AgentOptions", "Agent", "run", "settings", "DEFAULT_PREFIX"]
 
@@ -62,7 +60,6 @@ MAX_BACKOFF = 300.0
 #: should not be).
 STOP_GRACE = 0.8
 CONFLICT_RETRIES = 4
-MAX_NODE_ANNOTATION = 64 << 10
 
 
 class AgentOptions:
@@ -125,46 +122,22 @@ def _rfc3339(t: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if t is None else t))
 
 
-def _node_doc_of(meta: dict, prefix: str) -> dict | None:
-    raw = _map(meta.get("annotations")).get(f"{prefix}/preflight")
-    if not isinstance(raw, str) or len(raw) > MAX_NODE_ANNOTATION:
-        return None
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) and doc.get("v") == 2 else None
+def _patched(node: dict, keys: dict) -> dict:
+    """``node`` as it will be once ``keys`` (labels and annotations, None: removed) are written.
 
-
-def _patched(node: dict, patch: dict) -> dict:
-    """``node`` as it will be once ``patch`` (labels and annotations, None: removed) is applied.
-
-    >>> _patched({"metadata": {"labels": {"a": "1", "b": "2"}}}, {"metadata": {"labels": {"a": None, "c": "3"}}})
+    >>> _patched({"metadata": {"labels": {"a": "1", "b": "2"}}}, {"labels": {"a": None, "c": "3"}})
     {'metadata': {'labels': {'b': '2', 'c': '3'}, 'annotations': {}}}
     """
     meta = dict(_map(node.get("metadata")))
-    pm = _map(patch.get("metadata"))
-    for key in ("labels", "annotations"):
-        d = dict(_map(meta.get(key)))
-        for k, v in _map(pm.get(key)).items():
+    for kind in ("labels", "annotations"):
+        d = dict(_map(meta.get(kind)))
+        for k, v in _map(keys.get(kind)).items():
             if v is None:
                 d.pop(k, None)
             else:
                 d[k] = v
-        meta[key] = d
+        meta[kind] = d
     return dict(node, metadata=meta)
-
-
-def _key(target, ids) -> str:
-    """What the regressions are: the target and the regressing workloads' ids (:func:`.holds.workload_id`:
-    identities, never pods' names; those recorded while absent included), as a short hash.
-
-    >>> _key("570", ["b", "a"]) == _key("570", ["a", "b"]) != _key("580", ["a", "b"])
-    True
-    """
-    import hashlib
-
-    return hashlib.sha256("\0".join([str(target)] + sorted(ids)).encode()).hexdigest()[:12]
 
 
 # ----------------------------------------------------------------------------- what a pass reads
@@ -226,7 +199,7 @@ class WatchView:
         self.kube, self.node_name = kube, node
         self.direct = DirectView(kube, node, rng=r)
         self.r_node = Reflector(kube, "/api/v1/nodes", query={"fieldSelector": f"metadata.name={node}"},
-                                on_change=on_change, name="node", rng=r)
+                                on_change=on_change, name="node", rng=r, managed_fields=True)
         self.r_pods = Reflector(kube, "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={node}"},
                                 on_change=on_change, name="pods", rng=r)
         self.r_cps = Reflector(kube, "/apis/nvidia.com/v1/clusterpolicies", optional=True, on_change=on_change,
@@ -269,6 +242,57 @@ class WatchView:
         self.r_node.replace(node)
 
 
+class Owned:
+    """One object of the agent's own in its namespace, named after its node (the details ConfigMap, the
+    Lease): read once, then remembered (its resourceVersion and what it says, ``parse(obj or None)``);
+    written by ``put(content)``: a create, or an update conditional on that resourceVersion, of
+    ``build(content, said, resource_version)``; a conflict (someone else wrote it, or it appeared)
+    reads it again, once. With ``always`` every put writes (the heartbeat); else only a change
+    does (``before``: what it said before this put)."""
+
+    def __init__(self, agent, path: str, parse, build, always: bool = False) -> None:
+        self.agent, self.path, self.parse, self.build, self.always = agent, path, parse, build, always
+        self.known = False
+        self.rv = None
+        self.said = None
+        self.before = None
+
+    def put(self, content) -> bool:
+        kube, opts = self.agent.kube, self.agent.opts
+        path = self.path.format(ns=opts.publish_namespace)
+        for attempt in range(2):
+            if not self.known:
+                try:
+                    cur = kube.get(f"{path}/{opts.node}")
+                    self.rv, self.said = str(_map(cur.get("metadata")).get("resourceVersion") or ""), self.parse(cur)
+                except NotFound:
+                    self.rv, self.said = None, self.parse(None)
+                self.known = True
+            if not attempt:
+                self.before = self.said
+            if not self.always and self.said == content:
+                return False
+            obj = self.build(content, self.said, self.rv)
+            try:
+                new = (kube.update(f"{path}/{opts.node}", obj) if self.rv
+                       else _in_namespace(lambda: kube.create(path, obj), opts.publish_namespace))
+            except Conflict:
+                self.known = False
+                if attempt:
+                    raise
+                continue
+            self.rv = str(_map(new.get("metadata")).get("resourceVersion") or "")
+            self.said = self.parse(new) if self.always else content
+            return True
+        return False
+
+
+def _details_of(cm) -> dict:
+    old = (publish.details_of(cm) or {}) if cm is not None else {}
+    old.pop("time", None)
+    return old
+
+
 # ----------------------------------------------------------------------------- the agent
 
 
@@ -289,12 +313,25 @@ class Agent:
         self._lock = threading.Lock()
         self._last_trigger = None
         self._herd = False
-        self.cm_doc = None       # the details the ConfigMap holds (as last read or written)
-        self.cm_rv = None
-        self.cm_before = None    # the details before this pass's write (a changed problem is news)
+        node, ns = opts.node, "{ns}"
+
+        def configmap(doc, _said, rv):
+            obj = publish.configmap(name=node, namespace=self.opts.publish_namespace, doc=doc, when=_rfc3339())
+            if rv:
+                obj["metadata"]["resourceVersion"] = rv
+            return obj
+
+        def lease(_content, acquired, rv):
+            return publish.lease(name=node, namespace=self.opts.publish_namespace, interval=self.opts.interval,
+                                 now=time.time(), acquired=acquired, resource_version=rv or None)
+
+        #: the details (written when they change; ``before``: what they said before this pass's write)
+        self.details_cm = Owned(self, f"/api/v1/namespaces/{ns}/configmaps", _details_of, configmap)
+        #: the heartbeat that says this verdict is current (renewed after every pass; its acquireTime kept)
+        self.lease = Owned(self, f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+                           lambda o: _map(_map(o).get("spec")).get("acquireTime") if o is not None else None,
+                           lease, always=True)
         self._said_purged = False
-        self.lease_rv = None
-        self.lease_acquired = None
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
         self.published = None    # (prefix, the Node doc) this process last decided: its own last word
         self.next_expiry = None  # when a regressing workload recorded while absent stops counting (epoch)
@@ -302,6 +339,8 @@ class Agent:
         # word changes, so a label `cluster release --all` took off (helm uninstall) is not put back by an
         # agent still running in the seconds before its pod goes.
         self.registration_said = None
+        #: the uid of the pod this agent's token is bound to (:meth:`_whoami`; None: none; False: not asked yet)
+        self.pod_uid = False
 
     # -- configuration -------------------------------------------------------
     def config(self):
@@ -360,237 +399,112 @@ class Agent:
         self.wake.set()
 
     # -- one pass --------------------------------------------------------------
-    def run_pass(self) -> dict:
-        t0 = time.monotonic()
-        kube, opts, v = self.kube, self.opts, self.view
-        calls0, by0 = kube.calls, dict(kube.by_kind)
-        cfg = self.config()
-        s = settings(cfg)
-        prefix = s["label_prefix"]
+    def observe(self, cfg, s: dict):
+        """Observe: the :class:`~.reconcile.Snapshot` of the caches, the node's target, its GPU workloads
+        and their assessment on the driver now and the target (the image store, the node's files)."""
+        v, opts = self.view, self.opts
         with self._lock:  # what changed until now, this pass reads
             self.wake.clear()
             self._herd = False
-        node = v.node()
-        pods_list, policies, drivers = v.pods(), v.policies(), v.drivers()
-        watching = isinstance(v, WatchView)
-        if watching:
+        snap = reconcile.Snapshot(node=v.node(), pods=v.pods(), policies=v.policies(), drivers=v.drivers(),
+                                  stale=v.stale())
+        if isinstance(v, WatchView):
             with self._lock:
-                self._last_trigger = self._trigger_key(node, pods_list, policies, drivers)
-        stale = v.stale()
-        tgt = targetmod.node_target(node, policies, drivers, prefix=prefix, override=opts.driver)
-        ws = podsmod.build(pods_list, s["compat_runtime_classes"], opts.publish_namespace)
+                self._last_trigger = self._trigger_key(snap.node, snap.pods, snap.policies, snap.drivers)
+        tgt = targetmod.node_target(snap.node, snap.policies, snap.drivers, prefix=s["label_prefix"],
+                                    override=opts.driver)
+        ws = podsmod.build(snap.pods, s["compat_runtime_classes"], opts.publish_namespace)
         a = predict.assess(cfg, version=tgt.plan_version(), workloads=ws, stores=opts.stores, address=opts.address,
                            namespace=opts.namespace)
-        c = publish.counts(a.rows)
-        c["not_in_store"] = len(a.missing)
-        c["pods"] = len(pods_list)
-        reasons, problems = [], []
-        if tgt.problem:
-            problems.append(tgt.problem)
-            reasons.append(tgt.reason)
-        problems += a.problems
-        reasons += a.reasons
-        if ws.dropped:
-            problems.append(f"{ws.dropped} GPU container(s) or pod(s) left out (more than the agent reads, or an "
-                            f"image reference that is not one)")
-            reasons.append("left_out")
-        if stale:
-            problems.append(f"watch not current: {stale}")
-            reasons.append("cache_not_current")
-        old = self.previous_prefix
-        if old and old != prefix and f"{old}/holds-upgrade" in _map(_map(node.get("metadata")).get("annotations")):
-            # The hold an agent published under its former label_prefix: not ours to touch any more (the
-            # admission policy allows only the current prefix), and it holds the node until released.
-            problems.append(f"a hold under the former label prefix {old} remains: release it with "
-                            f"compat-hook cluster release --node {opts.node} --prefix {old}")
-            reasons.append("former_prefix_hold")
-        for code, n in (("regression", c["regressions"]), ("broken_now_and_after", c["broken_now_and_after"]),
-                        ("changed", c["changed"]), ("unreadable", c["unreadable"]),
-                        ("unknown_workload", c["unknown_workloads"])):
-            if n:
-                reasons.append(code)
-        complete = (tgt.version is not None and a.report is not None and a.reachable and not a.missing
-                    and not c["unreadable"] and not c["unknown_workloads"] and not ws.dropped and not stale
-                    and not a.problems)
-        verdict0 = publish.verdict(c, target_known=tgt.version is not None, report=a.report is not None,
-                                   incomplete=not complete)
-        quiet = holds.quiet_s(s["hold_quiet_s"], opts.interval)
-        ids = {w["name"]: holds.workload_id(w) for w in ws.items}
-        judged = {ids[r["name"]] for r in a.rows if r.get("name") in ids}
-        regressing = {ids[r["name"]]: str(r.get("workload_image")) for r in a.rows
-                      if r.get("name") in ids and publish.regression(r)}
-        # what could not be judged, by name (the gate's message says it beside a hold)
-        unk = ws.unknown()
-        unjudged = [f"{w['name']}: {w['unknown']}" for w in unk[:2]] + (
-            [f"and {len(unk) - 2} more unknown workload(s)"] if len(unk) > 2 else [])
-        result, conflicts = None, 0
-        reg = registration(opts.registration_file)
-        reg = None if reg == self.registration_said else reg
+        return snap, tgt, ws, a
+
+    def apply(self, snap, f, st, own) -> tuple:
+        """Reconcile the Node and apply it: ``(desired, node, "written" or "unchanged", conflicts)``. A
+        Node changed since it was read (a 409) is read again and reconciled again, up to
+        :data:`CONFLICT_RETRIES` times."""
+        kube, name = self.kube, self.opts.node
+        node, conflicts = snap.node, 0
         for attempt in range(CONFLICT_RETRIES):
             meta = _map(node.get("metadata"))
-            prev = _node_doc_of(meta, prefix)
-            previous = self._previous(prev, prefix)
-            # The regressing workloads, recorded: one no pod runs for a moment (a pod recreated, evicted,
-            # a Job between pods) still counts until it has been absent for the quiet time.
-            rec = holds.track(_map(previous).get("held"), target=tgt.version, regressing=regressing,
-                              present=set(ids.values()), judged=judged, now=time.time(), quiet=quiet,
-                              current=not stale)
-            self.next_expiry = rec.next_expiry
-            absent = rec.absent
-            cn = dict(c, regressions=c["regressions"] + len(absent), absent_regressions=len(absent))
-            verdict = "fail" if absent and verdict0 in ("pass", "warn") else verdict0
-            key = _key(tgt.version, list(rec.entries))
-            if verdict == "fail":
-                # Images, not pods: the hold's reason changes (a Node write) only when the regressions do.
-                regs = sorted({e["image"] for e in rec.entries.values()})
-                why = (f"{cn['regressions']} workload(s) regress on driver {tgt.version}: " + "; ".join(regs[:3])
-                       + (f" and {len(regs) - 3} more image(s)" if len(regs) > 3 else ""))
-                if absent:
-                    why += (f" ({len(absent)} run by no pod now, counted until "
-                            f"{_rfc3339(rec.next_expiry)} at the earliest)")
-            else:
-                why = "; ".join(problems) or verdict
-            g = gatemod.decide(meta, verdict=verdict, complete=complete, why=why, enabled=bool(s["gate_upgrade"]),
-                               prefix=prefix, blocked=tgt.blocked, key=key, previous=previous,
-                               problem="; ".join(problems + unjudged) or
-                               "reasons " + ", ".join(sorted(set(reasons) - {"regression"})))
-            doc = publish.node_doc(verdict_=verdict, target=tgt.version, target_from=tgt.where, now=a.now,
-                                   gate=g.state, c=cn, reasons=sorted(set(reasons)), key=key, interval=opts.interval,
-                                   details=f"{opts.publish_namespace}/{opts.node}", since=_rfc3339(),
-                                   released_by=g.released_by if g.state == "released-by-other" else None,
-                                   held=rec.doc())
-            if publish.same_node_doc(prev, doc):
-                doc["since"] = prev.get("since", doc["since"])
-            patch = publish.node_patch(prefix=prefix, doc=doc, gate=g, current=meta,
-                                       resource_version=str(meta.get("resourceVersion") or ""),
-                                       registration=reg)
-            if patch is None:
-                result = "unchanged"
-                break
-            if watching:  # our own write is no reason for another pass: what it changes is expected from now on
+            d = reconcile.reconcile(meta, f, st, now=time.time(), own=own)
+            self.next_expiry = d.next_expiry
+            w = nodeapply.plan(name, meta, d.keys)
+            if not w.changed:
+                return d, node, "unchanged", conflicts
+            if isinstance(self.view, WatchView):  # our own write is no reason for another pass
                 with self._lock:
-                    self._last_trigger = self._trigger_key(_patched(node, patch), pods_list, policies, drivers)
+                    self._last_trigger = self._trigger_key(_patched(node, d.keys), snap.pods, snap.policies,
+                                                           snap.drivers)
             try:
-                node = kube.patch(f"/api/v1/nodes/{opts.node}", patch)
-                v.wrote(node)
-                result = "written"
-                break
+                node = nodeapply.write(kube, name, w)
             except Conflict:
                 conflicts += 1
                 if attempt == CONFLICT_RETRIES - 1:
                     raise
-                node = kube.get(f"/api/v1/nodes/{opts.node}")  # changed since read: decide again on what is there now
+                node = kube.get(f"/api/v1/nodes/{name}")  # changed since read: decide again on what is there now
+                continue
+            self.view.wrote(node)
+            return d, node, "written", conflicts
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def run_pass(self) -> dict:
+        """One pass: observe, reconcile (pure, :mod:`.reconcile`), apply (:mod:`.nodeapply`; a Node changed
+        since it was read is read again and reconciled again), then the details, Event, Lease and files."""
+        t0 = time.monotonic()
+        kube, opts = self.kube, self.opts
+        calls0, by0 = kube.calls, dict(kube.by_kind)
+        cfg = self.config()
+        s = settings(cfg)
+        prefix = s["label_prefix"]
+        snap, tgt, ws, a = self.observe(cfg, s)
+        reg = registration(opts.registration_file)
+        st = reconcile.Settings(prefix=prefix, gate=bool(s["gate_upgrade"]),
+                                quiet=holds.quiet_s(s["hold_quiet_s"], opts.interval), interval=opts.interval,
+                                details=f"{opts.publish_namespace}/{opts.node}", former_prefix=self.previous_prefix,
+                                registration=None if reg == self.registration_said else reg,
+                                installation=reconcile.installation(snap.pods, self.pod_uid or None))
+        f = reconcile.findings(snap, target=tgt, workloads=ws, assessment=a, settings=st)
+        own = self.published[1] if self.published is not None and self.published[0] == prefix else None
+        d, node, result, conflicts = self.apply(snap, f, st, own)
+        doc, g, verdict, c, prev = d.doc, d.gate, d.verdict, f.counts, d.previous
         self.published = (prefix, doc)
-        if reg is not None:
-            self.registration_said = reg
+        if st.registration is not None:
+            self.registration_said = st.registration
         # What the Node now says, on the node at once: the ConfigMap, Event and Lease below may fail
         # (the API server gone mid-pass), and the error line's last_result must still be this.
         self._state_file(prefix, doc)
-        details = publish.details_doc(node=opts.node, verdict_=verdict, complete=complete, target=tgt.version,
+        problem = "; ".join(f.problems) or None
+        reasons = sorted(set(f.reasons))
+        details = publish.details_doc(node=opts.node, verdict_=verdict, complete=f.complete, target=tgt.version,
                                       target_from=tgt.where, now=a.now, gate=g.state, gate_message=g.message,
-                                      problem="; ".join(problems) or None, reasons=sorted(set(reasons)),
-                                      interval=opts.interval, c=c, rows=a.rows, pods=ws.pods, missing=a.missing,
-                                      pods_seen=len(pods_list), workloads=ws.items)
-        cm_written = self._details(details)
+                                      problem=problem, reasons=reasons, interval=opts.interval, c=c, rows=a.rows,
+                                      pods=ws.pods, missing=a.missing, pods_seen=len(snap.pods), workloads=ws.items)
+        cm_written = self.details_cm.put(details)
         event_sent = False
         # a bad announcement changed to another bad one is news too (the operator's fix did not take)
         if prev is None or publish.event_signature(prev) != publish.event_signature(doc) or \
                 (tgt.reason == "bad_announcement" and ((prev or {}).get("reasons") != doc["reasons"]
-                                                       or (self.cm_before or {}).get("problem") != details["problem"])):
+                                                       or (self.details_cm.before or {}).get("problem") != problem)):
             kube.create(f"/api/v1/namespaces/{publish.EVENT_NAMESPACE}/events",
                         publish.event(node=node, details=details, when=_rfc3339(),
                                       warning_reason=tgt.reason if tgt.reason == "bad_announcement" else None))
             event_sent = True
-        self._renew()
-        out = {"event": "cluster_pass", "node": opts.node, "preflight": verdict, "complete": complete,
-               "reasons": sorted(set(reasons)), "target": tgt.version, "target_from": tgt.where, "now": a.now,
+        self.lease.put(None)
+        cn = d.counts
+        out = {"event": "cluster_pass", "node": opts.node, "preflight": verdict, "complete": f.complete,
+               "reasons": reasons, "target": tgt.version, "target_from": tgt.where, "now": a.now,
                "gate": g.state, "gate_message": g.message, "workloads": c["workloads"],
                "regressions": c["regressions"], "absent_regressions": cn["absent_regressions"],
                "broken_now_and_after": c["broken_now_and_after"],
                "changed": c["changed"], "not_in_store": c["not_in_store"], "unreadable": c["unreadable"],
-               "unknown_workloads": c["unknown_workloads"], "pods": len(pods_list),
-               "problem": "; ".join(problems) or None, "node_write": result, "conflicts": conflicts,
+               "unknown_workloads": c["unknown_workloads"], "pods": len(snap.pods),
+               "problem": problem, "node_write": result, "conflicts": conflicts,
                "details_written": cm_written,
                "event_sent": event_sent, "api_calls": kube.calls - calls0,
                "api_requests": {k: n - by0.get(k, 0) for k, n in sorted(kube.by_kind.items()) if n - by0.get(k, 0)},
                "seconds": round(time.monotonic() - t0, 3), "max_rss_kib": _max_rss_kib()}
-        self._outputs(cfg, s, prefix, doc, details, ws, a, pods_list)
+        self._outputs(cfg, s, prefix, doc, details, ws, a, snap.pods)
         return out
-
-    def _previous(self, on_node: dict | None, prefix: str) -> dict | None:
-        """The last word the gate goes on: what this process decided last, else the Node's annotation.
-
-        A hold ``cluster release`` took off (``released_by`` ``release``) is remembered by the process
-        that saw it, not by the Node: the release removes the annotation, and an agent installed
-        again (``helm uninstall`` then ``install``) must decide afresh, not read the word of the one
-        that ran while the release did as its own.
-        """
-        if self.published is not None and self.published[0] == prefix:
-            return self.published[1]
-        if on_node is not None and on_node.get("released_by") == "release":
-            return None
-        return on_node
-
-    def _details(self, details: dict) -> bool:
-        """The ConfigMap, written when its details changed (read once, then remembered)."""
-        kube, opts = self.kube, self.opts
-        path = f"/api/v1/namespaces/{opts.publish_namespace}/configmaps"
-        for attempt in range(2):
-            if self.cm_doc is None:
-                try:
-                    cm = kube.get(f"{path}/{opts.node}")
-                    self.cm_rv = str(_map(cm.get("metadata")).get("resourceVersion") or "")
-                    old = publish.details_of(cm) or {}
-                    old.pop("time", None)
-                    self.cm_doc = old
-                except NotFound:
-                    self.cm_rv, self.cm_doc = None, {}
-            if not attempt:
-                self.cm_before = self.cm_doc
-            if self.cm_doc == details:
-                return False
-            obj = publish.configmap(name=opts.node, namespace=opts.publish_namespace, doc=details, when=_rfc3339())
-            try:
-                if self.cm_rv is None:
-                    new = _in_namespace(lambda: kube.create(path, obj), opts.publish_namespace)
-                else:
-                    obj["metadata"]["resourceVersion"] = self.cm_rv
-                    new = kube.update(f"{path}/{opts.node}", obj)
-            except Conflict:
-                self.cm_doc = None  # someone else wrote it (or it appeared): read again
-                if attempt:
-                    raise
-                continue
-            self.cm_rv = str(_map(new.get("metadata")).get("resourceVersion") or "")
-            self.cm_doc = details
-            return True
-        return False
-
-    def _renew(self) -> None:
-        """The Lease: the heartbeat that says this verdict is current (renewed after every pass)."""
-        kube, opts = self.kube, self.opts
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{opts.publish_namespace}/leases"
-        for attempt in range(2):
-            if self.lease_rv is None:
-                try:
-                    cur = kube.get(f"{path}/{opts.node}")
-                    self.lease_rv = str(_map(cur.get("metadata")).get("resourceVersion") or "")
-                    self.lease_acquired = _map(cur.get("spec")).get("acquireTime")
-                except NotFound:
-                    self.lease_rv = ""
-            obj = publish.lease(name=opts.node, namespace=opts.publish_namespace, interval=opts.interval,
-                                now=time.time(), acquired=self.lease_acquired, resource_version=self.lease_rv or None)
-            try:
-                new = (kube.update(f"{path}/{opts.node}", obj) if self.lease_rv
-                       else _in_namespace(lambda: kube.create(path, obj), opts.publish_namespace))
-            except Conflict:
-                self.lease_rv = None
-                if attempt:
-                    raise
-                continue
-            self.lease_rv = str(_map(new.get("metadata")).get("resourceVersion") or "")
-            self.lease_acquired = _map(new.get("spec")).get("acquireTime")
-            return
 
     # -- node-local files ----------------------------------------------------
     def _state_file(self, prefix: str, doc: dict) -> None:
@@ -633,12 +547,30 @@ class Agent:
             self.kube = self.kube_factory()
             _log({"event": "cluster_connected", "node": self.opts.node, "server": getattr(self.kube, "host", None),
                   "credentials": getattr(self.kube, "source", None)})
+        self._whoami()
         if self.view is None:
             if self.opts.watch and not self.opts.once:
                 self.view = WatchView(self.kube, self.opts.node, self.on_change, rng=self.rng)
                 self.view.start()
             else:
                 self.view = DirectView(self.kube, self.opts.node, rng=self.rng)
+
+    def _whoami(self) -> None:
+        """The uid of the pod this agent's token is bound to, asked once (a SelfSubjectReview, which every
+        authenticated user may make): the kubelet's projected token names its pod, a token of the agent
+        run by hand none. What a release the agent saw is bound to (:func:`.reconcile.installation`). An
+        API server that cannot answer now is asked again before the next pass; any other answer is final."""
+        if self.pod_uid is not False:
+            return
+        try:
+            r = self.kube.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                                  body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+        except Unreachable:
+            return
+        except KubeError:
+            r = {}
+        v = _map(_map(_map(r.get("status")).get("userInfo")).get("extra")).get("authentication.kubernetes.io/pod-uid")
+        self.pod_uid = v[0][:64] if isinstance(v, list) and len(v) == 1 and isinstance(v[0], str) else None
 
     def run(self) -> int:
         """One pass with ``once`` (exit 0 published, 1 an API error), else until :attr:`stop` (exit 0)."""
@@ -781,8 +713,8 @@ def _decision_counts(cfg) -> dict | None:
     return counts
 
 
-def _state_prefix(opts: AgentOptions) -> str | None:
-    """The label prefix the last pass (before this process) published under, from the state file."""
+def _state_doc(opts: AgentOptions) -> dict | None:
+    """The state file's doc (what the last pass published, with its prefix); None: none, or unreadable."""
     if not opts.state_dir:
         return None
     try:
@@ -790,16 +722,17 @@ def _state_prefix(opts: AgentOptions) -> str | None:
             doc = json.loads(f.read(1 << 20).decode())
     except (OSError, ValueError, UnicodeDecodeError):
         return None
-    p = doc.get("prefix") if isinstance(doc, dict) else None
+    return doc if isinstance(doc, dict) else None
+
+
+def _state_prefix(opts: AgentOptions) -> str | None:
+    """The label prefix the last pass (before this process) published under, from the state file."""
+    p = (_state_doc(opts) or {}).get("prefix")
     return p if isinstance(p, str) and 0 < len(p) <= 253 else None
 
 
 def _last_result(opts: AgentOptions) -> str | None:
-    if not opts.state_dir:
+    doc = _state_doc(opts)
+    if doc is None:
         return None
-    try:
-        with open(os.path.join(opts.state_dir, STATE_FILE), "rb") as f:
-            doc = json.loads(f.read(1 << 20).decode())
-        return f"{doc.get('verdict')} for {doc.get('target')} since {doc.get('since')} (gate {doc.get('gate')})"
-    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
-        return None
+    return f"{doc.get('verdict')} for {doc.get('target')} since {doc.get('since')} (gate {doc.get('gate')})"

@@ -41,10 +41,11 @@ does nothing. So the gate (:func:`decide`, one state per pass):
     published gate was ``held``, as when ``helm uninstall``'s pre-delete Job
     runs before the agent is stopped): we take our annotation off and do not
     hold again for the same target and regressions (a new target or a new
-    regression holds again). ``previous`` is the agent's own last word: the
-    Node's annotation for a label taken off, but a ``release`` only as long as
-    the agent process that saw it runs (the release command removes that
-    annotation, so that an agent installed again starts fresh).
+    regression holds again). ``previous`` is the last published word, on the
+    Node (:mod:`.reconcile` chooses it): for a label taken off, whoever reads
+    it; for a ``release``, only the process that saw it and the agents of its
+    installation (the doc names it), so that an agent installed again starts
+    fresh.
 ``skipped-by-other``
     A skip label someone else set: never touched.
 ``off``

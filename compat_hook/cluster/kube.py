@@ -38,9 +38,13 @@ import threading
 from ..core.errors import CompatHookError
 
 __all__ = ["Kube", "KubeError", "Unreachable", "Denied", "Conflict", "NotFound", "Gone", "connect",
-           "FIELD_MANAGER"]
+           "FIELD_MANAGER", "APPLY_CONTENT_TYPE"]
 
+#: The field manager of compat-hook's patches, creates and updates (``release``, the details, the Lease);
+#: the agent's server-side apply of its Node's keys has its own (:data:`.nodeapply.MANAGER`).
 FIELD_MANAGER = "compat-hook"
+#: Server-side apply's content type (a JSON body is YAML too).
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
 #: (connect, read) seconds for one request: a pass must never hang on a dead API server.
 TIMEOUT = (3.0, 15.0)
 #: The largest answer read from the API server (a list of every pod on a big node stays far below).
@@ -313,6 +317,16 @@ class Kube:
         (a ``metadata.resourceVersion`` in ``patch`` makes it conditional: :class:`Conflict`)."""
         ctype = "application/strategic-merge-patch+json" if merge == "strategic" else "application/merge-patch+json"
         return self.request("PATCH", path, query={"fieldManager": FIELD_MANAGER}, body=patch, content_type=ctype)
+
+    def apply(self, path: str, obj: dict, *, manager: str, force: bool = False) -> dict:
+        """Server-side apply of ``obj`` (the whole intent of ``manager``: a field it applied before and
+        leaves out now is removed where no other manager owns it) at ``path``. A
+        ``metadata.resourceVersion`` in ``obj`` makes it conditional (:class:`Conflict`), like a change
+        to a field another manager owns without ``force``."""
+        query = {"fieldManager": manager}
+        if force:
+            query["force"] = "true"
+        return self.request("PATCH", path, query=query, body=obj, content_type=APPLY_CONTENT_TYPE)
 
     def create(self, path: str, obj: dict) -> dict:
         return self.request("POST", path, query={"fieldManager": FIELD_MANAGER}, body=obj)

@@ -2,7 +2,8 @@
 
 Every write to a Node reaches every Node watcher of the cluster (scheduler,
 controller-manager, CNI agents, the GPU Operator), so the Node carries only
-what changes with the verdict (:func:`node_doc`, :func:`node_patch`):
+what changes with the verdict (:func:`node_doc`, :func:`node_keys`, written by
+:mod:`.nodeapply`):
 
 * labels ``<prefix>/preflight`` (``pass``/``warn``/``fail``/``unknown``),
   ``<prefix>/preflight.broken`` (the regressions), ``<prefix>/preflight.target-driver``,
@@ -52,7 +53,7 @@ from __future__ import annotations
 import json
 import os
 
-__all__ = ["REGISTRATIONS", "verdict", "counts", "regression", "node_doc", "node_patch", "details_doc", "lease", "event",
+__all__ = ["REGISTRATIONS", "verdict", "counts", "regression", "node_doc", "node_keys", "details_doc", "lease", "event",
            "event_signature", "label_value", "nfd_text", "textfile_text", "write_file", "MAX_NODE_DOC",
            "EVENT_NAMESPACE"]
 
@@ -141,16 +142,20 @@ def label_value(v) -> str | None:
 
 def node_doc(*, verdict_: str, target, target_from, now, gate: str, c: dict, reasons: list, key: str,
              interval: float, details: str, since: str, released_by: str | None = None,
-             held: dict | None = None) -> dict:
+             held: dict | None = None, agent: str | None = None) -> dict:
     """The Node's small annotation (see the module docstring); ``since`` is when it last changed;
     ``released_by``: how a ``released-by-other`` gate came (:class:`~.gate.Gate`); ``held``: the
-    regressing workloads' record (:meth:`.holds.Record.doc`), what a restarted agent goes on."""
+    regressing workloads' record (:meth:`.holds.Record.doc`), what a restarted agent goes on;
+    ``agent``: the installation that saw a release (:func:`.reconcile.installation`; said only
+    with ``released_by: release``)."""
     doc = {"v": 2, "verdict": verdict_, "target": _s(target, 64), "from": _s(target_from, 160), "now": _s(now, 64),
            "gate": gate, "regressions": c.get("regressions", 0), "broken_now": c.get("broken_now_and_after", 0),
            "reasons": [_s(r, 32) for r in reasons[:12]], "key": key, "interval": int(interval),
            "details": _s(details, 320), "since": since}
     if released_by:
         doc["released_by"] = _s(released_by, 16)
+        if released_by == "release" and agent:
+            doc["agent"] = _s(agent, 64)
     if held:
         doc["held"] = {"target": held.get("target"), "w": dict(held.get("w") or {})}
     while len(json.dumps(doc, separators=(",", ":"))) > MAX_NODE_DOC and doc["reasons"]:
@@ -167,37 +172,44 @@ def same_node_doc(a, b) -> bool:
     return {k: v for k, v in a.items() if k != "since"} == {k: v for k, v in b.items() if k != "since"}
 
 
-def node_patch(*, prefix: str, doc: dict, gate, resource_version: str, current: dict,
-               registration: str | None = None) -> dict | None:
-    """The strategic-merge patch that makes the Node say ``doc`` and the gate's changes; None when the
-    Node already says it all (``current``: its metadata). ``registration``: the ``<prefix>/registration``
-    label's value (None: left as it is)."""
-    labels = {f"{prefix}/preflight": doc["verdict"], f"{prefix}/preflight.target-driver": label_value(doc["target"]),
-              f"{prefix}/preflight.broken": str(doc["regressions"])}
-    if registration in REGISTRATIONS:
-        labels[f"{prefix}/registration"] = registration
-    labels.update(gate.labels)
-    annotations = {f"{prefix}/preflight": json.dumps(doc, separators=(",", ":"))}
-    annotations.update(gate.annotations)
+def node_keys(*, prefix: str, doc: dict, gate, current: dict, registration: str | None = None) -> dict:
+    """The keys compat-hook governs on the Node, as they should be after this pass:
+    ``{"labels": {key: value or None}, "annotations": {...}}`` (None: absent), for
+    :func:`.nodeapply.plan`. ``current``: the Node's metadata; ``gate``: the :class:`~.gate.Gate`
+    (its changes); ``registration``: the ``<prefix>/registration`` label's value (None: left as it
+    is). The skip label is among them only while it is compat-hook's (with ``<prefix>/holds-upgrade``)
+    before or after: someone else's is never named, so never written or removed. The annotation keeps
+    its text when only ``since`` would change (not a change).
+
+    >>> from .gate import Gate
+    >>> k = node_keys(prefix="p", doc={"verdict": "pass", "target": "a b", "regressions": 0}, gate=Gate("clear"),
+    ...               current={"labels": {"nvidia.com/gpu-driver-upgrade.skip": "true", "p/registration": "nri"}})
+    >>> k["labels"]
+    {'p/preflight': 'pass', 'p/preflight.target-driver': None, 'p/preflight.broken': '0', 'p/registration': 'nri'}
+    """
     have_l = current.get("labels") if isinstance(current.get("labels"), dict) else {}
     have_a = current.get("annotations") if isinstance(current.get("annotations"), dict) else {}
-    labels = {k: v for k, v in labels.items() if have_l.get(k) != v}
-    annotations = {k: v for k, v in annotations.items() if have_a.get(k) != v}
+    from .gate import SKIP_LABEL
+
+    hold = f"{prefix}/holds-upgrade"
+    reg = f"{prefix}/registration"
+    labels = {f"{prefix}/preflight": doc["verdict"], f"{prefix}/preflight.target-driver": label_value(doc["target"]),
+              f"{prefix}/preflight.broken": str(doc["regressions"]),
+              reg: registration if registration in REGISTRATIONS else have_l.get(reg)}
+    text = json.dumps(doc, separators=(",", ":"))
     old = have_a.get(f"{prefix}/preflight")
-    if f"{prefix}/preflight" in annotations and isinstance(old, str):
+    if isinstance(old, str):
         try:
             if same_node_doc(json.loads(old), doc):  # only ``since`` differs: not a change
-                annotations.pop(f"{prefix}/preflight")
+                text = old
         except ValueError:
             pass
-    if not labels and not annotations:
-        return None
-    meta: dict = {"resourceVersion": resource_version}
-    if labels:
-        meta["labels"] = labels
-    if annotations:
-        meta["annotations"] = annotations
-    return {"metadata": meta}
+    annotations = {f"{prefix}/preflight": text, hold: have_a.get(hold)}
+    annotations.update(gate.annotations)
+    if hold in have_a and have_l.get(SKIP_LABEL) == "true":  # our hold: kept, or lifted with its annotation
+        labels[SKIP_LABEL] = "true"
+    labels.update(gate.labels)
+    return {"labels": labels, "annotations": annotations}
 
 
 def _row(r: dict, pods: dict) -> dict:

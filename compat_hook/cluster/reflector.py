@@ -60,8 +60,12 @@ class Reflector:
     """See the module docstring; ``objects()`` is a snapshot of the cache."""
 
     def __init__(self, kube, path: str, *, query: dict | None = None, optional: bool = False, on_change=None,
-                 name: str = "", rng=None, watch_seconds=WATCH_SECONDS, idle_s: float = IDLE_SECONDS) -> None:
+                 name: str = "", rng=None, watch_seconds=WATCH_SECONDS, idle_s: float = IDLE_SECONDS,
+                 managed_fields: bool = False) -> None:
         self.kube, self.path, self.query = kube, path, dict(query or {})
+        #: keep ``metadata.managedFields`` (the agent's own Node: who owns which key decides how it is
+        #: applied, :mod:`.nodeapply`); dropped from everything else (a pod's are most of its size)
+        self._slim = (lambda o: o) if managed_fields else _slim
         self.optional, self.on_change, self.name = optional, on_change, name or path
         self._rng = rng or random.Random()
         self._watch_seconds = watch_seconds
@@ -91,13 +95,13 @@ class Reflector:
         with self._lock:
             old = self._objects.get(_key(obj))
             if old is None or _rv(old) <= _rv(obj):
-                self._objects[_key(obj)] = _slim(obj)
+                self._objects[_key(obj)] = self._slim(obj)
 
     def _list(self) -> str:
         doc = self.kube.request("GET", self.path, query=dict(self.query, resourceVersion="0"))
         items = doc.get("items") if isinstance(doc.get("items"), list) else []
         with self._lock:
-            self._objects = {_key(o): _slim(o) for o in items if isinstance(o, dict)}
+            self._objects = {_key(o): self._slim(o) for o in items if isinstance(o, dict)}
         self.absent = False
         return str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -165,7 +169,7 @@ class Reflector:
                 if kind == "DELETED":
                     self._objects.pop(_key(obj), None)
                 else:
-                    self._objects[_key(obj)] = _slim(obj)
+                    self._objects[_key(obj)] = self._slim(obj)
             rv = new_rv or rv
             self._notify()
         return rv

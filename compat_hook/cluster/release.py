@@ -8,8 +8,9 @@ and with them the agent's last word on the Node, the annotation
 ``<prefix>/preflight`` (its labels stay): an agent installed afterwards starts
 fresh, and holds again where a workload regresses, instead of reading its
 predecessor's ``held`` with both keys gone as a hold someone released for good
-(an agent still running when release runs, as under ``helm uninstall``,
-remembers what it published and does not hold again until it is restarted).
+(an agent still running when release runs, as under ``helm uninstall``, does
+not hold again, and writes back a doc that binds only the agents of its own
+installation: :mod:`.reconcile`).
 A skip label without that annotation is someone else's and is never touched.
 Several prefixes can be given (``--prefix``, repeatable): the holds of an agent
 that ran with another ``cluster.label_prefix`` are found and released too.
