@@ -871,6 +871,37 @@ def test_status_shows_what_the_validator_published(world, client):
     assert rc == rc_json
 
 
+def test_status_says_when_the_validation_taint_stops_nvidias_controller(world, client):
+    """A node with compat-hook's validation-failed taint that the operator's DaemonSets do not tolerate: the
+    real DaemonSet controller counts it out while its driver pod runs, and NVIDIA's upgrade controller then
+    refuses the DaemonSet for every node (tests/test_node_validator.py). ``cluster status`` names it in the
+    NOTE, counts it and exits 2; with the toleration in ``spec.daemonsets.tolerations`` the note is gone."""
+    w = world
+    case = f"taint-{client}"
+    node = f"{case}-a"
+    w.add_node(node, image="legacy", labels={CASE: case})
+    w.agent(node, client=client)
+    cp = "/apis/nvidia.com/v1/clusterpolicies/cluster-policy"
+    key = f"{PREFIX}/validation-failed"
+    w.admin.merge(f"/api/v1/nodes/{node}", {"spec": {"taints": [{"key": key, "value": R535, "effect": "NoSchedule"}]}})
+    try:
+        rc, doc, summary = w.status_json(case, client)
+        assert rc == 2 and doc[node]["taint_not_tolerated"] and summary["taint_not_tolerated"] == 1, (rc, doc)
+        assert doc[node]["note"].startswith(f"{key} not tolerated by ClusterPolicy cluster-policy "
+                                            "spec.daemonsets.tolerations"), doc[node]
+        rc_text, out, _ = w.status(case, client=client)
+        assert rc_text == 2 and "driver DaemonSet does not tolerate" in out.splitlines()[-1], out
+        w.admin.merge(cp, {"spec": {"daemonsets": {"tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": key, "operator": "Exists", "effect": "NoSchedule"}]}}})
+        rc, doc, summary = w.status_json(case, client)
+        assert not doc[node]["taint_not_tolerated"] and summary["taint_not_tolerated"] == 0, doc
+        assert key not in (doc[node]["note"] or ""), doc[node]
+    finally:
+        w.admin.merge(cp, {"spec": {"daemonsets": {"tolerations": None}}})
+        w.admin.merge(f"/api/v1/nodes/{node}", {"spec": {"taints": None}})
+
+
 def test_the_registration_path_is_a_node_label_and_a_status_column(world, client, tmp_path):
     """What the chart's installer wrote (--registration-file) becomes ``compat-hook.io/registration``; a
     pass that finds it unchanged writes nothing; ``cluster status`` shows it (PATH, ``path`` in --json),

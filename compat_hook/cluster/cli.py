@@ -229,7 +229,7 @@ def _status(args) -> int:
     _said_server("status", k)
     if args.json:
         keys = ("name", "driver", "target", "upgrade_state", "preflight", "verdict", "broken", "held", "hold",
-                "stale", "renewed", "since", "validated", "path", "note")
+                "stale", "renewed", "since", "validated", "path", "taint_not_tolerated", "note")
         out = {"nodes": [{key: r[key] for key in keys} for r in rep["nodes"]], "summary": rep["summary"],
                "server": {"url": k.host, "credentials": k.source}}
         sys.stdout.write(json.dumps(out, indent=2) + "\n")

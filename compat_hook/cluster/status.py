@@ -25,11 +25,18 @@ installer said and the agent labelled it (``<prefix>/registration``): ``nri``, `
 or ``nri (not connected)`` when the NRI plugin is gone from containerd's plugin dir (GPU
 containers start without compat-hook there); ``-`` without the label (installed by hand).
 
+A node that carries compat-hook's ``<prefix>/validation-failed`` taint which its driver's
+DaemonSet does not tolerate (the active ClusterPolicy's ``spec.daemonsets.tolerations``, or the
+selecting NVIDIADriver's ``spec.tolerations``) says so in its NOTE (:func:`untolerated_taint`):
+the DaemonSet controller counts such a node out while the driver pod still runs there, and NVIDIA's
+upgrade controller then refuses the DaemonSet, so no node's upgrade moves.
+
 Reads: Nodes, the agent's Leases, ClusterPolicies and NVIDIADrivers, each as
 paginated lists of :data:`PAGE` (four requests for a thousand nodes).
 
 Exit status: 0 every node passes; 2 some node changes outcome (``warn``), its
-verdict is ``unknown``, missing or stale, or its NRI plugin is not connected; 3 some
+verdict is ``unknown``, missing or stale, its NRI plugin is not connected, or its validation-failed
+taint is not tolerated by its driver's DaemonSet; 3 some
 node would regress (``fail``, not stale) and every such node is held (:data:`HELD`: compat-hook's hold, a
 skip label of someone else's, or the admin's override); 5 some node would
 regress and nothing holds it (the gate off, ``too-late``, ``cannot-hold``,
@@ -45,6 +52,8 @@ matched the selector: a typo in a CI gate must not pass); 1 an error.
 2
 >>> exit_status([{"preflight": "pass", "path": "nri"}]), exit_status([{"preflight": "pass", "path": NOT_CONNECTED}])
 (0, 2)
+>>> exit_status([{"preflight": "pass", "taint_not_tolerated": True}])
+2
 """
 
 from __future__ import annotations
@@ -192,6 +201,63 @@ def _note(verdict: str | None, doc: dict) -> str | None:
     return "unknown: " + (", ".join(reasons) if reasons else "its agent gave no reason")
 
 
+def tolerates(tolerations, key: str, value: str, effect: str) -> bool:
+    """Whether ``tolerations`` (a pod spec's) tolerate the taint ``key=value:effect``, by Kubernetes' rules.
+
+    >>> t = "p.io/validation-failed"
+    >>> tolerates([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], t, "470", "NoSchedule")
+    False
+    >>> tolerates([{"key": t, "operator": "Exists", "effect": "NoSchedule"}], t, "470", "NoSchedule")
+    True
+    >>> tolerates([{"operator": "Exists"}], t, "470", "NoSchedule"), tolerates([{"key": t, "value": "535"}], t, "470", "NoSchedule")
+    (True, False)
+    """
+    for tol in tolerations if isinstance(tolerations, list) else []:
+        if not isinstance(tol, dict) or tol.get("effect") not in (None, "", effect):
+            continue
+        op = tol.get("operator") or "Equal"
+        if op == "Exists" and tol.get("key") in (None, "", key):
+            return True
+        if op == "Equal" and tol.get("key") == key and (tol.get("value") or "") == value:
+            return True
+    return False
+
+
+def _driver_tolerations(node: dict, policies: list, drivers: list) -> tuple:
+    """``(tolerations, where)`` of the GPU Operator's DaemonSet that runs ``node``'s driver: the active
+    ClusterPolicy's ``spec.daemonsets.tolerations``, or with ``useNvidiaDriverCRD`` the selecting
+    NVIDIADriver's ``spec.tolerations``; ``(None, "")`` where neither is known."""
+    cp, _ = targetmod.active_policy(policies)
+    spec = _map(_map(cp).get("spec"))
+    if cp is not None and _map(spec.get("driver")).get("useNvidiaDriverCRD") is not True:
+        return _map(spec.get("daemonsets")).get("tolerations") or [], \
+            f"ClusterPolicy {_s(_map(cp.get('metadata')).get('name'))} spec.daemonsets.tolerations"
+    labels = _map(_map(node.get("metadata")).get("labels"))
+    for d in drivers:
+        ds = _map(_map(d).get("spec"))
+        if targetmod.selects(ds.get("nodeSelector"), labels, ds.get("nodeAffinity")):
+            return ds.get("tolerations") or [], f"NVIDIADriver {_s(_map(d.get('metadata')).get('name'))} spec.tolerations"
+    return None, ""
+
+
+def untolerated_taint(node: dict, prefix: str, policies: list, drivers: list) -> str | None:
+    """The NOTE for a node carrying compat-hook's validation-failed taint that its driver DaemonSet does not
+    tolerate (None otherwise): the DaemonSet controller then counts the node out while the driver pod
+    still runs there, and NVIDIA's upgrade controller refuses such a DaemonSet, for every node."""
+    key = f"{prefix}/validation-failed"
+    taints = [t for t in _map(node.get("spec")).get("taints") or [] if isinstance(t, dict) and t.get("key") == key]
+    if not taints:
+        return None
+    tolerations, where = _driver_tolerations(node, policies, drivers)
+    if tolerations is None:
+        return None
+    t = taints[0]
+    if tolerates(tolerations, key, str(t.get("value") or ""), str(t.get("effect") or "NoSchedule")):
+        return None
+    return (f"{key} not tolerated by {where}: NVIDIA's upgrade controller stops for every node "
+            f"(docs/validation.md)")
+
+
 def _pages(kube, path: str, **query) -> list:
     out, cont = [], None
     while True:  # pages: a large cluster never comes in one answer
@@ -224,11 +290,16 @@ def status(kube, prefix: str, namespace: str, now: float | None = None, selector
         tgt = targetmod.node_target(n, policies, drivers, prefix=prefix)
         row = node_row(n, prefix, lease=leases.get(name), target=tgt, now=now)
         if row is not None:
+            bad = untolerated_taint(n, prefix, policies, drivers)
+            row["taint_not_tolerated"] = bad is not None
+            if bad:
+                row["note"] = bad + (f"; {row['note']}" if row["note"] else "")
             rows.append(row)
     rows.sort(key=lambda r: r["name"] or "")
     summary = {"nodes": len(rows), "held": sum(1 for r in rows if r["held"]),
                "validation_failed": sum(1 for r in rows if r["validated"] == "failed"),
-               "nri_not_connected": sum(1 for r in rows if r["path"] == NOT_CONNECTED)}
+               "nri_not_connected": sum(1 for r in rows if r["path"] == NOT_CONNECTED),
+               "taint_not_tolerated": sum(1 for r in rows if r.get("taint_not_tolerated"))}
     for v in ("pass", "warn", "fail", "unknown", "stale"):
         summary[v] = sum(1 for r in rows if r["preflight"] == v)
     summary["no_preflight"] = sum(1 for r in rows if r["preflight"] is None)
@@ -246,7 +317,8 @@ def exit_status(nodes: list) -> int:
         return FAIL_NOT_HELD
     if "fail" in pre:
         return 3
-    if any(p != "pass" for p in pre) or any(r.get("path") == NOT_CONNECTED for r in nodes):
+    if any(p != "pass" for p in pre) or any(r.get("path") == NOT_CONNECTED or r.get("taint_not_tolerated")
+                                            for r in nodes):
         return 2
     return 0
 
@@ -274,5 +346,7 @@ def render_text(rep: dict) -> str:
     out.append(f"{s['nodes']} GPU node(s): {s['pass']} pass, {s['warn']} warn, {s['fail']} fail, "
                f"{s['unknown'] + s['no_preflight']} unknown, {s['stale']} stale; {s['held']} held by compat-hook; "
                f"{s['validation_failed']} failed validation"
-               + (f"; {s['nri_not_connected']} with the NRI plugin not connected" if s.get("nri_not_connected") else ""))
+               + (f"; {s['nri_not_connected']} with the NRI plugin not connected" if s.get("nri_not_connected") else "")
+               + (f"; {s['taint_not_tolerated']} with a validation-failed taint their driver DaemonSet does not "
+                  f"tolerate" if s.get("taint_not_tolerated") else ""))
     return "\n".join(out) + "\n"
