@@ -19,6 +19,7 @@ host driver's and the image's compat library), the chart installed with helm wit
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -43,7 +44,8 @@ class World:
         self.timings: dict = {}
 
     def validator(self) -> dict | None:
-        pods = self.admin.get(f"/api/v1/namespaces/{NS}/pods", labelSelector="app.kubernetes.io/name=compat-hook-validator")
+        pods = self.admin.get(f"/api/v1/namespaces/{NS}/pods", labelSelector="app.kubernetes.io/name=compat-hook-validator",
+                              fieldSelector=f"spec.nodeName={self.node.name}")
         live = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
         return live[0] if live else None
 
@@ -192,3 +194,288 @@ def test_probe_pods_are_never_workloads(world):
         assert not any(p.startswith(f"{NS}/compat-hook-probe-") for p in w["pods"]), w
     assert {w["image"] for w in rec["workloads"]} <= {COMPAT_IMAGE, PLAIN_IMAGE}
     print("validation timings (s):", {k: round(v, 1) for k, v in world.timings.items()})
+
+
+# ----------------------------------------------------------------------------- under NVIDIA's upgrade state machine
+
+GPU_OPERATOR = "gpu-operator"
+DRIVER_DS = "nvidia-driver-daemonset"
+CLUSTER_POLICY = "/apis/nvidia.com/v1/clusterpolicies/cluster-policy"
+STATE = "nvidia.com/gpu-driver-upgrade-state"
+SKIP = "nvidia.com/gpu-driver-upgrade.skip"
+#: k8s-operator-libs (validation_manager.go): the Unix time the node entered validation-required; it
+#: marks the node upgrade-failed once now > that + validationTimeoutSeconds (600, a constant).
+VALIDATION_START = "nvidia.com/gpu-driver-upgrade-validation-start-time"
+VALIDATION_TIMEOUT_S = 600
+TAINT_KEY = "compat-hook.io/validation-failed"
+#: the states k8s-operator-libs counts as an upgrade in progress (GetUpgradesInProgress)
+IN_PROGRESS = {"cordon-required", "wait-for-jobs-required", "pod-deletion-required", "drain-required",
+               "pod-restart-required", "validation-required", "uncordon-required", "upgrade-failed"}
+#: Pods with this label are the only ones the upgrade policy's drain evicts.
+DRAIN = "compat-hook-test/drain"
+#: How long the driver container's module reload takes here (unload at the old pod's deletion, load
+#: in the new pod): a real one takes far longer. The validator's readiness probe (every 2 s) sees the
+#: module gone before the new driver pod can be Ready.
+RELOAD_S = 3.0
+#: The GPU Operator's default operand toleration (ClusterPolicy spec.daemonsets.tolerations).
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+#: What docs/validation.md adds there. Without it the DaemonSet controller stops counting a tainted
+#: node (desiredNumberScheduled), k8s-operator-libs' BuildState then fails for the whole cluster
+#: ("driver DaemonSet should not have Unscheduled pods"), and a deleted driver pod never comes back.
+TAINT_TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def driver_daemonset(version: str) -> dict:
+    """The GPU Operator's driver DaemonSet (OnDelete) as the real kubelet can run it: its container
+    is Ready only while the node's kernel module is its own version (its readiness probe reads the
+    node's /proc/driver/nvidia/version); kwok makes the pods on its nodes Ready as they are."""
+    probe = ["/bin/sh", "-c", 'grep -q " $DRIVER_VERSION " /host-driver/nvidia/version']
+    return {
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": DRIVER_DS, "namespace": GPU_OPERATOR, "labels": {"app": DRIVER_DS}},
+        "spec": {"selector": {"matchLabels": {"app": DRIVER_DS}}, "updateStrategy": {"type": "OnDelete"},
+                 "template": {
+                     "metadata": {"labels": {"app": DRIVER_DS},
+                                  "annotations": {"nvidia.com/driver-version": version}},
+                     "spec": {"nodeSelector": {"nvidia.com/gpu.deploy.driver": "true"},
+                              "tolerations": [GPU_TOLERATION, TAINT_TOLERATION],
+                              "terminationGracePeriodSeconds": 1,
+                              "containers": [{
+                                  "name": "nvidia-driver-ctr", "image": PLAIN_IMAGE, "imagePullPolicy": "Never",
+                                  "command": ["/bin/sh", "-c", "exec sleep 100000"],
+                                  "env": [{"name": "DRIVER_VERSION", "valueFrom": {"fieldRef": {
+                                      "fieldPath": "metadata.annotations['nvidia.com/driver-version']"}}}],
+                                  "readinessProbe": {"exec": {"command": probe}, "periodSeconds": 1,
+                                                     "failureThreshold": 1},
+                                  "volumeMounts": [{"name": "driver", "mountPath": "/host-driver",
+                                                    "readOnly": True}]}],
+                              "volumes": [{"name": "driver", "hostPath": {"path": "/proc/driver",
+                                                                          "type": "Directory"}}]}}}}
+
+
+class DriverPlay(threading.Thread):
+    """What the driver container does on each node, which the harness's driver pods cannot: the old
+    pod's deletion unloads the kernel module (the real node's /proc/driver/nvidia/version goes), and
+    the new pod loads its version ``RELOAD_S`` later (the real node: :meth:`Node.set_driver`, the
+    host's libcuda too; a kwok node: its fake host root). ``loaders``: node -> fn(version | None)."""
+
+    def __init__(self, admin, loaders: dict, loaded: dict) -> None:
+        super().__init__(daemon=True)
+        self.admin, self.loaders = admin, loaders
+        self.loaded = dict(loaded)  # node -> (pod uid, version) of the module loaded now
+        self.unloaded_at: dict = {}
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stop.wait(0.2):
+                self.step()
+        except BaseException as e:  # reported by the test (join_checked)
+            self.error = e
+
+    def step(self) -> None:
+        pods = self.admin.get(f"/api/v1/namespaces/{GPU_OPERATOR}/pods", labelSelector=f"app={DRIVER_DS}")["items"]
+        live = {p["spec"].get("nodeName"): p for p in pods if not p["metadata"].get("deletionTimestamp")}
+        for node, load in self.loaders.items():
+            pod, had = live.get(node), self.loaded.get(node)
+            if had is not None and (pod is None or pod["metadata"]["uid"] != had[0]):
+                load(None)  # the old driver pod is going: its module is unloaded
+                self.loaded[node] = None
+                self.unloaded_at[node] = time.monotonic()
+            if pod is not None and self.loaded.get(node) is None and \
+                    time.monotonic() - self.unloaded_at.get(node, 0) >= RELOAD_S:
+                version = pod["metadata"]["annotations"]["nvidia.com/driver-version"]
+                load(version)
+                self.loaded[node] = (pod["metadata"]["uid"], version)
+
+    def join_checked(self) -> None:
+        self.stop.set()
+        self.join(10)
+        if self.error is not None:
+            raise self.error
+
+
+class Operator:
+    """The GPU Operator's side on this cluster: its namespace, the driver DaemonSet (run by the real
+    DaemonSet controller), the ClusterPolicy, NVIDIA's upgrade state machine with validation enabled
+    (tests/upgrade_harness: ``WithValidationEnabled("app=nvidia-operator-validator")``, the
+    operator's call) and the driver play."""
+
+    def __init__(self, world: World, version: str) -> None:
+        self.w, self.admin = world, world.admin
+        self.version = version
+        self.play: DriverPlay | None = None
+
+    def start(self, policy: dict) -> None:
+        a = self.admin
+        a.create("/api/v1/namespaces", {"metadata": {"name": GPU_OPERATOR}})
+        a.wait("the default ServiceAccount of gpu-operator", lambda: a.get(
+            f"/api/v1/namespaces/{GPU_OPERATOR}/serviceaccounts/default"), timeout=60)
+        a.create(f"/apis/apps/v1/namespaces/{GPU_OPERATOR}/daemonsets", driver_daemonset(self.version))
+        a.create("/apis/nvidia.com/v1/clusterpolicies", {
+            "apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
+            "spec": {"driver": {"version": self.version, "upgradePolicy": policy}}})
+        self.w.cluster.start_harness(validation="app=nvidia-operator-validator", daemonset_controller=False)
+        node = self.w.node
+        self.play = DriverPlay(a, {node.name: self.load_real}, {})
+        self.play.start()
+
+    def load_real(self, version: str | None) -> None:
+        node = self.w.node
+        if version is None:
+            node.path("/proc/driver/nvidia/version").unlink(missing_ok=True)
+        else:
+            node.set_driver(version)
+
+    def set_version(self, version: str) -> None:
+        self.admin.merge(CLUSTER_POLICY, {"spec": {"driver": {"version": version}}})
+        self.version = version
+
+    def driver_pods(self) -> dict:
+        pods = self.admin.get(f"/api/v1/namespaces/{GPU_OPERATOR}/pods", labelSelector=f"app={DRIVER_DS}")["items"]
+        return {p["spec"].get("nodeName"): p for p in pods if not p["metadata"].get("deletionTimestamp")}
+
+    def node(self, name: str) -> dict:
+        return self.admin.get(f"/api/v1/nodes/{name}")
+
+    def state(self, name: str) -> str | None:
+        return (self.node(name)["metadata"].get("labels") or {}).get(STATE)
+
+    def wait_state(self, name: str, state: str, timeout: float = 120) -> None:
+        try:
+            self.admin.wait(f"{name} {state}", lambda: self.state(name) == state, timeout=timeout, interval=0.2)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.harness_log()}") from None
+
+    def harness_log(self) -> str:
+        f = self.w.cluster.work / "harness.log"
+        return "--- harness.log (tail)\n" + (f.read_text(errors="replace")[-3000:] if f.exists() else "")
+
+
+def _taint(node: dict) -> dict | None:
+    return next((t for t in (node["spec"].get("taints") or []) if t["key"] == TAINT_KEY), None)
+
+
+@pytest.fixture(scope="module")
+def operator(world):
+    """Started by the first test that needs it, on the driver the node has validated."""
+    op = Operator(world, HOST_535)
+    yield op
+    if op.play is not None:
+        op.play.join_checked()
+
+
+def test_a_failed_validation_keeps_the_node_out_after_nvidias_controller_uncordons_it(world, operator):
+    """NVIDIA's upgrade state machine with validation enabled rolls the real node's driver back to
+    R470, which breaks a running workload (CUDA 12.4, no compat driver): the node waits in
+    ``validation-required`` while compat-hook's validator fails and taints it.
+
+    k8s-operator-libs gives up after 600 s: ``handleTimeout`` writes the Unix time the wait began in
+    the Node annotation ``nvidia.com/gpu-driver-upgrade-validation-start-time`` on its first round
+    in that state and compares ``now > start + 600`` on each later round (the timeout itself is a
+    constant, ``validationTimeoutSeconds``). The test does not wait 10 minutes: once the validation
+    has failed it writes that annotation 601 s in the past (state on the Node, the library's only
+    clock), and the next round marks the node ``upgrade-failed``; ``ProcessUpgradeFailedNodes`` then
+    uncordons it as its driver pod is Ready. From there the real scheduler and kubelet decide: a new
+    GPU pod for the node stays Pending on compat-hook's taint until a validation passes.
+
+    The fix is the driver rolled forward again, through the same state machine: the driver
+    DaemonSet tolerates the taint (the ClusterPolicy's ``daemonsets.tolerations``, as
+    docs/validation.md says), so its pod comes back on the tainted node; the validator passes, the
+    taint goes, the controller uncordons the node and the pod schedules."""
+    w, op, a = world, operator, world.admin
+    node = w.node.name
+    t_start = time.monotonic()
+    # where the story left the node: R470, failed. The fleet's driver before this test: R535, validated.
+    w.node.set_driver(HOST_535)
+    a.wait("validated=535", lambda: w.label() == HOST_535, timeout=180, interval=0.5)
+    assert _taint(op.node(node)) is None
+    op.start({"autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": "100%",
+              "drain": {"enable": True, "force": True, "podSelector": f"{DRAIN}=true", "timeoutSeconds": 0}})
+    op.wait_state(node, "upgrade-done", timeout=120)  # the first round: in sync, validated
+
+    seen: list = []
+
+    def record() -> None:
+        s = op.state(node)
+        if not seen or seen[-1] != s:
+            seen.append(s)
+
+    op.set_version(HOST_470)
+    a.wait("validation-required, then the validator's failure", lambda: (record(), w.label() == "failed"
+                                                                        and op.state(node) == "validation-required")[1],
+           timeout=180, interval=0.2)
+    assert w.node.driver == HOST_470 and not w.validator_ready()
+    n = op.node(node)
+    assert n["spec"].get("unschedulable") is True, n["spec"]
+    assert _taint(n) == {"key": TAINT_KEY, "value": HOST_470, "effect": "NoSchedule"}, n["spec"]
+    # the library's clock: written on its first round with the validator not Ready
+    a.wait("the validation start time", lambda: VALIDATION_START in (op.node(node)["metadata"].get("annotations") or {}),
+           timeout=30, interval=0.2)
+    started = int(op.node(node)["metadata"]["annotations"][VALIDATION_START])
+    assert abs(started - time.time()) < 60, started
+    a.merge(f"/api/v1/nodes/{node}", {"metadata": {"annotations": {
+        VALIDATION_START: str(int(time.time()) - VALIDATION_TIMEOUT_S - 1)}}})
+    a.wait("upgrade-failed, then uncordoned", lambda: (record(), op.state(node) == "upgrade-done"
+                                                       and not op.node(node)["spec"].get("unschedulable"))[1],
+           timeout=60, interval=0.1)
+    assert "upgrade-failed" in seen and seen[seen.index("upgrade-failed") - 1:] in (
+        ["validation-required", "upgrade-failed", "upgrade-done"],
+                         ["validation-required", "upgrade-failed", "uncordon-required", "upgrade-done"]), seen
+    assert VALIDATION_START not in (op.node(node)["metadata"].get("annotations") or {})
+    # uncordoned on a failed validation, exactly as NVIDIA's controller does; the taint stays
+    n = op.node(node)
+    assert _taint(n) is not None and w.label() == "failed", n["spec"]
+
+    # a new GPU pod for this node: the real scheduler keeps it off, naming the taint
+    late = gpu_pod("late", node, PLAIN_IMAGE)
+    del late["spec"]["nodeName"]
+    late["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    a.create("/api/v1/namespaces/apps/pods", late)
+
+    def unschedulable():
+        p = a.get("/api/v1/namespaces/apps/pods/late")
+        c = {c["type"]: c for c in p["status"].get("conditions") or []}.get("PodScheduled")
+        return c if c and c["status"] == "False" and c.get("reason") == "Unschedulable" else None
+
+    cond = a.wait("late Unschedulable", unschedulable, timeout=60, interval=0.2)
+    # the scheduler of v1.34 says "untolerated taint(s)" without naming it: the node's only taint is ours
+    assert "1 node(s) had untolerated taint" in cond["message"], cond
+    assert op.node(node)["spec"]["taints"] == [{"key": TAINT_KEY, "value": HOST_470, "effect": "NoSchedule"}]
+    evs = a.get("/api/v1/namespaces/apps/events", fieldSelector="involvedObject.name=late,reason=FailedScheduling")
+    assert any("untolerated taint" in e["message"] for e in evs["items"]), evs["items"]
+    for _ in range(10):  # and it stays so: uncordoned, tainted, nothing binds it
+        p = a.get("/api/v1/namespaces/apps/pods/late")
+        assert not p["spec"].get("nodeName") and p["status"]["phase"] == "Pending", p["status"]
+        assert not op.node(node)["spec"].get("unschedulable")
+        time.sleep(0.5)
+
+    # the driver DaemonSet tolerates the taint (docs/validation.md): it still counts the node, so NVIDIA's
+    # BuildState (desiredNumberScheduled == its pods) goes on, and the fix's driver pod can come back
+    ds = a.get(f"/apis/apps/v1/namespaces/{GPU_OPERATOR}/daemonsets/{DRIVER_DS}")
+    assert ds["status"]["desiredNumberScheduled"] == 1, ds["status"]
+
+    # the fix: the driver rolled forward to R535 again
+    k = len(seen)
+    op.set_version(HOST_535)
+    t_fix = time.monotonic()
+    history: list = []
+
+    def fixed():
+        n, p = op.node(node), a.get("/api/v1/namespaces/apps/pods/late")
+        history.append((_taint(n) is not None, bool(n["spec"].get("unschedulable")), p["spec"].get("nodeName")))
+        record()
+        return running(p)
+
+    a.wait("late Running on the fixed node", fixed, timeout=180, interval=0.2)
+    # never bound while the taint was on; the taint went with the pass
+    assert all(not bound for tainted, _, bound in history if tainted), history
+    assert any(tainted for tainted, _, _ in history), history
+    assert w.label() == HOST_535 and _taint(op.node(node)) is None
+    assert "validation-required" in seen[k:], seen
+    op.wait_state(node, "upgrade-done", timeout=60)
+    a.delete("/api/v1/namespaces/apps/pods/late", gracePeriodSeconds="0")
+    w.timings["harness_failed_validation"] = time.monotonic() - t_start
+    w.timings["harness_fix"] = time.monotonic() - t_fix
+    print("states:", seen)

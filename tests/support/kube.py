@@ -249,11 +249,19 @@ class ControlPlane:
             argv += ["--config", s]
         self.kwok_proc = _spawn(argv, self.work / "kwok.log")
 
-    def start_harness(self, interval: str = "500ms") -> None:
-        """NVIDIA's upgrade state machine, reconciling every ``interval`` (tests/upgrade_harness)."""
-        self.harness_proc = _spawn([kubebuild.upgrade_harness(), "--kubeconfig",
-                                    self.kubeconfig(ADMIN_TOKEN, "admin"), "--namespace", NAMESPACE,
-                                    "--interval", interval], self.work / "harness.log")
+    def start_harness(self, interval: str = "500ms", *, validation: str | None = None,
+                      daemonset_controller: bool = True) -> None:
+        """NVIDIA's upgrade state machine, reconciling every ``interval`` (tests/upgrade_harness).
+
+        ``validation``: the pod selector of its validation state (``WithValidationEnabled``; the GPU
+        Operator passes ``app=nvidia-operator-validator``). ``daemonset_controller=False`` where a
+        kube-controller-manager runs the driver DaemonSet (the harness then plays only the operator)."""
+        argv = [kubebuild.upgrade_harness(), "--kubeconfig", self.kubeconfig(ADMIN_TOKEN, "admin"),
+                "--namespace", NAMESPACE, "--interval", interval,
+                f"--daemonset-controller={str(daemonset_controller).lower()}"]
+        if validation:
+            argv += ["--validation", validation]
+        self.harness_proc = _spawn(argv, self.work / "harness.log")
 
     def stop_harness(self) -> None:
         _stop(self.harness_proc)
