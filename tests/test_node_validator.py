@@ -13,12 +13,20 @@ host driver's and the image's compat library), the chart installed with helm wit
 3. an incompatible one: a CUDA 12.4 pod without compat runs, and the driver rolls back to R470
    (Debian bookworm's ``libnvidia-tesla-470-cuda1``, CUDA 11.4): the validator is not Ready, the
    node says ``validated=failed`` and a Warning Event names the image and its pod;
-4. probe pods are gone after each validation and never appear as workloads.
+4. probe pods are gone after each validation and never appear as workloads;
+5. under NVIDIA's upgrade state machine (tests/upgrade_harness with validation enabled, the real
+   DaemonSet controller running the driver DaemonSet): a rollback that breaks a workload fails
+   validation, the controller marks the node ``upgrade-failed`` and uncordons it, and compat-hook's
+   taint keeps a new GPU pod off it until the fixed driver validates;
+6. the whole rolling upgrade: the real node and six kwok nodes (agents with the gate on), two at a
+   time, a Deployment under a PodDisruptionBudget, one node held by its regressing workload.
 """
 
 from __future__ import annotations
 
 import json
+import pathlib
+import subprocess
 import threading
 import time
 
@@ -36,6 +44,7 @@ BB = "docker.io/library/bb"
 COMPAT_IMAGE, PLAIN_IMAGE = f"{BB}:compat", f"{BB}:base"
 HOST_LIB = f"/{nodemod.HOST_LIB_DIR}/libcuda.so.1"
 PROBES = "app.kubernetes.io/name=compat-hook-probe"
+REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 class World:
@@ -241,7 +250,7 @@ def driver_daemonset(version: str) -> dict:
                               "tolerations": [GPU_TOLERATION, TAINT_TOLERATION],
                               "terminationGracePeriodSeconds": 1,
                               "containers": [{
-                                  "name": "nvidia-driver-ctr", "image": PLAIN_IMAGE, "imagePullPolicy": "Never",
+                                  "name": "nvidia-driver-ctr", "image": f"{BB}:pause", "imagePullPolicy": "Never",
                                   "command": ["/bin/sh", "-c", "exec sleep 100000"],
                                   "env": [{"name": "DRIVER_VERSION", "valueFrom": {"fieldRef": {
                                       "fieldPath": "metadata.annotations['nvidia.com/driver-version']"}}}],
@@ -277,7 +286,7 @@ class DriverPlay(threading.Thread):
     def step(self) -> None:
         pods = self.admin.get(f"/api/v1/namespaces/{GPU_OPERATOR}/pods", labelSelector=f"app={DRIVER_DS}")["items"]
         live = {p["spec"].get("nodeName"): p for p in pods if not p["metadata"].get("deletionTimestamp")}
-        for node, load in self.loaders.items():
+        for node, load in list(self.loaders.items()):
             pod, had = live.get(node), self.loaded.get(node)
             if had is not None and (pod is None or pod["metadata"]["uid"] != had[0]):
                 load(None)  # the old driver pod is going: its module is unloaded
@@ -397,15 +406,20 @@ def test_a_failed_validation_keeps_the_node_out_after_nvidias_controller_uncordo
 
     seen: list = []
 
-    def record() -> None:
-        s = op.state(node)
+    def record(n: dict | None = None) -> dict:
+        """The Node now (one read), its upgrade state appended to ``seen`` when it changed."""
+        n = n or op.node(node)
+        s = (n["metadata"].get("labels") or {}).get(STATE)
         if not seen or seen[-1] != s:
             seen.append(s)
+        return n
 
     op.set_version(HOST_470)
-    a.wait("validation-required, then the validator's failure", lambda: (record(), w.label() == "failed"
-                                                                        and op.state(node) == "validation-required")[1],
-           timeout=180, interval=0.2)
+    def failed_in_validation() -> bool:
+        n = record()
+        return (n["metadata"].get("labels") or {}).get(LABEL) == "failed" and seen[-1] == "validation-required"
+
+    a.wait("validation-required, then the validator's failure", failed_in_validation, timeout=180, interval=0.2)
     assert w.node.driver == HOST_470 and not w.validator_ready()
     n = op.node(node)
     assert n["spec"].get("unschedulable") is True, n["spec"]
@@ -417,9 +431,11 @@ def test_a_failed_validation_keeps_the_node_out_after_nvidias_controller_uncordo
     assert abs(started - time.time()) < 60, started
     a.merge(f"/api/v1/nodes/{node}", {"metadata": {"annotations": {
         VALIDATION_START: str(int(time.time()) - VALIDATION_TIMEOUT_S - 1)}}})
-    a.wait("upgrade-failed, then uncordoned", lambda: (record(), op.state(node) == "upgrade-done"
-                                                       and not op.node(node)["spec"].get("unschedulable"))[1],
-           timeout=60, interval=0.1)
+    def uncordoned() -> bool:
+        n = record()
+        return seen[-1] == "upgrade-done" and not n["spec"].get("unschedulable")
+
+    a.wait("upgrade-failed, then uncordoned", uncordoned, timeout=60, interval=0.1)
     assert "upgrade-failed" in seen and seen[seen.index("upgrade-failed") - 1:] in (
         ["validation-required", "upgrade-failed", "upgrade-done"],
                          ["validation-required", "upgrade-failed", "uncordon-required", "upgrade-done"]), seen
@@ -428,7 +444,11 @@ def test_a_failed_validation_keeps_the_node_out_after_nvidias_controller_uncordo
     n = op.node(node)
     assert _taint(n) is not None and w.label() == "failed", n["spec"]
 
-    # a new GPU pod for this node: the real scheduler keeps it off, naming the taint
+    # the node lifecycle controller takes its cordon taint off a moment after the uncordon: then ours is the only one
+    ours = [{"key": TAINT_KEY, "value": HOST_470, "effect": "NoSchedule"}]
+    a.wait("compat-hook's taint the node's only one", lambda: op.node(node)["spec"].get("taints") == ours,
+           timeout=30, interval=0.2)
+    # a new GPU pod for this node: the real scheduler keeps it off
     late = gpu_pod("late", node, PLAIN_IMAGE)
     del late["spec"]["nodeName"]
     late["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
@@ -442,7 +462,7 @@ def test_a_failed_validation_keeps_the_node_out_after_nvidias_controller_uncordo
     cond = a.wait("late Unschedulable", unschedulable, timeout=60, interval=0.2)
     # the scheduler of v1.34 says "untolerated taint(s)" without naming it: the node's only taint is ours
     assert "1 node(s) had untolerated taint" in cond["message"], cond
-    assert op.node(node)["spec"]["taints"] == [{"key": TAINT_KEY, "value": HOST_470, "effect": "NoSchedule"}]
+    assert op.node(node)["spec"]["taints"] == ours
     evs = a.get("/api/v1/namespaces/apps/events", fieldSelector="involvedObject.name=late,reason=FailedScheduling")
     assert any("untolerated taint" in e["message"] for e in evs["items"]), evs["items"]
     for _ in range(10):  # and it stays so: uncordoned, tainted, nothing binds it
@@ -463,9 +483,8 @@ def test_a_failed_validation_keeps_the_node_out_after_nvidias_controller_uncordo
     history: list = []
 
     def fixed():
-        n, p = op.node(node), a.get("/api/v1/namespaces/apps/pods/late")
+        n, p = record(), a.get("/api/v1/namespaces/apps/pods/late")
         history.append((_taint(n) is not None, bool(n["spec"].get("unschedulable")), p["spec"].get("nodeName")))
-        record()
         return running(p)
 
     a.wait("late Running on the fixed node", fixed, timeout=180, interval=0.2)
@@ -479,3 +498,276 @@ def test_a_failed_validation_keeps_the_node_out_after_nvidias_controller_uncordo
     w.timings["harness_failed_validation"] = time.monotonic() - t_start
     w.timings["harness_fix"] = time.monotonic() - t_fix
     print("states:", seen)
+
+
+# ----------------------------------------------------------------------------- the whole rolling upgrade
+
+FLEET = "compat-hook-test/fleet"
+KWOK_NODES = [f"kwok-{i}" for i in range(1, 7)]
+#: the kwok node whose pod regresses on the new driver (the agents' gate holds it)
+HELD = KWOK_NODES[-1]
+REPLICAS, MIN_AVAILABLE = 6, 5
+
+
+def _evictions(cluster) -> dict:
+    """``{code: n}`` of the API server's own count of pod eviction requests (201 done, 429 refused by
+    the PodDisruptionBudget)."""
+    text = cluster.admin.request("GET", "/metrics", timeout=30).get("text", "")
+    out: dict = {}
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{") and 'subresource="eviction"' in line and 'verb="POST"' in line:
+            code = line.split('code="')[1].split('"')[0]
+            out[code] = out.get(code, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def test_the_whole_rolling_upgrade_under_nvidias_state_machine(world, operator, tmp_path):
+    """R535 -> R555 over the real node and six kwok nodes, by NVIDIA's upgrade state machine with
+    validation enabled and ``maxParallelUpgrades: 2``, the runbook's way (docs/cluster.md): the
+    target announced first, the agents' verdicts in, then applied.
+
+    * the real node runs the chart (agent, validator) on its kubelet; its validator really probes
+      the node's workloads on the new driver;
+    * each kwok node runs compat-hook's agent as a process with the gate on, its own fake host root
+      (``/proc/driver/nvidia/version``) and the token of the chart's agent pod kwok runs there (so the
+      chart's admission policies apply to it as to a real agent). kwok marks the chart's validator
+      pods Ready as they are: on kwok nodes validation passes without probes, only NVIDIA's state
+      machine's wait for them is real;
+    * a Deployment of 6 GPU pods spread over the kwok nodes, with a PodDisruptionBudget of
+      ``minAvailable: 5``, which the drain must respect;
+    * one regressing workload on one kwok node (a compat 550 image whose pod names the compat dir on
+      ``LD_LIBRARY_PATH`` through the NVIDIA runtime alone: the 550 compat library over a 555 kernel
+      module). Its agent holds the node.
+
+    The state labels and the Deployment's Ready pods are polled through the whole rollout: never
+    more than 2 nodes upgrading, never fewer than 5 pods available. Every node but the held one ends
+    on R555, validated; the held one stays on R535 with its hold."""
+    from tests.support import debs
+    from tests.support.gpucluster import build_store, gpu_node, ref, set_node_driver
+    from tests.support.gpucluster import gpu_pod as kwok_gpu_pod
+    from tests.support.hookenv import write_config
+    from tests.support.kube import ADMIN_TOKEN
+    from tests.support.toolkit import noted_compat_lib
+    from tests.support.versions import COMPAT_550
+
+    w, op, a, cluster = world, operator, world.admin, world.cluster
+    real = w.node.name
+    nodes = [real, *KWOK_NODES]
+    t_setup = time.monotonic()
+    if op.play is None:  # this test alone (-k): the operator as the previous test leaves it
+        w.node.set_driver(HOST_535)
+        op.start({"autoUpgrade": True, "maxParallelUpgrades": 2, "maxUnavailable": "100%",
+                  "drain": {"enable": True, "force": True, "podSelector": f"{DRAIN}=true", "timeoutSeconds": 0}})
+    a.merge(CLUSTER_POLICY, {"spec": {"driver": {"upgradePolicy": {"maxParallelUpgrades": 2}}}})
+    op.wait_state(real, "upgrade-done", timeout=120)
+    a.wait("validated=535", lambda: w.label() == HOST_535, timeout=180, interval=0.5)
+
+    # the kwok fleet
+    cluster.start_kwok(node_lease_s=40)  # the controller-manager's node lifecycle controller watches them
+    store = build_store(tmp_path / "store", ["train", "infer"],
+                        {"noted": noted_compat_lib(debs.libcuda(COMPAT_550), tmp_path / "noted")})
+    a.create("/apis/node.k8s.io/v1/runtimeclasses", {"metadata": {"name": "nvidia"}, "handler": "nvidia"})
+    hosts = {}
+    for name in KWOK_NODES:
+        n = gpu_node(name, deploy_driver=True)
+        n["metadata"]["labels"].update({"kubernetes.io/os": "linux", FLEET: "kwok"})
+        a.create("/api/v1/nodes", n)
+        hosts[name] = set_node_driver(a, tmp_path / "hosts" / name, name, HOST_535)
+
+    def kwok_loader(name):
+        def load(version):
+            if version is None:
+                (hosts[name] / "proc/driver/nvidia/version").unlink(missing_ok=True)
+            else:
+                set_node_driver(a, hosts[name], name, version)
+        return load
+
+    for name in KWOK_NODES:
+        op.play.loaders[name] = kwok_loader(name)
+
+    def chart_pod(name: str, node: str) -> dict | None:
+        pods = a.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=f"app.kubernetes.io/name={name}",
+                      fieldSelector=f"spec.nodeName={node}")["items"]
+        return next((p for p in pods if ready(p) and not p["metadata"].get("deletionTimestamp")), None)
+
+    a.wait("the chart's agent and validator Ready on the kwok nodes (kwok's)", lambda: all(
+        chart_pod("compat-hook", n) and chart_pod("compat-hook-validator", n) for n in KWOK_NODES),
+        timeout=120, interval=0.5)
+    for name in KWOK_NODES:
+        op.wait_state(name, "upgrade-done", timeout=120)
+
+    # the workloads: a Deployment under a PodDisruptionBudget, and the regressing pod
+    a.create("/apis/apps/v1/namespaces/apps/deployments", {
+        "metadata": {"name": "web"},
+        "spec": {"replicas": REPLICAS, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web", DRAIN: "true"}},
+                              "spec": {"nodeSelector": {FLEET: "kwok"}, "runtimeClassName": "cuda-compat",
+                                       "terminationGracePeriodSeconds": 0,
+                                       "topologySpreadConstraints": [{
+                                           "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                           "whenUnsatisfiable": "ScheduleAnyway",
+                                           "labelSelector": {"matchLabels": {"app": "web"}}}],
+                                       "containers": [{"name": "main", "image": ref("infer"),
+                                                       "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    a.create("/apis/policy/v1/namespaces/apps/poddisruptionbudgets", {
+        "metadata": {"name": "web"}, "spec": {"minAvailable": MIN_AVAILABLE,
+                                              "selector": {"matchLabels": {"app": "web"}}}})
+    a.create("/api/v1/namespaces/apps/pods", kwok_gpu_pod(
+        "legacy-train", HELD, ref("train"), runtime_class="nvidia", env=[("LD_LIBRARY_PATH", "/usr/local/cuda/compat")]))
+
+    def web_pods() -> list:
+        return a.get("/api/v1/namespaces/apps/pods", labelSelector="app=web")["items"]
+
+    a.wait("the Deployment available", lambda: a.get("/apis/apps/v1/namespaces/apps/deployments/web")["status"].get(
+        "availableReplicas") == REPLICAS, timeout=120, interval=0.5)
+    a.wait("the PDB allows one disruption", lambda: a.get("/apis/policy/v1/namespaces/apps/poddisruptionbudgets/web")[
+        "status"].get("disruptionsAllowed") == 1, timeout=60, interval=0.5)
+    spread = sorted(p["spec"].get("nodeName") for p in web_pods())
+    assert set(spread) <= set(KWOK_NODES) and len(set(spread)) >= 4, spread
+
+    # the agents, one per kwok node, as the chart's agent pod there would run them
+    config = write_config(tmp_path / "agent.yaml", host_root=tmp_path, log_file=tmp_path / "decisions.log", nvml="off",
+                          cluster={"gate_upgrade": True})
+    agents = {}
+    try:
+        for name in KWOK_NODES:
+            pod = chart_pod("compat-hook", name)
+            token = a.create(f"/api/v1/namespaces/{NS}/serviceaccounts/compat-hook/token", {
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 3600, "boundObjectRef": {
+                    "kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"],
+                    "uid": pod["metadata"]["uid"]}}})["status"]["token"]
+            log = (tmp_path / f"agent-{name}.log").open("wb")
+            agents[name] = subprocess.Popen(
+                ["/usr/bin/python3", "-m", "compat_hook", "cluster", "agent", "--node", name, "--interval", "30",
+                 "--kubeconfig", str(cluster.kubeconfig(token, f"agent-{name}")), "--store", f"oci:{store}",
+                 "--host-root", str(hosts[name]), "--config", str(config),
+                 "--state-dir", str(tmp_path / "state" / name)],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+        def agent_logs() -> str:
+            return "\n".join(f"--- agent {n}: " + (tmp_path / f"agent-{n}.log").read_text(errors="replace")[-1500:]
+                             for n in KWOK_NODES)
+
+        def labels(name: str) -> dict:
+            return op.node(name)["metadata"].get("labels") or {}
+
+        # 1. announce R555: every agent judges it; the regressing node is held
+        a.merge(CLUSTER_POLICY, {"metadata": {"annotations": {"compat-hook.io/next-driver": HOST_555}}})
+        try:
+            a.wait("every node's verdict for 555, the held node held", lambda: all(
+                labels(n).get("compat-hook.io/preflight.target-driver") == HOST_555 for n in nodes)
+                and labels(HELD).get(SKIP) == "true", timeout=120, interval=0.5)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{agent_logs()}") from None
+        verdicts = {n: labels(n).get("compat-hook.io/preflight") for n in nodes}
+        assert verdicts[HELD] == "fail" and all(v in ("pass", "warn") for n, v in verdicts.items() if n != HELD), verdicts
+        p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "cluster", "status", "--json", "--kubeconfig",
+                            str(cluster.kubeconfig(ADMIN_TOKEN, "admin")), "--config", str(config)],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 3 and json.loads(p.stdout)["summary"]["held"] == 1, p.stdout + p.stderr
+        setup_s = time.monotonic() - t_setup
+
+        # 2. apply it, and watch the whole rollout
+        ev0 = _evictions(cluster)
+        t0 = time.monotonic()
+        op.set_version(HOST_555)
+        states: dict = {n: [] for n in nodes}
+        max_parallel, min_ready, evicted = 0, REPLICAS, set()
+        parallel_at: list = []
+        timeline: list = []
+        names_seen: set = set()
+
+        def driver_of(n: str) -> str | None:
+            if n == real:
+                return w.node.driver
+            f = hosts[n] / "proc/driver/nvidia/version"
+            return f.read_text().split()[7] if f.exists() else None
+
+        def not_done() -> list:
+            """What is still missing: every node but the held one upgrade-done after a validation, its
+            driver pod of R555 Ready and R555 loaded; the real node validated by its validator."""
+            pods, left = op.driver_pods(), []
+            for n in nodes:
+                if n == HELD:
+                    continue
+                pod = pods.get(n) or {"metadata": {}}
+                version = (pod["metadata"].get("annotations") or {}).get("nvidia.com/driver-version")
+                if states[n][-1:] != ["upgrade-done"] or "validation-required" not in states[n]:
+                    left.append((n, states[n][-1:]))
+                elif version != HOST_555 or not ready(pod) or driver_of(n) != HOST_555:
+                    left.append((n, version, ready(pod), driver_of(n)))
+            if w.label() != HOST_555 or not w.validator_ready():
+                left.append(("validator", w.label(), w.validator_ready()))
+            return left
+
+        deadline = time.monotonic() + 400
+        while True:
+            current = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(STATE)
+                       for n in a.get("/api/v1/nodes")["items"] if n["metadata"]["name"] in states}
+            for n, s in current.items():
+                if states[n][-1:] != [s]:
+                    states[n].append(s)
+                    timeline.append((round(time.monotonic() - t0, 1), n, s))
+            upgrading = sorted(n for n, s in current.items() if s in IN_PROGRESS)
+            if len(upgrading) > max_parallel:
+                max_parallel = len(upgrading)
+            parallel_at.append(len(upgrading))
+            pods = web_pods()
+            live_ready = [p for p in pods if ready(p) and not p["metadata"].get("deletionTimestamp")]
+            live_names = {p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+            evicted |= names_seen - live_names  # gone (terminationGracePeriodSeconds 0: at once)
+            names_seen |= live_names
+            min_ready = min(min_ready, len(live_ready))
+            assert len(upgrading) <= 2, (upgrading, current)
+            assert len(live_ready) >= MIN_AVAILABLE, (
+                round(time.monotonic() - t0, 1), timeline[-6:],
+                [(p["metadata"]["name"], p["spec"].get("nodeName"), p["metadata"]["creationTimestamp"],
+                  p["metadata"].get("deletionTimestamp"), p["status"].get("phase"),
+                  [(c["type"], c["status"], c.get("lastTransitionTime")) for c in p["status"].get("conditions") or []])
+                 for p in pods],
+                a.get("/apis/policy/v1/namespaces/apps/poddisruptionbudgets/web")["status"])
+            assert current[HELD] in ("upgrade-done", "upgrade-required"), states[HELD]  # parked, never further
+            assert op.play.error is None, op.play.error
+            left = not_done()
+            if not left:
+                break
+            assert time.monotonic() < deadline, f"rollout not done: {left} {states}\n{op.harness_log()}"
+            time.sleep(0.3)
+        took = time.monotonic() - t0
+        ev = {code: n - ev0.get(code, 0) for code, n in _evictions(cluster).items()}
+
+        # 3. where it ended
+        held = op.node(HELD)
+        assert states[HELD] == ["upgrade-done", "upgrade-required"], states[HELD]
+        assert held["metadata"]["labels"][SKIP] == "true" and "compat-hook.io/holds-upgrade" in held["metadata"]["annotations"]
+        assert driver_of(HELD) == HOST_535 and not held["spec"].get("unschedulable")
+        assert op.driver_pods()[HELD]["metadata"]["annotations"]["nvidia.com/driver-version"] == HOST_535
+        for n in nodes:
+            node = op.node(n)
+            assert not node["spec"].get("unschedulable") and _taint(node) is None, (n, node["spec"])
+        st = w.state()
+        assert st["driver"] == HOST_555 and st["result"] == "pass", st  # the real node's probes ran on 555
+        assert max_parallel == 2, parallel_at
+        assert min_ready >= MIN_AVAILABLE and ev.get("201", 0) >= 1, (min_ready, ev)
+        a.wait("the Deployment available again", lambda: a.get("/apis/apps/v1/namespaces/apps/deployments/web")[
+            "status"].get("availableReplicas") == REPLICAS, timeout=60, interval=0.5)
+        for n, proc in agents.items():
+            assert proc.poll() is None, (n, agent_logs())
+        w.timings["rolling_setup"] = setup_s
+        w.timings["rolling_upgrade"] = took
+        print(f"rolling upgrade {HOST_535} -> {HOST_555} over {len(nodes)} nodes ({len(nodes) - 1} upgraded, "
+              f"{HELD} held): {took:.1f} s after the version was applied (setup {setup_s:.1f} s); "
+              f"at most {max_parallel} nodes upgrading at once; evictions {ev.get('201', 0)} done, "
+              f"{ev.get('429', 0)} refused by the PDB; pods evicted {len(evicted)}; "
+              f"at least {min_ready}/{REPLICAS} Ready (max unavailable {REPLICAS - min_ready})")
+        print("timeline (s after the version was applied, node, state):", timeline)
+        print("validation timings (s):", {k: round(v, 1) for k, v in w.timings.items()})
+    finally:
+        for proc in agents.values():
+            proc.terminate()
+        for proc in agents.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -240,11 +240,17 @@ class ControlPlane:
         path.write_text(json.dumps(doc))
         return path
 
-    def start_kwok(self) -> None:
+    def start_kwok(self, node_lease_s: int | None = None) -> None:
+        """kwok for the nodes annotated ``kwok.x-k8s.io/node: fake``. ``node_lease_s``: it renews their
+        Leases too, as a kubelet does: beside a kube-controller-manager, whose node lifecycle controller
+        marks a node whose heartbeat is older than 50 s (kwok's status heartbeat comes every 20-45 s)
+        NotReady and its pods not Ready, after which kwok's heartbeat stage no longer picks the node up."""
         kwok, stages = kubebuild.kwok()
         argv = [kwok, "--kubeconfig", self.kubeconfig(ADMIN_TOKEN, "admin"), "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake", "--cidr=10.0.0.1/24",
                 "--node-ip=10.0.0.1"]
+        if node_lease_s:
+            argv.append(f"--node-lease-duration-seconds={node_lease_s}")
         for s in stages:
             argv += ["--config", s]
         self.kwok_proc = _spawn(argv, self.work / "kwok.log")

@@ -181,8 +181,13 @@ class Cluster(ControlPlane):
     #: Not the release namespace: `helm install --create-namespace` makes it, with the chart's Namespace
     #: (its Pod Security label), as docs/cluster.md says; one made before would not be Helm's to own.
     NAMESPACES = ("default", "apps")
+    #: WatchList=false: with it on (the v1.34 default) the API server turns a watch from resourceVersion
+    #: 0 into a watch-list stream, which it refuses on Debian's etcd 3.4 ("the required storage feature
+    #: RequestWatchProgress is disabled"). kwok watches so: its watches failed at once and it saw pods
+    #: only at its re-lists, backed off up to 30 s.
     EXTRA_APISERVER_FLAGS = ("--kubelet-preferred-address-types=InternalIP",
                              "--feature-gates=MutatingAdmissionPolicy=true",
+                             "--feature-gates=WatchList=false",
                              "--runtime-config=admissionregistration.k8s.io/v1beta1=true")
 
     def __init__(self, work: Path) -> None:
