@@ -53,7 +53,8 @@ class World:
         self.timings: dict = {}
 
     def validator(self) -> dict | None:
-        pods = self.admin.get(f"/api/v1/namespaces/{NS}/pods", labelSelector="app.kubernetes.io/name=compat-hook-validator",
+        pods = self.admin.get(f"/api/v1/namespaces/{NS}/pods",
+                              labelSelector="app.kubernetes.io/name=compat-hook-validator",
                               fieldSelector=f"spec.nodeName={self.node.name}")
         live = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
         return live[0] if live else None
@@ -425,7 +426,8 @@ def test_a_failed_validation_keeps_the_node_out_after_nvidias_controller_uncordo
     assert n["spec"].get("unschedulable") is True, n["spec"]
     assert _taint(n) == {"key": TAINT_KEY, "value": HOST_470, "effect": "NoSchedule"}, n["spec"]
     # the library's clock: written on its first round with the validator not Ready
-    a.wait("the validation start time", lambda: VALIDATION_START in (op.node(node)["metadata"].get("annotations") or {}),
+    a.wait("the validation start time",
+           lambda: VALIDATION_START in (op.node(node)["metadata"].get("annotations") or {}),
            timeout=30, interval=0.2)
     started = int(op.node(node)["metadata"]["annotations"][VALIDATION_START])
     assert abs(started - time.time()) < 60, started
@@ -613,7 +615,8 @@ def test_the_whole_rolling_upgrade_under_nvidias_state_machine(world, operator, 
         "metadata": {"name": "web"}, "spec": {"minAvailable": MIN_AVAILABLE,
                                               "selector": {"matchLabels": {"app": "web"}}}})
     a.create("/api/v1/namespaces/apps/pods", kwok_gpu_pod(
-        "legacy-train", HELD, ref("train"), runtime_class="nvidia", env=[("LD_LIBRARY_PATH", "/usr/local/cuda/compat")]))
+        "legacy-train", HELD, ref("train"), runtime_class="nvidia",
+        env=[("LD_LIBRARY_PATH", "/usr/local/cuda/compat")]))
 
     def web_pods() -> list:
         return a.get("/api/v1/namespaces/apps/pods", labelSelector="app=web")["items"]
@@ -661,7 +664,8 @@ def test_the_whole_rolling_upgrade_under_nvidias_state_machine(world, operator, 
         except AssertionError as e:
             raise AssertionError(f"{e}\n{agent_logs()}") from None
         verdicts = {n: labels(n).get("compat-hook.io/preflight") for n in nodes}
-        assert verdicts[HELD] == "fail" and all(v in ("pass", "warn") for n, v in verdicts.items() if n != HELD), verdicts
+        assert verdicts[HELD] == "fail", verdicts
+        assert all(v in ("pass", "warn") for n, v in verdicts.items() if n != HELD), verdicts
         p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "cluster", "status", "--json", "--kubeconfig",
                             str(cluster.kubeconfig(ADMIN_TOKEN, "admin")), "--config", str(config)],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -740,7 +744,8 @@ def test_the_whole_rolling_upgrade_under_nvidias_state_machine(world, operator, 
         # 3. where it ended
         held = op.node(HELD)
         assert states[HELD] == ["upgrade-done", "upgrade-required"], states[HELD]
-        assert held["metadata"]["labels"][SKIP] == "true" and "compat-hook.io/holds-upgrade" in held["metadata"]["annotations"]
+        assert held["metadata"]["labels"][SKIP] == "true", held["metadata"]
+        assert "compat-hook.io/holds-upgrade" in held["metadata"]["annotations"], held["metadata"]
         assert driver_of(HELD) == HOST_535 and not held["spec"].get("unschedulable")
         assert op.driver_pods()[HELD]["metadata"]["annotations"]["nvidia.com/driver-version"] == HOST_535
         for n in nodes:
