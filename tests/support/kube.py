@@ -249,9 +249,13 @@ class ControlPlane:
         path.write_text(json.dumps(doc))
         return path
 
-    def start_kwok(self, pod_stages: list | None = None) -> None:
+    def start_kwok(self, pod_stages: list | None = None, node_lease_s: int | None = None) -> None:
         """kwok for the nodes annotated ``kwok.x-k8s.io/node: fake``, with its fast stages; ``pod_stages``
-        (kwok ``Stage`` documents) replace the fast pod stages: a pod lifecycle of the test's own."""
+        (kwok ``Stage`` documents) replace the fast pod stages: a pod lifecycle of the test's own.
+        ``node_lease_s``: it renews their Leases too, as a kubelet does: beside a kube-controller-manager,
+        whose node lifecycle controller marks a node whose heartbeat is older than 50 s (kwok's status
+        heartbeat comes every 20-45 s) NotReady and its pods not Ready, after which kwok's heartbeat stage
+        no longer picks the node up."""
         kwok, stages = kubebuild.kwok()
         if pod_stages is not None:
             d = self.work / "kwok-stages"
@@ -264,6 +268,8 @@ class ControlPlane:
         argv = [kwok, "--kubeconfig", self.kubeconfig(ADMIN_TOKEN, "admin"), "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake", "--cidr=10.0.0.1/24",
                 "--node-ip=10.0.0.1"]
+        if node_lease_s:
+            argv.append(f"--node-lease-duration-seconds={node_lease_s}")
         for s in stages:
             argv += ["--config", s]
         self.kwok_proc = _spawn(argv, self.work / "kwok.log")
@@ -291,11 +297,19 @@ class ControlPlane:
 
         self.admin.wait("kube-controller-manager /healthz", healthy, timeout=120, interval=0.5)
 
-    def start_harness(self, interval: str = "500ms") -> None:
-        """NVIDIA's upgrade state machine, reconciling every ``interval`` (tests/upgrade_harness)."""
-        self.harness_proc = _spawn([kubebuild.upgrade_harness(), "--kubeconfig",
-                                    self.kubeconfig(ADMIN_TOKEN, "admin"), "--namespace", NAMESPACE,
-                                    "--interval", interval], self.work / "harness.log")
+    def start_harness(self, interval: str = "500ms", *, validation: str | None = None,
+                      daemonset_controller: bool = True) -> None:
+        """NVIDIA's upgrade state machine, reconciling every ``interval`` (tests/upgrade_harness).
+
+        ``validation``: the pod selector of its validation state (``WithValidationEnabled``; the GPU
+        Operator passes ``app=nvidia-operator-validator``). ``daemonset_controller=False`` where a
+        kube-controller-manager runs the driver DaemonSet (the harness then plays only the operator)."""
+        argv = [kubebuild.upgrade_harness(), "--kubeconfig", self.kubeconfig(ADMIN_TOKEN, "admin"),
+                "--namespace", NAMESPACE, "--interval", interval,
+                f"--daemonset-controller={str(daemonset_controller).lower()}"]
+        if validation:
+            argv += ["--validation", validation]
+        self.harness_proc = _spawn(argv, self.work / "harness.log")
 
     def stop_harness(self) -> None:
         _stop(self.harness_proc)

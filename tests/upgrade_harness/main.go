@@ -13,6 +13,10 @@
 //     gets one, labelled with the current controller-revision-hash, and the
 //     DaemonSet's status counts them.
 //
+// With --daemonset-controller=false a real kube-controller-manager is there
+// (tests/support/node.py): its DaemonSet controller makes the revisions and the
+// pods, and the harness plays the operator's template update only.
+//
 // The upgrade policy is the ClusterPolicy's spec.driver.upgradePolicy.
 package main
 
@@ -56,10 +60,12 @@ const (
 var clusterPolicyGVR = schema.GroupVersionResource{Group: "nvidia.com", Version: "v1", Resource: "clusterpolicies"}
 
 type harness struct {
-	ns    string
-	kube  kubernetes.Interface
-	dyn   dynamic.Interface
-	state upgrade.ClusterUpgradeStateManager
+	ns string
+	// playDS: the harness plays the DaemonSet controller (no kube-controller-manager)
+	playDS bool
+	kube   kubernetes.Interface
+	dyn    dynamic.Interface
+	state  upgrade.ClusterUpgradeStateManager
 }
 
 func hashOf(version string) string {
@@ -101,6 +107,9 @@ func (h *harness) playOperator(ctx context.Context, version string) (*appsv1.Dae
 		if ds, err = h.kube.AppsV1().DaemonSets(h.ns).Update(ctx, ds, metav1.UpdateOptions{}); err != nil {
 			return nil, "", err
 		}
+	}
+	if !h.playDS { // the real DaemonSet controller names and numbers the revisions
+		return ds, "", nil
 	}
 	revs, err := h.kube.AppsV1().ControllerRevisions(h.ns).List(ctx, metav1.ListOptions{
 		LabelSelector: labels.SelectorFromSet(ds.Spec.Selector.MatchLabels).String()})
@@ -189,8 +198,10 @@ func (h *harness) round(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("operator: %w", err)
 	}
-	if err := h.playDaemonSetController(ctx, ds, hash, version); err != nil && !apierrors.IsConflict(err) {
-		return fmt.Errorf("daemonset controller: %w", err)
+	if h.playDS {
+		if err := h.playDaemonSetController(ctx, ds, hash, version); err != nil && !apierrors.IsConflict(err) {
+			return fmt.Errorf("daemonset controller: %w", err)
+		}
 	}
 	state, err := h.state.BuildState(ctx, h.ns, ds.Spec.Selector.MatchLabels)
 	if err != nil {
@@ -211,6 +222,8 @@ func main() {
 	// The GPU Operator passes "app=nvidia-operator-validator" (controllers/upgrade_controller.go): a node
 	// leaves validation-required only once every such pod on it is Ready.
 	validation := flag.String("validation", "", "pod selector of the validation state (empty: no validation state)")
+	playDS := flag.Bool("daemonset-controller", true,
+		"play the DaemonSet controller (false: a kube-controller-manager runs its own)")
 	flag.Parse()
 
 	// The GPU Operator's own call (cmd/gpu-operator/main.go): the keys become nvidia.com/gpu-driver-upgrade-*.
@@ -235,7 +248,7 @@ func main() {
 	if *validation != "" {
 		mgr = mgr.WithValidationEnabled(*validation)
 	}
-	h := &harness{ns: *ns, kube: kube, dyn: dynamic.NewForConfigOrDie(cfg), state: mgr}
+	h := &harness{ns: *ns, playDS: *playDS, kube: kube, dyn: dynamic.NewForConfigOrDie(cfg), state: mgr}
 	fmt.Println("keys", upgrade.GetUpgradeStateLabelKey(), upgrade.GetUpgradeSkipNodeLabelKey())
 	for i := 1; *rounds == 0 || i <= *rounds; i++ {
 		if err := h.round(context.Background()); err != nil {
