@@ -11,7 +11,9 @@ R535 with A100s (which R470 drives): gpu-a runs a CUDA 11.8 image, gpu-b a CUDA 
 compat driver, which breaks on R470; both pods on the chart's RuntimeClass. The runbook's ``kubectl`` steps are played through the API; the agent's passes (the
 DaemonSet's, with the gate on) are ``compat-hook cluster agent --once`` as its ServiceAccount;
 ``compat-hook report`` runs "on" gpu-a, on the decision log the real hook wrote there before and
-after the driver changed.
+after the driver changed. The chart's fleet objects (on with the gate) are applied and its controller
+runs as the chart's ServiceAccount: the version applied before step 1 is refused by the API server,
+and step 3's is admitted once the fleet has judged it.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ import subprocess
 
 import pytest
 
-from tests.support import hookenv, rootfs
+from tests.support import chart, hookenv, rootfs
 from tests.support.gpucluster import (CP, R470, R535, SKIP, STATE, agent_rbac, build_store, gpu_node, gpu_operator,
                                       gpu_pod, labels, ref, runtime_classes, set_node_driver, wait_upgraded)
-from tests.support.kube import ADMIN_TOKEN, AGENT_TOKEN, ControlPlane
+from tests.support.kube import ADMIN_TOKEN, AGENT_TOKEN, ApiError, ControlPlane
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
 
@@ -161,6 +163,7 @@ class Runbook:
 @pytest.fixture
 def runbook(tmp_path):
     cp = ControlPlane(tmp_path / "cp")
+    fleet = None
     try:
         cp.start()
         cp.start_kwok()
@@ -174,12 +177,26 @@ def runbook(tmp_path):
         rb = Runbook(cp, tmp_path)
         for n in NODES:
             rb.set_driver(n, R535)
+        # The chart installed as the doc says (--set agent.gate=true): its fleet controller (fleet.enabled auto)
+        # and the policy that refuses a driver version the fleet has not judged; the Deployment's one replica
+        # is this process, as the chart's ServiceAccount.
+        chart.apply(cp.admin, [d for d in chart.render("agent.gate=true")
+                               if "fleet" in d["metadata"]["name"] and d["kind"] != "Deployment"])
+        token = cp.admin.create("/api/v1/namespaces/compat-hook/serviceaccounts/compat-hook-fleet/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}})
+        fleet = subprocess.Popen(
+            ["/usr/bin/python3", "-m", "compat_hook", "cluster", "fleet", "--namespace", "compat-hook", "--identity",
+             "runbook", "--resync", "0.5", "--kubeconfig", str(cp.kubeconfig(token["status"]["token"], "fleet"))],
+            cwd=REPO, stdout=(tmp_path / "fleet.log").open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         cp.start_harness()
         wait_upgraded(cp.admin, list(NODES), R535, timeout=180)  # first reconcile: unknown -> upgrade-done
         yield rb
     finally:
+        if fleet is not None and fleet.poll() is None:
+            fleet.terminate()
+            fleet.wait(15)
         cp.stop()
-        for name in ("harness.log", "kwok.log", "apiserver.log"):
+        for name in ("harness.log", "kwok.log", "apiserver.log", "../fleet.log"):
             f = tmp_path / "cp" / name
             if f.exists():
                 print(f"--- {name} (tail)\n" + f.read_text(errors="replace")[-3000:])
@@ -188,6 +205,12 @@ def runbook(tmp_path):
 def test_the_cluster_runbook_runs_as_written(runbook):
     rb, admin = runbook, runbook.admin
     rb.container_start("gpu-a", "before-1")  # a start on R535, for the report afterwards
+    # out of order: the version applied before anyone judged it is refused by the API server, saying what to do
+    with pytest.raises(ApiError) as e:
+        admin.merge(CP, {"spec": {"driver": {"version": R470}}})
+    refusal = json.loads(e.value.body)["message"]
+    assert e.value.status == 403 and "compat-hook-fleet-driver-version" in refusal, refusal
+    assert "compat-hook.io/next-driver" in refusal and "compat-hook.io/allow-unjudged-driver" in refusal, refusal
 
     # 1. preflight: announce the target; every agent takes it on its next pass (its watch fires at once)
     rb.kubectl("kubectl annotate clusterpolicy cluster-policy compat-hook.io/next-driver=")
@@ -216,6 +239,10 @@ def test_the_cluster_runbook_runs_as_written(runbook):
 
     # 3. the upgrade: NVIDIA's controller moves gpu-a; gpu-b stays parked in upgrade-required
     rb.kubectl("kubectl patch clusterpolicy cluster-policy")
+    # both agents judged R470 and gpu-b is held: the fleet controller says so within its resync
+    admin.wait("the fleet judged the version", lambda: (admin.get(
+        "/api/v1/namespaces/compat-hook/configmaps/compat-hook-fleet").get("data") or {}).get(
+        f"clusterpolicy_cluster-policy_{R470}") == "ok", timeout=30, interval=0.3)
     admin.merge(CP, {"spec": {"driver": {"version": R470}}})
     rb.kubectl("kubectl get nodes -L nvidia.com/gpu-driver-upgrade-state")
     rb.upgraded(["gpu-a"], R470)
