@@ -651,6 +651,16 @@ def test_helm_install_runs_and_uninstall_leaves_nothing_of_the_fleet(tmp_path):
         cm = f"/api/v1/namespaces/{ns}/configmaps/compat-hook-fleet"
         a.wait("the installed controller's answer", lambda: (a.get(cm).get("data") or {}).get(CPKEY.format(R535)))
         assert (a.get(cm)["data"][CPKEY.format(R535)] == "not judged on 1 of 1 node(s): gpu-1 (no verdict)")
+        def refused() -> bool:  # the API server loads a new policy asynchronously: a dry run until it is in force
+            try:
+                a.request("PATCH", f"{CP}/cluster-policy", {"spec": {"driver": {"version": R570}}},
+                          content_type=MERGE, query={"dryRun": "All"})
+                return False
+            except ApiError as err:
+                assert err.status == 403 and POLICY in err.body, err
+                return True
+
+        a.wait("the installed policy in force", refused, timeout=30, interval=0.5)
         with pytest.raises(ApiError) as e:  # the installed policy refuses it
             a.merge(f"{CP}/cluster-policy", {"spec": {"driver": {"version": R570}}})
         assert POLICY in e.value.body
