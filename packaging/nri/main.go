@@ -34,20 +34,25 @@ import (
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
+	nriplugin "github.com/containerd/nri/pkg/plugin"
 	"github.com/containerd/nri/pkg/stub"
 )
 
 const (
 	defaultName = "compat-hook"
-	// After the NVIDIA Container Toolkit's own NRI plugin (nvidia-ctk-installer, index 10):
-	// hooks a plugin adds are appended in plugin order, so compat-hook's hook runs after every
-	// hook the toolkit's CDI devices bring (update-ldcache) and has the last word.
+	// After the NVIDIA Container Toolkit's own NRI plugin (nvidia-ctk-installer, index 10).
+	// The hook runs after the toolkit's hooks of CDI devices the CRI request names (containerd
+	// applies those before NRI); the toolkit's hooks of a device NVIDIA's plugin adds run after
+	// it (containerd resolves an adjustment's CDI devices after appending its hooks), and the
+	// hook's ld.so drop-in, sorting first, keeps its decision through their update-ldcache.
 	defaultIdx = "90"
 
 	annotationDisable = "compat-hook/disable"
 	cdiAnnotation     = "cdi.k8s.io/"
 	// NVIDIA's own NRI plugin injects the CDI devices this annotation names (nvidia.cdi.k8s.io/container.<name>).
 	nvidiaCDIAnnotation = "nvidia.cdi.k8s.io/"
+	// The same, as NVIDIA's plugin reads it from the pod (nri's GetEffectiveAnnotation: /container.<name>, /pod, bare).
+	nvidiaCDIDomain = "nvidia.cdi.k8s.io"
 )
 
 // config is the document `compat-hook install` renders: a hooks.d document (oci-hooks(5)) plus
@@ -122,9 +127,9 @@ func (p *plugin) Configure(_ context.Context, text, runtime, version string) (ap
 	return api.MustParseEventMask("CreateContainer"), nil
 }
 
-// gpuReason says why a container asks for a GPU ("" when it does not). The hook decides again
-// from the spec; this only keeps non-GPU containers free of it.
-func gpuReason(c *api.Container) string {
+// gpuReason says why a container of pod asks for a GPU ("" when it does not). The hook decides
+// again from the spec; this only keeps non-GPU containers free of it.
+func gpuReason(pod *api.PodSandbox, c *api.Container) string {
 	for _, d := range c.GetCDIDevices() {
 		if strings.Contains(d.GetName(), "nvidia.com/") {
 			return "CDI device " + d.GetName()
@@ -135,6 +140,13 @@ func gpuReason(c *api.Container) string {
 			strings.Contains(v, "nvidia.com/") {
 			return "annotation " + k
 		}
+	}
+	// NVIDIA's own NRI plugin (the GPU Operator's NRI mode) reads its annotation on the pod (the
+	// kubelet passes pod annotations with the sandbox, never with a container) and the CDI device
+	// it adds is resolved after every plugin answered: not in this request, the annotation is the
+	// only sign of it.
+	if v, ok := nriplugin.GetEffectiveAnnotation(pod, nvidiaCDIDomain, c.GetName()); ok && strings.Contains(v, "nvidia.com/") {
+		return "pod annotation " + nvidiaCDIDomain + " (" + v + ")"
 	}
 	// The last entry wins, as in execve: a CDI spec's NVIDIA_VISIBLE_DEVICES=void overrides the image's "all".
 	visible, set := "", false
@@ -181,8 +193,8 @@ func truthy(v string) bool {
 	return false
 }
 
-func (p *plugin) CreateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	if truthy(c.GetAnnotations()[annotationDisable]) || gpuReason(c) == "" {
+func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, c *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	if truthy(c.GetAnnotations()[annotationDisable]) || gpuReason(pod, c) == "" {
 		return nil, nil, nil
 	}
 	p.mu.Lock()
@@ -240,14 +252,15 @@ func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 		if startedAt(c) <= since || seen[c.GetId()] || truthy(c.GetAnnotations()[annotationDisable]) {
 			continue
 		}
-		reason := gpuReason(c)
+		pod := byID[c.GetPodSandboxId()]
+		reason := gpuReason(pod, c)
 		if reason == "" || hasHook(c, cfg) {
 			continue
 		}
 		rec := map[string]any{"event": "fail_open", "decision": "error", "reason": "nri_plugin_missing",
 			"component": "nri", "container_id": c.GetId(), "container_name": c.GetName(), "gpu": reason,
 			"error": "created while compat-hook's NRI plugin was not connected: it runs without compat-hook"}
-		if pod := byID[c.GetPodSandboxId()]; pod != nil {
+		if pod != nil {
 			rec["pod"], rec["namespace"] = pod.GetName(), pod.GetNamespace()
 		}
 		appendLine(logFile, rec)

@@ -32,7 +32,28 @@ func TestGPUReason(t *testing.T) {
 		{"not a GPU node", &api.Container{Linux: &api.LinuxContainer{Devices: []*api.LinuxDevice{{Path: "/dev/nvidia-modeset"}}}}, ""},
 	}
 	for _, tc := range cases {
-		if got := gpuReason(tc.c); got != tc.want {
+		if got := gpuReason(nil, tc.c); got != tc.want {
+			t.Errorf("%s: gpuReason = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// NVIDIA's plugin reads its annotation on the pod, for this container, the whole pod, or bare.
+func TestGPUReasonPodAnnotation(t *testing.T) {
+	c := &api.Container{Name: "c"}
+	cases := []struct {
+		name string
+		ann  map[string]string
+		want string
+	}{
+		{"this container", map[string]string{"nvidia.cdi.k8s.io/container.c": "nvidia.com/gpu=0"}, "pod annotation nvidia.cdi.k8s.io (nvidia.com/gpu=0)"},
+		{"whole pod", map[string]string{"nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=all"}, "pod annotation nvidia.cdi.k8s.io (nvidia.com/gpu=all)"},
+		{"another container", map[string]string{"nvidia.cdi.k8s.io/container.d": "nvidia.com/gpu=0"}, ""},
+		{"this container wins", map[string]string{"nvidia.cdi.k8s.io/container.c": "example.com/x=0", "nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=0"}, ""},
+		{"no annotations", nil, ""},
+	}
+	for _, tc := range cases {
+		if got := gpuReason(&api.PodSandbox{Annotations: tc.ann}, c); got != tc.want {
 			t.Errorf("%s: gpuReason = %q, want %q", tc.name, got, tc.want)
 		}
 	}
