@@ -12,7 +12,9 @@ name the device as the kubelet passes a device plugin's or a DRA claim's: the CR
 
 One more spec, ``nvidia.com/gputk``, carries the toolkit's real v1.20.2 ``nvidia-cdi-hook`` hooks
 (create-symlinks, enable-cuda-compat, update-ldcache) as a generated spec does, for a GeForce host
-(``/proc/driver/nvidia/gpus/*/information`` in containerd's namespace).
+(``/proc/driver/nvidia/gpus/*/information`` in containerd's namespace). NVIDIA's own NRI plugin
+(``nvidia-ctk-installer --enable-nri-plugin``, index 10) runs next to compat-hook's in one test:
+the CDI device comes from a pod annotation only.
 
 compat-hook is registered with ``compat-hook install containerd --via nri`` (the plugin
 built from packaging/nri into the test cache), pointed at the test containerd's config,
@@ -23,6 +25,7 @@ compat-hook's hook ran and enabled it, the host's (12020) when it did not.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -142,15 +145,17 @@ class NriNode:
                 return pids
             time.sleep(0.1)
 
-    def run(self, name: str, tag: str, cdi=(), annotations=None, keep: bool = False):
+    def run(self, name: str, tag: str, cdi=(), annotations=None, keep: bool = False, pod=None):
         """Run the probe: ``(outcome, compat-hook log records of this container)``.
 
         ``keep``: the container sleeps on after the probe and stays (containerd lists running
-        containers to a plugin that connects later)."""
+        containers to a plugin that connects later). ``pod``: ``(sandbox id, its config)`` of
+        another pod than the node's own (its log directory must be ``self.pods``)."""
+        pod_id, sandbox = pod or (self.pod, self.sandbox)
         self.log.mark()
         log = self.pods / f"{name}.log"
         if not keep:
-            st, cid = self.client.run_container(self.pod, self.sandbox, name, f"{IMAGE}:{tag}", command=COMMAND,
+            st, cid = self.client.run_container(pod_id, sandbox, name, f"{IMAGE}:{tag}", command=COMMAND,
                                                 cdi_devices=cdi, annotations=annotations)
             text = cri.read_log(log)
             assert st.exit_code == 0, (st, text, self.daemon.log.read_text()[-3000:])
@@ -158,7 +163,7 @@ class NriNode:
             return outcome(text), self.log.since(cid)
         command = [*COMMAND[:2], COMMAND[2] + "; exec sleep 600"]
         cfg = self.client.container_config(name, f"{IMAGE}:{tag}", command, annotations=annotations, cdi_devices=cdi)
-        cid = self.client.create_container(self.pod, self.sandbox, cfg)
+        cid = self.client.create_container(pod_id, sandbox, cfg)
         self.kept.append(cid)
         self.client.runtime.StartContainer(self.client.pb.StartContainerRequest(container_id=cid), timeout=60)
         deadline = time.monotonic() + 60
@@ -197,6 +202,31 @@ def node(tmp_path_factory, libs):
         yield n
     finally:
         n.left = n.close()
+
+
+@contextlib.contextmanager
+def geforce_host_with_toolkit_spec(node):
+    """A GeForce host (``/proc/driver/nvidia/gpus/*/information`` in containerd's namespace) and the
+    CDI spec ``nvidia.com/gputk`` whose edits carry the toolkit's real v1.20.2 hooks, while in the block."""
+    from tests.support import toolkit as tks
+
+    tk = tks.ensure()
+    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gputk",
+            "devices": [{"name": "0", "containerEdits": {
+                "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"}]}}],
+            "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"],
+                               "mounts": tks.cdi_mounts(node.libs[OLD], OLD), "hooks": tks.cdi_hooks(tk, OLD)}}
+    (node.daemon.work / "cdi" / "nvidia-toolkit.json").write_text(json.dumps(spec))
+    gpus = pathlib.Path(f"/proc/{node.daemon.pid}/root/proc/driver/nvidia/gpus/0000:01:00.0")
+    gpus.mkdir(parents=True)
+    (gpus / "information").write_text("Model: \t\t NVIDIA GeForce RTX 4090\nBus Location: \t 0000:01:00.0\n"
+                                      "Device Minor: \t 0\n")
+    try:
+        yield
+    finally:
+        (gpus / "information").unlink()
+        gpus.rmdir()
+        (node.daemon.work / "cdi" / "nvidia-toolkit.json").unlink()
 
 
 def _enabled(out: dict, recs: list, what: str) -> None:
@@ -254,8 +284,9 @@ def test_gpu_container_by_cdi_annotation_gets_the_decision(node):
 
 
 def test_nvidia_nri_annotation_is_routed(node):
-    # What the NVIDIA toolkit's own NRI plugin injects CDI devices from; without that plugin here,
-    # the container gets no device, but compat-hook's hook runs (and decides from the spec).
+    # What the NVIDIA toolkit's own NRI plugin injects CDI devices from (on the pod, as it reads it:
+    # test_under_nvidias_own_nri_plugin); here on the container, without that plugin: no device,
+    # but compat-hook's hook runs (and decides from the spec).
     out, recs = node.run("gpu-nvidia-annotation", "root",
                          annotations={"nvidia.cdi.k8s.io/container.gpu-nvidia-annotation": GPU})
     assert [(r["event"], r.get("via")) for r in recs] == [("hook", "nri")], recs
@@ -266,20 +297,7 @@ def test_geforce_host_with_the_toolkits_own_hooks(node):
     hooks (create-symlinks, enable-cuda-compat, update-ldcache). On a GeForce host the toolkit alone
     enables the compat driver (it never checks the brand); compat-hook's hook, added by the plugin and
     run after the toolkit's, has the last word: the host's library."""
-    from tests.support import toolkit as tks
-
-    tk = tks.ensure()
-    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gputk",
-            "devices": [{"name": "0", "containerEdits": {
-                "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"}]}}],
-            "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"],
-                               "mounts": tks.cdi_mounts(node.libs[OLD], OLD), "hooks": tks.cdi_hooks(tk, OLD)}}
-    (node.daemon.work / "cdi" / "nvidia-toolkit.json").write_text(json.dumps(spec))
-    gpus = pathlib.Path(f"/proc/{node.daemon.pid}/root/proc/driver/nvidia/gpus/0000:01:00.0")
-    gpus.mkdir(parents=True)
-    (gpus / "information").write_text("Model: \t\t NVIDIA GeForce RTX 4090\nBus Location: \t 0000:01:00.0\n"
-                                      "Device Minor: \t 0\n")
-    try:
+    with geforce_host_with_toolkit_spec(node):
         # Without compat-hook (opted out: the plugin leaves it): the toolkit's enable-cuda-compat stands.
         out, recs = node.run("geforce-toolkit-alone", "compat", cdi=["nvidia.com/gputk=0"],
                              annotations={"compat-hook/disable": "true"})
@@ -291,10 +309,102 @@ def test_geforce_host_with_the_toolkits_own_hooks(node):
         [rec] = recs
         assert (rec["event"], rec["via"], rec["decision"], rec["reason"], rec["effect"]) == \
             ("hook", "nri", "skip", "device_consumer", "host"), rec
+
+
+def test_under_nvidias_own_nri_plugin(node):
+    """The GPU Operator's NRI mode: NVIDIA's own plugin (the toolkit container's ``nvidia-ctk-installer
+    --enable-nri-plugin``, index 10, an external plugin on containerd's NRI socket) adds the CDI device
+    that the pod annotation ``nvidia.cdi.k8s.io/container.<name>`` names; the CRI request names none.
+    compat-hook's plugin (index 90) routes the same container, and its decision is what the container
+    loads: the compat driver on a data-center host; on a GeForce host, the host's library, although
+    the device NVIDIA's plugin added carries the toolkit's enable-cuda-compat and update-ldcache and
+    containerd puts them after compat-hook's hook (CDI devices from an NRI adjustment are resolved
+    after its hooks are appended)."""
+    import shutil
+    import subprocess
+
+    from tests.support import toolkit as tks
+
+    nv = node.work / "nvidia-nri"
+    for d in ("artifacts", "xdg", "host"):
+        (nv / d).mkdir(parents=True)
+    shutil.copyfile(node.daemon.main, nv / "config.toml")
+    before = (node.daemon.main.read_bytes(), (nv / "config.toml").read_bytes())
+    # With --enable-nri-plugin the installer leaves the engine's config alone (a no-op configurer;
+    # --no-runtime-config says so too, and every path it could use is private). It still installs
+    # the toolkit first: from an empty source root into a private dir, which fails without the
+    # toolkit's C parts (libnvidia-container) unless --ignore-errors, NVIDIA's flag for testing.
+    argv = [str(tks.installer()), "--debug", "--enable-nri-plugin", "--nri-plugin-index", "10",
+            "--nri-socket", str(node.daemon.work / "nri.sock"), "--nri-namespace", "gpu-operator",
+            "--runtime", "containerd", "--no-runtime-config", "--config", str(nv / "config.toml"),
+            "--drop-in-config", str(nv / "conf.d" / "99-nvidia.toml"), "--restart-mode", "none",
+            "--host-root", str(nv / "host"), "--pid-file", str(nv / "run" / "toolkit.pid"),
+            "--toolkit-install-dir", str(nv / "root"), "--toolkit-source-root", str(nv / "artifacts"),
+            "--ignore-errors"]
+    names = {"dc": "nvop-dc", "plain": "nvop-plain", "alone": "nvop-geforce-alone", "geforce": "nvop-geforce"}
+    sandbox = node.client.sandbox_config("gpu-operator-pod", str(node.pods))
+    for k in ("dc", "plain"):
+        sandbox.annotations["nvidia.cdi.k8s.io/container." + names[k]] = GPU
+    for k in ("alone", "geforce"):
+        sandbox.annotations["nvidia.cdi.k8s.io/container." + names[k]] = "nvidia.com/gputk=0"
+    err = nv / "installer.log"
+    with open(err, "wb") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=dict(engines.ENV, XDG_CONFIG_HOME=str(nv / "xdg")), start_new_session=True)
+    pod = None
+    try:
+        deadline = time.monotonic() + 20
+        while b"Started plugin 10-nvidia-ctk-installer" not in err.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.1)
+        pod = (node.client.run_pod(sandbox, ""), sandbox)
+
+        # A data-center host: the plain spec (no toolkit hooks): only compat-hook enables the compat driver.
+        out, recs = node.run(names["dc"], "compat", pod=pod)
+        _enabled(out, recs, "a device from NVIDIA's NRI plugin, data-center host")
+        assert f"{names['dc']}: injecting CDI devices [{GPU}]" in err.read_text(), err.read_text()[-3000:]
+        # An image that names no GPU itself (no NVIDIA_VISIBLE_DEVICES): the pod annotation alone
+        # routes it (the device NVIDIA's plugin adds is resolved after both plugins answered).
+        out, recs = node.run(names["plain"], "root", pod=pod)
+        assert out["cuda"] == "12020", out  # the device's host library: NVIDIA's plugin added it
+        assert [(r["event"], r.get("via")) for r in recs] == [("hook", "nri")], recs
+
+        with geforce_host_with_toolkit_spec(node):
+            # compat-hook opted out: the toolkit's hooks, from the device NVIDIA's plugin added, enable
+            # the compat driver on a GeForce (without that device the container has no libcuda at all).
+            out, recs = node.run(names["alone"], "compat", annotations={"compat-hook/disable": "true"}, pod=pod)
+            assert out["cuda"] == "12040" and out["libcuda"] == COMPAT_LIB, out
+            assert recs == [], recs
+            # Both plugins: compat-hook's decision loads, the host's library.
+            out, recs = node.run(names["geforce"], "compat", keep=True, pod=pod)
+            cid = node.kept.pop()  # stopped here, not by the node (its own pod's containers only)
+            spec = json.loads(pathlib.Path(f"/proc/{node.daemon.pid}/root{node.daemon.work}/state/"
+                                           f"io.containerd.runtime.v2.task/k8s.io/{cid}/config.json").read_text())
+            node.client.runtime.StopContainer(node.client.pb.StopContainerRequest(container_id=cid, timeout=0),
+                                              timeout=60)
+            node.client.remove_container(cid)
+        assert out["cuda"] == "12020" and out["libcuda"].startswith(f"{LIB_DIR}/libcuda.so."), (out, recs)
+        [rec] = recs
+        assert (rec["event"], rec["via"], rec["decision"], rec["reason"], rec["effect"]) == \
+            ("hook", "nri", "skip", "device_consumer", "host"), rec
+        # The order containerd gave the hooks: compat-hook's first, the toolkit's after it.
+        order = [h["args"][1] if h["path"].endswith("nvidia-cdi-hook") else
+                 "compat-hook" if h["args"][-2:] == ["--via", "nri"] else h["path"]
+                 for h in spec["hooks"]["createContainer"]]
+        assert order == ["compat-hook", "create-symlinks", "enable-cuda-compat", "update-ldcache"], order
     finally:
-        (gpus / "information").unlink()
-        gpus.rmdir()
-        (node.daemon.work / "cdi" / "nvidia-toolkit.json").unlink()
+        if pod is not None:
+            node.client.remove_pod(pod[0])
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=10)  # the toolkit container's own stop: SIGTERM
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait(timeout=10)
+    assert code == 0 and b"Completed nvidia-ctk-installer" in err.read_bytes(), err.read_text()[-3000:]
+    # Nothing left: its pid file gone, containerd's config and the copy it was given untouched.
+    assert not (nv / "run" / "toolkit.pid").exists() and not (nv / "conf.d").exists()
+    assert (node.daemon.main.read_bytes(), (nv / "config.toml").read_bytes()) == before
 
 
 def test_non_gpu_container_is_not_routed(node):
