@@ -126,18 +126,8 @@ def world(tmp_path_factory):
         timings["install_to_ready"] = time.monotonic() - t
         yield w
     finally:
-        t = time.monotonic()
-        try:
-            left = node.stop()
-        finally:
-            cluster.stop()
-        timings["teardown"] = time.monotonic() - t
-        timings["total"] = time.monotonic() - t0
-        print("node fixture timings (s):", {k: round(v, 1) for k, v in timings.items()})
-        for name in ("node/kubelet.log", "node/containerd.log", "cp/controller-manager.log"):
-            f = work / name
-            if f.exists():
-                print(f"--- {name} (tail)\n" + f.read_text(errors="replace")[-2000:])
+        left = nodemod.stop_all(cluster, node, work, ("node/kubelet.log", "node/containerd.log",
+                                                      "cp/controller-manager.log"), timings, t0)
     # nothing of the node outlives it: no mount under the test's dir, no process, no bridge
     assert left is not None and left["mounts"] == [] and left["processes"] == [] and not left["bridge"], left
 

@@ -188,21 +188,11 @@ def world(tmp_path_factory):
         timings["ready"] = time.monotonic() - t0
         yield World(cluster, node, plugin, timings)
     finally:
-        t = time.monotonic()
         try:
-            try:
-                code = plugin.stop() if plugin else 0
-            finally:
-                left = node.stop()
+            code = plugin.stop() if plugin else 0
         finally:
-            cluster.stop()
-        timings["teardown"] = time.monotonic() - t
-        timings["total"] = time.monotonic() - t0
-        print("node-cdi fixture timings (s):", {k: round(v, 1) for k, v in timings.items()})
-        for name in ("node/kubelet.log", "node/containerd.log", "deviceplugin/deviceplugin.log"):
-            f = work / name
-            if f.exists():
-                print(f"--- {name} (tail)\n" + f.read_text(errors="replace")[-2000:])
+            left = nodemod.stop_all(cluster, node, work, ("node/kubelet.log", "node/containerd.log",
+                                                          "deviceplugin/deviceplugin.log"), timings, t0, "node-cdi")
     assert code == 0, plugin.text()[-2000:]  # the device plugin ended on SIGTERM
     # nothing of the node outlives it: no mount under the test's dir, no process, no bridge
     assert left is not None and left["mounts"] == [] and left["processes"] == [] and not left["bridge"], left

@@ -126,14 +126,7 @@ def world(tmp_path_factory):
         node.restart_containerd()  # docs/engines.md: load the cuda-compat runtime
         yield w
     finally:
-        try:
-            left = node.stop()
-        finally:
-            cluster.stop()
-        for name in ("node/kubelet.log", "node/containerd.log"):
-            f = work / name
-            if f.exists():
-                print(f"--- {name} (tail)\n" + f.read_text(errors="replace")[-2000:])
+        left = nodemod.stop_all(cluster, node, work)
     assert left is not None and left["mounts"] == [] and not left["bridge"], left
 
 

@@ -597,6 +597,28 @@ class Node:
         return left
 
 
+def stop_all(cluster: "Cluster", node: "Node | None", work: Path, logs=("node/kubelet.log", "node/containerd.log"),
+             timings: dict | None = None, t0: float | None = None, label: str = "node") -> dict | None:
+    """A module's teardown: the node stopped, then the control plane (also when the node's stop fails);
+    ``timings`` gains ``teardown`` and ``total`` (from ``t0``) and is printed, then the tail of each of
+    ``logs`` (paths under ``work``). Returns what :meth:`Node.stop` had to clean up (None: no node)."""
+    t = time.monotonic()
+    try:
+        left = node.stop() if node is not None else None
+    finally:
+        cluster.stop()
+    if timings is not None:
+        timings["teardown"] = time.monotonic() - t
+        if t0 is not None:
+            timings["total"] = time.monotonic() - t0
+        print(f"{label} fixture timings (s):", {k: round(v, 1) for k, v in timings.items()})
+    for name in logs:
+        f = work / name
+        if f.exists():
+            print(f"--- {name} (tail)\n" + f.read_text(errors="replace")[-2000:])
+    return left
+
+
 def workload_images(work: Path) -> Path:
     """The tests' images as one tar (tests/support/engines.py ``build_image``): ``pause``, ``base``
     (CUDA 12.4, no compat driver) and ``compat`` (CUDA 12.4 with Debian's real 550 libcuda in
