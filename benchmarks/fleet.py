@@ -20,6 +20,13 @@ verb and resource; a watch is counted when it ends):
 4. ``compat-hook cluster status`` over all nodes: wall time and requests;
 5. one agent as its own process (``cluster agent``, as the DaemonSet runs it) for 60 s: its peak RSS.
 
+Beside the agents, from phase 1 on, the fleet controller (``cluster fleet``, the chart's account and
+objects) runs as its own process: its CPU over the steady state (``fleet.steady_cpu_pct``, of one core;
+target <= 2 % at 1,000 nodes), its reconciles and writes, and how long a new verdict takes to reach its
+ConfigMap (``fleet.verdict_to_configmap_s``: one node's preflight changed to a regression nothing holds, until
+the key says so; target < 2 s at 10,000 nodes). ``benchmarks/fleet_reconcile.py`` times the reconcile alone
+at 1,000 to 10,000 nodes.
+
 The figures go to stdout as JSON (``--out FILE`` too); benchmarks/README.md quotes a run.
 """
 
@@ -86,6 +93,13 @@ def _rss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _save(args, out: dict) -> None:
@@ -163,6 +177,19 @@ def main() -> int:
         kc = cp.kubeconfig(AGENT_TOKEN, "agent")
         py = clients()["latest"]
         out["kubernetes_client"] = client_version(py)
+        # the fleet controller, with the chart's objects and its own account's token
+        from tests.support import chart
+
+        chart.apply(a, [d for d in chart.render("fleet.enabled=true") if "fleet" in d["metadata"]["name"]
+                        and d["kind"] != "Deployment"])
+        ftoken = a.create("/api/v1/namespaces/compat-hook/serviceaccounts/compat-hook-fleet/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 7200}})["status"]["token"]
+        flog = (work / "fleet.log").open("wb")
+        fleet = subprocess.Popen([py, "-m", "compat_hook", "cluster", "fleet", "--namespace", "compat-hook",
+                                  "--identity", "bench", "--kubeconfig", str(cp.kubeconfig(ftoken, "fleet"))],
+                                 cwd=REPO, stdout=flog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        procs.append(fleet)
 
         # 1. start
         m0 = _metrics(cp)
@@ -193,7 +220,9 @@ def main() -> int:
         time.sleep(min(30.0, args.interval / 4))
         m1 = _metrics(cp)
         t1 = time.monotonic()
+        c1 = _cpu_s(fleet.pid)
         time.sleep(args.steady)
+        c2 = _cpu_s(fleet.pid)
         m2 = _metrics(cp)
         steady = _agent_requests(_delta(m1, m2))
         secs = time.monotonic() - t1
@@ -210,6 +239,23 @@ def main() -> int:
                          "with_watch_renewals_per_node_per_hour": round(per_hour + watches, 2),
                          "with_watch_renewals_per_pass": round((per_hour + watches) / (3600 / args.interval), 3),
                          "node_writes": node_writes}
+        flines = [json.loads(x) for x in (work / "fleet.log").read_text(errors="replace").splitlines()
+                  if x.startswith("{")]
+        out["fleet"] = {"steady_cpu_pct": round(100 * (c2 - c1) / (time.monotonic() - t1), 2),
+                        "writes": sum(1 for e in flines if e.get("event") == "fleet_applied"),
+                        "errors": sum(1 for e in flines if e.get("event") == "fleet_error")}
+        # a new verdict (one node's regression that nothing holds) until the fleet's ConfigMap says so
+        param = "/api/v1/namespaces/compat-hook/configmaps/compat-hook-fleet"
+        key = f"clusterpolicy_cluster-policy_{R535}"
+        node = names[len(names) // 2]
+        doc = json.loads(a.get(f"/api/v1/nodes/{node}")["metadata"]["annotations"]["compat-hook.io/preflight"])
+        doc.update(verdict="fail", complete=True, regressions=1, gate="off")
+        t_v = time.monotonic()
+        a.merge(f"/api/v1/nodes/{node}", {"metadata": {"labels": {"compat-hook.io/preflight": "fail"},
+                                                       "annotations": {"compat-hook.io/preflight": json.dumps(doc)}}})
+        a.wait("the verdict in the ConfigMap", lambda: node in ((a.get(param).get("data") or {}).get(key) or ""),
+               timeout=120, interval=0.05)
+        out["fleet"]["verdict_to_configmap_s"] = round(time.monotonic() - t_v, 2)
 
         _save(args, out)
 

@@ -30,7 +30,7 @@ import pytest
 from tests.support import chart, debs, hookenv
 from tests.support.gpucluster import (A100, R470, R535, R570, R580, R590, agent_rbac, build_store, gpu_node,
                                       gpu_operator, gpu_pod, ref, runtime_classes, set_node_driver)
-from tests.support.kube import AGENT_TOKEN, ApiError, ControlPlane
+from tests.support.kube import AGENT_TOKEN, Api, ApiError, ControlPlane
 from tests.support.toolkit import noted_compat_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -54,6 +54,7 @@ CPKEY = "clusterpolicy_cluster-policy_{}"
 class World:
     def __init__(self, cp: ControlPlane, work: pathlib.Path, fleet_token: str) -> None:
         self.cp, self.work, self.admin = cp, work, cp.admin
+        self.fleet_token = fleet_token
         self.fleet_kc = cp.kubeconfig(fleet_token, "fleet")
         self.agent_kc = cp.kubeconfig(AGENT_TOKEN, "agent")
         libs = {"noted": noted_compat_lib(debs.libcuda("550.163.01"), work / "noted")}
@@ -148,14 +149,16 @@ def world(tmp_path_factory):
         a = cp.admin
         agent_rbac(cp)
         runtime_classes(a)
-        # the chart's fleet objects, as `helm install --set fleet.enabled=true` makes them (but the
-        # Deployment: its replicas are the processes started here)
-        docs = [d for d in chart.render("fleet.enabled=true") if "fleet" in d["metadata"]["name"]
-                and d["kind"] != "Deployment"]
+        # the chart's fleet objects, as `helm install --set fleet.enabled=true` makes them (the Deployment with no
+        # replicas: its replicas are the processes started here; it owns what the fleet makes anew)
+        docs = [d for d in chart.render("fleet.enabled=true") if "fleet" in d["metadata"]["name"]]
+        for d in docs:
+            if d["kind"] == "Deployment":
+                d["spec"]["replicas"] = 0
         assert {d["kind"] for d in docs} >= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Lease",
-                                             "ConfigMap", "Role", "ClusterRole"}
+                                             "ConfigMap", "Role", "ClusterRole", "Deployment"}
+        gpu_operator(a, R535)  # before the policy: a create is judged too
         chart.apply(a, docs)
-        gpu_operator(a, R535)
         w = World(cp, work, _token(a, "compat-hook-fleet"))
         for n, image in NODES.items():
             a.create("/api/v1/nodes", gpu_node(n, deploy_driver=False, case="fleet"))
@@ -177,24 +180,38 @@ def world(tmp_path_factory):
 
 def _cel_objects(a) -> None:
     for path, obj in ((CP, {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cel-cp"},
-                            "spec": {"driver": {"version": R535, "repository": "nvcr.io/nvidia"}}}),
+                            "spec": {"driver": {"version": R535, "repository": "nvcr.io/nvidia", "image": "driver"}}}),
+                      (CP, {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cel-crd"},
+                            "spec": {"driver": {"version": R535, "useNvidiaDriverCRD": True}}}),
                       (ND, {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": "cel-nd"},
                             "spec": {"version": R535, "nodeSelector": {"pool": "cel"}}})):
+        # created with the override naming their version (a create is judged), which then comes off
+        obj["metadata"]["annotations"] = {OVERRIDE: R535}
         try:
             a.create(path, obj)
         except ApiError as e:
             assert e.status == 409, e
+        a.merge(f"{path}/{obj['metadata']['name']}", {"metadata": {"annotations": {OVERRIDE: None}}})
 
 
-#: (name, path, patch, subresource) -> allowed, or the texts the refusal must hold. Every request is a dry
-#: run from the same stored objects (version 535.261.03); the params hold PARAMS.
+#: (name, path, patch) -> allowed, or the texts the refusal must hold. Every request is a dry run from the
+#: same stored objects (version 535.261.03); the params hold PARAMS, written with the fleet's own token
+#: (the policy compat-hook-fleet-param refuses anyone else's).
+DIGEST = "nvcr.io/nvidia/driver@sha256:" + "ab" * 32
 PARAMS = {
     f"clusterpolicy_cel-cp_{R570}": "ok",
     f"clusterpolicy_cel-cp_{R580}": "not judged on 2 of 3 node(s): gpu-x (no verdict), gpu-y (fail, not held)",
     f"nvidiadriver_cel-nd_{R570}": "ok",
     f"clusterpolicy_cel-nd_{R580}": "ok",     # a ClusterPolicy's key: no use to the NVIDIADriver of that name
     f"clusterpolicy_other-cp_{R590}": "ok",   # another object's key: no use to cel-cp
+    "clusterpolicy_cel-cp_mode.true.true": "not judged on 1 of 3 node(s): gpu-x (580.95.05: no verdict)",
+    "clusterpolicy_cel-cp_mode.false.false": "ok",
+    "nvidiadriver_cel-nd_delete": "not judged on 1 of 3 node(s): gpu-z (570.195.03: incomplete: not_in_store)",
+    "clusterpolicy_cel-cp_delete": "ok",
+    f"driver_{R535}": "not judged on 1 of 3 node(s): gpu-y (verdict for 570.195.03)",
+    f"driver_{R570}": "ok",
 }
+IMG = "nvcr.io/nvidia/driver"
 CASES = [
     ("cp: a judged version", CP + "/cel-cp", {"spec": {"driver": {"version": R570}}}, True),
     ("cp: a version with blocking nodes names them", CP + "/cel-cp", {"spec": {"driver": {"version": R580}}},
@@ -211,21 +228,89 @@ CASES = [
      {"metadata": {"annotations": {OVERRIDE: "true"}}, "spec": {"driver": {"version": R590}}}, ["no key"]),
     ("cp: the override beside a blocked version", CP + "/cel-cp",
      {"metadata": {"annotations": {OVERRIDE: R580}}, "spec": {"driver": {"version": R580}}}, True),
-    ("cp: another edit, the version unchanged", CP + "/cel-cp", {"spec": {"driver": {"repository": "r.example"}}},
-     True),
+    ("cp: another repository, the version unchanged", CP + "/cel-cp",
+     {"spec": {"driver": {"repository": "r.example"}}}, True),
     ("cp: the same version written again", CP + "/cel-cp", {"spec": {"driver": {"version": R535}}}, True),
-    ("cp: the version removed (useNvidiaDriverCRD)", CP + "/cel-cp",
-     {"spec": {"driver": {"version": None, "useNvidiaDriverCRD": True}}}, True),
     ("cp: the status subresource", CP + "/cel-cp/status", {"status": {"state": "ready"}}, True),
     ("cp: another object's key", CP + "/cel-cp", {"spec": {"driver": {"version": R590}}}, ["no key"]),
+    # the image road: repository and version cleared, a full image with a tag (kbld/carvel) or a digest
+    ("cp: a full image whose tag is a judged version", CP + "/cel-cp",
+     {"spec": {"driver": {"repository": None, "version": None, "image": f"{IMG}:{R570}-ubuntu22.04"}}}, True),
+    ("cp: a full image whose tag was never judged", CP + "/cel-cp",
+     {"spec": {"driver": {"repository": None, "version": None, "image": f"{IMG}:{R590}-ubuntu22.04"}}},
+     [f"driver {R590} for ClusterPolicy cel-cp is refused", f"no key clusterpolicy_cel-cp_{R590}"]),
+    ("cp: a full image with a blocked version", CP + "/cel-cp",
+     {"spec": {"driver": {"repository": None, "version": None, "image": f"{IMG}:{R580}"}}}, ["gpu-y (fail, not held)"]),
+    ("cp: an image pinned by digest", CP + "/cel-cp",
+     {"spec": {"driver": {"repository": None, "version": None, "image": DIGEST}}},
+     [f"the image {DIGEST} names no driver version", f"{OVERRIDE}={DIGEST}"]),
+    ("cp: a digest as the version", CP + "/cel-cp", {"spec": {"driver": {"version": "sha256:" + "cd" * 32}}},
+     ["names no driver version", "@sha256:cdcd"]),
+    ("cp: a digest the override names", CP + "/cel-cp",
+     {"metadata": {"annotations": {OVERRIDE: DIGEST}},
+      "spec": {"driver": {"repository": None, "version": None, "image": DIGEST}}}, True),
+    ("cp: a digest with a version override is not one", CP + "/cel-cp",
+     {"metadata": {"annotations": {OVERRIDE: R570}},
+      "spec": {"driver": {"repository": None, "version": None, "image": DIGEST}}}, ["names no driver version"]),
+    ("cp: a tag that is not a version", CP + "/cel-cp", {"spec": {"driver": {"version": "latest"}}},
+     ["names no driver version"]),
+    ("cp: everything cleared (the operator's default image)", CP + "/cel-cp",
+     {"spec": {"driver": {"repository": None, "version": None}}}, ["names no driver version"]),
+    # the mode: who runs the driver
+    ("cp: drivers handed to NVIDIADrivers, not judged there", CP + "/cel-cp",
+     {"spec": {"driver": {"useNvidiaDriverCRD": True}}},
+     ["switching ClusterPolicy cel-cp to mode.true.true", "gpu-x (580.95.05: no verdict)",
+      f"{OVERRIDE}=mode.true.true"]),
+    ("cp: the mode switch overridden", CP + "/cel-cp",
+     {"metadata": {"annotations": {OVERRIDE: "mode.true.true"}}, "spec": {"driver": {"useNvidiaDriverCRD": True}}},
+     True),
+    ("cp: the driver disabled, judged", CP + "/cel-cp", {"spec": {"driver": {"enabled": False}}}, True),
+    ("cp: disabled with another version (it drives nothing)", CP + "/cel-cp",
+     {"spec": {"driver": {"enabled": False, "version": R590}}}, True),
+    ("cp: handed to NVIDIADrivers: its own version drives nothing", CP + "/cel-crd",
+     {"spec": {"driver": {"version": R590}}}, True),
+    ("cp: taken back from NVIDIADrivers with a new driver at once", CP + "/cel-crd",
+     {"spec": {"driver": {"useNvidiaDriverCRD": False, "version": R590}}}, ["one at a time"]),
     ("nd: a judged version", ND + "/cel-nd", {"spec": {"version": R570}}, True),
     ("nd: a ClusterPolicy's key of its name", ND + "/cel-nd", {"spec": {"version": R580}},
      [f"driver {R580} for NVIDIADriver cel-nd is refused", f"no key nvidiadriver_cel-nd_{R580}"]),
     ("nd: the override", ND + "/cel-nd",
      {"metadata": {"annotations": {OVERRIDE: R580}}, "spec": {"version": R580}}, True),
-    ("nd: another edit", ND + "/cel-nd", {"spec": {"nodeSelector": {"pool": "other"}}}, True),
+    ("nd: a label, nothing of the driver", ND + "/cel-nd", {"metadata": {"labels": {"team": "a"}}}, True),
+    ("nd: its nodeSelector moved onto nodes not all judged", ND + "/cel-nd", {"spec": {"nodeSelector": {"pool": "other"}}},
+     [f"driver {R535} for NVIDIADriver cel-nd", "nodeSelector or nodeAffinity moved",
+      "gpu-y (verdict for 570.195.03)"]),
+    ("nd: a nodeAffinity by node name (matchFields)", ND + "/cel-nd",
+     {"spec": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-y"]}]}]}}}},
+     ["nodeSelector or nodeAffinity moved", "gpu-y"]),
+    ("nd: moved, with a version every node judged", ND + "/cel-nd",
+     {"spec": {"nodeSelector": {"pool": "other"}, "version": R570}}, True),
     ("nd: a version that is not one", ND + "/cel-nd", {"spec": {"version": "latest"}},
-     ["no key nvidiadriver_cel-nd_latest"]),
+     ["names no driver version"]),
+]
+#: Creates and deletes (dry runs): (name, method, path, body) -> allowed or the texts of the refusal.
+WRITES = [
+    ("create: an NVIDIADriver on a version not every node judged", "POST", ND,
+     {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": "cel-new"},
+      "spec": {"version": R535, "nodeSelector": {"pool": "new"}}},
+     [f"driver {R535} for NVIDIADriver cel-new (created: every GPU node must have judged it)", "gpu-y"]),
+    ("create: an NVIDIADriver every node judged", "POST", ND,
+     {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": "cel-new"},
+      "spec": {"version": R570}}, True),
+    ("create: an NVIDIADriver pinned by digest", "POST", ND,
+     {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": "cel-new"},
+      "spec": {"image": DIGEST}}, ["names no driver version"]),
+    ("create: a ClusterPolicy that hands drivers to NVIDIADrivers", "POST", CP,
+     {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cel-new"},
+      "spec": {"driver": {"version": R590, "useNvidiaDriverCRD": True}}}, True),
+    ("create: a ClusterPolicy on a version never judged", "POST", CP,
+     {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cel-new"},
+      "spec": {"driver": {"version": R590}}}, [f"no key driver_{R590}"]),
+    ("delete: nodes would fall to a driver they did not judge", "DELETE", ND + "/cel-nd", None,
+     ["deleting NVIDIADriver cel-nd is refused", "gpu-z (570.195.03: incomplete: not_in_store)",
+      f"{OVERRIDE}=delete"]),
+    ("delete: judged", "DELETE", CP + "/cel-cp", None, True),
 ]
 
 
@@ -233,13 +318,38 @@ def _dry(a, path: str, patch: dict):
     return a.request("PATCH", path, patch, content_type=MERGE, query={"dryRun": "All"})
 
 
+def _force_delete(a, path: str) -> None:
+    """Delete a test object whatever the fleet judged (the override names the delete)."""
+    try:
+        a.merge(path, {"metadata": {"annotations": {OVERRIDE: "delete"}}})
+        a.delete(path)
+    except ApiError as e:
+        if e.status != 404:
+            raise
+
+
+def _write(a, method: str, path: str, body) -> object:
+    """A dry run of one write: True when admitted, else the policy's refusal (or what else refused it)."""
+    try:
+        if method == "PATCH":
+            _dry(a, path, body)
+        else:
+            a.request(method, path, body, query={"dryRun": "All"})
+        return True
+    except ApiError as e:
+        return e.body if e.status == 403 and POLICY in e.body else f"not the policy: {e}"
+
+
 @pytest.mark.containers
 @pytest.mark.slow
 def test_the_policys_cel_case_by_case(world):
-    """Each case of :data:`CASES` against the chart's policy on the API server (module docstring)."""
+    """Each case of :data:`CASES` and :data:`WRITES` against the chart's policy on the API server (module
+    docstring). The test objects are created with the override naming their version (a create is judged
+    too), which is then taken off; the params are written with the fleet's token, as only it may."""
     a = world.admin
+    fleet = Api(world.cp.url, world.fleet_token)
     _cel_objects(a)
-    a.merge(PARAM, {"data": PARAMS})
+    fleet.merge(PARAM, {"data": PARAMS})
 
     def enforced():  # the policy and its params reached the API server's admission (informers)
         try:
@@ -252,47 +362,51 @@ def test_the_policys_cel_case_by_case(world):
             return POLICY in str(e) and "gpu-x" in str(e)
         return False
 
-    a.wait("the policy enforced with its params", enforced, timeout=60)
-    failures = []
-    for name, path, patch, want in CASES:
-        try:
-            _dry(a, path, patch)
-            got = True
-        except ApiError as e:
-            got = e.body if e.status == 403 and POLICY in e.body else f"not the policy: {e}"
-        if want is True and got is not True:
-            failures.append(f"{name}: refused: {got}")
-        elif want is not True and (got is True or not all(t in got for t in want)):
-            failures.append(f"{name}: want a refusal with {want}, got {got}")
-    assert not failures, "\n".join(failures)
-    # a create is not gated (no fleet has judged a new object's version): a dry run passes
-    a.request("POST", CP, {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cel-new"},
-                           "spec": {"driver": {"version": R590}}}, query={"dryRun": "All"})
-    # no params at all (the ConfigMap deleted): every version change is refused, the message says why
-    saved = a.get(PARAM)
-    a.delete(PARAM)
     try:
-        def missing():
-            try:
-                _dry(a, CP + "/cel-cp", {"spec": {"driver": {"version": R570}}})
-            except ApiError as e:
-                return "no params found" in e.body and "compat-hook-fleet-driver-version" in e.body
-            return False
-
-        a.wait("refused without params", missing, timeout=30)
-        # the API server looks the params up before it evaluates matchConditions: without them every
-        # update of the objects is refused (422), not only a version change; their status writes still pass
+        a.wait("the policy enforced with its params", enforced, timeout=60)
+        failures = []
+        for name, method, path, body, want in [(n, "PATCH", p, b, w) for n, p, b, w in CASES] + WRITES:
+            got = _write(a, method, path, body)
+            if want is True and got is not True:
+                failures.append(f"{name}: refused: {got}")
+            elif want is not True and (got is True or not all(t in got for t in want)):
+                failures.append(f"{name}: want a refusal with {want}, got {got}")
+        assert not failures, "\n".join(failures)
+        # the judged keys are the fleet's alone: an admin's hand-written "ok" is refused
         with pytest.raises(ApiError) as e:
-            _dry(a, CP + "/cel-cp", {"spec": {"driver": {"repository": "r.example"}}})
-        assert "no params found" in e.value.body, e.value
-        _dry(a, CP + "/cel-cp/status", {"status": {"state": "ready"}})
+            a.merge(PARAM, {"data": {f"clusterpolicy_cel-cp_{R590}": "ok"}})
+        assert e.value.status == 403 and "compat-hook-fleet-param" in e.value.body, e.value
+        # no params at all (the ConfigMap deleted): every change is refused, the message says why
+        saved = a.get(PARAM)
+        a.delete(PARAM)
+        try:
+            def missing():
+                try:
+                    _dry(a, CP + "/cel-cp", {"spec": {"driver": {"version": R570}}})
+                except ApiError as e:
+                    return "no params found" in e.body and "compat-hook-fleet-driver-version" in e.body
+                return False
+
+            a.wait("refused without params", missing, timeout=30)
+            # the API server looks the params up before it evaluates anything: without them every
+            # write of the objects is refused, not only a driver change; their status writes still pass
+            with pytest.raises(ApiError) as e:
+                _dry(a, CP + "/cel-cp", {"spec": {"driver": {"repository": "r.example"}}})
+            assert "no params found" in e.value.body, e.value
+            _dry(a, CP + "/cel-cp/status", {"status": {"state": "ready"}})
+            # made anew by anyone but the fleet: only empty
+            with pytest.raises(ApiError) as e:
+                a.create(f"/api/v1/namespaces/{NS}/configmaps", {"metadata": {"name": "compat-hook-fleet"},
+                                                                  "data": {f"driver_{R590}": "ok"}})
+            assert e.value.status == 403 and "compat-hook-fleet-param" in e.value.body, e.value
+        finally:
+            a.create(f"/api/v1/namespaces/{NS}/configmaps", {"metadata": {"name": "compat-hook-fleet",
+                                                                           "labels": saved["metadata"]["labels"]}})
     finally:
-        a.create(f"/api/v1/namespaces/{NS}/configmaps", {"metadata": {"name": "compat-hook-fleet",
-                                                                       "labels": saved["metadata"]["labels"]}})
         # gone again: a second ClusterPolicy made in the same second as the operator's would be the active
         # one for the agents (the lowest name wins a tie), and move the other tests' targets
-        a.delete(CP + "/cel-cp")
-        a.delete(ND + "/cel-nd")
+        for path in (CP + "/cel-cp", CP + "/cel-crd", ND + "/cel-nd"):
+            a.wait(f"{path} deleted", lambda: _force_delete(a, path) is None, timeout=30)
 
 
 # ----------------------------------------------------------------------------- the controller
@@ -528,10 +642,184 @@ def test_the_fleet_account_can_do_only_its_job(world):
                 content_type=MERGE, query={"dryRun": "All"})
 
 
+def _status(w: World) -> tuple:
+    from tests.support.kube import ADMIN_TOKEN
+
+    p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "cluster", "status", "--publish-namespace", NS,
+                        "--kubeconfig", str(w.cp.kubeconfig(ADMIN_TOKEN, "admin"))],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
+    return p.returncode, p.stdout
+
+
+def _patch_cp(w: World, driver: dict, annotations: dict | None = None, dry_run: bool = False) -> dict:
+    patch: dict = {"spec": {"driver": driver}}
+    if annotations is not None:
+        patch["metadata"] = {"annotations": annotations}
+    return w.admin.request("PATCH", f"{CP}/cluster-policy", patch, content_type=MERGE,
+                           query={"dryRun": "All"} if dry_run else None)
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_the_image_road_a_digest_and_an_incomplete_node(world):
+    """A full ``spec.driver.image`` (repository and version cleared) is judged by its tag's version, naming the
+    nodes; a digest is refused outright; a node whose pass could not read a pod's image (not in its store)
+    blocks the version with that reason until it has looked."""
+    w = world
+    w.start_fleet("fleet-r")
+    v0 = w.version()
+    image = {"repository": None, "version": None, "image": f"nvcr.io/nvidia/driver:{R580}-ubuntu22.04"}
+    try:
+        w.agents()
+        w.wait_param(CPKEY.format(v0), "ok")
+        with pytest.raises(ApiError) as e:  # never announced: the image's tag is what is judged
+            _patch_cp(w, image)
+        assert e.value.status == 403 and f"driver {R580} for ClusterPolicy cluster-policy is refused" in e.value.body \
+            and f"no key {CPKEY.format(R580)}" in e.value.body, e.value
+        w.announce(R580)
+        # fleet-a runs a pod whose image its store lacks: its pass is incomplete (warn), and that is no judgement
+        w.admin.create("/api/v1/namespaces/apps/pods", gpu_pod("future-fleet-a", "fleet-a", ref("future")))
+        w.agents()
+        w.wait_param(CPKEY.format(R580), lambda v: "fleet-a (incomplete: not_in_store)" in v and "fleet-b" not in v)
+        with pytest.raises(ApiError) as e:
+            _patch_cp(w, image)
+        assert "not judged on 1 of 2 node(s): fleet-a (incomplete: not_in_store)" in e.value.body, e.value
+        rc, out = _status(w)
+        assert rc == 2 and "incomplete: not_in_store" in out and "with an incomplete pass" in out, (rc, out)
+        w.admin.delete("/api/v1/namespaces/apps/pods/future-fleet-a")
+        w.agent("fleet-a")
+        w.wait_param(CPKEY.format(R580), "ok")
+        _patch_cp(w, image, dry_run=True)  # judged: admitted
+        # the same driver pinned by digest: no version to judge, refused unless the override names the image
+        digest = "nvcr.io/nvidia/driver@sha256:" + "ef" * 32
+        with pytest.raises(ApiError) as e:
+            _patch_cp(w, {"repository": None, "version": None, "image": digest})
+        assert f"the image {digest} names no driver version" in e.value.body, e.value
+        _patch_cp(w, {"repository": None, "version": None, "image": digest}, {OVERRIDE: digest}, dry_run=True)
+    finally:
+        w.stop_fleets()
+        w.announce(None)
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_a_hand_written_stale_or_deleted_configmap_or_lease_is_put_back(world):
+    """What the fleet did not write is put back: a late write of a deposed leader (the fleet's own token, so the
+    policy lets it in), a deleted ConfigMap (refusing every change meanwhile; made anew, owned by the
+    Deployment) and a deleted Lease."""
+    w = world
+    w.start_fleet("fleet-c")
+    key = CPKEY.format(R590)
+    try:
+        w.admin.wait("fleet-c's first write", lambda: w.events("fleet-c", "fleet_applied"))
+        good = dict(w.params())
+        assert key not in good
+        late = Api(w.cp.url, w.fleet_token)
+        late.merge(PARAM, {"data": {key: "ok"}})  # what a leader that lost its Lease could still send
+        w.admin.wait("the late write put back", lambda: w.params() == good, timeout=30)
+        assert any(key in e.get("corrected", []) for e in w.events("fleet-c", "fleet_applied")), \
+            w.events("fleet-c", "fleet_applied")
+        # deleted: until the fleet makes it anew, nothing is admitted
+        w.admin.delete(PARAM)
+        cm = w.admin.wait("the ConfigMap made anew", lambda: w.admin.get(PARAM) if w.params() == good else None,
+                          timeout=30)
+        assert [(o["kind"], o["name"]) for o in cm["metadata"]["ownerReferences"]] == [
+            ("Deployment", "compat-hook-fleet")], cm["metadata"]
+        assert any(e.get("recreated") for e in w.events("fleet-c", "fleet_applied"))
+        # the election's Lease deleted: made anew and led again
+        w.admin.delete(LEASE)
+        w.admin.wait("the Lease made anew", lambda: _leader(w) == "fleet-c", timeout=LEASE_SECONDS * 3)
+        assert w.admin.get(LEASE)["metadata"]["ownerReferences"][0]["kind"] == "Deployment"
+    finally:
+        w.stop_fleets()
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_an_agent_with_a_skewed_clock_is_judged_by_observed_time(world):
+    """An agent whose clock runs a day ahead wrote its Lease and then died: the fleet takes it for stale one
+    Lease after it saw the write, not a day later; `cluster status` (one look, no history) says the clock is
+    ahead. Its next real renewal makes it fresh again."""
+    w = world
+    w.start_fleet("fleet-s")
+    v0 = w.version()
+    lease = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/fleet-b"
+    try:
+        w.agents()
+        w.wait_param(CPKEY.format(v0), "ok")
+        ahead = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(time.time() + 86400))
+        w.admin.merge(lease, {"spec": {"renewTime": ahead, "leaseDurationSeconds": 4}})
+        t0 = time.monotonic()
+        w.wait_param(CPKEY.format(v0), lambda v: "fleet-b (stale: no heartbeat from its agent)" in v, timeout=30)
+        took = time.monotonic() - t0
+        assert took >= 3.0, took  # not before one Lease after the write was seen
+        rc, out = _status(w)
+        assert rc == 2 and "clock is" in out and "ahead" in out, (rc, out)
+        w.agent("fleet-b")  # a real renewal
+        w.wait_param(CPKEY.format(v0), "ok")
+    finally:
+        w.stop_fleets()
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_an_nvidiadriver_only_cluster_runs_the_runbook(world):
+    """gpu-operator v26.7: the ClusterPolicy's driver handed to a default NVIDIADriver (created, judged: every node
+    judged its version), the ClusterPolicy switched to NVIDIADrivers and deleted (each judged: no node's driver
+    moves), then the runbook on the NVIDIADriver alone: announce, verdicts, a regressing node held by its
+    agent under the NVIDIADriver's own upgradePolicy, the version admitted; a GPUCluster is said, not judged."""
+    w = world
+    a = w.admin
+    w.start_fleet("fleet-n")
+    v0 = w.version()
+    default = {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": "default"},
+               "spec": {"version": v0, "upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 0}}}
+    try:
+        w.agents()
+        w.wait_param(f"driver_{v0}", "ok")
+        a.wait("the default NVIDIADriver admitted", lambda: a.create(ND, default), timeout=30)
+        w.wait_param("clusterpolicy_cluster-policy_mode.true.true", "ok")
+        a.merge(f"{CP}/cluster-policy", {"spec": {"driver": {"useNvidiaDriverCRD": True}}})
+        w.wait_param("clusterpolicy_cluster-policy_delete", "ok")
+        a.delete(f"{CP}/cluster-policy")
+        # NVIDIADrivers alone: the agents' target is the NVIDIADriver's, and its own upgradePolicy holds
+        w.agents()
+        w.wait_param(f"nvidiadriver_default_{v0}", "ok")
+        a.merge(f"{ND}/default", {"metadata": {"annotations": {ANNOUNCE: R470}}})
+        w.wait_param(f"nvidiadriver_default_{R470}", lambda v: v.startswith("not judged on 2 of 2"))
+        with pytest.raises(ApiError) as e:
+            a.merge(f"{ND}/default", {"spec": {"version": R470}})
+        assert f"driver {R470} for NVIDIADriver default is refused" in e.value.body, e.value
+        w.agents(gate=True)
+        assert a.get("/api/v1/nodes/fleet-b")["metadata"]["labels"].get("nvidia.com/gpu-driver-upgrade.skip") == "true"
+        w.wait_param(f"nvidiadriver_default_{R470}", "ok")
+        rc, out = _status(w)
+        assert rc == 3, (rc, out)  # fleet-b would break and is held
+        a.merge(f"{ND}/default", {"spec": {"version": R470}})
+        # an experimental GPUCluster (DRA): said, never passed over
+        a.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", {
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "gpuclusters.nvidia.com"},
+            "spec": {"group": "nvidia.com", "scope": "Cluster",
+                     "names": {"plural": "gpuclusters", "singular": "gpucluster", "kind": "GPUCluster",
+                               "listKind": "GPUClusterList"},
+                     "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                                   "schema": {"openAPIV3Schema": {"type": "object",
+                                                                  "x-kubernetes-preserve-unknown-fields": True}}}]}})
+        a.wait("the GPUCluster CRD served", lambda: a.create("/apis/nvidia.com/v1alpha1/gpuclusters", {
+            "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": "dra"}, "spec": {}}))
+        rc, out = _status(w)
+        assert rc >= 2 and "GPUCluster dra: the drivers it sets (DRA) are NOT judged" in out, (rc, out)
+    finally:
+        w.stop_fleets()
+
+
 # ----------------------------------------------------------------------------- pure parts
 
 
-def _node(name: str, *, labels=None, verdict=None, target=None, hold=False, prefix=PREFIX) -> dict:
+def _node(name: str, *, labels=None, verdict=None, target=None, hold=False, prefix=PREFIX, complete=True,
+          incomplete=None) -> dict:
     from compat_hook.cluster import publish
 
     lab = {"nvidia.com/gpu.present": "true", **(labels or {})}
@@ -541,7 +829,7 @@ def _node(name: str, *, labels=None, verdict=None, target=None, hold=False, pref
         c = {"regressions": 1 if verdict == "fail" else 0}
         doc = publish.node_doc(verdict_=verdict, target=target, target_from="ClusterPolicy cp", now=R535,
                                gate="holding" if hold else "off", c=c, reasons=[], key="k", interval=300,
-                               details="", since="2026-01-01T00:00:00Z")
+                               details="", since="2026-01-01T00:00:00Z", complete=complete, incomplete=incomplete)
         anns[f"{prefix}/preflight"] = json.dumps(doc)
     if hold:
         lab["nvidia.com/gpu-driver-upgrade.skip"] = "true"
@@ -573,7 +861,7 @@ def test_reconcile_scope_freshness_and_holds():
     assert data[f"nvidiadriver_pool-a_{R535}"] == ("not judged on 2 of 2 node(s): a1 (verdict for 570.195.03), "
                                                     "a2 (verdict for 570.195.03)")
     b = data[f"nvidiadriver_pool-b_{R570}"]
-    assert b.startswith("not judged on 2 of 2 node(s): b1 (fail, not held), b2 (stale: no heartbeat for 900 s"), b
+    assert b == "not judged on 2 of 2 node(s): b1 (fail, not held), b2 (stale: no heartbeat from its agent)", b
     cp = {"metadata": {"name": "cp"}, "spec": {"driver": {"version": R570}}}
     data = reconcile(Snapshot(nodes=nodes, leases=leases, policies=(cp,), now=now), PREFIX)
     assert data[f"clusterpolicy_cp_{R570}"].startswith("not judged on 2 of 4 node(s): b1 (fail, not held), b2")
@@ -581,8 +869,106 @@ def test_reconcile_scope_freshness_and_holds():
     assert reconcile(Snapshot(nodes=nodes, leases=leases, policies=(cp,), now=now), PREFIX) == data
     # a ClusterPolicy that hands drivers to NVIDIADrivers: its own version drives no node
     crd = {"metadata": {"name": "cp"}, "spec": {"driver": {"version": R580, "useNvidiaDriverCRD": True}}}
-    assert reconcile(Snapshot(nodes=nodes, leases=leases, policies=(crd,), now=now), PREFIX) == {
-        f"clusterpolicy_cp_{R580}": OK}
+    data = reconcile(Snapshot(nodes=nodes, leases=leases, policies=(crd,), now=now), PREFIX)
+    # handed over with no NVIDIADriver: the nodes would run nothing of the operator's; back: R580, never judged
+    assert data["clusterpolicy_cp_delete"] == OK and data["clusterpolicy_cp_mode.false.true"] == OK
+    assert data["clusterpolicy_cp_mode.true.false"].startswith("not judged on 4 of 4 node(s): a1 (580.95.05: verdict for")
+
+
+def _world(**kw):
+    from compat_hook.cluster.fleet import Snapshot
+
+    return Snapshot(**{"leases": {}, "now": 1_000_000.0, **kw})
+
+
+def test_reconcile_judges_the_effective_driver_and_its_scope():
+    """The version the operator will pull (a full image's tag, not spec.version), a digest (no key: refused), an
+    NVIDIADriver that selects no node (nothing to judge, not ok), matchFields, and an incomplete pass."""
+    from compat_hook.cluster.fleet import OK, reconcile
+
+    now = 1_000_000.0
+    leases = {n: _lease(now - 10) for n in ("a1", "a2", "b1")}
+    nodes = (_node("a1", labels={"pool": "a"}, verdict="pass", target=R570),
+             _node("a2", labels={"pool": "a"}, verdict="warn", target=R570, complete=False,
+                   incomplete=["not_in_store"]),
+             _node("b1", labels={"pool": "b"}, verdict="pass", target=R570))
+    kbld = {"metadata": {"name": "cp"}, "spec": {"driver": {"image": f"nvcr.io/nvidia/driver:{R570}-ubuntu22.04"}}}
+    data = reconcile(_world(nodes=nodes, leases=leases, policies=(kbld,), now=now), PREFIX)
+    # judged by the version in the image's tag; a2 published warn, but its pass could not look
+    assert data[f"clusterpolicy_cp_{R570}"] == "not judged on 1 of 3 node(s): a2 (incomplete: not_in_store)"
+    assert data[f"driver_{R570}"] == data[f"clusterpolicy_cp_{R570}"]
+    digest = {"metadata": {"name": "cp"}, "spec": {"driver": {"image": "nvcr.io/nvidia/driver@sha256:" + "0" * 64}}}
+    data = reconcile(_world(nodes=nodes, leases=leases, policies=(digest,), now=now), PREFIX)
+    assert not [k for k in data if k.startswith(("clusterpolicy_cp_5", "driver_"))], data  # no version: no key
+    # an NVIDIADriver selecting no GPU node: nothing to judge, and it says so (never ok)
+    cp = {"metadata": {"name": "cp"}, "spec": {"driver": {"useNvidiaDriverCRD": True}}}
+    none = {"metadata": {"name": "none"}, "spec": {"version": R570, "nodeSelector": {"pool": "z"}}}
+    byname = {"metadata": {"name": "byname"}, "spec": {"version": R570, "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a2"]}]}]}}}}
+    data = reconcile(_world(nodes=nodes, leases=leases, policies=(cp,), drivers=(none,), now=now), PREFIX)
+    assert data[f"nvidiadriver_none_{R570}"] == "nothing to judge: NVIDIADriver none selects no GPU node"
+    data = reconcile(_world(nodes=nodes, leases=leases, policies=(cp,), drivers=(byname,), now=now), PREFIX)
+    assert data[f"nvidiadriver_byname_{R570}"] == "not judged on 1 of 1 node(s): a2 (incomplete: not_in_store)"
+    # a GPUCluster is said, never passed over
+    data = reconcile(_world(nodes=nodes, leases=leases, policies=(cp,), now=now,
+                            gpuclusters=({"metadata": {"name": "dra"}},)), PREFIX)
+    assert data["gpucluster"].startswith("not judged: GPUCluster dra")
+    assert data["gpucluster"] != OK
+
+
+def test_reconcile_what_if_a_delete_or_a_mode_switch():
+    """Deleting an NVIDIADriver moves its nodes to the default one's driver; a ClusterPolicy handing drivers to
+    NVIDIADrivers moves every node to theirs: ok only where each moving node judged its new driver."""
+    from compat_hook.cluster.fleet import OK, reconcile
+
+    now = 1_000_000.0
+    nodes = (_node("a1", labels={"pool": "a"}, verdict="pass", target=R570),
+             _node("b1", labels={"pool": "b"}, verdict="pass", target=R535))
+    leases = {n: _lease(now - 10) for n in ("a1", "b1")}
+    cp = {"metadata": {"name": "cp"}, "spec": {"driver": {"version": R535, "useNvidiaDriverCRD": True}}}
+    pool_a = {"metadata": {"name": "pool-a"}, "spec": {"version": R570, "nodeSelector": {"pool": "a"}}}
+    # the fallback selects every GPU node that no other NVIDIADriver does (pool b here)
+    rest = {"metadata": {"name": "rest"}, "spec": {"version": R535, "nodeSelector": {"pool": "b"}}}
+    data = reconcile(_world(nodes=nodes, leases=leases, policies=(cp,), drivers=(pool_a, rest), now=now), PREFIX)
+    assert data["nvidiadriver_pool-a_delete"] == OK  # a1 falls to no driver: nothing unjudged
+    assert data["clusterpolicy_cp_mode.true.false"].startswith("not judged on 1 of 2 node(s): a1 (535.261.03:")
+    wide = {"metadata": {"name": "wide"}, "spec": {"version": R580}}  # selects every GPU node
+    cp_nd = {"metadata": {"name": "cp"}, "spec": {"driver": {"version": R535}}}
+    data = reconcile(_world(nodes=nodes, leases=leases, policies=(cp_nd,), drivers=(wide,), now=now), PREFIX)
+    assert data["clusterpolicy_cp_mode.true.true"] == ("not judged on 2 of 2 node(s): a1 (580.95.05: verdict for "
+                                                        "570.195.03), b1 (580.95.05: verdict for 535.261.03)")
+    assert data["clusterpolicy_cp_delete"] == data["clusterpolicy_cp_mode.true.true"]  # v26.7: NDs drive alone
+    assert data["clusterpolicy_cp_mode.false.false"] == OK  # the driver disabled: nothing new runs
+
+
+def test_freshness_is_what_the_fleet_saw_not_the_agents_clock():
+    """A Lease whose renewTime is a day ahead: fresh only for one Lease after the fleet saw it change; one
+    renewed by a clock a day behind is fresh while it keeps changing."""
+    from compat_hook.cluster.fleet import LeaseClock, reconcile
+
+    now = 1_000_000.0
+    nodes = (_node("a1", verdict="pass", target=R570),)
+    cp = {"metadata": {"name": "cp"}, "spec": {"driver": {"version": R570}}}
+    ahead = dict(_lease(now + 86400, duration=60), metadata={"name": "a1", "resourceVersion": "7"})
+    clock = LeaseClock()
+    clock.note(ahead, 500.0)  # seen change (a watch event) at t=500 of the fleet's clock
+    for t, want in ((530.0, "ok"), (561.0, "not judged on 1 of 1 node(s): a1 (stale: no heartbeat from its agent)")):
+        ages = clock.ages({"a1": ahead}, t)
+        data = reconcile(_world(nodes=nodes, leases={"a1": ahead}, policies=(cp,), now=now, ages=ages), PREFIX)
+        assert data[f"clusterpolicy_cp_{R570}"] == want, (t, data)
+    # the same Lease read at a fleet's start (a list, no change seen): from the future, so stale at once
+    fresh_start = LeaseClock()
+    fresh_start.note(ahead, 500.0, listed=True, wall=now)
+    ages = fresh_start.ages({"a1": ahead}, 500.0)
+    data = reconcile(_world(nodes=nodes, leases={"a1": ahead}, policies=(cp,), now=now, ages=ages), PREFIX)
+    assert "stale" in data[f"clusterpolicy_cp_{R570}"]
+    # a clock a day behind, renewing: every change seen is a heartbeat
+    behind = dict(_lease(now - 86400, duration=60), metadata={"name": "a1", "resourceVersion": "8"})
+    clock.note(behind, 600.0)
+    data = reconcile(_world(nodes=nodes, leases={"a1": behind}, policies=(cp,), now=now,
+                            ages=clock.ages({"a1": behind}, 630.0)), PREFIX)
+    assert data[f"clusterpolicy_cp_{R570}"] == "ok"
 
 
 def test_the_election_rule():
@@ -626,6 +1012,7 @@ def test_helm_install_runs_and_uninstall_leaves_nothing_of_the_fleet(tmp_path):
     try:
         cp.start()
         env = {"KUBECONFIG": str(cp.kubeconfig(ADMIN_TOKEN, "admin"))}
+        gpu_operator(cp.admin, R535)  # before the policy: creating it is judged too
         chart.helm("install", "compat-hook", chart.CHART, "--namespace", ns, "--create-namespace",
                    "--set", "fleet.enabled=true", "--no-hooks", env=env)
         a = cp.admin
@@ -638,7 +1025,8 @@ def test_helm_install_runs_and_uninstall_leaves_nothing_of_the_fleet(tmp_path):
         before = {k: sorted(o["metadata"]["name"] for o in a.get(p, **sel)["items"]) for k, p in kinds.items()}
         assert before == {"leases": ["compat-hook-fleet"], "configmaps": ["compat-hook-fleet"],
                           "deployments": ["compat-hook-fleet"], "clusterroles": ["compat-hook-fleet"],
-                          "vaps": ["compat-hook-fleet-driver-version"]}, before
+                          "vaps": ["compat-hook-fleet-driver-version", "compat-hook-fleet-objects",
+                                   "compat-hook-fleet-param"]}, before
         a.create("/api/v1/nodes", gpu_node("gpu-1", deploy_driver=False))
         token = a.create(f"/api/v1/namespaces/{ns}/serviceaccounts/compat-hook-fleet/token", {
             "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
@@ -647,7 +1035,6 @@ def test_helm_install_runs_and_uninstall_leaves_nothing_of_the_fleet(tmp_path):
         proc = subprocess.Popen(["/usr/bin/python3", "-m", "compat_hook", "cluster", "fleet", "--namespace", ns,
                                  "--identity", "pod-1", "--kubeconfig", str(cp.kubeconfig(token, "fleet"))],
                                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        gpu_operator(a, R535)
         cm = f"/api/v1/namespaces/{ns}/configmaps/compat-hook-fleet"
         a.wait("the installed controller's answer", lambda: (a.get(cm).get("data") or {}).get(CPKEY.format(R535)))
         assert (a.get(cm)["data"][CPKEY.format(R535)] == "not judged on 1 of 1 node(s): gpu-1 (no verdict)")

@@ -339,8 +339,9 @@ def test_the_fleet_controller_and_its_policy():
     fleet = {k: d for k, d in docs.items() if "fleet" in k[1]}
     assert set(fleet) == {(k, "compat-hook-fleet") for k in (
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Lease", "ConfigMap",
-        "Deployment")} | {("ValidatingAdmissionPolicy", "compat-hook-fleet-driver-version"),
-                          ("ValidatingAdmissionPolicyBinding", "compat-hook-fleet-driver-version")}
+        "Deployment")} | {(k, p) for k in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+                          for p in ("compat-hook-fleet-driver-version", "compat-hook-fleet-param",
+                                    "compat-hook-fleet-objects")}
     dep = fleet[("Deployment", "compat-hook-fleet")]
     assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
@@ -358,15 +359,28 @@ def test_the_fleet_controller_and_its_policy():
     rules = lambda kind: [(r["apiGroups"], r["resources"], r.get("resourceNames"), r["verbs"])  # noqa: E731
                           for r in fleet[(kind, "compat-hook-fleet")]["rules"]]
     assert rules("ClusterRole") == [([""], ["nodes"], None, ["list", "watch"]),
-                                    (["nvidia.com"], ["clusterpolicies", "nvidiadrivers"], None, ["list", "watch"])]
+                                    (["nvidia.com"], ["clusterpolicies", "nvidiadrivers", "gpuclusters"], None,
+                                     ["list", "watch"])]
+    # create: a deleted Lease or ConfigMap is made anew; the policy compat-hook-fleet-objects names what
     assert rules("Role") == [(["coordination.k8s.io"], ["leases"], None, ["list", "watch"]),
                              (["coordination.k8s.io"], ["leases"], ["compat-hook-fleet"], ["get", "update"]),
-                             ([""], ["configmaps"], ["compat-hook-fleet"], ["get", "patch"])]
+                             ([""], ["configmaps"], ["compat-hook-fleet"], ["get", "list", "watch", "patch"]),
+                             (["apps"], ["deployments"], ["compat-hook-fleet"], ["get"]),
+                             (["coordination.k8s.io", ""], ["leases", "configmaps"], None, ["create"])]
+    objects = fleet[("ValidatingAdmissionPolicy", "compat-hook-fleet-objects")]["spec"]
+    assert objects["failurePolicy"] == "Fail" and "system:serviceaccount:compat-hook:compat-hook-fleet" in \
+        objects["matchConditions"][0]["expression"]
+    # a cluster of GPU nodes only still runs it; elsewhere it prefers a node that is not a GPU node
+    prefs = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert prefs[0]["preference"]["matchExpressions"] == [{"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"}]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in pod["affinity"]["nodeAffinity"]
+    old_rules = chart.by_key(chart.render("fleet.enabled=true", "fleet.admission=false", "admissionPolicy.enabled=false"))
+    assert not [r for r in old_rules[("Role", "compat-hook-fleet")]["rules"] if "create" in r["verbs"]]
     assert "data" not in fleet[("ConfigMap", "compat-hook-fleet")]  # the controller's (server-side apply)
     vap = fleet[("ValidatingAdmissionPolicy", "compat-hook-fleet-driver-version")]["spec"]
     assert vap["failurePolicy"] == "Fail" and vap["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
     assert vap["matchConstraints"]["resourceRules"] == [{
-        "apiGroups": ["nvidia.com"], "apiVersions": ["*"], "operations": ["UPDATE"],
+        "apiGroups": ["nvidia.com"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE", "DELETE"],
         "resources": ["clusterpolicies", "nvidiadrivers"]}]
     binding = fleet[("ValidatingAdmissionPolicyBinding", "compat-hook-fleet-driver-version")]["spec"]
     assert binding["paramRef"] == {"name": "compat-hook-fleet", "namespace": "compat-hook",
@@ -374,7 +388,9 @@ def test_the_fleet_controller_and_its_policy():
     assert binding["validationActions"] == ["Deny"]
     off = chart.by_key(chart.render("fleet.enabled=true", "fleet.admission=false"))
     assert ("Deployment", "compat-hook-fleet") in off
-    assert not [k for k in off if k[0].startswith("ValidatingAdmissionPolicy") and "fleet" in k[1]]
+    assert [k for k in off if k[0].startswith("ValidatingAdmissionPolicy") and "fleet" in k[1]] == [
+        ("ValidatingAdmissionPolicy", "compat-hook-fleet-objects"),
+        ("ValidatingAdmissionPolicyBinding", "compat-hook-fleet-objects")]
     p = chart.helm("template", "x", chart.CHART, "--set", "fleet.enabled=true", "--set", "admissionPolicy.enabled=false",
                    check=False)
     assert p.returncode != 0 and "fleet.admission=false" in p.stderr

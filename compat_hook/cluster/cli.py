@@ -240,7 +240,7 @@ def _status(args) -> int:
         sys.stderr.write(f"compat-hook cluster status: no GPU node: {what} none (a node labelled "
                          f"{status.PRESENT_LABEL}=true or published on by an agent)\n")
         return EXIT_NOTHING
-    return status.exit_status(rep["nodes"])
+    return status.exit_status(rep["nodes"], rep["summary"])
 
 
 def _fleet(args) -> int:

@@ -59,13 +59,16 @@ class Elector:
     :attr:`retry` seconds says whether this replica leads now."""
 
     def __init__(self, kube, namespace: str, name: str, identity: str, *, lease_seconds: int = DEFAULT_LEASE_SECONDS,
-                 clock=None, wall=None, labels: dict | None = None) -> None:
+                 clock=None, wall=None, labels: dict | None = None, owner=None) -> None:
         import time
 
         self.kube, self.identity = kube, identity
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
         self._create_path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         self.name, self.labels = name, dict(labels or {})
+        #: ``owner()``: the ownerReference a Lease created anew carries, None: create none (an uninstall is
+        #: under way); unset: create without an owner
+        self.owner = owner
         self.lease_seconds = int(lease_seconds)
         self.retry = max(1.0, self.lease_seconds / 7.5)
         self.renew_deadline = self.lease_seconds * 2.0 / 3.0
@@ -84,10 +87,15 @@ class Elector:
             return None
 
     def _write(self, lease: dict | None, spec: dict) -> dict:
-        if lease is None:  # outside the chart (which makes it): create it, if these credentials may
+        if lease is None:  # deleted, or outside the chart (which makes it): create it, if these credentials may
+            meta: dict = {"name": self.name, "labels": self.labels}
+            if self.owner is not None:
+                ref = self.owner()
+                if ref is None:
+                    raise NotFound(f"Lease {self.name} is gone and nothing owns a new one (uninstalled?)", 404)
+                meta["ownerReferences"] = [ref]
             return self.kube.create(self._create_path, {
-                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.name, "labels": self.labels}, "spec": spec})
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec})
         body = dict(lease)
         body["spec"] = spec
         return self.kube.update(self.path, body)

@@ -142,16 +142,21 @@ def label_value(v) -> str | None:
 
 def node_doc(*, verdict_: str, target, target_from, now, gate: str, c: dict, reasons: list, key: str,
              interval: float, details: str, since: str, released_by: str | None = None,
-             held: dict | None = None, agent: str | None = None) -> dict:
+             held: dict | None = None, agent: str | None = None, complete: bool = False,
+             incomplete: list | None = None) -> dict:
     """The Node's small annotation (see the module docstring); ``since`` is when it last changed;
     ``released_by``: how a ``released-by-other`` gate came (:class:`~.gate.Gate`); ``held``: the
     regressing workloads' record (:meth:`.holds.Record.doc`), what a restarted agent goes on;
     ``agent``: the installation that saw a release (:func:`.reconcile.installation`; said only
-    with ``released_by: release``)."""
-    doc = {"v": 2, "verdict": verdict_, "target": _s(target, 64), "from": _s(target_from, 160), "now": _s(now, 64),
+    with ``released_by: release``); ``complete``: whether the pass read everything it needed (only a
+    complete verdict is a judgement, for the fleet and ``cluster status``), ``incomplete`` what kept it
+    from that (reason codes)."""
+    doc = {"v": 2, "verdict": verdict_, "complete": bool(complete), "target": _s(target, 64), "from": _s(target_from, 160), "now": _s(now, 64),
            "gate": gate, "regressions": c.get("regressions", 0), "broken_now": c.get("broken_now_and_after", 0),
            "reasons": [_s(r, 32) for r in reasons[:12]], "key": key, "interval": int(interval),
            "details": _s(details, 320), "since": since}
+    if not complete:
+        doc["incomplete"] = [_s(r, 32) for r in (incomplete or ["unknown"])[:8]]
     if released_by:
         doc["released_by"] = _s(released_by, 16)
         if released_by == "release" and agent:

@@ -141,6 +141,8 @@ class Findings:
     now: object
     blocked: str | None
     current: bool
+    #: what kept the pass from being complete (reason codes; empty when complete)
+    incomplete: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -225,9 +227,12 @@ def findings(snap: Snapshot, *, target, workloads, assessment, settings: Setting
                     ("unknown_workload", c["unknown_workloads"])):
         if n:
             reasons.append(code)
-    complete = (tgt.version is not None and a.report is not None and a.reachable and not a.missing
-                and not c["unreadable"] and not c["unknown_workloads"] and not ws.dropped and not snap.stale
-                and not a.problems)
+    incomplete = tuple(code for code, bad in (
+        ("no_target", tgt.version is None), ("no_report", a.report is None), ("store_unreachable", not a.reachable),
+        ("not_in_store", bool(a.missing)), ("unreadable", bool(c["unreadable"])),
+        ("unknown_workload", bool(c["unknown_workloads"])), ("left_out", bool(ws.dropped)),
+        ("cache_not_current", bool(snap.stale)), ("problem", bool(a.problems))) if bad)
+    complete = not incomplete
     verdict0 = publish.verdict(c, target_known=tgt.version is not None, report=a.report is not None,
                                incomplete=not complete)
     ids = {w["name"]: holds.workload_id(w) for w in ws.items}
@@ -241,7 +246,7 @@ def findings(snap: Snapshot, *, target, workloads, assessment, settings: Setting
     return Findings(counts=c, problems=tuple(problems), reasons=tuple(reasons), complete=complete, verdict=verdict0,
                     regressing=regressing, judged=judged, present=frozenset(ids.values()), unjudged=unjudged,
                     target=tgt.version, target_from=tgt.where, now=a.now, blocked=tgt.blocked,
-                    current=not snap.stale)
+                    current=not snap.stale, incomplete=incomplete)
 
 
 def installation(pods: list, pod_uid: str | None) -> str | None:
@@ -312,7 +317,7 @@ def reconcile(meta: dict, f: Findings, st: Settings, *, now: float, own: dict | 
     doc = publish.node_doc(verdict_=verdict, target=f.target, target_from=f.target_from, now=f.now, gate=g.state,
                            c=cn, reasons=sorted(set(f.reasons)), key=key, interval=st.interval, details=st.details,
                            since=_rfc3339(now), released_by=g.released_by if g.state == "released-by-other" else None,
-                           held=rec.doc(), agent=st.installation)
+                           held=rec.doc(), agent=st.installation, complete=f.complete, incomplete=list(f.incomplete))
     if publish.same_node_doc(prev, doc):
         doc["since"] = prev.get("since", doc["since"])
     keys = publish.node_keys(prefix=prefix, doc=doc, gate=g, current=meta, registration=st.registration)

@@ -61,12 +61,16 @@ class Reflector:
 
     def __init__(self, kube, path: str, *, query: dict | None = None, optional: bool = False, on_change=None,
                  name: str = "", rng=None, watch_seconds=WATCH_SECONDS, idle_s: float = IDLE_SECONDS,
-                 managed_fields: bool = False) -> None:
+                 managed_fields: bool = False, on_event=None) -> None:
         self.kube, self.path, self.query = kube, path, dict(query or {})
         #: keep ``metadata.managedFields`` (the agent's own Node: who owns which key decides how it is
         #: applied, :mod:`.nodeapply`); dropped from everything else (a pod's are most of its size)
         self._slim = (lambda o: o) if managed_fields else _slim
         self.optional, self.on_change, self.name = optional, on_change, name or path
+        #: ``on_event(type, object)`` for each object listed (``LISTED``) and each watch event (``ADDED``,
+        #: ``MODIFIED``, ``DELETED``), from the reflector's thread, before ``on_change``: for a reader that
+        #: judges by when it saw a change (the fleet's Lease clock)
+        self.on_event = on_event
         self._rng = rng or random.Random()
         self._watch_seconds = watch_seconds
         self._idle_s = idle_s
@@ -102,6 +106,10 @@ class Reflector:
         items = doc.get("items") if isinstance(doc.get("items"), list) else []
         with self._lock:
             self._objects = {_key(o): self._slim(o) for o in items if isinstance(o, dict)}
+        if self.on_event is not None:
+            for o in items:
+                if isinstance(o, dict):
+                    self.on_event("LISTED", o)
         self.absent = False
         return str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -109,8 +117,14 @@ class Reflector:
         if self.on_change is not None:
             self.on_change(self)
 
+    #: A resource the server does not serve (an optional CRD not installed) is asked for again after this
+    #: backoff, not the error one: a cluster without the NVIDIADriver CRD sees one list of it every few
+    #: minutes from each agent, not one a second at the start.
+    ABSENT_RETRY = (10.0, 300.0)
+
     def _run(self) -> None:
         backoff = Backoff(base=1.0, cap=300.0, rng=self._rng)
+        absent = Backoff(*self.ABSENT_RETRY, rng=self._rng)
         rv = None
         while not self.stop.is_set():
             try:
@@ -119,6 +133,7 @@ class Reflector:
                         rv = self._list()
                     finally:
                         self.attempted.set()
+                    absent.reset()
                     self.synced.set()
                     self.healthy, self.error = True, None
                     self._notify()
@@ -136,8 +151,9 @@ class Reflector:
                     self.synced.set()
                     if had:
                         self._notify()
-                else:
-                    self.healthy, self.error = False, str(e)
+                    self.stop.wait(absent.next())
+                    continue
+                self.healthy, self.error = False, str(e)
                 self.stop.wait(backoff.next())
             except KubeError as e:
                 self.healthy, self.error = False, str(e)
@@ -171,6 +187,8 @@ class Reflector:
                 else:
                     self._objects[_key(obj)] = self._slim(obj)
             rv = new_rv or rv
+            if self.on_event is not None:
+                self.on_event(kind, obj)
             self._notify()
         return rv
 

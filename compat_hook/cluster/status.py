@@ -34,9 +34,15 @@ upgrade controller then refuses the DaemonSet, so no node's upgrade moves.
 Reads: Nodes, the agent's Leases, ClusterPolicies and NVIDIADrivers, each as
 paginated lists of :data:`PAGE` (four requests for a thousand nodes).
 
+Only a complete pass is a judgement: a node whose agent could not read every workload (an image not in
+its store, a store it could not list, a broken watch) publishes ``warn`` with ``complete: false``, and
+its NOTE says what kept it incomplete. A GPUCluster (gpu-operator v26.7's DRA resource) is found by
+discovery and said on a line of its own: the drivers it sets are not judged. The fleet controller's
+pods on a GPU node are said too (a compromised GPU node could read its token).
+
 Exit status: 0 every node passes; 2 some node changes outcome (``warn``), its
 verdict is ``unknown``, missing or stale, its NRI plugin is not connected, or its validation-failed
-taint is not tolerated by its driver's DaemonSet; 3 some
+taint is not tolerated by its driver's DaemonSet, or a GPUCluster exists; 3 some
 node would regress (``fail``, not stale) and every such node is held (:data:`HELD`: compat-hook's hold, a
 skip label of someone else's, or the admin's override); 5 some node would
 regress and nothing holds it (the gate off, ``too-late``, ``cannot-hold``,
@@ -94,19 +100,24 @@ def _map(v) -> dict:
 def _parse_time(text) -> float | None:
     """Seconds since the epoch of an RFC 3339 time (``...Z``, fractions allowed), else None.
 
-    >>> _parse_time("1970-01-01T00:01:00.250000Z"), _parse_time("junk")
-    (60.25, None)
+    >>> _parse_time("1970-01-01T00:01:00.250000Z"), _parse_time("junk"), _parse_time("2026-02-30T00:00:00Z")
+    (60.25, None, None)
     """
     import calendar
 
     if not isinstance(text, str) or len(text) > 40 or not text.endswith("Z"):
         return None
     base, _, frac = text[:-1].partition(".")
-    try:
-        t = calendar.timegm(time.strptime(base, "%Y-%m-%dT%H:%M:%S"))
-        return t + (float("0." + frac) if frac.isdigit() else 0.0)
-    except ValueError:
+    # by hand, not time.strptime (~150 us a call, and the fleet reads a Lease per node)
+    if len(base) != 19 or base[4] != "-" or base[7] != "-" or base[10] != "T" or base[13] != ":" or base[16] != ":":
         return None
+    parts = (base[0:4], base[5:7], base[8:10], base[11:13], base[14:16], base[17:19])
+    if not all(p.isdigit() and p.isascii() for p in parts) or (frac and not (frac.isdigit() and frac.isascii())):
+        return None
+    y, mo, d, h, mi, se = (int(p) for p in parts)
+    if not (1 <= mo <= 12 and 1 <= d <= calendar.monthrange(y, mo)[1] and h < 24 and mi < 60 and se < 61):
+        return None
+    return calendar.timegm((y, mo, d, h, mi, se, 0, 0, 0)) + (float("0." + frac) if frac else 0.0)
 
 
 def _doc(anns: dict, prefix: str) -> dict:
@@ -120,9 +131,43 @@ def _doc(anns: dict, prefix: str) -> dict:
     return d if isinstance(d, dict) else {}
 
 
-def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None, now: float | None = None) -> dict | None:
+#: How far ahead of the reader's clock a Lease's ``renewTime`` may be before it is taken for a skewed clock.
+MAX_SKEW = 60.0
+
+
+def heartbeat_problem(renewed: float | None, duration: float | None, now: float, observed_age: float | None = None):
+    """Why an agent's Lease is no heartbeat (None: it is one). ``observed_age``: seconds since the reader
+    itself saw the Lease change (its own clock, as client-go's election goes by): given, it alone decides,
+    so an agent's clock can neither keep a dead agent fresh nor make a live one stale. Without it (a
+    one-shot ``cluster status``) the ``renewTime`` is compared with ``now``, and one further ahead than
+    :data:`MAX_SKEW` is no heartbeat either: a clock that runs ahead would otherwise keep a dead agent
+    fresh for as long as it is ahead.
+
+    >>> heartbeat_problem(1000.0, 120.0, 1050.0), heartbeat_problem(1000.0, 120.0, 1200.0)
+    (None, 'no heartbeat for 200 s (its Lease expired after 120 s)')
+    >>> heartbeat_problem(1000.0 + 86400, 120.0, 1000.0)
+    "its agent's clock is 86400 s ahead (renewTime in the future): not a heartbeat"
+    >>> heartbeat_problem(1000.0 + 86400, 120.0, 1000.0, observed_age=130.0)
+    'no change of its Lease seen for 130 s (it lasts 120 s)'
+    """
+    if renewed is None or duration is None:
+        return "no heartbeat from its agent (no Lease)"
+    if observed_age is not None:
+        if observed_age > duration:
+            seen = f"{int(observed_age)} s" if observed_age < 1e12 else "ever (none seen since the reader started)"
+            return f"no change of its Lease seen for {seen} (it lasts {int(duration)} s)"
+        return None
+    if renewed - now > MAX_SKEW:
+        return f"its agent's clock is {int(renewed - now)} s ahead (renewTime in the future): not a heartbeat"
+    if now > renewed + duration:
+        return f"no heartbeat for {int(now - renewed)} s (its Lease expired after {int(duration)} s)"
+    return None
+
+
+def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None, now: float | None = None,
+             observed_age: float | None = None) -> dict | None:
     """A row for ``node`` (None: not a GPU node); ``lease``: its agent's Lease; ``target``: its current
-    :class:`~.target.Target`."""
+    :class:`~.target.Target`; ``observed_age``: see :func:`heartbeat_problem`."""
     meta = _map(node.get("metadata"))
     labels, anns = _map(meta.get("labels")), _map(meta.get("annotations"))
     if labels.get(PRESENT_LABEL) != "true" and f"{prefix}/preflight" not in labels:
@@ -142,10 +187,9 @@ def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None,
     duration = float(duration) if isinstance(duration, (int, float)) and not isinstance(duration, bool) and duration > 0 else None
     stale = None
     if verdict is not None:
-        if lease is None or renewed is None or duration is None:
-            stale = "no heartbeat from its agent (no Lease)"
-        elif now > renewed + duration:
-            stale = f"no heartbeat for {int(now - renewed)} s (its Lease expired after {int(duration)} s)"
+        beat = heartbeat_problem(renewed if lease is not None else None, duration, now, observed_age)
+        if beat is not None:
+            stale = beat
         elif target is not None and not str(doc.get("from") or "").startswith("--driver"):
             current = target.version if target.version is not None else None
             if current != (doc.get("target") if doc else published):
@@ -153,7 +197,8 @@ def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None,
     gate = doc.get("gate") if isinstance(doc.get("gate"), str) else None
     if ours and skip:
         hold = "yes"
-        if renewed is not None and duration is not None and now > renewed + 1.5 * duration:
+        if renewed is not None and duration is not None and (
+                now > renewed + 1.5 * duration if observed_age is None else observed_age > 1.5 * duration):
             hold = "stale"  # 3 intervals (the Lease lasts 2) without a renewal
         elif state not in ("", None, "upgrade-done", "upgrade-required"):
             hold = "too-late"
@@ -180,7 +225,15 @@ def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None,
         "renewed": _s(spec.get("renewTime"), 40),
         "since": _s(doc.get("since"), 40),
         "validated": _s(labels.get(f"{prefix}/validated")),
-        "note": stale or _note(verdict, doc),
+        # whether the pass behind the verdict read everything it needed (an image missing from the store, a
+        # store it could not list, a broken watch: not complete); only a complete verdict is a judgement
+        "complete": doc.get("complete") is True,
+        "incomplete": [_s(r, 32) for r in (doc.get("incomplete") if isinstance(doc.get("incomplete"), list)
+                                            else [])[:6] if isinstance(r, str)],
+        "note": stale or _note(verdict, doc) or (
+            "incomplete: " + (", ".join(_s(r, 32) for r in doc.get("incomplete")[:4] if isinstance(r, str))
+                              if isinstance(doc.get("incomplete"), list) else "its agent did not say why")
+            if verdict in ("warn", "fail") and doc.get("complete") is not True else None),
         "path": _PATHS.get(labels.get(f"{prefix}/registration")),
     }
 
@@ -277,6 +330,55 @@ def _optional(kube, path: str) -> list:
         return []
 
 
+def find_kind(kube, group: str, kind: str) -> str | None:
+    """The collection path of ``kind`` in API ``group`` (any served version), by discovery; None: not served.
+
+    gpu-operator v26.7's ``GPUCluster`` is experimental: found by its kind, whatever version serves it."""
+    from .kube import NotFound
+
+    try:
+        grp = kube.get(f"/apis/{group}")
+    except NotFound:
+        return None
+    for ver in _map(grp).get("versions") or []:
+        gv = _map(ver).get("groupVersion")
+        if not isinstance(gv, str) or "/" not in gv or len(gv) > 200:
+            continue
+        try:
+            res = kube.get(f"/apis/{gv}")
+        except NotFound:
+            continue
+        for r in _map(res).get("resources") or []:
+            r = _map(r)
+            if r.get("kind") == kind and isinstance(r.get("name"), str) and "/" not in r["name"]:
+                return f"/apis/{gv}/{r['name']}"
+    return None
+
+
+def fleet_placement(kube, namespace: str) -> dict | None:
+    """Where the fleet controller's pods run: ``{"pods": n, "gpu_nodes": [node, ...]}``, None where this
+    user may not list pods there. Its token writes what the admission policy admits drivers by, and a
+    compromised node can read the token of any pod it runs: on a GPU node that is one node's reach into
+    the whole fleet's interlock."""
+    from .kube import KubeError
+
+    try:
+        pods = _pages(kube, f"/api/v1/namespaces/{namespace}/pods",
+                      labelSelector="app.kubernetes.io/name=compat-hook,app.kubernetes.io/component=fleet")
+    except KubeError:
+        return None
+    nodes = sorted({str(_map(p.get("spec")).get("nodeName") or "") for p in pods} - {""})
+    gpu = []
+    for n in nodes[:20]:
+        try:
+            node = kube.get(f"/api/v1/nodes/{n}")
+        except KubeError:
+            continue
+        if _map(_map(node.get("metadata")).get("labels")).get(PRESENT_LABEL) == "true":
+            gpu.append(_s(n, 253))
+    return {"pods": len(pods), "gpu_nodes": gpu}
+
+
 def status(kube, prefix: str, namespace: str, now: float | None = None, selector: str | None = None) -> dict:
     nodes = _pages(kube, "/api/v1/nodes", **({"labelSelector": selector} if selector else {}))
     leases = {(_map(o.get("metadata")).get("name")): o
@@ -308,17 +410,27 @@ def status(kube, prefix: str, namespace: str, now: float | None = None, selector
         k = r["upgrade_state"] or "none"
         states[k] = states.get(k, 0) + 1
     summary["upgrade_states"] = dict(sorted(states.items()))
+    summary["incomplete"] = sum(1 for r in rows if r["verdict"] is not None and not r.get("complete"))
+    from .kube import KubeError
+
+    try:  # gpu-operator v26.7's DRA resource: its drivers are not judged, and that is said, never passed over
+        path = find_kind(kube, "nvidia.com", targetmod.GPUCLUSTER_KIND)
+        gcs = _optional(kube, path) if path else []
+    except KubeError:
+        gcs = []
+    summary["gpuclusters"] = sorted(_s(_map(g.get("metadata")).get("name"), 253) or "?" for g in gcs)[:10]
+    summary["fleet"] = fleet_placement(kube, namespace)
     return {"nodes": rows, "summary": summary}
 
 
-def exit_status(nodes: list) -> int:
+def exit_status(nodes: list, summary: dict | None = None) -> int:
     pre = [r.get("preflight") for r in nodes]
     if any(r.get("preflight") == "fail" and r.get("hold") not in HELD for r in nodes):
         return FAIL_NOT_HELD
     if "fail" in pre:
         return 3
     if any(p != "pass" for p in pre) or any(r.get("path") == NOT_CONNECTED or r.get("taint_not_tolerated")
-                                            for r in nodes):
+                                            for r in nodes) or (summary or {}).get("gpuclusters"):
         return 2
     return 0
 
@@ -348,5 +460,14 @@ def render_text(rep: dict) -> str:
                f"{s['validation_failed']} failed validation"
                + (f"; {s['nri_not_connected']} with the NRI plugin not connected" if s.get("nri_not_connected") else "")
                + (f"; {s['taint_not_tolerated']} with a validation-failed taint their driver DaemonSet does not "
-                  f"tolerate" if s.get("taint_not_tolerated") else ""))
+                  f"tolerate" if s.get("taint_not_tolerated") else "")
+               + (f"; {s['incomplete']} with an incomplete pass (not a judgement)" if s.get("incomplete") else ""))
+    if s.get("gpuclusters"):
+        out.append(f"GPUCluster {', '.join(s['gpuclusters'])}: the drivers it sets (DRA) are NOT judged by compat-hook: "
+                   f"no preflight, hold or admission covers them")
+    fleet = s.get("fleet")
+    if fleet and fleet.get("gpu_nodes"):
+        out.append(f"the fleet controller runs on GPU node(s) {', '.join(fleet['gpu_nodes'])}: a compromised GPU node "
+                   f"could read its token, which writes what the driver admission policy admits; give it a CPU or "
+                   f"control-plane node (docs/cluster.md)")
     return "\n".join(out) + "\n"

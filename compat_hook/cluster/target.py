@@ -54,7 +54,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["Target", "node_target", "selects", "active_policy", "check_version"]
+__all__ = ["Target", "node_target", "selects", "active_policy", "check_version", "Effective", "effective",
+           "drives", "GPUCLUSTER_KIND"]
 
 #: What an NVIDIADriver with no nodeSelector selects.
 DEFAULT_SELECTOR = {"nvidia.com/gpu.present": "true"}
@@ -132,6 +133,96 @@ def check_version(value, precompiled: bool) -> tuple:
     return None, False, f"{shown} is not a driver version (570.195.03)"
 
 
+#: The kind of gpu-operator v26.7's experimental DRA resource: its drivers are not judged by compat-hook.
+GPUCLUSTER_KIND = "GPUCluster"
+_TAG_FULL = re.compile(r"([0-9]{2,4}\.[0-9]{1,4}(?:\.[0-9]{1,4})?)(?:-.*)?")
+_TAG_BRANCH = re.compile(r"([0-9]{3,4})(?:-.*)?")
+
+
+class Effective:
+    """The driver the GPU Operator will pull for one ClusterPolicy or NVIDIADriver, resolved as the operator
+    resolves it (``imagePath``): ``image`` the full reference (``""``: the operator's own default, which no
+    object names), ``version`` the driver version it carries (None: not knowable from the object: a digest,
+    a tag that is not a version, the default), ``branch`` a precompiled branch, ``problem`` why there is no
+    version. The admission policy's CEL computes the same from the object it sees."""
+
+    __slots__ = ("image", "version", "branch", "problem")
+
+    def __init__(self, image: str, version, branch: bool, problem) -> None:
+        self.image, self.version, self.branch, self.problem = image, version, branch, problem
+
+    def __repr__(self) -> str:
+        return f"Effective({self.image!r}, {self.version!r}, branch={self.branch}, problem={self.problem!r})"
+
+
+def _text(v) -> str:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return str(v)
+    return v.strip() if isinstance(v, str) else ""
+
+
+def effective(obj: dict, kind: str) -> Effective:
+    """The :class:`Effective` driver of ``obj`` (``kind``: ``clusterpolicy`` or ``nvidiadriver``).
+
+    The operator's rule: ``repository`` and ``version`` both empty and ``image`` set: ``image`` as it is (a
+    full path with a tag or an ``@sha256:`` digest, as kbld/carvel pin images); else
+    ``repository/image:version``, or ``repository/image@version`` for a ``sha256:`` version. The version is the
+    tag's leading driver version (``570.195.03-ubuntu22.04`` -> ``570.195.03``), a branch where
+    ``usePrecompiled`` (``570-6.8.0-40-generic-ubuntu24.04`` -> ``570``).
+
+    >>> cp = {"spec": {"driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": "570.195.03"}}}
+    >>> effective(cp, "clusterpolicy")
+    Effective('nvcr.io/nvidia/driver:570.195.03', '570.195.03', branch=False, problem=None)
+    >>> effective({"spec": {"image": "nvcr.io/nvidia/driver:470.256.02-ubuntu22.04"}}, "nvidiadriver").version
+    '470.256.02'
+    >>> e = effective({"spec": {"image": "nvcr.io/nvidia/driver@sha256:" + "a" * 64}}, "nvidiadriver")
+    >>> e.version, e.problem[:45]
+    (None, "'nvcr.io/nvidia/driver@sha256:aaaaaaaaaaaaaaa")
+    >>> effective({"spec": {"usePrecompiled": True, "repository": "r", "image": "driver", "version": "570"}},
+    ...           "nvidiadriver").branch
+    True
+    >>> effective({"spec": {}}, "nvidiadriver").problem
+    "no driver image (the operator's default DRIVER_IMAGE): it names no version"
+    """
+    spec = _map(obj.get("spec"))
+    if kind == "clusterpolicy":
+        spec = _map(spec.get("driver"))
+    repo, img, ver = _text(spec.get("repository")), _text(spec.get("image")), _text(spec.get("version"))
+    precompiled = spec.get("usePrecompiled") is True
+    if not repo and not ver:
+        path = img
+    elif ver.startswith("sha256:"):
+        path = f"{repo}/{img}@{ver}"
+    else:
+        path = f"{repo}/{img}:{ver}"
+    if not path:
+        return Effective("", None, False, "no driver image (the operator's default DRIVER_IMAGE): it names no version")
+    shown = repr(path[:120])
+    if "@" in path:
+        return Effective(path, None, False, f"{shown} is pinned by digest: it names no driver version")
+    slash = path.rfind("/")
+    colon = path.rfind(":")
+    tag = path[colon + 1:] if colon > slash else ""
+    m = (_TAG_BRANCH if precompiled else _TAG_FULL).fullmatch(tag) if len(tag) <= 128 else None
+    if m is None and precompiled:
+        m = _TAG_FULL.fullmatch(tag) if len(tag) <= 128 else None
+    if m is None:
+        return Effective(path, None, False, f"{shown}: its tag is not a driver version")
+    v = m.group(1)
+    return Effective(path, v, "." not in v, None)
+
+
+def drives(obj: dict, kind: str, policies: list) -> bool:
+    """Whether ``obj`` sets the driver of the nodes it selects, as the objects are now: a ClusterPolicy whose
+    ``spec.driver.enabled`` is not false and that does not hand drivers to NVIDIADrivers; an NVIDIADriver when
+    the active ClusterPolicy hands drivers to NVIDIADrivers, or there is none (gpu-operator v26.7)."""
+    if kind == "clusterpolicy":
+        drv = _map(_map(obj.get("spec")).get("driver"))
+        return drv.get("enabled") is not False and drv.get("useNvidiaDriverCRD") is not True
+    cp, _ = active_policy(policies)
+    return cp is None or _map(_map(cp.get("spec")).get("driver")).get("useNvidiaDriverCRD") is True
+
+
 def _expr_match(expr: dict, labels: dict) -> bool:
     key, op = expr.get("key"), expr.get("operator")
     vals = [v for v in expr.get("values") or [] if isinstance(v, str)] if isinstance(expr.get("values"), list) else []
@@ -153,20 +244,30 @@ def _expr_match(expr: dict, labels: dict) -> bool:
     return False
 
 
-def _affinity_match(affinity, labels: dict) -> bool:
-    """``nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`` (terms ORed, expressions ANDed)."""
+def _affinity_match(affinity, labels: dict, name: str | None = None) -> bool:
+    """``nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`` (terms ORed; a term's
+    ``matchExpressions`` on labels and ``matchFields`` on ``metadata.name`` ANDed, as the scheduler does; a
+    term with neither selects nothing)."""
     req = _map(_map(affinity).get("requiredDuringSchedulingIgnoredDuringExecution"))
     terms = req.get("nodeSelectorTerms")
     if not isinstance(terms, list) or not terms:
         return True
+    fields = {"metadata.name": name} if name is not None else {}
     for term in terms:
         exprs = _map(term).get("matchExpressions")
-        if isinstance(exprs, list) and exprs and all(isinstance(e, dict) and _expr_match(e, labels) for e in exprs):
+        mfields = _map(term).get("matchFields")
+        exprs = exprs if isinstance(exprs, list) else []
+        mfields = mfields if isinstance(mfields, list) else []
+        if not exprs and not mfields:
+            continue
+        if all(isinstance(e, dict) and _expr_match(e, labels) for e in exprs) and \
+                all(isinstance(e, dict) and e.get("key") == "metadata.name" and
+                    e.get("operator") in ("In", "NotIn") and _expr_match(e, fields) for e in mfields):
             return True
     return False
 
 
-def selects(selector, labels: dict, affinity=None) -> bool:
+def selects(selector, labels: dict, affinity=None, name: str | None = None) -> bool:
     """Whether a ``nodeSelector`` (empty: the operator's default) and ``nodeAffinity`` match ``labels``.
 
     >>> selects({}, {"nvidia.com/gpu.present": "true"}), selects({"a": "1"}, {"a": "2"})
@@ -175,9 +276,14 @@ def selects(selector, labels: dict, affinity=None) -> bool:
     ...     {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a", "b"]}]}]}}
     >>> selects({"nvidia.com/gpu.present": "true"}, {"nvidia.com/gpu.present": "true", "pool": "b"}, aff)
     True
+    >>> byname = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    ...     {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-a"]}]}]}}
+    >>> selects({}, {"nvidia.com/gpu.present": "true"}, byname, "gpu-a"), selects({}, {"nvidia.com/gpu.present": "true"}, byname, "gpu-b")
+    (True, False)
     """
     sel = _map(selector) or DEFAULT_SELECTOR
-    return all(isinstance(v, str) and labels.get(k) == v for k, v in sel.items()) and _affinity_match(affinity, labels)
+    return all(isinstance(v, str) and labels.get(k) == v for k, v in sel.items()) and \
+        _affinity_match(affinity, labels, name)
 
 
 def active_policy(policies: list) -> tuple:
@@ -223,13 +329,25 @@ def _blocked(cp, labels: dict) -> str | None:
     return None
 
 
-def _from(obj: dict, kind: str, spec_version, spec_path: str, precompiled: bool, prefix: str,
+def _blocked_by_driver(nd: dict, labels: dict) -> str | None:
+    """Why a hold cannot work on a node whose NVIDIADriver carries its own ``upgradePolicy`` (gpu-operator
+    v26.7: an NVIDIADriver drives upgrades with no ClusterPolicy, or its own policy beside one)."""
+    name = _name(nd)
+    if labels.get(DEPLOY_DRIVER_LABEL) == "pre-installed":
+        return f"the node's driver is pre-installed ({DEPLOY_DRIVER_LABEL}=pre-installed): the operator does not upgrade it"
+    if _map(_map(nd.get("spec")).get("upgradePolicy")).get("autoUpgrade") is not True:
+        return (f"NVIDIADriver {name} has no spec.upgradePolicy.autoUpgrade: true "
+                f"(the upgrade controller does not run for it)")
+    return None
+
+
+def _from(obj: dict, kind: str, eff: Effective, spec_path: str, precompiled: bool, prefix: str,
           note: str = "") -> Target:
     name = _name(obj)
     key = f"{prefix}/next-driver"
     ann = _map(_map(obj.get("metadata")).get("annotations")).get(key)
     suffix = f" ({note})" if note else ""
-    if ann is not None and str(ann).strip() != str(spec_version if spec_version is not None else "").strip():
+    if ann is not None and str(ann).strip() != (eff.version or ""):
         where = f"{kind} {name} annotation {key}{suffix}"
         v, branch, problem = check_version(ann, precompiled)
         if v is None:
@@ -237,9 +355,11 @@ def _from(obj: dict, kind: str, spec_version, spec_path: str, precompiled: bool,
                           reason="bad_announcement")
         return Target(v, where, True, branch=branch)
     where = f"{kind} {name} {spec_path}{suffix}"
-    if spec_version is None:
+    if not eff.image:
         return Target(None, where, problem=f"{kind} {name} names no driver version ({spec_path})")
-    v, branch, problem = check_version(spec_version, precompiled)
+    if eff.version is None:
+        return Target(None, where, problem=f"{kind} {name} {spec_path}: {eff.problem}", reason="bad_version")
+    v, branch, problem = check_version(eff.version, precompiled)
     if v is None:
         return Target(None, where, problem=f"{kind} {name} {spec_path}: {problem}", reason="bad_version")
     return Target(v, where, branch=branch)
@@ -248,6 +368,8 @@ def _from(obj: dict, kind: str, spec_version, spec_path: str, precompiled: bool,
 def node_target(node: dict, policies: list, drivers: list, *, prefix: str, override: str | None = None) -> Target:
     """The :class:`Target` for ``node`` (see the module docstring)."""
     labels = {k: v for k, v in _map(_map(node.get("metadata")).get("labels")).items() if isinstance(v, str)}
+    node_name = _map(node.get("metadata")).get("name")
+    node_name = node_name if isinstance(node_name, str) else None
     cp, note = active_policy(policies)
     blocked = _blocked(cp, labels)
     if override is not None:
@@ -255,7 +377,7 @@ def node_target(node: dict, policies: list, drivers: list, *, prefix: str, overr
     cp_driver = _map(_map(cp.get("spec")).get("driver")) if cp is not None else {}
     if cp is None or cp_driver.get("useNvidiaDriverCRD") is True:
         matching = [d for d in drivers if isinstance(d, dict) and selects(
-            _map(d.get("spec")).get("nodeSelector"), labels, _map(d.get("spec")).get("nodeAffinity"))]
+            _map(d.get("spec")).get("nodeSelector"), labels, _map(d.get("spec")).get("nodeAffinity"), node_name)]
         if len(matching) > 1:
             names = ", ".join(sorted(_name(d) for d in matching)[:5])
             return Target(None, "NVIDIADriver", problem=f"several NVIDIADrivers select this node: {names}",
@@ -263,16 +385,18 @@ def node_target(node: dict, policies: list, drivers: list, *, prefix: str, overr
         if matching:
             d = matching[0]
             spec = _map(d.get("spec"))
-            t = _from(d, "NVIDIADriver", spec.get("version"), "spec.version", spec.get("usePrecompiled") is True,
-                      prefix)
-            t.blocked = blocked
+            t = _from(d, "NVIDIADriver", effective(d, "nvidiadriver"), "spec.version",
+                      spec.get("usePrecompiled") is True, prefix)
+            # v26.7: with no ClusterPolicy, or its own upgradePolicy, the NVIDIADriver's policy is the one
+            t.blocked = _blocked_by_driver(d, labels) if cp is None or isinstance(spec.get("upgradePolicy"), dict) \
+                else blocked
             return t
         if cp is not None:
             return Target(None, f"ClusterPolicy {_name(cp)}", blocked=blocked,
                           problem=f"ClusterPolicy {_name(cp)} hands drivers to NVIDIADrivers and none selects this node")
         return Target(None, "none", blocked=blocked,
                       problem="no ClusterPolicy or NVIDIADriver names a driver version for this node")
-    t = _from(cp, "ClusterPolicy", cp_driver.get("version"), "spec.driver.version",
+    t = _from(cp, "ClusterPolicy", effective(cp, "clusterpolicy"), "spec.driver.version",
               cp_driver.get("usePrecompiled") is True, prefix, note)
     t.blocked = blocked
     return t
