@@ -142,3 +142,20 @@ def test_via_nri_finds_the_packaged_plugin(nri_deb, tmp_path):
     assert "90-compat-hook" in out["install"] and "the packaged plugin" in out["install"], out["install"]
     assert "No such file or directory" in out["uninstall"], out["uninstall"]
     assert "No such file or directory" in out["remove"], out["remove"]
+
+
+def test_docs_build_the_image_with_make_image():
+    """Every doc that builds the image says `make image` (plugin, package, image), none the plugin-less
+    `make deb` + build-image.sh of before; the Makefile's target runs the three steps."""
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    for doc in docs:
+        text = doc.read_text()
+        commands = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("packaging/oci-image/build-image.sh")]
+        assert not commands, (doc.name, commands)
+    for name in ("README.md", "docs/engines.md", "docs/cluster.md"):
+        assert "make image" in (REPO / name).read_text(), name
+    make = _run(["make", "-C", REPO, "-n", "image", "PY=/usr/bin/python3", "GO=/usr/local/go/bin/go"]).stdout
+    steps = [ln for ln in make.splitlines() if "packaging/" in ln]
+    assert "packaging/nri/build.py" in steps[0] and "--go /usr/local/go/bin/go" in steps[0], steps
+    assert "build-deb.py" in steps[1] and "--nri-plugin dist/compat-hook-nri" in steps[1], steps
+    assert "packaging/oci-image/build-image.sh --deb" in steps[-1], steps
