@@ -105,7 +105,7 @@ def no_nri_release(binary: str | None) -> str | None:
     configuration says (1.6: Debian 12's), else None (also when its version cannot be read)."""
     rel = _release(binary) if binary is not None else None
     if rel is not None and rel < (1, 7):
-        return f"containerd {rel[0]}.{rel[1]} ({binary}) has no NRI (containerd 1.7 and later)"
+        return f"containerd {rel[0]}.{rel[1]} has no NRI (1.7 and later)"
     return None
 
 
