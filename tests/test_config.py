@@ -184,6 +184,16 @@ def test_unquoted_version_float_is_explained(tmp_path):
         load(write(tmp_path, "host_cuda_version: 12.10\n"))
 
 
+def test_unquoted_nvml_off_is_off(tmp_path):
+    # YAML reads an unquoted off as false; the shipped config's comment writes `off: never` unquoted.
+    assert yaml.safe_load("nvml: off\n") == {"nvml": False}
+    assert load(write(tmp_path, "nvml: off\n")).nvml == "off"
+    assert load(write(tmp_path, "nvml: 'off'\n")).nvml == "off"
+    # `on` is true, which is no setting of nvml: refused, naming the key.
+    with pytest.raises(ConfigError, match=r"^nvml: must be one of auto, off, got True"):
+        load(write(tmp_path, "nvml: on\n"))
+
+
 def test_bad_value_in_file_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"^compat_dirs\[0\]"):
         load(write(tmp_path, "compat_dirs: [relative]\n"))

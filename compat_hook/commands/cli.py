@@ -208,8 +208,8 @@ def _install_options(i, verb: str) -> None:
                         "base_runtime_spec (app containers only), or the NRI plugin, which adds the hook "
                         "to every GPU container whatever runtime it names (containerd 2.x)")
     i.add_argument("--nri-plugin", metavar="PATH",
-                   help="containerd --via nri: the built compat-hook-nri binary (default "
-                        "/usr/local/libexec/compat-hook/compat-hook-nri)")
+                   help="containerd --via nri: the built compat-hook-nri binary (default the Debian package's "
+                        "/usr/libexec/compat-hook/compat-hook-nri, else /usr/local/libexec/compat-hook/compat-hook-nri)")
     i.add_argument("--hooks-dir", metavar="DIR",
                    help="Podman/CRI-O: where the hooks.d file goes (default /usr/share/containers/oci/hooks.d)")
     i.add_argument("--wrapper-path", metavar="PATH",

@@ -53,8 +53,22 @@ def _opt_abs_path(v, where):
     return None if v is None else _abs_path(v, where)
 
 
-def _choice(options):
+def _choice(options, *, false_is=None):
+    """One of ``options``; with ``false_is``, YAML's false stands for that option.
+
+    YAML 1.1 (PyYAML) reads an unquoted ``off`` as false, so ``nvml: off`` as the
+    shipped config's comment writes it arrives as ``False``.
+
+    >>> _choice(("auto", "off"), false_is="off")(False, "nvml")
+    'off'
+    >>> _choice(("auto", "off"), false_is="off")(True, "nvml")
+    Traceback (most recent call last):
+    ...
+    compat_hook.core.errors.ConfigError: nvml: must be one of auto, off, got True
+    """
     def check(v, where):
+        if false_is is not None and v is False:
+            return false_is
         if v not in options:
             raise ConfigError(f"{where}: must be one of {', '.join(options)}, got {v!r}")
         return v
@@ -224,7 +238,7 @@ SCHEMA = {
                                                       "stops the container, also when this file no longer loads (continue: the built-in defaults decide then)"),
     "log_file": ("/var/log/compat-hook.log", _opt_abs_path, "one JSON line per run is appended here (null: no log)"),
     "device_check": ("enforce", _choice(_DEVICE_CHECK), "GPU brand check of the container's GPUs: the note's device list, or NVIDIA's data-center list without one (GeForce/TITAN: never, short of off)"),
-    "nvml": ("auto", _choice(_NVML), "auto: use NVML (nvidia-ml-py) when installed; off: never"),
+    "nvml": ("auto", _choice(_NVML, false_is="off"), "auto: use NVML (nvidia-ml-py) when installed; off: never"),
     "store_dir": ("/var/lib/compat-hook/store", _abs_path, "host compat store (compat-hook store add)"),
     "store_inject": (True, _bool, "mount a host-store compat package into images that need one and carry none"),
     "store_target": ("/usr/local/cuda/compat", _abs_path, "container path the host-store package is mounted at"),

@@ -15,7 +15,7 @@ Two files, both in the directories containerd's NRI settings name
 defaults ``/opt/nri/plugins`` and ``/etc/nri/conf.d``):
 
 * ``<plugin_path>/90-compat-hook``: the plugin binary (``--nri-plugin``, default
-  :data:`DEFAULT_PLUGIN`). containerd starts every plugin there at its own start
+  the Debian package's :data:`PACKAGED_PLUGIN`, else :data:`DEFAULT_PLUGIN`). containerd starts every plugin there at its own start
   (a *pre-registered* plugin, index 90 from the name: after the NVIDIA
   toolkit's own NRI plugin, index 10), hands it a connected socket, and starts
   it again at its next start: no service to manage, and a containerd restart
@@ -42,10 +42,13 @@ import os
 
 from .hooksd import InstallError, say
 
-__all__ = ["install", "uninstall", "detect", "detect_main", "DEFAULT_PLUGIN", "PLUGIN_NAME", "PLUGIN_INDEX", "nri_settings",
+__all__ = ["install", "uninstall", "detect", "detect_main", "DEFAULT_PLUGIN", "PACKAGED_PLUGIN", "PLUGIN_NAME", "PLUGIN_INDEX", "nri_settings",
            "plugin_files", "render_config"]
 
-#: Where a package or ``make nri-plugin`` puts the built plugin.
+#: Where the Debian package puts the plugin when it was built with it (``make image``, or
+#: ``make deb NRI_PLUGIN=dist/compat-hook-nri``).
+PACKAGED_PLUGIN = "/usr/libexec/compat-hook/compat-hook-nri"
+#: Where a plugin built by hand goes when it is not named (``--nri-plugin``).
 DEFAULT_PLUGIN = "/usr/local/libexec/compat-hook/compat-hook-nri"
 PLUGIN_NAME = "compat-hook"
 #: After NVIDIA's toolkit NRI plugin (nvidia-ctk-installer --nri-plugin-index, default 10).
@@ -61,7 +64,8 @@ def nri_settings(main_path: str) -> dict:
     """containerd's merged NRI table: ``containerd config dump`` when the installed containerd reads this
     config version, else the files themselves (containerd-style merge) over NRI's defaults.
 
-    Raises :class:`InstallError` when NRI is off (containerd 1.7's default: config version 2).
+    Raises :class:`InstallError` when NRI is off (containerd 1.7's default: config version 2) or the
+    containerd reading a version 2 config is older than 1.7 (no NRI at all).
     """
     from .common import plain
     from .containerd import (_dump, _merged_from_files, _parse, _read, _version, _which,
@@ -71,6 +75,11 @@ def nri_settings(main_path: str) -> dict:
     text = _read(main_path)
     main = plain(_parse(text or "", main_path))
     version = _version(text, main, main_path, binary)
+    if version < 3:
+        # A config this containerd reads (1.6 knows no version 3): 1.6 has no NRI whatever the file says.
+        old = no_nri_release(binary)
+        if old is not None:
+            raise InstallError(f"{old}; register the runtime wrapper instead (--via wrapper, the default)")
     major = containerd_major(binary) if binary is not None else None
     if binary is not None and major is not None and (major >= 2) == (version >= 3):
         merged = _dump(binary, main_path)
@@ -80,11 +89,24 @@ def nri_settings(main_path: str) -> dict:
     nri = nri if isinstance(nri, dict) else {}
     # containerd 2.x (config version 3) has NRI on unless disabled; 1.7 (version 2) off unless enabled.
     if nri.get("disable", version < 3):
+        if text is None:  # containerd 1.7 without a config file: NRI off by default, and no file to edit
+            raise InstallError(
+                f"containerd's NRI is off (containerd 1.7's default) and {main_path} does not exist: write it "
+                f"with [plugins.'{NRI_PLUGIN}'] disable = false and restart containerd, or use --via wrapper")
         raise InstallError(
             f"containerd's NRI is off ({main_path}: plugins.'{NRI_PLUGIN}' disable = true, containerd 1.7's "
             f"default); set disable = false there and restart containerd, or use --via wrapper")
     return {"plugin_path": nri.get("plugin_path") or DEFAULT_PLUGIN_PATH,
             "plugin_config_path": nri.get("plugin_config_path") or DEFAULT_CONFIG_PATH}
+
+
+def no_nri_release(binary: str | None) -> str | None:
+    """One line when ``binary`` is a containerd older than 1.7, which has no NRI whatever its
+    configuration says (1.6: Debian 12's), else None (also when its version cannot be read)."""
+    rel = _release(binary) if binary is not None else None
+    if rel is not None and rel < (1, 7):
+        return f"containerd {rel[0]}.{rel[1]} has no NRI (1.7 and later)"
+    return None
 
 
 def _release(binary: str) -> tuple | None:
@@ -112,9 +134,9 @@ def detect(main_path: str) -> str | None:
     binary = _which("containerd")
     if binary is None:
         return "no containerd binary on the node's PATH"
-    rel = _release(binary)
-    if rel is not None and rel < (1, 7):
-        return f"containerd {rel[0]}.{rel[1]} has no NRI (1.7 and later)"
+    old = no_nri_release(binary)
+    if old is not None:
+        return old
     try:
         nri_settings(main_path)
     except InstallError as e:
@@ -181,10 +203,16 @@ def _is_our_binary(path: str) -> bool:
 
 
 def _source_binary(opts) -> str:
-    src = os.path.abspath(opts.nri_plugin or DEFAULT_PLUGIN)
-    if not os.path.isfile(src):
-        raise InstallError(f"the NRI plugin {src} does not exist; build it (make nri-plugin) "
-                           f"or name it with --nri-plugin PATH")
+    if opts.nri_plugin:
+        src = os.path.abspath(opts.nri_plugin)
+        if not os.path.isfile(src):
+            raise InstallError(f"the NRI plugin {src} does not exist; build it (make nri-plugin) "
+                               f"or name it with --nri-plugin PATH")
+    else:
+        src = next((p for p in (PACKAGED_PLUGIN, DEFAULT_PLUGIN) if os.path.isfile(p)), "")
+        if not src:
+            raise InstallError(f"no NRI plugin at {PACKAGED_PLUGIN} (a Debian package built with it: make image) "
+                               f"or {DEFAULT_PLUGIN}; build it (make nri-plugin) and name it with --nri-plugin PATH")
     if not _is_our_binary(src):
         raise InstallError(f"{src} is not compat-hook's NRI plugin (compat-hook-nri)")
     return src
@@ -214,8 +242,8 @@ def _install(opts) -> int:
 
     main_path = os.path.abspath(opts.config or "/etc/containerd/config.toml")
     enforce(opts.hook_config, "hook", say)
+    settings = nri_settings(main_path)  # first: containerd 1.6 has no NRI, whatever plugin there is
     src = _source_binary(opts)
-    settings = nri_settings(main_path)
     binary, conf = plugin_files(settings)
     old_conf = read_text(conf)
     if old_conf is not None and not _is_our_config(old_conf):

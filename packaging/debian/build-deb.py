@@ -3,7 +3,14 @@
 
 Usage (what ``make deb`` runs)::
 
-    /usr/bin/python3 packaging/debian/build-deb.py [--out DIR] [--stage DIR]
+    /usr/bin/python3 packaging/debian/build-deb.py [--out DIR] [--stage DIR] [--nri-plugin BIN]
+
+With ``--nri-plugin`` (``make image``, or ``make deb NRI_PLUGIN=dist/compat-hook-nri``)
+the package also ships the built NRI plugin at ``/usr/libexec/compat-hook/compat-hook-nri``
+(``compat-hook install containerd --via nri`` finds it there); a Go binary is
+architecture-specific, so that package is ``compat-hook_<version>_<arch>.deb``
+(amd64 or arm64, read from the binary's ELF header). Without it the package is
+architecture-independent and carries no plugin.
 
 The package is a staged tree turned into a .deb with ``dpkg-deb --build
 --root-owner-group``:
@@ -12,6 +19,7 @@ The package is a staged tree turned into a .deb with ``dpkg-deb --build
 /usr/lib/python3/dist-packages/compat_hook/             the modules (+ data/), byte-compiled by postinst
 /usr/bin/compat-hook, /usr/bin/compat-hook-runtime      console scripts (``#!/usr/bin/python3 -I``)
 /usr/libexec/compat-hook/compat-hook-runtime            the shell runtime wrapper, rendered for the above
+/usr/libexec/compat-hook/compat-hook-nri                the NRI plugin (``--nri-plugin`` only)
 /usr/share/containers/oci/hooks.d/50-compat-hook.json   the Podman/CRI-O hook (``/usr/bin/python3 -I -S``)
 /etc/compat-hook/config.yaml                            conffile (config/compat-hook.yaml)
 /etc/logrotate.d/compat-hook                            conffile (packaging/debian/logrotate)
@@ -46,6 +54,12 @@ LOGROTATE = "etc/logrotate.d/compat-hook"
 HOOKSD = "usr/share/containers/oci/hooks.d/50-compat-hook.json"
 WRAPPER_SRC = "compat_hook/data/compat-hook-runtime.sh"
 WRAPPER_DST = "usr/libexec/compat-hook/compat-hook-runtime"
+NRI_DST = "usr/libexec/compat-hook/compat-hook-nri"
+NRI_SRC = REPO / "packaging" / "nri"
+#: A string only compat-hook-nri's binary holds (compat_hook/install/nri.py checks the same).
+NRI_MARK = b"compat-hook-nri: no configuration"
+#: ELF e_machine -> Debian architecture, for the architectures Go builds the plugin for here.
+ELF_ARCH = {0x3E: "amd64", 0xB7: "arm64"}
 
 SCRIPT = """#!/usr/bin/python3 -I
 # {name} (Debian package {pkg}): {what}
@@ -134,6 +148,24 @@ def wrapper_text() -> bytes:
     return render_wrapper(None, python=SYSTEM_PYTHON, paths=["/" + DIST_PACKAGES], log_file=PACKAGED_LOG).encode()
 
 
+def nri_plugin(path: pathlib.Path) -> tuple:
+    """``(bytes, Debian architecture)`` of a built compat-hook-nri; SystemExit with one line otherwise."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise SystemExit(f"build-deb: the NRI plugin {path}: {e.strerror} (make nri-plugin)") from None
+    if data[:4] != b"\x7fELF" or NRI_MARK not in data:
+        raise SystemExit(f"build-deb: {path} is not compat-hook's NRI plugin (make nri-plugin)")
+    arch = ELF_ARCH.get(int.from_bytes(data[18:20], "big" if data[5:6] == b"\x02" else "little"))
+    if arch is None:
+        raise SystemExit(f"build-deb: {path}: an ELF machine this package does not know (amd64, arm64)")
+    newer = [f.name for f in sorted(NRI_SRC.iterdir()) if f.is_file() and f.suffix in (".go", ".mod", ".sum")
+             and f.stat().st_mtime > path.stat().st_mtime]
+    if newer:  # a stale plugin would ship silently otherwise
+        print(f"build-deb: warning: {path} is older than packaging/nri/{newer[0]}: make nri-plugin", file=sys.stderr)
+    return data, arch
+
+
 def installed_size_kib(stage: pathlib.Path) -> int:
     total = 0
     for root, dirs, files in os.walk(stage):
@@ -145,8 +177,9 @@ def installed_size_kib(stage: pathlib.Path) -> int:
     return max(total, 1)
 
 
-def build(out: pathlib.Path, stage: pathlib.Path) -> pathlib.Path:
+def build(out: pathlib.Path, stage: pathlib.Path, nri: pathlib.Path | None = None) -> pathlib.Path:
     ver = version()
+    plugin, arch = nri_plugin(nri) if nri is not None else (None, "all")
     if changelog_version() != ver:
         raise SystemExit(f"packaging/debian/changelog says {changelog_version()}, compat_hook says {ver}: "
                          f"add a changelog entry for {ver}")
@@ -170,6 +203,11 @@ def build(out: pathlib.Path, stage: pathlib.Path) -> pathlib.Path:
         module="compat_hook.commands.runtime", func="main").encode(), 0o755)
     if (REPO / WRAPPER_SRC).is_file():
         put(stage, WRAPPER_DST, wrapper_text(), 0o755)
+    if plugin is not None:
+        put(stage, NRI_DST, plugin, 0o755)
+        # Static by design: CGO off, so containerd runs it on a node of any libc.
+        put(stage, f"usr/share/lintian/overrides/{PKG}",
+            f"{PKG}: statically-linked-binary [{NRI_DST}]\n".encode())
 
     # Configuration, hook, man pages, docs.
     put(stage, CONFFILE, config_text())
@@ -184,7 +222,7 @@ def build(out: pathlib.Path, stage: pathlib.Path) -> pathlib.Path:
     for d, _, _ in os.walk(stage):
         os.chmod(d, 0o755)
     control = (HERE / "control").read_text().replace("@VERSION@", ver).replace(
-        "@INSTALLED_SIZE@", str(installed_size_kib(stage)))
+        "@INSTALLED_SIZE@", str(installed_size_kib(stage))).replace("Architecture: all", f"Architecture: {arch}")
     put(stage, "DEBIAN/control", control.encode())
     put(stage, "DEBIAN/conffiles", f"/{CONFFILE}\n/{LOGROTATE}\n".encode())
     for script in ("postinst", "prerm", "postrm"):
@@ -199,7 +237,7 @@ def build(out: pathlib.Path, stage: pathlib.Path) -> pathlib.Path:
     put(stage, "DEBIAN/md5sums", "".join(sums).encode())
 
     out.mkdir(parents=True, exist_ok=True)
-    deb = out / f"{PKG}_{ver}_all.deb"
+    deb = out / f"{PKG}_{ver}_{arch}.deb"
     env = dict(os.environ, SOURCE_DATE_EPOCH=os.environ.get("SOURCE_DATE_EPOCH", str(changelog_epoch())))
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(stage), str(deb)],
                    check=True, env=env, stdout=subprocess.DEVNULL)
@@ -210,14 +248,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(REPO / "dist"), help="where the .deb goes (default dist/)")
     ap.add_argument("--stage", default=None, help="keep the staged tree in this dir (default: a temp dir)")
+    ap.add_argument("--nri-plugin", default=None, metavar="BIN",
+                    help="ship this built compat-hook-nri (make nri-plugin) as /" + NRI_DST)
     a = ap.parse_args(argv)
+    nri = pathlib.Path(a.nri_plugin).resolve() if a.nri_plugin else None
     if a.stage:
-        deb = build(pathlib.Path(a.out).resolve(), pathlib.Path(a.stage).resolve())
+        deb = build(pathlib.Path(a.out).resolve(), pathlib.Path(a.stage).resolve(), nri)
     else:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="compat-hook-deb-") as d:
-            deb = build(pathlib.Path(a.out).resolve(), pathlib.Path(d) / "root")
+            deb = build(pathlib.Path(a.out).resolve(), pathlib.Path(d) / "root", nri)
+    if nri is None:
+        print("build-deb: no NRI plugin in this package (make image, or make deb NRI_PLUGIN=dist/compat-hook-nri, "
+              "ships it)", file=sys.stderr)
     print(deb)
     return 0
 

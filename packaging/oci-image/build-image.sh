@@ -1,18 +1,21 @@
 #!/bin/sh
 # build-image.sh: the DaemonSet's OCI image, built locally with umoci (no registry, no daemon).
+# `make image` runs it after building the NRI plugin and the package that carries it.
 #
 #   packaging/oci-image/build-image.sh [--deb DEB] [--layout DIR] [--tag TAG] [--tar FILE] [--nri-plugin BIN|none]
 #
-# DEB defaults to the newest dist/compat-hook_*_all.deb (make deb), DIR to
+# DEB defaults to the newest dist/compat-hook_*.deb (make image), DIR to
 # dist/oci/compat-hook, TAG to the package version, FILE to
 # dist/compat-hook-image_<version>.tar (the layout as one tar). The root
 # filesystem is stage-payload.sh's (busybox-static, the installer script and the
 # payload copied to the node: the chart's `installer` container) plus stage-agent.sh's
 # (Debian's python3 with python3-kubernetes, and ctr: the chart's `agent` container,
 # `compat-hook cluster agent`) plus stage-probe.sh's compat-hook-probe (the validator's probe,
-# compiled here). BIN (default dist/compat-hook-nri when `make nri-plugin` made it; none: without)
-# is the NRI plugin the installer registers on containerd 2.x (registration.path); an image
-# without it takes the RuntimeClass path on every node, and says so in the installer's log. Then, on a node (or for kind, `kind load image-archive`):
+# compiled here). BIN (default: the plugin DEB carries, /usr/libexec/compat-hook/compat-hook-nri)
+# is the NRI plugin the installer registers on containerd 2.x (registration.path). A DEB without
+# it (plain `make deb`) is refused unless --nri-plugin names one, or none: an image without the
+# plugin takes the RuntimeClass path on every node, so plain GPU pods never reach compat-hook.
+# Then, on a node (or for kind, `kind load image-archive`):
 #
 #   ctr -n k8s.io images import --base-name localhost/compat-hook dist/compat-hook-image_<version>.tar
 #   podman load -i dist/compat-hook-image_<version>.tar    # then: podman tag <id> localhost/compat-hook:<version>
@@ -32,23 +35,31 @@ while [ $# -gt 0 ]; do
         --tag) tag=$2; shift 2 ;;
         --tar) tar=$2; shift 2 ;;
         --nri-plugin) nri=$2; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "$0: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 if [ -z "$deb" ]; then
-    deb=$(ls -t "$repo"/dist/compat-hook_*_all.deb 2>/dev/null | head -n1 || true)
-    [ -n "$deb" ] || { echo "$0: no dist/compat-hook_*_all.deb: run 'make deb' first" >&2; exit 1; }
+    deb=$(ls -t "$repo"/dist/compat-hook_*.deb 2>/dev/null | head -n1 || true)
+    [ -n "$deb" ] || { echo "$0: no dist/compat-hook_*.deb: build the image with 'make image'" >&2; exit 1; }
 fi
 version=$(dpkg-deb -f "$deb" Version)
 tag=${tag:-$version}
 layout=${layout:-$repo/dist/oci/compat-hook}
 tar=${tar:-$repo/dist/compat-hook-image_$version.tar}
-if [ -z "$nri" ] && [ -f "$repo/dist/compat-hook-nri" ]; then nri=$repo/dist/compat-hook-nri; fi
-[ "$nri" != none ] || nri=
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+if [ -z "$nri" ]; then
+    # The plugin the package carries (make image builds it with it).
+    dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$work" ./usr/libexec/compat-hook/compat-hook-nri 2>/dev/null || true
+    [ -f "$work/usr/libexec/compat-hook/compat-hook-nri" ] || {
+        echo "$0: $deb carries no NRI plugin (plain 'make deb'): build with 'make image' (needs Go >= 1.24), or pass --nri-plugin none for an image without it (RuntimeClass path only)" >&2
+        exit 1
+    }
+    nri=$work/usr/libexec/compat-hook/compat-hook-nri
+fi
+[ "$nri" != none ] || nri=
 rm -rf "$layout"
 mkdir -p "$(dirname "$layout")"
 umoci init --layout "$layout"

@@ -28,13 +28,27 @@ import sys
 
 from tests.support.cache import cache_dir, ensure_dir
 from tests.support.engines import ENV, GO_PROXY, go_command
+from tests.support.progress import done, start
 
 KUBE_VERSION = "v1.34.2"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v4.3.2"
 HARNESS = pathlib.Path(__file__).resolve().parents[1] / "upgrade_harness"
 NRI_PLUGIN = pathlib.Path(__file__).resolve().parents[2] / "packaging" / "nri"
+#: As packaging/nri/build.py (make nri-plugin) builds it: stripped, as the package ships it.
+NRI_FLAGS = ("-trimpath", "-ldflags=-s -w")
 Path = pathlib.Path
+
+
+def _timed(what: str, build):
+    """``build`` saying when it starts and ends (tests.support.progress): these builds take minutes."""
+
+    def run(tmp: Path) -> None:
+        t0 = start(f"building {what} into the test cache (once)")
+        build(tmp)
+        done(t0, f"built {what}")
+
+    return run
 
 
 def go_env() -> dict:
@@ -88,7 +102,7 @@ def _kube_binary(name: str) -> Path:
         _go("build", "-mod=mod", "-o", str(tmp / name), f"k8s.io/kubernetes/cmd/{name}", cwd=work, timeout=3600)
         shutil.rmtree(work)
 
-    ensure_dir(final, build, lock=name)
+    ensure_dir(final, _timed(f"{name} {KUBE_VERSION} (1-10 minutes on 2 cores)", build), lock=name)
     return final / name
 
 
@@ -131,7 +145,7 @@ def kwok() -> tuple:
                     "pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml"):
             shutil.copyfile(stage / rel, tmp / "stages" / rel.replace("/", "-"))
 
-    ensure_dir(final, build, lock="kwok")
+    ensure_dir(final, _timed(f"kwok {KWOK_VERSION}", build), lock="kwok")
     return final / "kwok", sorted((final / "stages").glob("*.yaml"))
 
 
@@ -145,7 +159,7 @@ def helm() -> Path:
         if p.returncode != 0:
             raise RuntimeError(f"go install helm: {p.stderr[-4000:]}")
 
-    ensure_dir(final, build, lock="helm")
+    ensure_dir(final, _timed(f"helm {HELM_VERSION}", build), lock="helm")
     return final / "helm"
 
 
@@ -165,7 +179,7 @@ def upgrade_harness() -> Path:
         _go("build", "-mod=mod", "-o", str(tmp / "upgrade-harness"), ".", cwd=work, timeout=1800)
         shutil.rmtree(work)
 
-    ensure_dir(final, build, lock="upgrade-harness")
+    ensure_dir(final, _timed("tests/upgrade_harness", build), lock="upgrade-harness")
     return final / "upgrade-harness"
 
 
@@ -173,7 +187,7 @@ def nri_plugin() -> Path:
     """packaging/nri (``compat-hook-nri``) built once per content hash of its sources (~40 s the first time)."""
     import hashlib
 
-    h = hashlib.sha256()
+    h = hashlib.sha256(" ".join(NRI_FLAGS).encode())
     for f in sorted(NRI_PLUGIN.iterdir()):
         if f.is_file() and (f.suffix == ".go" or f.name in ("go.mod", "go.sum")):
             h.update(f.name.encode() + b"\0" + f.read_bytes())
@@ -182,10 +196,10 @@ def nri_plugin() -> Path:
     def build(tmp: Path) -> None:
         work = tmp / "src"
         shutil.copytree(NRI_PLUGIN, work)
-        _go("build", "-trimpath", "-o", str(tmp / "compat-hook-nri"), ".", cwd=work, timeout=1800)
+        _go("build", *NRI_FLAGS, "-o", str(tmp / "compat-hook-nri"), ".", cwd=work, timeout=1800)
         shutil.rmtree(work)
 
-    ensure_dir(final, build, lock="compat-hook-nri")
+    ensure_dir(final, _timed("packaging/nri (compat-hook-nri)", build), lock="compat-hook-nri")
     return final / "compat-hook-nri"
 
 

