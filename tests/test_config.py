@@ -192,6 +192,10 @@ def test_unquoted_nvml_off_is_off(tmp_path):
     # `on` is true, which is no setting of nvml: refused, naming the key.
     with pytest.raises(ConfigError, match=r"^nvml: must be one of auto, off, got True"):
         load(write(tmp_path, "nvml: on\n"))
+    # the same for device_check
+    assert load(write(tmp_path, "device_check: off\n")).device_check == "off"
+    with pytest.raises(ConfigError, match=r"^device_check: must be one of enforce, warn, off, got True"):
+        load(write(tmp_path, "device_check: on\n"))
 
 
 def test_bad_value_in_file_names_the_key(tmp_path):

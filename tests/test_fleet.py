@@ -349,7 +349,7 @@ def test_the_policys_cel_case_by_case(world):
     a = world.admin
     fleet = Api(world.cp.url, world.fleet_token)
     _cel_objects(a)
-    fleet.merge(PARAM, {"data": PARAMS})
+    fleet.request("PUT", PARAM, dict(fleet.get(PARAM), data=PARAMS))
 
     def enforced():  # the policy and its params reached the API server's admission (informers)
         try:
@@ -437,12 +437,13 @@ def test_a_version_is_refused_until_every_node_judged_it(world):
         w.agents()
         w.wait_param(CPKEY.format(R570), "ok")
         w.set_version(R570, dry_run=True)  # accepted (not yet applied: the stale agent first)
-        # an agent that stopped renewing its Lease: its verdict is stale, the version blocked again
+        # an agent that stopped renewing its Lease (here: one of 2 s, then no change): its verdict is stale once
+        # the fleet has seen no change for that long, the version blocked again
         lease = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/fleet-b"
-        w.admin.merge(lease, {"spec": {"renewTime": "2020-01-01T00:00:00.000000Z"}})
+        w.admin.merge(lease, {"spec": {"leaseDurationSeconds": 2}})
         w.wait_param(CPKEY.format(R570), lambda v: "fleet-b (stale" in v and "fleet-a" not in v)
         msg = w.refused(R570)
-        assert "not judged on 1 of 2 node(s): fleet-b (stale: no heartbeat for" in msg, msg
+        assert "not judged on 1 of 2 node(s): fleet-b (stale: no heartbeat from its agent)" in msg, msg
         w.agent("fleet-b")
         w.wait_param(CPKEY.format(R570), "ok")
         w.set_version(R570)
@@ -482,9 +483,9 @@ def test_an_nvidiadrivers_scope_is_the_nodes_it_selects(world):
     w.start_fleet("fleet-nd")
     try:
         w.admin.create(ND, {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver",
-                            "metadata": {"name": "pool-a"},
+                            "metadata": {"name": "pool-a", "annotations": {OVERRIDE: R535}},  # a create is judged
                             "spec": {"version": R535, "nodeSelector": {"kubernetes.io/hostname": "fleet-a"}}})
-        w.admin.merge(f"{ND}/pool-a", {"metadata": {"annotations": {ANNOUNCE: R580}}})
+        w.admin.merge(f"{ND}/pool-a", {"metadata": {"annotations": {ANNOUNCE: R580, OVERRIDE: None}}})
         v = w.wait_param(f"nvidiadriver_pool-a_{R580}", lambda v: v.startswith("not judged on 1 of 1 node(s): fleet-a"))
         assert "fleet-b" not in v
         with pytest.raises(ApiError) as e:
@@ -623,11 +624,12 @@ def test_a_leader_that_cannot_renew_stops_writing_before_the_standby_leads(world
 @pytest.mark.containers
 @pytest.mark.slow
 def test_the_fleet_account_can_do_only_its_job(world):
-    """The chart's RBAC for the fleet: its Lease and ConfigMap by name, no create, no other object."""
+    """The chart's RBAC and policies for the fleet: its Lease and ConfigMap by name (create too, but of no
+    other name), no delete, no other object."""
     from tests.support.kube import Api
 
     api = Api(world.cp.url, _token(world.admin, "compat-hook-fleet"))
-    for method, path, body in (
+    for method, path, body in (  # create: RBAC lets it (no name to narrow it by), the policy refuses other names
             ("POST", f"/api/v1/namespaces/{NS}/configmaps", {"metadata": {"name": "x"}}),
             ("PATCH", f"/api/v1/namespaces/{NS}/configmaps/compat-hook-agent", {"data": {"a": "b"}}),
             ("DELETE", PARAM, None),
@@ -635,11 +637,10 @@ def test_the_fleet_account_can_do_only_its_job(world):
             ("PATCH", f"{CP}/cluster-policy", {"metadata": {"labels": {"x": "y"}}}),
             ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases", {"metadata": {"name": "x"}})):
         with pytest.raises(ApiError) as e:
-            api.request(method, path, body, content_type=MERGE)
+            api.request(method, path, body, content_type="application/json" if method == "POST" else MERGE)
         assert e.value.status == 403, (method, path, e.value)
     assert api.get(LEASE)["metadata"]["name"] == "compat-hook-fleet"
-    api.request("PATCH", PARAM, {"metadata": {"labels": {"app.kubernetes.io/component": "fleet"}}},
-                content_type=MERGE, query={"dryRun": "All"})
+    api.request("PUT", PARAM, api.get(PARAM), query={"dryRun": "All"})
 
 
 def _status(w: World) -> tuple:
@@ -687,7 +688,7 @@ def test_the_image_road_a_digest_and_an_incomplete_node(world):
         assert "not judged on 1 of 2 node(s): fleet-a (incomplete: not_in_store)" in e.value.body, e.value
         rc, out = _status(w)
         assert rc == 2 and "incomplete: not_in_store" in out and "with an incomplete pass" in out, (rc, out)
-        w.admin.delete("/api/v1/namespaces/apps/pods/future-fleet-a")
+        w.admin.delete("/api/v1/namespaces/apps/pods/future-fleet-a", gracePeriodSeconds="0")  # no kubelet here
         w.agent("fleet-a")
         w.wait_param(CPKEY.format(R580), "ok")
         _patch_cp(w, image, dry_run=True)  # judged: admitted
@@ -716,7 +717,8 @@ def test_a_hand_written_stale_or_deleted_configmap_or_lease_is_put_back(world):
         good = dict(w.params())
         assert key not in good
         late = Api(w.cp.url, w.fleet_token)
-        late.merge(PARAM, {"data": {key: "ok"}})  # what a leader that lost its Lease could still send
+        cm = late.get(PARAM)  # what a leader that lost its Lease could still send
+        late.request("PUT", PARAM, dict(cm, data=dict(cm.get("data") or {}, **{key: "ok"})))
         w.admin.wait("the late write put back", lambda: w.params() == good, timeout=30)
         assert any(key in e.get("corrected", []) for e in w.events("fleet-c", "fleet_applied")), \
             w.events("fleet-c", "fleet_applied")

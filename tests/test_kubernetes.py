@@ -364,7 +364,7 @@ def test_the_fleet_controller_and_its_policy():
     # create: a deleted Lease or ConfigMap is made anew; the policy compat-hook-fleet-objects names what
     assert rules("Role") == [(["coordination.k8s.io"], ["leases"], None, ["list", "watch"]),
                              (["coordination.k8s.io"], ["leases"], ["compat-hook-fleet"], ["get", "update"]),
-                             ([""], ["configmaps"], ["compat-hook-fleet"], ["get", "list", "watch", "patch"]),
+                             ([""], ["configmaps"], ["compat-hook-fleet"], ["get", "list", "watch", "update"]),
                              (["apps"], ["deployments"], ["compat-hook-fleet"], ["get"]),
                              (["coordination.k8s.io", ""], ["leases", "configmaps"], None, ["create"])]
     objects = fleet[("ValidatingAdmissionPolicy", "compat-hook-fleet-objects")]["spec"]

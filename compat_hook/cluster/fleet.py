@@ -18,7 +18,7 @@ policy may ask:
 
 Each value is :data:`OK` or which nodes block it and why. Only the fleet's account may write the ConfigMap's
 data (the chart's policy ``compat-hook-fleet-param``); the fleet watches it and puts back whatever it did not
-write, and writes with the ``resourceVersion`` it read (a deposed leader's late write fails).
+write (a whole update: a key someone else added goes), conditional on the ``resourceVersion`` it read.
 
 It is a controller in three steps:
 
@@ -29,8 +29,8 @@ It is a controller in three steps:
 * reconcile (:func:`reconcile`, pure): each node judged by ``cluster status``'s own row
   (:func:`.status.node_row`, so the policy and ``status`` never disagree on what is fresh or held,
   :func:`judge`);
-* apply (:func:`apply`): a server-side apply of the ConfigMap's ``data`` with field manager
-  :data:`FIELD_MANAGER`, only when it differs from what the ConfigMap holds.
+* apply (:func:`apply`): an update of the ConfigMap's whole ``data``, conditional on the
+  ``resourceVersion`` read, only when it differs from what the ConfigMap holds.
 
 Only the leader applies (:mod:`.leader`: the Lease :data:`PARAM_NAME` in the same namespace); a second
 replica stands by and takes over when the leader's Lease runs out, or at once when the leader
@@ -596,20 +596,25 @@ def current(kube, namespace: str) -> dict | None:
     return {k: v for k, v in _map(cm.get("data")).items() if isinstance(v, str)}
 
 
-def apply(kube, namespace: str, data: dict, *, resource_version: str | None = None, owner: dict | None = None) -> dict:
-    """Server-side apply of ``data`` as the ConfigMap's whole ``data`` (keys this manager set before and
-    left out now are removed), field manager :data:`FIELD_MANAGER`. ``resource_version``: the version read,
-    a precondition (409 when someone wrote since: a deposed leader's late write fails); ``owner``: an
-    ownerReference for a ConfigMap created anew (its Deployment: gone with the release)."""
-    meta: dict = {"name": PARAM_NAME, "namespace": namespace, "labels": dict(LABELS)}
-    if resource_version:
-        meta["resourceVersion"] = resource_version
+def apply(kube, namespace: str, data: dict, *, current: dict | None = None, owner: dict | None = None) -> dict:
+    """Write ``data`` as the ConfigMap's whole ``data``: an update of ``current`` (the ConfigMap as read)
+    conditional on its ``resourceVersion`` (409 when someone wrote since: a deposed leader's late write fails,
+    and so does ours after one), which also takes away every key the fleet did not write; or, with no
+    ``current``, a create owned by ``owner`` (the fleet's Deployment: gone with the release). Not a
+    server-side apply: that would leave a key another field manager wrote."""
+    if current is not None:
+        body = dict(current)
+        meta = dict(_map(current.get("metadata")))
+        meta.pop("managedFields", None)
+        meta["labels"] = dict(_map(meta.get("labels")), **LABELS)
+        body.update(apiVersion="v1", kind="ConfigMap", metadata=meta, data=data)
+        body.pop("binaryData", None)
+        return kube.update(param_path(namespace), body)
+    meta = {"name": PARAM_NAME, "namespace": namespace, "labels": dict(LABELS)}
     if owner:
         meta["ownerReferences"] = [owner]
-    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
-    return kube.request("PATCH", param_path(namespace), query={"fieldManager": FIELD_MANAGER, "force": "true"},
-                        body=json.dumps(body, separators=(",", ":")).encode(),
-                        content_type="application/apply-patch+yaml")
+    return kube.create(f"/api/v1/namespaces/{namespace}/configmaps",
+                       {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -762,9 +767,7 @@ class Fleet:
                 return False
         foreign = sorted(k for k in (have or {}) if data.get(k) != have[k])[:20] \
             if have is not None and self.last_written is not None and have != self.last_written else []
-        got = apply(self.kube, self.opts.namespace, data,
-                    resource_version=str(_map(cm.get("metadata")).get("resourceVersion") or "") if cm else None,
-                    owner=owner)
+        got = apply(self.kube, self.opts.namespace, data, current=cm, owner=owner)
         self.caches["param"].replace(got)
         self.last_written = data
         self.applies += 1

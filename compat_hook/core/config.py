@@ -237,7 +237,7 @@ SCHEMA = {
     "on_error": ("continue", _choice(_ON_ERROR), "continue: a failure lets the container start without compat; fail (taken at install): it "
                                                       "stops the container, also when this file no longer loads (continue: the built-in defaults decide then)"),
     "log_file": ("/var/log/compat-hook.log", _opt_abs_path, "one JSON line per run is appended here (null: no log)"),
-    "device_check": ("enforce", _choice(_DEVICE_CHECK), "GPU brand check of the container's GPUs: the note's device list, or NVIDIA's data-center list without one (GeForce/TITAN: never, short of off)"),
+    "device_check": ("enforce", _choice(_DEVICE_CHECK, false_is="off"), "GPU brand check of the container's GPUs: the note's device list, or NVIDIA's data-center list without one (GeForce/TITAN: never, short of off)"),
     "nvml": ("auto", _choice(_NVML, false_is="off"), "auto: use NVML (nvidia-ml-py) when installed; off: never"),
     "store_dir": ("/var/lib/compat-hook/store", _abs_path, "host compat store (compat-hook store add)"),
     "store_inject": (True, _bool, "mount a host-store compat package into images that need one and carry none"),

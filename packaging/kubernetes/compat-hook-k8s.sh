@@ -324,7 +324,7 @@ choose_path() {
         *) die "REGISTRATION_PATH=$REGISTRATION_PATH: use auto, nri or runtimeclass" ;;
     esac
     if [ ! -f "$HOST_ROOT$1/libexec/compat-hook-nri" ]; then
-        why="this image carries no NRI plugin (built without it: packaging/oci-image/build-image.sh --nri-plugin)"
+        why="this image carries no NRI plugin (built without it: build the image with make image)"
     elif why=$(nri_detect "$1"); then
         echo nri
         return 0
