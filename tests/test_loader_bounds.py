@@ -160,6 +160,37 @@ def test_plan_on_the_hostile_image_gives_no_verdict_with_the_code(tmp_path):
     assert took < 30
 
 
+def test_the_agents_workload_rows_give_no_verdict_with_the_code(tmp_path):
+    """The agent's pass assesses its node's workloads through ``plan``'s workload rows
+    (``policy.preflight.plan(workloads=...)``, as ``cluster.predict`` calls it): the hostile image is
+    one unreadable workload with the code (the pass incomplete, an existing hold kept), the other
+    workload of the node is judged as ever."""
+    import functools
+
+    from compat_hook.core.config import from_mapping
+    from compat_hook.images.sources import open_source
+    from compat_hook.policy import preflight
+
+    lay = I.Layout(tmp_path / "layout")
+    lay.tag(lay.image([hostile_layer(20000)], env=["CUDA_VERSION=12.4.1"]), "hostile")
+    lay.tag(lay.image([I.gz(I.tar_layer([("file", "etc/os-release", b"ID=debian\n")]))],
+                      env=["CUDA_VERSION=12.4.1"]), "plain")
+    host = tmp_path / "host"
+    (host / "proc/driver/nvidia").mkdir(parents=True)
+    (host / "proc/driver/nvidia/version").write_text(h.HOST_VERSION_LINE)
+    cfg = from_mapping({"log_file": None, "nvml": "off", "host_root": str(host)})
+    wl = [{"source": f"oci:{lay.path}:{t}", "name": f"{t} (ml/p c)", "env": [], "annotations": {},
+           "runtime": "compat-hook", "unknown": None} for t in ("hostile", "plain")]
+    t0 = time.monotonic()
+    r = preflight.plan(cfg, [], driver="580.65.06", workloads=wl, opener=open_source,
+                       expander=functools.partial(list))
+    assert time.monotonic() - t0 < 30
+    bad, good = r["images"]
+    assert bad["error_code"] in CODES and bad["now"] is None and bad["name"] == "hostile (ml/p c)", bad
+    assert good.get("error") is None and good["now"] is not None, good
+    assert r["summary"]["unreadable"] == 1 and preflight.gate(r, None)[0] == preflight.EXIT_UNREADABLE
+
+
 @pytest.mark.parametrize("compat", [False, True])
 def test_the_hook_on_the_hostile_rootfs_starts_the_container_and_logs_the_code(tmp_path, compat):
     """Without a compat driver (the common start) the decision is made on what was read; with one, the
