@@ -691,6 +691,37 @@ def test_release_account_removes_holds_and_adds_none(world):
     assert f"{PREFIX}/preflight" not in meta["labels"] and meta["labels"][DEPLOY] == "true"
 
 
+def test_release_account_removes_only_the_validators_taint(world):
+    """The release Job's account, of a Node's spec, may only remove ``<prefix>/validation-failed``; and
+    ``cluster release --all`` with that account takes it off, everyone else's taints kept in order."""
+    w = world
+    mine = {"key": f"{PREFIX}/validation-failed", "value": "470.256.02", "effect": "NoSchedule"}
+    theirs = {"key": "team.example.com/gpu", "value": "a100", "effect": "NoSchedule"}
+    other = {"key": "x.example.com/t", "effect": "NoExecute"}
+    w.admin.merge("/api/v1/nodes/gpu-a", {"spec": {"taints": [theirs, mine, other]}})
+    w.admin.merge("/api/v1/nodes/gpu-b", {"spec": {"taints": [theirs]}})
+    try:
+        for taints, says in (
+                ([theirs, mine, other, {"key": f"{PREFIX}/validation-failed", "effect": "NoExecute"}], "adds"),
+                ([theirs, dict(mine, value="575.57.08"), other], "adds and changes none"),   # ours changed
+                ([mine, other], "every other taint"),                                       # theirs removed
+                ([other, mine, theirs], "every other taint")):                              # reordered
+            assert says in w.refused("release", "gpu-a", {"spec": {"taints": taints}}, policy=RELEASE_POLICY)
+        assert "never changes a Node's spec" in w.refused("release", "gpu-a", {"spec": {"unschedulable": True}},
+                                                          policy=RELEASE_POLICY)
+        assert "adds" in w.refused("release", "gpu-b", {"spec": {"taints": [theirs, mine]}}, policy=RELEASE_POLICY)
+        kc = w.cp.kubeconfig(_token(w.admin, "compat-hook-release"), "release-taint")
+        p = subprocess.run(["/usr/bin/python3", "-m", "compat_hook", "cluster", "release", "--all",
+                            "--kubeconfig", str(kc)], cwd=chart.REPO, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout + p.stderr
+        assert f"removed the taint {PREFIX}/validation-failed from gpu-a" in p.stdout, p.stdout
+        assert w.node("gpu-a")["spec"]["taints"] == [theirs, other]
+        assert w.node("gpu-b")["spec"]["taints"] == [theirs]
+    finally:
+        for node in ("gpu-a", "gpu-b"):
+            w.admin.merge(f"/api/v1/nodes/{node}", {"spec": {"taints": None}})
+
+
 RELEASE_OBJECTS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-release-objects'"
 
 
@@ -710,6 +741,9 @@ def test_release_purge_removes_everything_compat_hook_wrote_and_nothing_else(wor
                                                           f"{PREFIX}/holds-upgrade": "2026-12-03T10:00:00Z"})}})
     w.admin.merge("/api/v1/nodes/gpu-b", {"metadata": {"labels": dict(ours["labels"], **{SKIP: "true"}),
                                                       "annotations": ours["annotations"]}})  # a skip of someone else's
+    theirs_taint = {"key": "team.example.com/gpu", "value": "a100", "effect": "NoSchedule"}
+    w.admin.merge("/api/v1/nodes/gpu-a", {"spec": {"taints": [
+        {"key": f"{PREFIX}/validation-failed", "value": "570.195.03", "effect": "NoSchedule"}, theirs_taint]}})
     for node in ("gpu-a", "gpu-b"):
         for path in (cms, leases):  # (an earlier test's agent may have written its own)
             try:
@@ -741,11 +775,13 @@ def test_release_purge_removes_everything_compat_hook_wrote_and_nothing_else(wor
             assert meta["labels"][DEPLOY] == "true" and meta["annotations"]["team.example.com/owner"] == "gpu-team"
         assert SKIP not in w.node("gpu-a")["metadata"]["labels"]          # compat-hook's hold
         assert w.node("gpu-b")["metadata"]["labels"][SKIP] == "true"       # someone else's
+        assert w.node("gpu-a")["spec"]["taints"] == [theirs_taint]        # the validator's taint went
         sel = "app.kubernetes.io/component=preflight"
         assert w.admin.get(cms, labelSelector=sel)["items"] == [] and w.admin.get(leases, labelSelector=sel)["items"] == []
         assert w.admin.get(f"{cms}/team-notes") and w.admin.get(f"{cms}/compat-hook-agent")
     finally:
         w.admin.merge("/api/v1/nodes/gpu-b", {"metadata": {"labels": {SKIP: None}}})
+        w.admin.merge("/api/v1/nodes/gpu-a", {"spec": {"taints": None}})
         w.admin.delete(f"{cms}/team-notes")
 
 

@@ -138,7 +138,7 @@ def test_config_check_names_every_bad_cluster_key_and_refuses_others_prefixes(tm
         f"compat-hook: {f}: cluster.label_prefix: 'nvidia.com' is nvidia.com's (the GPU Operator's or Kubernetes' "
         "own keys): choose a domain of yours (compat-hook.io)",
         f"compat-hook: {f}: cluster.gate: unknown key (one of gate_upgrade, label_prefix, nfd_features_file, textfile, "
-        "compat_runtime_classes, hold_quiet_s, validation_allow_unverified, validation_taint)",
+        "compat_runtime_classes, hold_quiet_s, validation_allow_unverified, validation_taint, workload_max_age_s)",
         f"compat-hook: {f}: cluster.gate_upgrade: must be true or false, got 'maybe'",
     ]
     for prefix in ("node.k8s.io", "kubernetes.io", "x.nvidia.com"):

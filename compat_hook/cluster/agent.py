@@ -539,7 +539,7 @@ class Agent:
             if w.get("source"):
                 sources.setdefault(w["source"], []).append(w["image"])
         workloads.record(self.opts.state_dir, pods_list, driver=a.now, sources=sources,
-                         probe_namespace=self.opts.publish_namespace)
+                         probe_namespace=self.opts.publish_namespace, max_age=workloads.max_age_of(self.cfg))
 
     # -- the loop --------------------------------------------------------------
     def _connect(self) -> None:

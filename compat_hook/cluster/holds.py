@@ -13,6 +13,9 @@ the regressing workloads (:func:`track`), and a workload recorded recently count
   agent's interval and never less than :data:`MIN_QUIET_S`, the upgrade controller's requeue);
 * the record is for one target driver: a new target starts a new one;
 * while the agent's view of the pods is not current (a watch down) nobody's absence is counted;
+* a pass without a target (the announcement unreadable, a typo in it) or an incomplete one carries
+  the record over: it drops nothing and starts no absence (a workload it sees run is present);
+  only complete passes on the record's target count a workload's absence and end it;
 * the record travels in the Node's ``<prefix>/preflight`` annotation (``held``), so an agent that
   restarts reads the same clock, and ``cluster release`` (which removes that annotation) forgets it
   with the hold.
@@ -29,6 +32,16 @@ Pure functions: no clock, no I/O (``now`` is given).
 {}
 >>> track(rec.doc(), target="570", regressing={}, present=set(), now=106.0, quiet=30).entries
 {}
+
+No target, or an incomplete pass: the record as it was, its clock included.
+
+>>> kept = track(rec.doc(), target=None, regressing={}, present=set(), now=400.0, quiet=30)
+>>> kept.target, kept.entries
+('470', {'a1': {'image': 'r/a:1', 'gone': 105}})
+>>> track(rec.doc(), target=None, regressing={}, present={"a1"}, now=400.0, quiet=30).entries  # seen running
+{'a1': {'image': 'r/a:1', 'gone': None}}
+>>> track(rec.doc(), target="470", regressing={}, present=set(), now=400.0, quiet=30, complete=False).entries
+{'a1': {'image': 'r/a:1', 'gone': 105}}
 """
 
 from __future__ import annotations
@@ -128,29 +141,38 @@ def _entries(doc, target) -> dict:
 
 
 def track(previous, *, target, regressing: dict, present: set, now: float, quiet: float,
-          judged: set = frozenset(), current: bool = True) -> Record:
+          judged: set = frozenset(), current: bool = True, complete: bool = True) -> Record:
     """The record after this pass.
 
     ``previous``: the record last published (:meth:`Record.doc`, from the Node or this process);
     ``regressing``: id -> image of the workloads this pass found regressing on ``target``;
     ``present``: the ids of every workload a pod runs now; ``judged``: those of them this pass
     assessed (a regression or not); ``current``: whether the view of the pods is current (when not,
-    no absence is started or ended and nothing is dropped).
+    no absence is started or ended and nothing is dropped); ``complete``: whether the pass read
+    everything (when not, nothing is dropped and no absence starts or ends). With ``target`` None
+    the record is carried over under its own target.
     """
-    old = _entries(previous, target) if target is not None else {}
+    if target is None:
+        # No target to judge on (the announcement unreadable, a typo): not a new target either. The
+        # record goes on under its own, as after an incomplete pass (what this one found is keyed to
+        # no target: left out).
+        target, regressing, complete = _map(previous).get("target"), {}, False
+        if target is None:
+            return Record(None, {}, quiet)
+    old = _entries(previous, target)
     new: dict = {}
     for k, image in regressing.items():
         new[k] = {"image": str(image)[:MAX_IMAGE], "gone": None}
     for k, e in old.items():
         if k in new:
             continue
-        if current and k in judged:
-            continue  # a pod runs it and this pass judged it again: no regression now
+        if current and complete and k in judged:
+            continue  # a pod runs it and this complete pass judged it again: no regression now
         if k in present:
             new[k] = {"image": e["image"], "gone": None}  # a pod runs it, not judged now: it still counts
             continue
-        if not current:
-            new[k] = dict(e)  # absence cannot be told: as it was
+        if not current or not complete:
+            new[k] = dict(e)  # absence cannot be told (or this pass cannot end it): as it was
             continue
         gone = e["gone"] if e["gone"] is not None else int(now)
         if now - gone >= quiet:

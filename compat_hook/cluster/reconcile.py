@@ -295,12 +295,12 @@ def reconcile(meta: dict, f: Findings, st: Settings, *, now: float, own: dict | 
     # The regressing workloads, recorded: one no pod runs for a moment (a pod recreated, evicted, a Job
     # between pods) still counts until it has been absent for the quiet time.
     rec = holds.track(_map(previous).get("held"), target=f.target, regressing=f.regressing, present=set(f.present),
-                      judged=set(f.judged), now=now, quiet=st.quiet, current=f.current)
+                      judged=set(f.judged), now=now, quiet=st.quiet, current=f.current, complete=f.complete)
     absent = rec.absent
     c = f.counts
     cn = dict(c, regressions=c["regressions"] + len(absent), absent_regressions=len(absent))
     verdict = "fail" if absent and f.verdict in ("pass", "warn") else f.verdict
-    key = regressions_key(f.target, list(rec.entries))
+    key = regressions_key(rec.target, list(rec.entries))  # a pass without a target: the record's
     if verdict == "fail":
         # Images, not pods: the hold's reason changes (a Node write) only when the regressions do.
         regs = sorted({e["image"] for e in rec.entries.values()})

@@ -12,13 +12,18 @@ predecessor's ``held`` with both keys gone as a hold someone released for good
 not hold again, and writes back a doc that binds only the agents of its own
 installation: :mod:`.reconcile`).
 A skip label without that annotation is someone else's and is never touched.
+Release also takes the validator's taint ``<prefix>/validation-failed`` off
+(:func:`taints_without`, the rest of the Node's taints kept as they are, in the
+same conditional patch): once compat-hook is released nothing of it may keep a
+node out of service, and the agent that would prove the node again is going.
 Several prefixes can be given (``--prefix``, repeatable): the holds of an agent
 that ran with another ``cluster.label_prefix`` are found and released too.
 
 With ``--purge`` (``helm uninstall``'s pre-delete Job, unless the chart's
 ``release.keepPublished``) it removes everything compat-hook wrote, not only the holds:
 every label and annotation under the prefixes on every Node (the preflight's,
-``validated``, the override), the skip label where it was compat-hook's hold,
+``validated``, the override), the skip label where it was compat-hook's hold, the
+validator's taint,
 and the agents' Leases and ConfigMaps in their namespace (only those labelled
 as the agents' own). An agent still running sees its Node purged and writes
 nothing more until it restarts (:meth:`~.agent.Agent.run`); one caught in the
@@ -39,6 +44,12 @@ error, 2 bad usage, 4 ``--node NAME`` names no node.
 []
 >>> release_patch({"resourceVersion": "7"}, ["p.io"])
 {'metadata': {'resourceVersion': '7', 'labels': {'nvidia.com/gpu-driver-upgrade.skip': None}, 'annotations': {'p.io/holds-upgrade': None, 'p.io/preflight': None}}}
+>>> node = {"spec": {"taints": [{"key": "p.io/validation-failed", "value": "470", "effect": "NoSchedule"},
+...                             {"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}}
+>>> taints_without(node, ["p.io"])
+([{'key': 'nvidia.com/gpu', 'effect': 'NoSchedule'}], ['p.io/validation-failed'])
+>>> release_patch({"resourceVersion": "7"}, [], taints=[])
+{'metadata': {'resourceVersion': '7'}, 'spec': {'taints': []}}
 """
 
 from __future__ import annotations
@@ -46,7 +57,10 @@ from __future__ import annotations
 from .gate import SKIP_LABEL
 from .kube import Conflict
 
-__all__ = ["release", "ours", "release_patch", "purge", "purge_patch"]
+__all__ = ["release", "ours", "release_patch", "purge", "purge_patch", "taints_without", "TAINT"]
+
+#: The validator's taint under each prefix (compat_hook/cluster/validate.py ``TAINT``).
+TAINT = "validation-failed"
 
 PAGE = 500
 RETRIES = 4
@@ -69,9 +83,29 @@ def ours(meta: dict, prefixes: list) -> list:
     return [p for p in prefixes if f"{p}/holds-upgrade" in anns]
 
 
-def release_patch(meta: dict, prefixes: list) -> dict:
-    return {"metadata": {"resourceVersion": str(meta.get("resourceVersion") or ""), "labels": {SKIP_LABEL: None},
-                         "annotations": {f"{p}/{key}": None for p in prefixes for key in ("holds-upgrade", "preflight")}}}
+def taints_without(node: dict, prefixes: list) -> tuple | None:
+    """``(taints left, keys removed)``: the Node's taints without compat-hook's ``<prefix>/validation-failed``
+    (everyone else's as they are, in their order); None when it carries none of them."""
+    taints = _map(node.get("spec")).get("taints")
+    old = [t for t in (taints if isinstance(taints, list) else []) if isinstance(t, dict)]
+    keys = {f"{p}/{TAINT}" for p in prefixes}
+    left = [t for t in old if t.get("key") not in keys]
+    if len(left) == len(old):
+        return None
+    return left, sorted({str(t.get("key")) for t in old if t.get("key") in keys})
+
+
+def release_patch(meta: dict, prefixes: list, taints: list | None = None) -> dict:
+    """The patch that releases the holds of ``prefixes`` (none: no label or annotation) and, with ``taints``,
+    sets the Node's taints to that list (taints are one atomic list: written whole, over the version read)."""
+    patch: dict = {"metadata": {"resourceVersion": str(meta.get("resourceVersion") or "")}}
+    if prefixes:
+        patch["metadata"]["labels"] = {SKIP_LABEL: None}
+        patch["metadata"]["annotations"] = {f"{p}/{key}": None for p in prefixes
+                                            for key in ("holds-upgrade", "preflight")}
+    if taints is not None:
+        patch["spec"] = {"taints": taints}
+    return patch
 
 
 def _nodes(kube, **query) -> list:
@@ -86,11 +120,11 @@ def _nodes(kube, **query) -> list:
 
 
 def _patch_node(kube, node: dict, plan):
-    """Patch ``node`` with ``plan(meta)`` -> ``(patch, result)`` under its resourceVersion, reading it
+    """Patch ``node`` with ``plan(node)`` -> ``(patch, result)`` under its resourceVersion, reading it
     again on a conflict; ``result`` once applied, ``None`` when there is nothing to patch (any more)."""
     name = _map(node.get("metadata")).get("name")
     for attempt in range(RETRIES):
-        patch, result = plan(_map(node.get("metadata")))
+        patch, result = plan(node)
         if patch is None:
             return None
         try:
@@ -106,18 +140,24 @@ def _patch_node(kube, node: dict, plan):
     return None
 
 
-def _one(kube, node: dict, prefixes: list) -> list:
-    """Release ``node``'s holds; the prefixes released (a conflict reads the Node again)."""
-    def plan(meta):
+def _one(kube, node: dict, prefixes: list) -> tuple:
+    """Release ``node``'s holds and take the validator's taint off: ``(prefixes released, taint keys
+    removed)`` (a conflict reads the Node again)."""
+    def plan(n):
+        meta = _map(n.get("metadata"))
         mine = ours(meta, prefixes)
-        return (release_patch(meta, mine), mine) if mine else (None, None)
+        tainted = taints_without(n, prefixes)
+        if not mine and tainted is None:
+            return None, None
+        return (release_patch(meta, mine, tainted[0] if tainted else None),
+                (mine, tainted[1] if tainted else []))
 
-    return _patch_node(kube, node, plan) or []
+    return _patch_node(kube, node, plan) or ([], [])
 
 
 def release(kube, prefixes: list, node: str | None = None, out=None) -> list:
-    """Release compat-hook's holds on ``node`` (None: every node); ``[(node, [prefixes])]`` released, None
-    when ``node`` does not exist."""
+    """Release compat-hook's holds and the validator's taints on ``node`` (None: every node);
+    ``[(node, [prefixes])]`` whose hold was released, None when ``node`` does not exist."""
     done = []
     if node is not None:
         nodes = _nodes(kube, fieldSelector=f"metadata.name={node}")
@@ -126,16 +166,19 @@ def release(kube, prefixes: list, node: str | None = None, out=None) -> list:
                 out.write(f"{node}: no such node\n")
             return None
     else:
-        nodes = _nodes(kube, labelSelector=f"{SKIP_LABEL}=true")
+        # every Node: a taint cannot be selected for (the skip label could, the taint not)
+        nodes = _nodes(kube)
     for n in nodes:
         name = str(_map(n.get("metadata")).get("name"))
-        mine = _one(kube, n, prefixes)
+        mine, untainted = _one(kube, n, prefixes)
+        if untainted and out is not None:
+            out.write(f"removed the taint {', '.join(untainted)} from {name}\n")
         if mine:
             done.append((name, mine))
             if out is not None:
                 out.write(f"released the hold on {name} ({', '.join(p + '/holds-upgrade' for p in mine)} and "
                           f"{SKIP_LABEL})\n")
-        elif out is not None and node is not None:
+        elif out is not None and node is not None and not untainted:
             out.write(f"{name}: no hold of compat-hook's (a skip label without {prefixes[0]}/holds-upgrade "
                       f"is someone else's)\n")
     if node is None:
@@ -147,29 +190,36 @@ def _under(key: str, prefixes: list) -> bool:
     return any(key.startswith(p + "/") for p in prefixes)
 
 
-def purge_patch(meta: dict, prefixes: list) -> dict | None:
-    """Every key under ``prefixes`` removed (and the skip label where it is compat-hook's hold); None:
-    nothing of compat-hook's on this Node.
+def purge_patch(meta: dict, prefixes: list, spec: dict | None = None) -> dict | None:
+    """Every key under ``prefixes`` removed (and the skip label where it is compat-hook's hold, and with
+    the Node's ``spec`` the validator's taint); None: nothing of compat-hook's on this Node.
 
     >>> purge_patch({"resourceVersion": "3", "labels": {"p.io/preflight": "pass", "team": "a"},
     ...              "annotations": {"p.io/preflight": "{}", "other.io/x": "1"}}, ["p.io"])
     {'metadata': {'resourceVersion': '3', 'labels': {'p.io/preflight': None}, 'annotations': {'p.io/preflight': None}}}
     >>> purge_patch({"labels": {SKIP_LABEL: "true"}}, ["p.io"]) is None
     True
+    >>> purge_patch({}, ["p.io"], {"taints": [{"key": "p.io/validation-failed", "effect": "NoSchedule"}]})["spec"]
+    {'taints': []}
     """
     labels, anns = _map(meta.get("labels")), _map(meta.get("annotations"))
     drop_labels = {k: None for k in labels if _under(k, prefixes)}
     if ours(meta, prefixes):
         drop_labels[SKIP_LABEL] = None
     drop_anns = {k: None for k in anns if _under(k, prefixes)}
-    if not drop_labels and not drop_anns:
+    tainted = taints_without({"spec": spec}, prefixes) if spec is not None else None
+    if not drop_labels and not drop_anns and tainted is None:
         return None
-    return {"metadata": {"resourceVersion": str(meta.get("resourceVersion") or ""), "labels": drop_labels,
-                         "annotations": drop_anns}}
+    patch: dict = {"metadata": {"resourceVersion": str(meta.get("resourceVersion") or ""), "labels": drop_labels,
+                                "annotations": drop_anns}}
+    if tainted is not None:
+        patch["spec"] = {"taints": tainted[0]}
+    return patch
 
 
 def _purge_node(kube, node: dict, prefixes: list) -> bool:
-    return bool(_patch_node(kube, node, lambda meta: (purge_patch(meta, prefixes), True)))
+    return bool(_patch_node(kube, node, lambda n: (purge_patch(_map(n.get("metadata")), prefixes,
+                                                               _map(n.get("spec"))), True)))
 
 
 def _purge_objects(kube, namespace: str) -> list:

@@ -476,7 +476,7 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
     if doc is None:
         return {"driver": driver, "result": "waiting", "time": logjson.timestamp(), "images": [],
                 "problem": f"no workload record yet in {opts.workloads_dir} (the agent writes it on its first pass)"}
-    items = wl.for_driver(doc, driver)
+    items = wl.for_driver(doc, driver, max_age=wl.max_age_of(cfg))  # a workload long gone is not proven
     host = hostfacts.gather(cfg)
     # A reader of this validation's own, closed with it: the process's would keep what it spooled
     # (up to its 4 GiB bound in all) for as long as the validator runs.

@@ -18,7 +18,10 @@ container or a sidecar) with the env from its pod spec that can change what it l
 the device plugin's ``NVIDIA_VISIBLE_DEVICES=all`` for a GPU resource) and its
 ``runtimeClassName``: the validator's probe runs with the env the agent judged. Workloads seen under one driver accumulate (a job
 that ran this morning counts) until the driver changes; then the record moves to
-``previous`` and a new one starts. Entries not seen for :data:`MAX_AGE_S` are dropped. The
+``previous`` and a new one starts. A workload no pod has run for ``cluster.workload_max_age_s``
+(default :data:`MAX_AGE_S`, a week; :func:`max_age_of`) leaves the record, the previous driver's
+included, and with it the set the validator proves (:func:`for_driver`): a workload deleted long
+ago is not held against the node, whose image store may have let its image go. The
 validator's own probe pods are never workloads (:func:`is_probe`: the label
 ``app.kubernetes.io/name: compat-hook-probe``, the annotation ``compat-hook.io/probe-of`` and the
 agent's own namespace, where the validator creates them, all three: a tenant's pod that carries the
@@ -47,7 +50,8 @@ import time
 from . import refs
 from .pods import PROBE_NAME, PROBE_OF, gpu_containers, is_probe  # is_probe and the names: re-exported
 
-__all__ = ["FILE", "PROBE_NAME", "PROBE_OF", "from_pods", "record", "record_pass", "load", "for_driver", "is_probe"]
+__all__ = ["FILE", "PROBE_NAME", "PROBE_OF", "from_pods", "record", "record_pass", "load", "for_driver", "is_probe",
+           "max_age_of", "MAX_AGE_S"]
 
 FILE = "workloads.json"
 VERSION = 1
@@ -56,7 +60,7 @@ MAX_PODS = 8
 MAX_ENV = 32
 MAX_VALUE = 1024
 MAX_FILE = 1 << 20
-#: A workload not seen for a week under the same driver is dropped.
+#: A workload no pod has run for a week is dropped (the default of ``cluster.workload_max_age_s``).
 MAX_AGE_S = 7 * 24 * 3600
 #: "seen" is refreshed at most this often (so an unchanged node does not rewrite the file each pass).
 SEEN_REFRESH_S = 3600
@@ -191,7 +195,23 @@ def load(state_dir: str) -> dict | None:
     return out
 
 
-def _merge(old: list, new: list, now: str) -> list:
+def max_age_of(cfg) -> float:
+    """``cluster.workload_max_age_s`` of the config (:data:`MAX_AGE_S` when not set).
+
+    >>> class C: cluster = {"workload_max_age_s": 86400}
+    >>> max_age_of(C()), max_age_of(None) == MAX_AGE_S
+    (86400.0, True)
+    """
+    v = (getattr(cfg, "cluster", None) or {}).get("workload_max_age_s")
+    return float(MAX_AGE_S if v is None else v)
+
+
+def _young(items: list, t_now: float, max_age: float) -> list:
+    """The workloads of ``items`` a pod ran within ``max_age`` seconds of ``t_now``."""
+    return [w for w in items if t_now - (_epoch(w.get("seen")) or 0) <= max_age]
+
+
+def _merge(old: list, new: list, now: str, max_age: float = MAX_AGE_S) -> list:
     """``old`` workloads still young enough, updated with the ones seen now (newest first, bounded)."""
     t_now = _epoch(now) or time.time()
     merged = {_key(w): dict(w) for w in new}
@@ -205,19 +225,20 @@ def _merge(old: list, new: list, now: str) -> list:
             cur["pods"] = (cur["pods"] + [p for p in w["pods"] if p not in cur["pods"]])[:MAX_PODS]
             if cur["source"] is None:
                 cur["source"] = w["source"]
-        elif t_now - (_epoch(w["seen"]) or 0) <= MAX_AGE_S:
+        elif t_now - (_epoch(w["seen"]) or 0) <= max_age:
             merged[k] = dict(w)
     out = sorted(merged.values(), key=lambda w: w["seen"], reverse=True)
     return out[:MAX_WORKLOADS]
 
 
 def record(state_dir: str, pods: list, *, driver: str | None, sources: dict | None = None,
-           when: str | None = None, probe_namespace: str | None = None) -> dict | None:
+           when: str | None = None, probe_namespace: str | None = None, max_age: float = MAX_AGE_S) -> dict | None:
     """Add what ``pods`` run to the record for host driver ``driver``; returns the record.
 
     A new driver moves the record to ``previous``. With ``driver`` None (the kernel module is
-    not loaded, as in the middle of a driver upgrade) nothing is recorded. The file is written
-    only when it changes; a write that fails is not fatal (the record is returned anyway).
+    not loaded, as in the middle of a driver upgrade) nothing is recorded. A workload no pod has
+    run for ``max_age`` seconds is dropped, from ``previous`` too. The file is written only when
+    it changes; a write that fails is not fatal (the record is returned anyway).
     """
     if not state_dir or not driver:
         return None
@@ -227,12 +248,16 @@ def record(state_dir: str, pods: list, *, driver: str | None, sources: dict | No
     old = load(state_dir)
     seen = from_pods(pods, sources=sources, when=now, probe_namespace=probe_namespace)
     if old is None:
-        doc = {"version": VERSION, "driver": driver, "workloads": _merge([], seen, now)}
+        doc = {"version": VERSION, "driver": driver, "workloads": _merge([], seen, now, max_age)}
     elif old["driver"] == driver:
-        doc = dict(old, workloads=_merge(old["workloads"], seen, now))
+        doc = dict(old, workloads=_merge(old["workloads"], seen, now, max_age))
+        if isinstance(old.get("previous"), dict):
+            prev = old["previous"]
+            doc["previous"] = dict(prev, workloads=_young(prev["workloads"], _epoch(now) or time.time(), max_age))
     else:
-        doc = {"version": VERSION, "driver": driver, "workloads": _merge([], seen, now),
-               "previous": {"driver": old["driver"], "until": now, "workloads": old["workloads"]}}
+        doc = {"version": VERSION, "driver": driver, "workloads": _merge([], seen, now, max_age),
+               "previous": {"driver": old["driver"], "until": now,
+                            "workloads": _young(old["workloads"], _epoch(now) or time.time(), max_age)}}
     if doc != old:
         try:
             os.makedirs(state_dir, mode=0o755, exist_ok=True)
@@ -254,13 +279,19 @@ def record_pass(cfg, state_dir: str | None, pods: list, sources: dict | None = N
     return record(state_dir, pods, driver=gather(cfg).driver_text, sources=sources, probe_namespace=probe_namespace)
 
 
-def for_driver(doc: dict | None, driver: str) -> list:
-    """The workloads to prove on ``driver``: those seen before it came (and those seen since).
+def for_driver(doc: dict | None, driver: str, *, max_age: float = MAX_AGE_S, now: float | None = None) -> list:
+    """The workloads to prove on ``driver``: those seen before it came (and those seen since), but
+    those no pod has run for ``max_age`` seconds before ``now`` (epoch seconds; default: the clock).
 
-    >>> w = lambda i: {"image": i, "source": None, "pods": [], "env": [], "runtime_class": None, "seen": "x"}
-    >>> doc = {"driver": "555.58.02", "workloads": [w("a")], "previous": {"driver": "535.261.03", "workloads": [w("b")]}}
-    >>> [x["image"] for x in for_driver(doc, "555.58.02")], [x["image"] for x in for_driver(doc, "470.256.02")]
+    >>> w = lambda i, seen="2026-12-01T00:00:00.000Z": {"image": i, "source": None, "pods": [], "env": [],
+    ...                                                 "runtime_class": None, "seen": seen}
+    >>> doc = {"driver": "555.58.02", "workloads": [w("a")], "previous": {"driver": "535.261.03", "workloads": [
+    ...        w("b"), w("old", "2026-10-01T00:00:00.000Z")]}}
+    >>> t = _epoch("2026-12-02T00:00:00")
+    >>> [x["image"] for x in for_driver(doc, "555.58.02", now=t)], [x["image"] for x in for_driver(doc, "470.256.02", now=t)]
     (['b', 'a'], ['a'])
+    >>> [x["image"] for x in for_driver(doc, "555.58.02", now=t, max_age=90 * 86400)]
+    ['b', 'old', 'a']
     """
     if not doc:
         return []
@@ -269,6 +300,7 @@ def for_driver(doc: dict | None, driver: str) -> list:
         items = list(before) + list(doc.get("workloads") or [])
     else:  # the agent has not seen the new driver yet: its record is the old driver's
         items = list(doc.get("workloads") or [])
+    items = _young([w for w in items if isinstance(w, dict)], time.time() if now is None else now, max_age)
     out, keys = [], set()
     for w in items:
         if _key(w) not in keys:

@@ -157,6 +157,16 @@ def _opt_quiet(v, where):
     return v
 
 
+def _opt_max_age(v, where):
+    # Seconds (an hour .. a year) after which a workload no pod ran leaves the set the validator proves.
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 3600 <= v <= 366 * 24 * 3600:
+        raise ConfigError(f"{where}: must be a number of seconds from 3600 to 31622400, or null (the default: "
+                          f"604800, a week)")
+    return v
+
+
 #: Label prefixes that are others' (the GPU Operator's, Kubernetes' own): refused, with their subdomains.
 RESERVED_PREFIXES = ("nvidia.com", "kubernetes.io", "k8s.io")
 
@@ -176,7 +186,8 @@ def _label_prefix(x, where):
 
 _CLUSTER_KEYS = {"gate_upgrade": _bool, "label_prefix": _label_prefix, "nfd_features_file": _opt_abs_path,
                  "textfile": _opt_abs_path, "compat_runtime_classes": _name_list, "hold_quiet_s": _opt_quiet,
-                 "validation_allow_unverified": _bool, "validation_taint": _bool}
+                 "validation_allow_unverified": _bool, "validation_taint": _bool,
+                 "workload_max_age_s": _opt_max_age}
 
 
 def _cluster(v, where):
@@ -186,7 +197,7 @@ def _cluster(v, where):
     >>> _cluster({"label_prefix": "gpu.nvidia.com", "gate": True, "gate_upgrade": "yes"}, "cluster")
     Traceback (most recent call last):
     ...
-    compat_hook.core.config.ConfigErrors: cluster.label_prefix: 'gpu.nvidia.com' is nvidia.com's (the GPU Operator's or Kubernetes' own keys): choose a domain of yours (compat-hook.io); cluster.gate: unknown key (one of gate_upgrade, label_prefix, nfd_features_file, textfile, compat_runtime_classes, hold_quiet_s, validation_allow_unverified, validation_taint); cluster.gate_upgrade: must be true or false, got 'yes'
+    compat_hook.core.config.ConfigErrors: cluster.label_prefix: 'gpu.nvidia.com' is nvidia.com's (the GPU Operator's or Kubernetes' own keys): choose a domain of yours (compat-hook.io); cluster.gate: unknown key (one of gate_upgrade, label_prefix, nfd_features_file, textfile, compat_runtime_classes, hold_quiet_s, validation_allow_unverified, validation_taint, workload_max_age_s); cluster.gate_upgrade: must be true or false, got 'yes'
     """
     if v is None:
         return {}
@@ -256,7 +267,8 @@ SCHEMA = {
                               "(null: a regressing workload no pod runs keeps its hold for twice the agent's "
                               "interval, at least 120 s), validation_allow_unverified (false: a workload the "
                               "validator cannot judge fails), validation_taint (true: <prefix>/validation-failed "
-                              "taint while validation fails)"),
+                              "taint while validation fails), workload_max_age_s (null: a workload no pod has run "
+                              "for a week leaves the set the validator proves)"),
 }
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import stat as _stat
 
-__all__ = ["LdConf", "ld_so_conf", "env_prefixes", "TRUSTED", "CONF", "CONF_D"]
+__all__ = ["LdConf", "ld_so_conf", "env_prefixes", "TRUSTED", "CONF", "CONF_D", "INCOMPLETE"]
 
 CONF = "/etc/ld.so.conf"
 CONF_D = "/etc/ld.so.conf.d"
@@ -43,6 +43,23 @@ MAX_LINES = 256
 MAX_ENTRIES = 1024
 MAX_DEPTH = 4
 MAX_READ = 16384
+#: ``include`` patterns expanded per line, and in all (glibc has no bound: a 16 KB line may hold
+#: hundreds, each listing the same dir again).
+MAX_PATTERNS = 16
+MAX_INCLUDES = 64
+#: A glob longer than a file name can be (NAME_MAX) matches nothing worth reading.
+MAX_GLOB = 255
+#: Seconds one reading of an image's configuration may take (a real one takes well under a
+#: millisecond); checked between files, patterns and every few hundred names matched.
+DEADLINE_S = 0.25
+#: The reason codes of a reading that stopped short (:attr:`LdConf.incomplete`).
+INCOMPLETE = {
+    "ld_so_conf_bounded": "/etc/ld.so.conf and its includes hold more than compat-hook reads (files, lines, "
+                          "dirs or include patterns past their bounds): only the first were read",
+    "ld_so_conf_deadline": f"/etc/ld.so.conf and its includes were not read within {DEADLINE_S} s: "
+                           "only what was read by then counts",
+}
+MAX_NOTES = 16
 MAX_HOMES = 32
 MAX_ENVS = 64
 MAX_PATH = 16
@@ -57,16 +74,37 @@ class LdConf:
     by name in the gap they fall in;
     ``globs``: for each included dir, ``(first_key, end_key, names, pattern)``, so
     the key of a file that is not there yet (compat-hook's own drop-in, the
-    toolkit's ``00-compat-*``) is known: :meth:`dropin_key`.
+    toolkit's ``00-compat-*``) is known: :meth:`dropin_key`;
+    ``incomplete``: None, or the reason code (a key of :data:`INCOMPLETE`) of a
+    reading that stopped at a bound or at its deadline: what was read is kept,
+    and whoever acts on it says so (the hook's log, ``explain``; ``plan`` gives
+    no verdict on such an image).
     """
 
-    __slots__ = ("entries", "globs", "notes", "has_conf")
+    __slots__ = ("entries", "globs", "notes", "has_conf", "incomplete")
 
-    def __init__(self, entries=(), globs=None, notes=(), has_conf: bool = True) -> None:
+    def __init__(self, entries=(), globs=None, notes=(), has_conf: bool = True, incomplete=None) -> None:
         self.entries = list(entries)
         self.globs = dict(globs or {})
         self.notes = list(notes)
         self.has_conf = has_conf
+        self.incomplete = incomplete
+
+    def note(self, text: str, code: str | None = None) -> None:
+        """One note (each said once, :data:`MAX_NOTES` at most); ``code``: the reading is incomplete.
+
+        A deadline outranks a bound: it is what stopped the reading.
+        """
+        if code is not None and self.incomplete != "ld_so_conf_deadline":
+            self.incomplete = code
+        if text not in self.notes and len(self.notes) < MAX_NOTES:
+            self.notes.append(text)
+
+    def why_incomplete(self) -> str | None:
+        """The incomplete reading as one line (``CODE: what``), None when complete."""
+        if self.incomplete is None:
+            return None
+        return f"{self.incomplete}: {INCOMPLETE.get(self.incomplete, self.incomplete)}"
 
     def dropin_key(self, name: str, where: str = CONF_D):
         """The key at which ldconfig would read ``<where>/<name>``; ``None``: no include reads it."""
@@ -141,15 +179,18 @@ def fnmatchcase(name: str, pattern: str) -> bool:
     return p == len(pattern)
 
 
-def _lines(text: str) -> list:
-    """``[(number, line)]`` as glibc's ldconfig reads them: lines end at ``\n`` (a ``\r`` stays in an
-    include's glob), a NUL ends the line (C strings), ``#`` starts a comment."""
+def _lines(text: str) -> tuple:
+    """``([(number, line)], cut)`` as glibc's ldconfig reads them: lines end at ``\n`` (a ``\r`` stays in
+    an include's glob), a NUL ends the line (C strings), ``#`` starts a comment; ``cut``: more than
+    :data:`MAX_LINES` lines (the rest not read)."""
     out = []
-    for n, line in enumerate(text.split("\n")[:MAX_LINES], 1):
+    lines = text.split("\n", MAX_LINES)
+    cut = len(lines) > MAX_LINES and bool(lines[MAX_LINES].strip())
+    for n, line in enumerate(lines[:MAX_LINES], 1):
         line = line.split("\0", 1)[0].split("#", 1)[0].strip(" \t\v\f")
         if line.strip():
             out.append((n, line))
-    return out
+    return out, cut
 
 
 def _read(root, path: str):
@@ -159,12 +200,34 @@ def _read(root, path: str):
         return None
 
 
-def ld_so_conf(root, skip: str | None = None) -> LdConf:
+def _squeeze(glob: str) -> str:
+    """``glob`` with each run of ``*`` made one (the same matches, a bounded backtrack).
+
+    >>> _squeeze("a***b**"), _squeeze("*.conf")
+    ('a*b*', '*.conf')
+    """
+    while "**" in glob:
+        glob = glob.replace("**", "*")
+    return glob
+
+
+class _Stop(Exception):
+    """The reading's deadline passed (internal to :func:`ld_so_conf`)."""
+
+
+def ld_so_conf(root, skip: str | None = None, deadline: float | None = None) -> LdConf:
     """Read ``/etc/ld.so.conf`` as ldconfig does: lines in order, ``include`` globs expanded in place.
 
     ``skip``: a file name in ``/etc/ld.so.conf.d`` whose lines are left out
     (compat-hook's own drop-in: every start rewrites it); its place stays known.
     A relative include is relative to the including file's dir, as in glibc.
+
+    Bounded in files (:data:`MAX_FILES`), lines, dirs, include patterns (per line
+    and in all) and time: each dir is listed once and each glob matched once per
+    reading, and the reading stops at ``deadline`` (a ``time.monotonic()`` value;
+    default :data:`DEADLINE_S` after the first include). What it could not read is
+    :attr:`LdConf.incomplete`, never a hang: an image can plant a 16 KB include
+    line over a dir of 20,000 names, each one including it again.
     """
     conf = LdConf()
     text = _read(root, CONF)
@@ -176,40 +239,86 @@ def ld_so_conf(root, skip: str | None = None) -> LdConf:
         text = f"include {CONF_D}/*.conf\n"
     counter = [0.0]
     budget = [MAX_FILES]
+    expanded = [0]
+    listings: dict = {}   # dir -> the sorted names of its files and links: one listdir per dir
+    matched: dict = {}    # (dir, glob) -> names
+    texts: dict = {}      # path -> text (a file included twice is read once)
+    clock: list = [deadline, None]
+
+    def tick() -> None:
+        # The clock is read only once an include is met: an image without one costs nothing more.
+        if clock[1] is None:
+            from time import monotonic  # a builtin module, loaded by the interpreter itself
+
+            clock[1] = monotonic
+            if clock[0] is None:
+                clock[0] = monotonic() + DEADLINE_S
+        if clock[1]() > clock[0]:
+            raise _Stop
 
     def walk(path: str, text: str, depth: int) -> None:
         base = path.rsplit("/", 1)[0] or "/"
-        for n, line in _lines(text):
+        lines, cut = _lines(text)
+        if cut:
+            conf.note(f"{path}: more than {MAX_LINES} lines: only the first read", "ld_so_conf_bounded")
+        for n, line in lines:
             parts = line.split(None, 1)
             word, rest = parts[0], (parts[1] if len(parts) > 1 else "")
             if word == "include":
-                for pattern in rest.split(" "):
-                    pattern = pattern.strip(" \t")
-                    if pattern:
-                        include(pattern if pattern.startswith("/") else f"{base}/{pattern}", depth)
+                patterns = [p for p in (x.strip(" \t") for x in rest.split(" ")) if p]
+                if len(patterns) > MAX_PATTERNS:
+                    conf.note(f"{path}:{n}: more than {MAX_PATTERNS} include patterns on one line: only the "
+                              f"first {MAX_PATTERNS} read", "ld_so_conf_bounded")
+                    patterns = patterns[:MAX_PATTERNS]
+                for pattern in patterns:
+                    include(pattern if pattern.startswith("/") else f"{base}/{pattern}", depth)
                 continue
             if word == "hwcap":
                 continue
             if len(conf.entries) >= MAX_ENTRIES:
-                if not any("entries" in x for x in conf.notes):
-                    conf.notes.append(f"more than {MAX_ENTRIES} dirs configured: only the first read")
+                conf.note(f"more than {MAX_ENTRIES} dirs configured: only the first read", "ld_so_conf_bounded")
                 continue
             d = line.split("=", 1)[0].strip()  # the old "dir=TYPE" form
             if d.startswith("/"):
                 conf.entries.append(((counter[0], ""), f"{path}:{n}", d.rstrip("/") or "/"))
                 counter[0] += 1.0
 
+    def listing(d: str) -> list:
+        names = listings.get(d)
+        if names is None:
+            try:
+                entries = root.listdir(d)
+            except (OSError, ValueError):
+                entries = []
+            names = listings[d] = sorted(n for n, kind in entries if kind in ("file", "symlink"))
+        return names
+
+    def match(d: str, glob: str) -> list:
+        got = matched.get((d, glob))
+        if got is None:
+            got = []
+            if len(glob.replace("*", "")) <= MAX_GLOB:  # else no file name is long enough
+                for i, name in enumerate(listing(d)):
+                    if not i & 255:
+                        tick()
+                    if fnmatchcase(name, glob):
+                        got.append(name)
+            matched[(d, glob)] = got
+        return got
+
     def include(pattern: str, depth: int) -> None:
+        tick()
+        if expanded[0] >= MAX_INCLUDES:
+            conf.note(f"more than {MAX_INCLUDES} include patterns: only the first {MAX_INCLUDES} read",
+                      "ld_so_conf_bounded")
+            return
+        expanded[0] += 1
         d, _, glob = pattern.rpartition("/")
         d = d or "/"
         first = counter[0]
-        try:
-            entries = root.listdir(d)
-        except (OSError, ValueError):
-            entries = []
-        names = sorted(n for n, kind in entries if kind in ("file", "symlink") and fnmatchcase(n, glob))
+        names = match(d, _squeeze(glob))
         if len(names) > budget[0]:
-            conf.notes.append(f"{len(names)} files match {pattern}: only the first {budget[0]} read")
+            conf.note(f"{len(names)} files match {pattern}: only the first {budget[0]} read", "ld_so_conf_bounded")
             names = names[:budget[0]]
         budget[0] -= len(names)
         # Each file's lines get keys strictly between its neighbours' places.
@@ -220,25 +329,32 @@ def ld_so_conf(root, skip: str | None = None) -> LdConf:
         for i, name in enumerate(names):
             if name == skip and d == CONF_D:
                 continue
-            sub = _read(root, f"{d}/{name}")
+            tick()
+            path = f"{d}/{name}"
+            sub = texts[path] if path in texts else texts.setdefault(path, _read(root, path))
             if sub is None:
-                conf.notes.append(f"{d}/{name}: not read")
+                conf.note(f"{path}: not read")
                 continue
             at = (first + (i + 1) * step, name)
             before = len(conf.entries)
             saved = counter[0]
             counter[0] = at[0]
-            if depth < MAX_DEPTH:
-                walk(f"{d}/{name}", sub, depth + 1)
-            # the file's own lines share its key, in line order (a stable sort keeps it)
-            for j in range(before, len(conf.entries)):
-                k, s, dd = conf.entries[j]
-                conf.entries[j] = (at, s, dd)
-            counter[0] = saved
+            try:
+                if depth < MAX_DEPTH:
+                    walk(path, sub, depth + 1)
+            finally:
+                # the file's own lines share its key, in line order (a stable sort keeps it)
+                for j in range(before, len(conf.entries)):
+                    k, s, dd = conf.entries[j]
+                    conf.entries[j] = (at, s, dd)
+                counter[0] = saved
         counter[0] = first + span + 1.0
 
-    walk(CONF, text, 0)
-    if CONF_D not in conf.globs:
+    try:
+        walk(CONF, text, 0)
+    except _Stop:
+        conf.note(f"{CONF}: not read to the end within {DEADLINE_S} s", "ld_so_conf_deadline")
+    if CONF_D not in conf.globs and conf.incomplete is None:
         conf.notes.append(f"{CONF} includes no {CONF_D}/*.conf: a drop-in there is never read")
     return conf
 

@@ -145,6 +145,8 @@ class Assessment:
         warnings = list(d.warnings) + self.warnings
         if warnings:
             out["warnings"] = warnings
+        if self.ldconf is not None and self.ldconf.incomplete:
+            out["ld_so_conf_incomplete"] = self.ldconf.incomplete
         return out
 
     def _intended_lib(self):
@@ -192,6 +194,7 @@ class Assessment:
             "hook_target": self.hook_target, "hook_purpose": self.hook_purpose,
             "compat_dropins": list(self.dropins), "ld_library_path_compat": list(self.ld_compat_entries),
             "losing_compat_dirs": [dict(x) for x in self.losers], "toolkit": self.toolkit,
+            "ld_so_conf_incomplete": self.ldconf.incomplete if self.ldconf is not None else None,
         }
 
 
@@ -297,6 +300,9 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
         from ..effects.ldcache import DROPIN_NAME
 
         a.ldconf = loader.ld_so_conf(root, skip=DROPIN_NAME) if root is not None else None
+        if a.ldconf is not None and a.ldconf.incomplete:
+            # a reading stopped at a bound or its deadline: the decision goes on with what was read
+            a.warnings.append(f"{a.ldconf.why_incomplete()} (ldconfig's order is judged from what was read)")
         a.image = imagefacts.gather(root, config, state_dir=state_dir,
                                     env=request.env if request is not None else None,
                                     cwd=request.cwd if request is not None else None, conf=a.ldconf,

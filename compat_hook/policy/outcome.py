@@ -37,10 +37,11 @@ manifest.
 
 from __future__ import annotations
 
-from ..core.errors import UsageError
+from ..core.errors import ImageError, UsageError
 
 __all__ = ["host_outcome", "result", "assess_image", "image_needs", "gpu_request", "check_driver",
-           "parse_target", "cuda_text", "minor", "unsupported_gpus", "OUTCOMES", "OUTCOME_REASONS"]
+           "parse_target", "cuda_text", "minor", "unsupported_gpus", "OUTCOMES", "OUTCOME_REASONS",
+           "LdConfIncomplete"]
 
 #: Every outcome; all but ``broken`` are working ones (the ``-minor`` ones with the 222 caveat).
 OUTCOMES = ("host", "host-minor", "compat", "compat-minor", "store", "store-minor", "broken")
@@ -51,6 +52,20 @@ OUTCOME_REASONS = {
     "gpu_unsupported_by_driver": ("the driver branch does not drive a GPU the container uses (its architecture "
                                   "is outside the branches that support it): CUDA error 100, no device"),
 }
+
+class LdConfIncomplete(ImageError):
+    """The image's ``/etc/ld.so.conf`` tree was not read to the end (a bound, the deadline): ``plan``
+    gives that image no outcome, its row says why (``code``: :data:`compat_hook.facts.loader.INCOMPLETE`).
+
+    >>> from compat_hook.core.errors import describe
+    >>> describe(LdConfIncomplete("ld_so_conf_deadline", "not read in time"))
+    ('ld_so_conf_deadline', 'not read in time')
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
 
 #: CUDA errors a wrong compat choice ends in, by compat-hook's skip reason.
 _WRONG_COMPAT_ERROR = {"device_unsupported": 804, "device_unknown": 804, "device_consumer": 804}
@@ -229,6 +244,9 @@ def assess_image(config, root, env: list, host, image_needs: dict | None = None,
     if annotations:
         spec["annotations"] = {str(k): str(v) for k, v in annotations.items()}
     a = assess(config, request, root, spec=spec, host=host, actors=("hook", "wrapper"), toolkit=True, full=True)
+    if a.ldconf is not None and a.ldconf.incomplete:
+        # ldconfig's order was not read to the end: no verdict (a gate fails closed on what it cannot judge)
+        raise LdConfIncomplete(a.ldconf.incomplete, a.ldconf.why_incomplete())
     loads = a.toolkit["with_wrapper"]["result"] if a.toolkit else "host"
     alone = a.toolkit["alone"]["result"] if a.toolkit else "host"
     if a.effect == "compat":
