@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 
-from ..core import logjson
+from ..core import logjson, safejson
 from ..core.errors import CompatHookError, describe
 from . import gate as gatemod
 from . import pods as podsmod
@@ -596,6 +596,15 @@ class Agent:
                     return 1
                 self.stop.wait(wait)
                 continue
+            except Exception as e:  # one bad object (a Node's keys, a pod, an image) never ends the loop
+                wait = backoff.next()
+                _log({"event": "cluster_error", "node": self.opts.node, "reason": "internal_error",
+                      "message": f"{type(e).__name__}: {str(e)[:300]}",
+                      "retry_in": None if self.opts.once else round(wait, 3), "last_result": _last_result(self.opts)})
+                if self.opts.once:
+                    return 1
+                self.stop.wait(wait)
+                continue
             self._wait()
         _log({"event": "cluster_agent_stopped", "node": self.opts.node, "last_result": _last_result(self.opts)})
         return 0
@@ -701,9 +710,9 @@ def _decision_counts(cfg) -> dict | None:
         with open(cfg.log_file, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - (16 << 20)))  # the newest 16 MiB at most
             for line in f:
-                try:
+                try:  # compat-hook's own lines (not nested); a torn or foreign line is skipped, whatever it is
                     rec = json.loads(line.decode())
-                except (ValueError, UnicodeDecodeError):
+                except (ValueError, UnicodeDecodeError, RecursionError):
                     continue
                 if isinstance(rec, dict) and isinstance(rec.get("reason"), str):
                     key = (str(rec.get("effect") or rec.get("event") or "-"), rec["reason"])
@@ -719,10 +728,10 @@ def _state_doc(opts: AgentOptions) -> dict | None:
         return None
     try:
         with open(os.path.join(opts.state_dir, STATE_FILE), "rb") as f:
-            doc = json.loads(f.read(1 << 20).decode())
-    except (OSError, ValueError, UnicodeDecodeError):
+            raw = f.read((1 << 20) + 1)
+    except OSError:
         return None
-    return doc if isinstance(doc, dict) else None
+    return safejson.parse_object(raw, max_bytes=1 << 20)[0]
 
 
 def _state_prefix(opts: AgentOptions) -> str | None:
