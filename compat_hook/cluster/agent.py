@@ -389,7 +389,11 @@ class Agent:
         every cache has its first list, the first pass is still to come)."""
         if self.cfg is None or not isinstance(self.view, WatchView) or not self.view.synced():
             return
-        key = self._trigger_key()
+        try:
+            key = self._trigger_key()
+        except Exception:  # from a watch's thread: a pass runs now, and its loop says what is wrong, once
+            self.wake.set()
+            return
         with self._lock:
             last = self._last_trigger
             if last is not None and key == last:
