@@ -217,6 +217,18 @@ def test_the_agent_reconciles_whatever_its_node_says(meta, regressing, current, 
     json.dumps(w.apply)
 
 
+@pytest.mark.slow
+@SETTINGS
+@given(hostile_text | schema_docs | json_values)
+def test_the_agent_reads_any_details_configmap(raw):
+    from compat_hook.cluster import agent, publish
+
+    cm = {"data": {publish.DETAILS_KEY: raw}}
+    got = publish.details_of(cm)
+    assert got is None or isinstance(got, dict)
+    assert isinstance(agent._details_of(cm), dict)
+
+
 # --------------------------------------------------------------------------- the validator
 
 
@@ -227,8 +239,12 @@ EXPECT = st.fixed_dictionaries({"loads": st.sampled_from([None, "host", "compat"
                                 "compat_dir": st.sampled_from([None, "/usr/local/cuda/compat"]),
                                 "needs": st.sampled_from([None, "12.4", "11.8", "x.y", "13"]),
                                 "problem": st.sampled_from([None, "unreadable"])})
+def _marker(_nested: str) -> str:
+    return "NESTED"  # replaced by the nested text once the doc is dumped (json.dumps would escape it)
+
+
 probe_docs = st.fixed_dictionaries({"probe": st.sampled_from([1, 1, 2, "1"])}, optional={
-    k: json_values | nested().map(lambda s: "NESTED") for k in
+    k: json_values | nested().map(_marker) for k in
     ("libcuda", "loaded_as", "glibc", "error", "driver_api", "driver_api_rc", "cuinit", "gpu", "maps")})
 
 
