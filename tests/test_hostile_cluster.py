@@ -166,3 +166,34 @@ def test_a_probe_output_of_nested_json_still_fails_the_node_and_taints_it(world,
     mine = [(t["key"], t.get("value"), t["effect"]) for t in got["spec"]["taints"] if t["key"].startswith(PREFIX)]
     assert mine == [(f"{PREFIX}/validation-failed", HOST_555, "NoSchedule")], got["spec"]
     assert not (tmp_path / "ready").exists()
+
+
+def test_a_probe_pod_the_api_server_refuses_fails_its_workload(world, tmp_path):
+    """The probe pods' namespace is gone (the API server answers 404 to each create): no workload is
+    proven, so the node fails and is tainted at once, not retried while the upgrade controller's
+    600 s run out and it uncordons the node."""
+    cp, work, store = world
+    node = gpu_node("gpu-w", deploy_driver=False)
+    node["metadata"]["annotations"] = {}
+    cp.admin.create("/api/v1/nodes", node)
+    host = hookenv.fake_host(tmp_path / "host", HOST_555)
+    from compat_hook.core.config import from_mapping
+
+    cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
+    rec = tmp_path / "agent"
+    pod = {"metadata": {"namespace": "ml", "name": "p", "labels": {}},
+           "spec": {"containers": [{"name": "c", "image": ref("infer"), "env": [
+               {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}, "status": {"phase": "Running"}}
+    workloads.record(str(rec), [pod], driver=HOST_535, sources={f"oci:{store}:{ref('infer')}": [ref("infer")]})
+    k = kube.connect(str(cp.kubeconfig(ADMIN_TOKEN, "admin")))
+    opts = validate.ValidatorOptions("gpu-w", publish_namespace="no-such-namespace", probe_image="localhost/c:1",
+                                     workloads_dir=str(rec), state_dir=str(tmp_path / "st"), once=True,
+                                     probe_timeout=30, deadline=90)
+    assert validate.run(lambda: k, cfg, opts, PREFIX) == validate.EXIT_FAILED
+    st = json.loads((tmp_path / "st" / validate.STATE_FILE).read_text())
+    [row] = st["images"]
+    assert (row["image"], row["ok"], row["code"]) == (ref("infer"), False, "probe_refused"), row
+    assert "404" in row["message"], row
+    got = cp.admin.get("/api/v1/nodes/gpu-w")
+    assert got["metadata"]["labels"][f"{PREFIX}/validated"] == "failed"
+    assert [t["key"] for t in got["spec"]["taints"] if t["key"].startswith(PREFIX)] == [f"{PREFIX}/validation-failed"]

@@ -48,7 +48,7 @@ import time
 from ..core import logjson
 from ..core.errors import CompatHookError, UsageError, describe
 from . import workloads as wl
-from .kube import KubeError, NotFound
+from .kube import KubeError, NotFound, Unreachable
 from .publish import EVENT_NAMESPACE  # where an Event about a Node can be (the agent's too)
 
 __all__ = ["ValidatorOptions", "expectation", "judge", "probe_pod", "probe_name", "parse_probe", "validate",
@@ -501,8 +501,14 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
     def one(w: dict) -> dict:
         try:
             return judged(w)
-        except KubeError:
-            raise  # the API server, not the workload: the whole validation is tried again (run's backoff)
+        except KubeError as e:
+            if isinstance(e, Unreachable) or e.status in (0, 401):
+                raise  # no answer, or no identity: nothing can be published; run's backoff tries again
+            # the API server refused this workload's probe pod (an admission policy, an invalid spec): not
+            # proven, so it fails, rather than a validation retried for ever while the node is uncordoned
+            return {"image": str(w.get("image"))[:512], "pods": list(w.get("pods") or [])[:5], "env": [],
+                    "runtime_class": None, "ok": False, "code": "probe_refused",
+                    "message": f"the probe pod was refused: {describe(e)[1][:300]}"}
         except Exception as e:  # fails closed: what cannot be judged does not pass, and the others go on
             image = w.get("image") if isinstance(w, dict) else None
             return {"image": str(image)[:512], "pods": [], "env": [], "runtime_class": None, "ok": False,
