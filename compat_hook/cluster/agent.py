@@ -287,6 +287,16 @@ class Owned:
         return False
 
 
+def _acquired(lease) -> str | None:
+    """The Lease's ``acquireTime``, kept across renewals: a MicroTime, else None (a new one is taken).
+
+    >>> _acquired({"spec": {"acquireTime": "2026-12-07T04:00:00.000000Z"}}), _acquired({"spec": {"acquireTime": [[1]]}})
+    ('2026-12-07T04:00:00.000000Z', None)
+    """
+    v = _map(_map(lease).get("spec")).get("acquireTime")
+    return v if isinstance(v, str) and len(v) <= 40 else None
+
+
 def _details_of(cm) -> dict:
     old = (publish.details_of(cm) or {}) if cm is not None else {}
     old.pop("time", None)
@@ -329,7 +339,7 @@ class Agent:
         self.details_cm = Owned(self, f"/api/v1/namespaces/{ns}/configmaps", _details_of, configmap)
         #: the heartbeat that says this verdict is current (renewed after every pass; its acquireTime kept)
         self.lease = Owned(self, f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
-                           lambda o: _map(_map(o).get("spec")).get("acquireTime") if o is not None else None,
+                           _acquired,
                            lease, always=True)
         self._said_purged = False
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start

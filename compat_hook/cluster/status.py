@@ -58,9 +58,9 @@ matched the selector: a typo in a CI gate must not pass); 1 an error.
 
 from __future__ import annotations
 
-import json
 import time
 
+from ..core import safejson
 from . import target as targetmod
 from .gate import OVERRIDE, SKIP_LABEL, STATE_LABEL
 
@@ -124,8 +124,6 @@ def _doc(anns: dict, prefix: str) -> tuple:
     >>> _doc({"p/preflight": "[" * 5000}, "p"), _doc({}, "p"), _doc({"p/preflight": 5}, "p")
     (({}, 'too_deep'), ({}, None), ({}, 'not_text'))
     """
-    from ..core import safejson
-
     key = f"{prefix}/preflight"
     if key not in anns:
         return {}, None
