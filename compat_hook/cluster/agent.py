@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 
-from ..core import logjson
+from ..core import logjson, safejson
 from ..core.errors import CompatHookError, describe
 from . import gate as gatemod
 from . import pods as podsmod
@@ -287,6 +287,16 @@ class Owned:
         return False
 
 
+def _acquired(lease) -> str | None:
+    """The Lease's ``acquireTime``, kept across renewals: a MicroTime, else None (a new one is taken).
+
+    >>> _acquired({"spec": {"acquireTime": "2026-12-07T04:00:00.000000Z"}}), _acquired({"spec": {"acquireTime": [[1]]}})
+    ('2026-12-07T04:00:00.000000Z', None)
+    """
+    v = _map(_map(lease).get("spec")).get("acquireTime")
+    return v if isinstance(v, str) and len(v) <= 40 else None
+
+
 def _details_of(cm) -> dict:
     old = (publish.details_of(cm) or {}) if cm is not None else {}
     old.pop("time", None)
@@ -329,7 +339,7 @@ class Agent:
         self.details_cm = Owned(self, f"/api/v1/namespaces/{ns}/configmaps", _details_of, configmap)
         #: the heartbeat that says this verdict is current (renewed after every pass; its acquireTime kept)
         self.lease = Owned(self, f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
-                           lambda o: _map(_map(o).get("spec")).get("acquireTime") if o is not None else None,
+                           _acquired,
                            lease, always=True)
         self._said_purged = False
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
@@ -389,7 +399,11 @@ class Agent:
         every cache has its first list, the first pass is still to come)."""
         if self.cfg is None or not isinstance(self.view, WatchView) or not self.view.synced():
             return
-        key = self._trigger_key()
+        try:
+            key = self._trigger_key()
+        except Exception:  # from a watch's thread: a pass runs now, and its loop says what is wrong, once
+            self.wake.set()
+            return
         with self._lock:
             last = self._last_trigger
             if last is not None and key == last:
@@ -596,6 +610,15 @@ class Agent:
                     return 1
                 self.stop.wait(wait)
                 continue
+            except Exception as e:  # one bad object (a Node's keys, a pod, an image) never ends the loop
+                wait = backoff.next()
+                _log({"event": "cluster_error", "node": self.opts.node, "reason": "internal_error",
+                      "message": f"{type(e).__name__}: {str(e)[:300]}",
+                      "retry_in": None if self.opts.once else round(wait, 3), "last_result": _last_result(self.opts)})
+                if self.opts.once:
+                    return 1
+                self.stop.wait(wait)
+                continue
             self._wait()
         _log({"event": "cluster_agent_stopped", "node": self.opts.node, "last_result": _last_result(self.opts)})
         return 0
@@ -701,9 +724,9 @@ def _decision_counts(cfg) -> dict | None:
         with open(cfg.log_file, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - (16 << 20)))  # the newest 16 MiB at most
             for line in f:
-                try:
+                try:  # compat-hook's own lines (not nested); a torn or foreign line is skipped, whatever it is
                     rec = json.loads(line.decode())
-                except (ValueError, UnicodeDecodeError):
+                except (ValueError, UnicodeDecodeError, RecursionError):
                     continue
                 if isinstance(rec, dict) and isinstance(rec.get("reason"), str):
                     key = (str(rec.get("effect") or rec.get("event") or "-"), rec["reason"])
@@ -719,10 +742,10 @@ def _state_doc(opts: AgentOptions) -> dict | None:
         return None
     try:
         with open(os.path.join(opts.state_dir, STATE_FILE), "rb") as f:
-            doc = json.loads(f.read(1 << 20).decode())
-    except (OSError, ValueError, UnicodeDecodeError):
+            raw = f.read((1 << 20) + 1)
+    except OSError:
         return None
-    return doc if isinstance(doc, dict) else None
+    return safejson.parse_object(raw, max_bytes=1 << 20)[0]
 
 
 def _state_prefix(opts: AgentOptions) -> str | None:

@@ -11,7 +11,11 @@
 * ``--context NAME`` replaces ``current-context``.
 
 A file that is not a kubeconfig (not YAML, not a mapping, a list that is not a list of named
-entries) is one line naming the file (:class:`KubeconfigError`), never a traceback.
+entries) is one line naming the file (:class:`KubeconfigError`), never a traceback. Size and
+nesting are bounded before the document is built (:func:`check_shape`): more than :data:`MAX_FILE`
+bytes, nesting deeper than :data:`MAX_DEPTH` or more than :data:`MAX_ALIASES` YAML aliases is not
+a kubeconfig (a real one is 5 levels deep and has none), so no ``RecursionError`` and no
+exponential expansion reach the code that walks it.
 
 The merged document goes to the Kubernetes client (``load_kube_config_from_dict``), which reads
 the context's cluster and credentials (exec plugins, tokens, certificates) as it always does.
@@ -29,10 +33,14 @@ import os
 
 from ..core.errors import CompatHookError
 
-__all__ = ["KubeconfigError", "load", "merge", "paths", "MAX_FILE"]
+__all__ = ["KubeconfigError", "load", "merge", "paths", "check_shape", "MAX_FILE", "MAX_DEPTH", "MAX_ALIASES"]
 
 #: A kubeconfig larger than this is not one (an operator's file is a few KiB).
 MAX_FILE = 4 << 20
+#: Nesting (mappings and sequences) a kubeconfig may have; an exec plugin's env is 5 levels deep.
+MAX_DEPTH = 32
+#: YAML aliases a kubeconfig may use (kubectl's writes none).
+MAX_ALIASES = 64
 _LISTS = ("clusters", "users", "contexts")
 #: Keys of an entry's body that name a file, by list (client-go's ResolvePaths).
 _PATH_KEYS = {"clusters": ("certificate-authority",), "users": ("client-certificate", "client-key", "tokenFile")}
@@ -69,6 +77,9 @@ def _read(path: str) -> dict | None:
     if len(raw) > MAX_FILE:
         raise KubeconfigError(f"{path}: larger than {MAX_FILE} bytes, not a kubeconfig")
     try:
+        problem = check_shape(raw)
+        if problem:
+            raise KubeconfigError(f"{path}: not a kubeconfig: {problem}")
         doc = yaml.safe_load(raw)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -77,6 +88,8 @@ def _read(path: str) -> dict | None:
         raise KubeconfigError(f"{path}: not valid YAML{where}: {problem}") from None
     except (UnicodeDecodeError, ValueError) as e:
         raise KubeconfigError(f"{path}: not a kubeconfig: {e}") from None
+    except RecursionError:  # check_shape bounds the nesting: kept as the last guard
+        raise KubeconfigError(f"{path}: not a kubeconfig: nested too deeply") from None
     if doc is None:
         return None
     if not isinstance(doc, dict):
@@ -92,6 +105,37 @@ def _read(path: str) -> dict | None:
         if doc.get(key) is not None and not isinstance(doc[key], str):
             raise KubeconfigError(f"{path}: {key}: not a string")
     return doc
+
+
+def check_shape(raw: bytes) -> str | None:
+    """Why ``raw`` cannot be a kubeconfig by its shape alone (None: it may be one): its flow brackets
+    nest deeper than :data:`MAX_DEPTH` (a linear scan, before the YAML scanner sees them), or its
+    YAML events do (the parser is a loop; only building the document recurses), or it has more than
+    :data:`MAX_ALIASES` aliases. Raises ``yaml.YAMLError`` for what is not YAML.
+
+    >>> check_shape(b"[" * 100000), check_shape(b"- " * 100 + b"a"), check_shape(b"a: &x [1]\\nb: *x\\n")
+    ('nested deeper than 32 levels', 'nested deeper than 32 levels', None)
+    """
+    import yaml
+
+    from ..core.safejson import depth
+
+    text = raw.decode("utf-8", "replace")
+    if depth(text, MAX_DEPTH) > MAX_DEPTH:
+        return f"nested deeper than {MAX_DEPTH} levels"
+    level = aliases = 0
+    for ev in yaml.parse(raw, Loader=yaml.SafeLoader):
+        if isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            level += 1
+            if level > MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+        elif isinstance(ev, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            level -= 1
+        elif isinstance(ev, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                return f"more than {MAX_ALIASES} YAML aliases"
+    return None
 
 
 def _absolute(entry: dict, kind: str, base: str) -> dict:

@@ -53,6 +53,8 @@ from __future__ import annotations
 import json
 import os
 
+from ..core import safejson
+
 __all__ = ["REGISTRATIONS", "verdict", "counts", "regression", "node_doc", "node_keys", "details_doc", "lease", "event",
            "event_signature", "label_value", "nfd_text", "textfile_text", "write_file", "MAX_NODE_DOC",
            "EVENT_NAMESPACE"]
@@ -203,12 +205,8 @@ def node_keys(*, prefix: str, doc: dict, gate, current: dict, registration: str 
               reg: registration if registration in REGISTRATIONS else have_l.get(reg)}
     text = json.dumps(doc, separators=(",", ":"))
     old = have_a.get(f"{prefix}/preflight")
-    if isinstance(old, str):
-        try:
-            if same_node_doc(json.loads(old), doc):  # only ``since`` differs: not a change
-                text = old
-        except ValueError:
-            pass
+    if isinstance(old, str) and same_node_doc(safejson.parse_object(old)[0], doc):
+        text = old  # only ``since`` differs: not a change
     annotations = {f"{prefix}/preflight": text, hold: have_a.get(hold)}
     annotations.update(gate.annotations)
     if hold in have_a and have_l.get(SKIP_LABEL) == "true":  # our hold: kept, or lifted with its annotation
@@ -264,14 +262,8 @@ def configmap(*, name: str, namespace: str, doc: dict, when: str) -> dict:
 
 def details_of(cm: dict) -> dict | None:
     """The details doc of a ConfigMap (None: none, or not ours)."""
-    raw = (cm.get("data") or {}).get(DETAILS_KEY) if isinstance(cm.get("data"), dict) else None
-    if not isinstance(raw, str) or len(raw) > 2 * MAX_DETAILS:
-        return None
-    try:
-        d = json.loads(raw)
-    except ValueError:
-        return None
-    return d if isinstance(d, dict) else None
+    raw = cm.get("data").get(DETAILS_KEY) if isinstance(cm.get("data"), dict) else None
+    return safejson.parse_object(raw, max_bytes=2 * MAX_DETAILS)[0]  # bounded: anyone may have written it
 
 
 def microtime(t: float) -> str:

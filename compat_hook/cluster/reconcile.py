@@ -64,10 +64,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import time
 from dataclasses import dataclass
 
+from ..core import safejson
 from . import gate as gatemod
 from . import holds, publish
 
@@ -170,13 +170,8 @@ def node_doc_of(meta: dict, prefix: str) -> dict | None:
     True
     """
     raw = _map(meta.get("annotations")).get(f"{prefix}/preflight")
-    if not isinstance(raw, str) or len(raw) > MAX_NODE_ANNOTATION:
-        return None
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) and doc.get("v") == 2 else None
+    doc, _ = safejson.parse_object(raw, max_bytes=MAX_NODE_ANNOTATION)  # bounded: anyone may have written it
+    return doc if doc is not None and doc.get("v") == 2 else None
 
 
 def regressions_key(target, ids) -> str:
@@ -190,7 +185,12 @@ def regressions_key(target, ids) -> str:
 
 
 def _rfc3339(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    """RFC 3339 of ``t``, clamped to what ``gmtime`` takes (a clock read back from the Node may be any number).
+
+    >>> _rfc3339(0), _rfc3339(1e300)
+    ('1970-01-01T00:00:00Z', '9999-12-31T23:59:59Z')
+    """
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(min(max(float(t), 0.0), 253402300799.0)))
 
 
 def findings(snap: Snapshot, *, target, workloads, assessment, settings: Settings) -> Findings:

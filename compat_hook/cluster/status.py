@@ -64,13 +64,13 @@ matched the selector: a typo in a CI gate must not pass); 1 an error.
 
 from __future__ import annotations
 
-import json
 import time
 
+from ..core import safejson
 from . import target as targetmod
 from .gate import OVERRIDE, SKIP_LABEL, STATE_LABEL
 
-__all__ = ["status", "render_text", "exit_status", "node_row", "PAGE", "HELD", "FAIL_NOT_HELD"]
+__all__ = ["status", "report", "render_text", "exit_status", "node_row", "PAGE", "HELD", "FAIL_NOT_HELD"]
 
 DRIVER_LABEL = "nvidia.com/cuda.driver-version.full"
 PRESENT_LABEL = "nvidia.com/gpu.present"
@@ -89,7 +89,7 @@ FAIL_NOT_HELD = 5
 def _s(v, n: int = MAX_FIELD):
     if v is None:
         return None
-    t = "".join(c if c.isprintable() else "?" for c in str(v))
+    t = "".join(c if c.isprintable() else "?" for c in str(v)[:n + 1])
     return t if len(t) <= n else t[:n - 3] + "..."
 
 
@@ -120,15 +120,35 @@ def _parse_time(text) -> float | None:
     return calendar.timegm((y, mo, d, h, mi, se, 0, 0, 0)) + (float("0." + frac) if frac else 0.0)
 
 
-def _doc(anns: dict, prefix: str) -> dict:
-    raw = anns.get(f"{prefix}/preflight")
-    if not isinstance(raw, str) or len(raw) > MAX_ANNOTATION:
-        return {}
-    try:
-        d = json.loads(raw)
-    except ValueError:
-        return {}
-    return d if isinstance(d, dict) else {}
+#: The fields of the ``<prefix>/preflight`` doc a row reads, with the type each must have.
+_DOC_STR = ("target", "now", "from", "gate", "since")
+
+
+def _doc(anns: dict, prefix: str) -> tuple:
+    """``(doc, reason)``: the fields of the node's ``<prefix>/preflight`` doc a row reads, each of the
+    right type (another agent wrote it: its size and nesting are bounded before it is parsed,
+    :mod:`compat_hook.core.safejson`); ``reason``: why a doc that is there cannot be read (None: it can,
+    or there is none).
+
+    >>> _doc({"p/preflight": '{"target": "570.1", "gate": 7, "reasons": ["a", 1]}'}, "p")
+    ({'target': '570.1', 'reasons': ['a']}, None)
+    >>> _doc({"p/preflight": "[" * 5000}, "p"), _doc({}, "p"), _doc({"p/preflight": 5}, "p")
+    (({}, 'too_deep'), ({}, None), ({}, 'not_text'))
+    """
+    key = f"{prefix}/preflight"
+    if key not in anns:
+        return {}, None
+    d, reason = safejson.parse_object(anns[key], max_bytes=MAX_ANNOTATION)
+    if d is None:
+        return {}, reason
+    out = {k: d[k] for k in _DOC_STR if isinstance(d.get(k), str)}
+    if isinstance(d.get("reasons"), list):
+        out["reasons"] = [r for r in d["reasons"][:8] if isinstance(r, str)]
+    if d.get("complete") is True:
+        out["complete"] = True
+    if isinstance(d.get("incomplete"), list):
+        out["incomplete"] = [r for r in d["incomplete"][:8] if isinstance(r, str)]
+    return out, None
 
 
 #: How far ahead of the reader's clock a Lease's ``renewTime`` may be before it is taken for a skewed clock.
@@ -167,16 +187,47 @@ def heartbeat_problem(renewed: float | None, duration: float | None, now: float,
 def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None, now: float | None = None,
              observed_age: float | None = None) -> dict | None:
     """A row for ``node`` (None: not a GPU node); ``lease``: its agent's Lease; ``target``: its current
-    :class:`~.target.Target`; ``observed_age``: see :func:`heartbeat_problem`."""
-    meta = _map(node.get("metadata"))
+    :class:`~.target.Target`; ``observed_age``: see :func:`heartbeat_problem`.
+
+    Whatever the Node and the Lease say, this returns: an unreadable ``<prefix>/preflight`` doc makes
+    the verdict ``unknown`` with the reason in its NOTE (``preflight annotation unreadable: too_deep``),
+    and an error no check foresaw makes it ``unknown`` with ``row_error`` (``cluster status`` and the
+    fleet both build their rows here: one node's keys never stop either for every node).
+
+    >>> n = {"metadata": {"name": "a", "labels": {PRESENT_LABEL: "true", "p/preflight": "pass"},
+    ...                   "annotations": {"p/preflight": "[" * 100000}}}
+    >>> r = node_row(n, "p", now=0.0); r["verdict"], r["note"]
+    ('unknown', 'unknown: preflight annotation unreadable: too_large; no heartbeat from its agent (no Lease)')
+    >>> node_row({"metadata": {"labels": {PRESENT_LABEL: "true"}}}, "p", lease=[], now=0.0)["verdict"] is None
+    True
+    """
+    try:
+        return _node_row(node, prefix, lease=lease, target=target, now=now, observed_age=observed_age)
+    except Exception as e:  # a shape no check foresaw: this node has no verdict, the other rows go on
+        meta = _map(_map(node).get("metadata"))
+        return _bad_row(_s(meta.get("name"), 253), f"row_error: {type(e).__name__}")
+
+
+def _bad_row(name, why: str) -> dict:
+    """The row of a node whose keys cannot be read: no verdict to act on (``unknown``), saying why."""
+    return {"name": name, "driver": None, "target": None, "upgrade_state": None, "preflight": "unknown",
+            "verdict": "unknown", "broken": None, "held": False, "hold": "-", "skip": False, "stale": None,
+            "renewed": None, "since": None, "validated": None, "note": f"unknown: {why}", "path": None,
+            "complete": False, "incomplete": [],
+            "reason": why.split(":")[0]}
+
+
+def _node_row(node: dict, prefix: str, *, lease, target, now, observed_age=None) -> dict | None:
+    meta = _map(_map(node).get("metadata"))
     labels, anns = _map(meta.get("labels")), _map(meta.get("annotations"))
     if labels.get(PRESENT_LABEL) != "true" and f"{prefix}/preflight" not in labels:
         return None
     now = time.time() if now is None else now
-    doc = _doc(anns, prefix)
+    doc, unreadable = _doc(anns, prefix)
     broken = labels.get(f"{prefix}/preflight.broken")
     pre = labels.get(f"{prefix}/preflight")
-    verdict = pre if pre in ("pass", "warn", "fail", "unknown") else None
+    # A doc that cannot be read leaves no verdict to act on, whatever the label says (fails closed).
+    verdict = "unknown" if unreadable else pre if pre in ("pass", "warn", "fail", "unknown") else None
     published = _s(doc.get("target") or labels.get(f"{prefix}/preflight.target-driver"))
     state = _s(labels.get(STATE_LABEL)) or None
     ours = f"{prefix}/holds-upgrade" in anns
@@ -191,10 +242,10 @@ def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None,
         if beat is not None:
             stale = beat
         elif target is not None and not str(doc.get("from") or "").startswith("--driver"):
-            current = target.version if target.version is not None else None
+            current = getattr(target, "version", None)
             if current != (doc.get("target") if doc else published):
                 stale = f"verdict for {published or 'no target'}, the target now is {current or 'unknown'}"
-    gate = doc.get("gate") if isinstance(doc.get("gate"), str) else None
+    gate = doc.get("gate")
     if ours and skip:
         hold = "yes"
         if renewed is not None and duration is not None and (
@@ -215,9 +266,9 @@ def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None,
         "driver": _s(labels.get(DRIVER_LABEL) or doc.get("now")),
         "target": published,
         "upgrade_state": state,
-        "preflight": "stale" if stale else verdict,
+        "preflight": "stale" if stale and not unreadable else verdict,
         "verdict": verdict,
-        "broken": int(broken) if isinstance(broken, str) and broken.isdigit() and len(broken) < 7 else None,
+        "broken": int(broken) if isinstance(broken, str) and broken.isascii() and broken.isdigit() and len(broken) < 7 else None,
         "held": hold in ("yes", "stale"),
         "hold": hold,
         "skip": skip,
@@ -228,17 +279,18 @@ def node_row(node: dict, prefix: str, *, lease: dict | None = None, target=None,
         # whether the pass behind the verdict read everything it needed (an image missing from the store, a
         # store it could not list, a broken watch: not complete); only a complete verdict is a judgement
         "complete": doc.get("complete") is True,
-        "incomplete": [_s(r, 32) for r in (doc.get("incomplete") if isinstance(doc.get("incomplete"), list)
-                                            else [])[:6] if isinstance(r, str)],
-        "note": stale or _note(verdict, doc) or (
-            "incomplete: " + (", ".join(_s(r, 32) for r in doc.get("incomplete")[:4] if isinstance(r, str))
-                              if isinstance(doc.get("incomplete"), list) else "its agent did not say why")
+        "incomplete": [_s(r, 32) for r in doc.get("incomplete", [])[:6]],
+        "note": (_note(verdict, doc, unreadable) + (f"; {stale}" if stale else "")) if unreadable
+        else stale or _note(verdict, doc) or (
+            "incomplete: " + (", ".join(_s(r, 32) for r in doc.get("incomplete", [])[:4]) or "its agent did not say why")
             if verdict in ("warn", "fail") and doc.get("complete") is not True else None),
-        "path": _PATHS.get(labels.get(f"{prefix}/registration")),
+        "path": _PATHS.get(labels.get(f"{prefix}/registration")) if isinstance(labels.get(f"{prefix}/registration"),
+                                                                                 str) else None,
+        "reason": "preflight_unreadable" if unreadable else None,
     }
 
 
-def _note(verdict: str | None, doc: dict) -> str | None:
+def _note(verdict: str | None, doc: dict, unreadable: str | None = None) -> str | None:
     """Why a node has no verdict to act on (an ``unknown`` or missing one): never an empty NOTE.
 
     >>> _note("unknown", {"reasons": ["no_target", "driver_unknown"]}), _note(None, {})
@@ -246,6 +298,8 @@ def _note(verdict: str | None, doc: dict) -> str | None:
     >>> _note("pass", {}), _note("unknown", {})
     (None, 'unknown: its agent gave no reason')
     """
+    if unreadable:
+        return f"unknown: preflight annotation unreadable: {unreadable}"
     if verdict is None:
         return "no preflight published: is its agent running?"
     if verdict != "unknown":
@@ -379,23 +433,54 @@ def fleet_placement(kube, namespace: str) -> dict | None:
     return {"pods": len(pods), "gpu_nodes": gpu}
 
 
+def _status_row(n: dict, prefix: str, leases: dict, policies: list, drivers: list, now) -> dict | None:
+    name = _map(n.get("metadata")).get("name")
+    tgt = targetmod.node_target(n, policies, drivers, prefix=prefix)
+    row = node_row(n, prefix, lease=leases.get(name) if isinstance(name, str) else None, target=tgt, now=now)
+    if row is not None:
+        bad = untolerated_taint(n, prefix, policies, drivers)
+        row["taint_not_tolerated"] = bad is not None
+        if bad:
+            row["note"] = bad + (f"; {row['note']}" if row["note"] else "")
+    return row
+
+
 def status(kube, prefix: str, namespace: str, now: float | None = None, selector: str | None = None) -> dict:
     nodes = _pages(kube, "/api/v1/nodes", **({"labelSelector": selector} if selector else {}))
-    leases = {(_map(o.get("metadata")).get("name")): o
-              for o in _pages(kube, f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases",
-                              labelSelector=LEASE_SELECTOR)}
+    leases = _pages(kube, f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases", labelSelector=LEASE_SELECTOR)
     policies = _optional(kube, "/apis/nvidia.com/v1/clusterpolicies")
     drivers = _optional(kube, "/apis/nvidia.com/v1alpha1/nvidiadrivers")
+    rep = report(nodes, leases, policies, drivers, prefix, now)
+    from .kube import KubeError
+
+    try:  # gpu-operator v26.7's DRA resource: its drivers are not judged, and that is said, never passed over
+        path = find_kind(kube, "nvidia.com", targetmod.GPUCLUSTER_KIND)
+        gcs = _optional(kube, path) if path else []
+    except KubeError:
+        gcs = []
+    rep["summary"]["gpuclusters"] = sorted(_s(_map(g.get("metadata")).get("name"), 253) or "?" for g in gcs)[:10]
+    rep["summary"]["fleet"] = fleet_placement(kube, namespace)
+    return rep
+
+
+def report(nodes: list, leases: list, policies: list, drivers: list, prefix: str, now: float | None = None) -> dict:
+    """``{"nodes": rows, "summary": ...}`` from the objects as listed (pure but for the clock): one row per
+    GPU node, whatever its keys say (a node whose keys cannot be read is an ``unknown`` row saying why)."""
+    by_name = {}
+    for o in leases:
+        name = _map(_map(o).get("metadata")).get("name")
+        if isinstance(name, str):
+            by_name[name] = o
     rows = []
     for n in nodes:
-        name = _map(n.get("metadata")).get("name")
-        tgt = targetmod.node_target(n, policies, drivers, prefix=prefix)
-        row = node_row(n, prefix, lease=leases.get(name), target=tgt, now=now)
+        if not isinstance(n, dict) or node_row(n, prefix, now=now) is None:
+            continue  # not a GPU node
+        try:
+            row = _status_row(n, prefix, by_name, policies, drivers, now)
+        except Exception as e:  # one node's keys never stop the view of the others
+            row = _bad_row(_s(_map(n.get("metadata")).get("name"), 253), f"row_error: {type(e).__name__}")
+            row["taint_not_tolerated"] = False
         if row is not None:
-            bad = untolerated_taint(n, prefix, policies, drivers)
-            row["taint_not_tolerated"] = bad is not None
-            if bad:
-                row["note"] = bad + (f"; {row['note']}" if row["note"] else "")
             rows.append(row)
     rows.sort(key=lambda r: r["name"] or "")
     summary = {"nodes": len(rows), "held": sum(1 for r in rows if r["held"]),
@@ -411,15 +496,6 @@ def status(kube, prefix: str, namespace: str, now: float | None = None, selector
         states[k] = states.get(k, 0) + 1
     summary["upgrade_states"] = dict(sorted(states.items()))
     summary["incomplete"] = sum(1 for r in rows if r["verdict"] is not None and not r.get("complete"))
-    from .kube import KubeError
-
-    try:  # gpu-operator v26.7's DRA resource: its drivers are not judged, and that is said, never passed over
-        path = find_kind(kube, "nvidia.com", targetmod.GPUCLUSTER_KIND)
-        gcs = _optional(kube, path) if path else []
-    except KubeError:
-        gcs = []
-    summary["gpuclusters"] = sorted(_s(_map(g.get("metadata")).get("name"), 253) or "?" for g in gcs)[:10]
-    summary["fleet"] = fleet_placement(kube, namespace)
     return {"nodes": rows, "summary": summary}
 
 

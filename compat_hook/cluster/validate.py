@@ -48,11 +48,11 @@ import time
 from ..core import logjson
 from ..core.errors import CompatHookError, UsageError, describe
 from . import workloads as wl
-from .kube import KubeError, NotFound
+from .kube import KubeError, NotFound, Unreachable
 from .publish import EVENT_NAMESPACE  # where an Event about a Node can be (the agent's too)
 
 __all__ = ["ValidatorOptions", "expectation", "judge", "probe_pod", "probe_name", "parse_probe", "validate",
-           "run", "main", "LABEL", "TAINT", "EVENT_REASON", "taints_after"]
+           "run", "main", "LABEL", "TAINT", "EVENT_REASON", "taints_after", "failed"]
 
 LABEL = "validated"
 #: ``<prefix>/`` + this: the taint (``=<driver>:NoSchedule``) a node carries while its validation fails.
@@ -194,14 +194,20 @@ def parse_probe(text) -> dict | None:
     12050
     >>> parse_probe('{"probe": 1, "driver_api": "x"}') is None, parse_probe("not json") is None
     (True, True)
+
+    The image's own code writes this text (its libcuda, its loader): size and nesting are bounded
+    before it is parsed (:mod:`compat_hook.core.safejson`), and whatever it is, the answer is a
+    checked dict or None, never an exception.
+
+    >>> parse_probe('{"probe": 1, "maps": ' + "[" * 50000 + "]" * 50000 + "}") is None
+    True
     """
+    from ..core import safejson
+
     if not isinstance(text, str) or len(text) > 4 * MAX_MESSAGE:
         return None
     start = text.find("{")
-    try:
-        doc = json.loads(text[start:]) if start >= 0 else None
-    except ValueError:
-        return None
+    doc, _ = safejson.parse_object(text[start:], max_bytes=4 * MAX_MESSAGE, max_depth=8) if start >= 0 else (None, None)
     if not isinstance(doc, dict) or doc.get("probe") != 1:
         return None
     out = {}
@@ -303,13 +309,19 @@ def judge(expect: dict, probe: dict | None, *, unjudged_ok: bool = False) -> dic
     return {"ok": True, "code": code, "message": message}
 
 
-def event_message(driver: str, rows: list) -> str:
-    """The Event's text: the failing images with their pods and why (bounded).
+def event_message(driver: str, rows: list, problem: str | None = None) -> str:
+    """The Event's text: the failing images with their pods and why (bounded); ``problem``: why the
+    validation as a whole failed (an error in the validator itself, :func:`failed`).
+
+    >>> event_message("470.256.02", [], "validator_error: TypeError: x")
+    'driver 470.256.02: validation failed: validator_error: TypeError: x'
 
     >>> event_message("470.256.02", [{"image": "a:1", "pods": ["ml/x"], "ok": False, "message": "loads y: no"},
     ...                              {"image": "b:1", "pods": [], "ok": True, "message": ""}])
     'driver 470.256.02: 1 of 2 workload image(s) failed validation: a:1 (pods ml/x): loads y: no'
     """
+    if problem:
+        return f"driver {driver}: validation failed: {problem}"[:MAX_EVENT]
     bad = [r for r in rows if not r["ok"]]
     unverified = [r for r in rows if r.get("unverified")]
     if not bad:
@@ -393,10 +405,12 @@ def _overlay(image_env: list, env: list) -> list:
 def _pod_state(pod: dict) -> tuple:
     """``(phase, waiting reason, the probe's message)`` of a probe pod."""
     st = pod.get("status") if isinstance(pod.get("status"), dict) else {}
-    phase = st.get("phase")
+    phase = st.get("phase") if isinstance(st.get("phase"), str) else None
     waiting, message = None, None
-    for c in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
-        state = c.get("state") if isinstance(c, dict) and isinstance(c.get("state"), dict) else {}
+    statuses = [c for key in ("initContainerStatuses", "containerStatuses")
+                for c in (st.get(key) if isinstance(st.get(key), list) else []) if isinstance(c, dict)]
+    for c in statuses:
+        state = c.get("state") if isinstance(c.get("state"), dict) else {}
         w = state.get("waiting")
         if isinstance(w, dict) and w.get("reason") not in (None, "PodInitializing", "ContainerCreating"):
             waiting = f"{c.get('name')}: {w.get('reason')}: {str(w.get('message') or '')[:200]}".rstrip(": ")
@@ -485,6 +499,23 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
     reader = Reader()
 
     def one(w: dict) -> dict:
+        try:
+            return judged(w)
+        except KubeError as e:
+            if isinstance(e, Unreachable) or e.status in (0, 401):
+                raise  # no answer, or no identity: nothing can be published; run's backoff tries again
+            # the API server refused this workload's probe pod (an admission policy, an invalid spec): not
+            # proven, so it fails, rather than a validation retried for ever while the node is uncordoned
+            return {"image": str(w.get("image"))[:512], "pods": list(w.get("pods") or [])[:5], "env": [],
+                    "runtime_class": None, "ok": False, "code": "probe_refused",
+                    "message": f"the probe pod was refused: {describe(e)[1][:300]}"}
+        except Exception as e:  # fails closed: what cannot be judged does not pass, and the others go on
+            image = w.get("image") if isinstance(w, dict) else None
+            return {"image": str(image)[:512], "pods": [], "env": [], "runtime_class": None, "ok": False,
+                    "code": "validator_error",
+                    "message": f"the validator could not judge it: {type(e).__name__}: {str(e)[:200]}"}
+
+    def judged(w: dict) -> dict:
         row = {"image": w["image"], "pods": w["pods"][:5], "env": w["env"], "runtime_class": w["runtime_class"]}
         if time.monotonic() > deadline or STOP.is_set():
             return dict(row, ok=False, code="not_probed", message=f"not probed within {opts.deadline} s")
@@ -521,12 +552,35 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
 
 
 def _load_state(opts: ValidatorOptions) -> dict:
+    """The last result (:data:`STATE_FILE`), its fields checked: ``{}`` when it cannot be read."""
+    from ..core import safejson
+
     try:
         with open(os.path.join(opts.state_dir, STATE_FILE), "rb") as f:
-            doc = json.loads(f.read(1 << 20).decode())
-        return doc if isinstance(doc, dict) else {}
-    except (OSError, ValueError, UnicodeDecodeError):
+            raw = f.read((1 << 20) + 1)
+    except OSError:
         return {}
+    doc, _ = safejson.parse_object(raw, max_bytes=1 << 20)
+    if doc is None or not isinstance(doc.get("driver"), str) or doc.get("result") not in ("pass", "fail"):
+        return {}
+    epoch = doc.get("epoch")
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, float)):
+        doc["epoch"] = 0
+    if not isinstance(doc.get("images"), list):
+        doc["images"] = []
+    return doc
+
+
+def failed(driver: str, error: BaseException, t0: float | None = None) -> dict:
+    """The result of a validation the validator itself could not finish (an error no check foresaw):
+    ``fail``, as it proves nothing (the node keeps its taint; the interlock never fails open).
+
+    >>> r = failed("570.1", TypeError("x")); r["result"], r["code"], r["problem"]
+    ('fail', 'validator_error', 'validator_error: TypeError: x')
+    """
+    return {"driver": driver, "result": "fail", "time": logjson.timestamp(), "images": [], "probes": 0,
+            "code": "validator_error", "problem": f"validator_error: {type(error).__name__}: {str(error)[:300]}",
+            "seconds": round(time.monotonic() - t0, 2) if t0 is not None else 0.0}
 
 
 def _save_state(opts: ValidatorOptions, state: dict) -> None:
@@ -613,7 +667,8 @@ def publish(kube, opts: ValidatorOptions, prefix: str, state: dict, *, event: bo
             "metadata": {"generateName": f"{opts.node}.compat-hook-validation."},
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": opts.node, "uid": meta.get("uid")},
             "reason": EVENT_REASON, "type": "Normal" if state["result"] == "pass" else "Warning",
-            "message": event_message(state["driver"], state.get("images") or []),
+            "message": event_message(state["driver"], state.get("images") or [],
+                                     state.get("problem") if state["result"] == "fail" else None),
             "source": {"component": "compat-hook-validator", "host": opts.node},
             "reportingComponent": "compat-hook-validator", "reportingInstance": opts.node[:128],
             "firstTimestamp": now, "lastTimestamp": now, "count": 1})
@@ -648,12 +703,15 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: STOP.set())
+    from .backoff import Backoff
+
     state = _load_state(opts)
     kube = None
-    backoff = 1.0
-    published = False
+    backoff = Backoff(base=1.0, cap=60.0)
+    published = False  # the state's label and taint are on the Node (else the next round says them)
     retry_now = True  # a failure recorded before this process started is tried again at once
     while not STOP.is_set():
+        driver = None
         try:
             if kube is None:
                 kube = kube_factory()
@@ -674,9 +732,18 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
             elif (state.get("driver") == driver and state.get("result") == "fail" and not opts.once
                   and not retry_now and time.time() - state.get("epoch", 0) < opts.retry):
                 _set_ready(opts, None)
+                if not published:  # a failure whose label or taint could not be written yet
+                    publish(kube, opts, prefix, state, event=False)
+                    published = True
             else:
                 _set_ready(opts, None)
-                result = validate(kube, cfg, opts, driver)
+                t0 = time.monotonic()
+                try:
+                    result = validate(kube, cfg, opts, driver)
+                except KubeError:
+                    raise
+                except Exception as e:  # the validator's own error proves nothing: fail, never pass
+                    result = failed(driver, e, t0)
                 if STOP.is_set():  # interrupted: its probe pods are gone, its verdict is not one
                     break
                 result["epoch"] = time.time()
@@ -692,20 +759,35 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
                     changed = (state.get("driver"), state.get("result")) != (result["driver"], result["result"])
                     state = result
                     _save_state(opts, state)
+                    published = False
                     publish(kube, opts, prefix, state, event=changed or state["result"] == "fail")
                     published = True
                     if state["result"] == "pass":
                         _set_ready(opts, line)
                     if opts.once:
                         return EXIT_OK if state["result"] == "pass" else EXIT_FAILED
-            backoff = 1.0
+            backoff.reset()
         except KubeError as e:
             code, msg = describe(e)
-            _log({"event": "validation_error", "node": opts.node, "reason": code, "message": msg})
+            wait = backoff.next(getattr(e, "retry_after", None))
+            _log({"event": "validation_error", "node": opts.node, "reason": code, "message": msg,
+                  "retry_in": None if opts.once else round(wait, 3)})
             if opts.once:
                 return EXIT_ERROR
-            STOP.wait(min(backoff, 60.0))
-            backoff *= 2
+            STOP.wait(wait)
+            continue
+        except Exception as e:  # anything else: one line, not Ready, back off, and the loop goes on
+            wait = backoff.next()
+            _log({"event": "validation_error", "node": opts.node, "reason": "internal_error",
+                  "message": f"{type(e).__name__}: {str(e)[:300]}", "driver": driver,
+                  "retry_in": None if opts.once else round(wait, 3)})
+            try:
+                _set_ready(opts, None)
+            except Exception:  # noqa: S110 - the line above said what went wrong
+                pass
+            if opts.once:
+                return EXIT_ERROR
+            STOP.wait(wait)
             continue
         STOP.wait(opts.interval)
     _log({"event": "validation_stopped", "node": opts.node})
