@@ -802,6 +802,53 @@ def _can(w: World, user: str, verb: str, resource: str, *, group: str = "", name
     return w.admin.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", review)["status"].get("allowed", False)
 
 
+def _refusal(call) -> str | None:
+    """The body of a 403 ``call`` got, None when it was admitted (a policy not loaded yet)."""
+    try:
+        call()
+    except ApiError as e:
+        if e.status == 403:
+            return e.body
+        raise
+    return None
+
+
+def test_no_account_but_the_agent_writes_a_nodes_verdict(world):
+    """An account that may patch Nodes (an operator's, an autoscaler's) cannot mint a verdict: the annotation
+    <prefix>/preflight is the agent's (policy compat-hook-node-verdicts); it may remove one, and set the
+    label, which then disagrees with the annotation and is no verdict at all."""
+    from compat_hook.cluster import status as statusmod
+
+    a = world.cp.admin
+    a.create(f"/api/v1/namespaces/{NS}/serviceaccounts", {"metadata": {"name": "node-patcher"}})
+    a.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+        "metadata": {"name": "test-node-patcher"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch", "update"]}]})
+    a.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "metadata": {"name": "test-node-patcher"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "test-node-patcher"},
+        "subjects": [{"kind": "ServiceAccount", "name": "node-patcher", "namespace": NS}]})
+    other = Api(world.cp.url, _token(a, "node-patcher"))
+    doc = json.dumps({"v": 2, "verdict": "pass", "complete": True, "target": "470.256.02"})
+    forged = {"metadata": {"labels": {f"{PREFIX}/preflight": "pass"}, "annotations": {f"{PREFIX}/preflight": doc}}}
+    err = world.cp.admin.wait("the verdict policy in force", lambda: _refusal(lambda: other.request(
+        "PATCH", "/api/v1/nodes/gpu-b", forged, content_type=MERGE, query={"dryRun": "All"})), timeout=60)
+    assert "compat-hook-node-verdicts" in err and f"writes its annotation {PREFIX}/preflight" in err, err
+    # the agent writes its own; the other account may take it off, and set the label alone
+    world.api["gpu-b"].request("PATCH", "/api/v1/nodes/gpu-b", {"metadata": {
+        "labels": {f"{PREFIX}/preflight": "fail"},
+        "annotations": {f"{PREFIX}/preflight": json.dumps({"v": 2, "verdict": "fail", "target": "470.256.02"})}}},
+        content_type=MERGE)
+    other.request("PATCH", "/api/v1/nodes/gpu-b", {"metadata": {"labels": {f"{PREFIX}/preflight": "pass"}}},
+                  content_type=MERGE)
+    row = statusmod.node_row(a.get("/api/v1/nodes/gpu-b"), PREFIX, now=0.0)
+    assert (row["verdict"], row["reason"]) == ("unknown", "preflight_disagrees"), row
+    other.request("PATCH", "/api/v1/nodes/gpu-b", {"metadata": {"labels": {f"{PREFIX}/preflight": None},
+                                                                "annotations": {f"{PREFIX}/preflight": None}}},
+                  content_type=MERGE)
+    assert f"{PREFIX}/preflight" not in (a.get("/api/v1/nodes/gpu-b")["metadata"].get("annotations") or {})
+
+
 def test_rbac_grants_the_agent_only_what_it_uses(world):
     w = world
     allowed = [("get", "nodes", "", None), ("list", "nodes", "", None), ("watch", "nodes", "", None),

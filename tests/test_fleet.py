@@ -286,6 +286,11 @@ CASES = [
      ["nodeSelector or nodeAffinity moved", "gpu-y"]),
     ("nd: moved, with a version every node judged", ND + "/cel-nd",
      {"spec": {"nodeSelector": {"pool": "other"}, "version": R570}}, True),
+    ("nd: moved, the override naming the move", ND + "/cel-nd",
+     {"metadata": {"annotations": {OVERRIDE: f"scope.{R535}"}}, "spec": {"nodeSelector": {"pool": "other"}}}, True),
+    ("nd: moved, a leftover version override is not one", ND + "/cel-nd",
+     {"metadata": {"annotations": {OVERRIDE: R535}}, "spec": {"nodeSelector": {"pool": "other"}}},
+     [f"{OVERRIDE}=scope.{R535}"]),
     ("nd: a version that is not one", ND + "/cel-nd", {"spec": {"version": "latest"}},
      ["names no driver version"]),
 ]

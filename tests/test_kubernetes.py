@@ -116,6 +116,8 @@ def test_daemonset_shape():
                          ("ValidatingAdmissionPolicyBinding", "compat-hook-agent-node"),
                          ("ValidatingAdmissionPolicy", "compat-hook-agent-objects"),
                          ("ValidatingAdmissionPolicyBinding", "compat-hook-agent-objects"),
+                         ("ValidatingAdmissionPolicy", "compat-hook-node-verdicts"),
+                         ("ValidatingAdmissionPolicyBinding", "compat-hook-node-verdicts"),
                          ("ValidatingAdmissionPolicy", "compat-hook-events"),
                          ("ValidatingAdmissionPolicyBinding", "compat-hook-events"),
                          ("ValidatingAdmissionPolicy", "compat-hook-release-node"),
@@ -169,7 +171,7 @@ def test_daemonset_shape():
     assert docs[("RoleBinding", "compat-hook-agent-events")]["subjects"] == [
         {"kind": "ServiceAccount", "name": "compat-hook", "namespace": "compat-hook"}]
     for name in ("compat-hook-agent-node", "compat-hook-agent-objects", "compat-hook-events", "compat-hook-release-node",
-                 "compat-hook-release-objects"):
+                 "compat-hook-release-objects", "compat-hook-node-verdicts"):
         binding = docs[("ValidatingAdmissionPolicyBinding", name)]
         assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
         assert docs[("ValidatingAdmissionPolicy", name)]["spec"]["failurePolicy"] == "Fail"

@@ -353,7 +353,11 @@ def _worlds(policies: tuple, drivers: tuple) -> list:
         out.append(("clusterpolicy", _name(cp), "delete", policies[:i] + policies[i + 1:], drivers))
         for enabled, crd in MODES:
             if (enabled, crd) != _mode(cp):
-                alt = policies[:i] + (_with_mode(cp, enabled, crd),) + policies[i + 1:]
+                # switched to run the driver itself, it is taken for the active one whatever the others say:
+                # which ClusterPolicy the operator uses can move without a write the policy sees (another
+                # marked ignored, an older operator's choice after a restart), so a staged one is judged too
+                alt = ((_with_mode(cp, enabled, crd),) if enabled and not crd
+                       else policies[:i] + (_with_mode(cp, enabled, crd),) + policies[i + 1:])
                 out.append(("clusterpolicy", _name(cp), mode_word(enabled, crd), alt, drivers))
     for i, nd in enumerate(drivers):
         if isinstance(nd, dict) and _name(nd):
@@ -668,6 +672,7 @@ class Fleet:
         self._fresh: dict = {}  # each Lease's freshness at the last reconcile
         self._next_discovery = 0.0
         self.last_written: dict | None = None
+        self._blind_since: float | None = None  # since when a cache is not current (None: all are)
 
     # -- what wakes the loop ---------------------------------------------------------------------------
     def _changed(self, _reflector) -> None:
@@ -679,7 +684,8 @@ class Fleet:
             if kind == "DELETED":
                 self.leases.forget(_name(obj))
                 self.wake.set()
-            elif self.leases.note(obj, self._clock(), listed=kind == "LISTED", wall=self._wall()):
+            elif self.leases.note(obj, self._clock(), listed=kind == "LISTED" and _name(obj) not in self.leases.seen,
+                                  wall=self._wall()):
                 self.wake.set()
 
     def owner(self) -> dict | None:
@@ -745,8 +751,9 @@ class Fleet:
         now = self._clock()
         leases = {_name(o): o for o in self.caches["leases"].objects()}
         with self._lock:
-            for o in leases.values():  # a Lease in the cache before its event reached us: noted now
-                self.leases.note(o, now, listed=True, wall=self._wall())
+            for o in leases.values():  # a Lease in the cache before its event reached us: noted now (one
+                # never seen before by its renewTime, one seen at another version as changed now)
+                self.leases.note(o, now, listed=_name(o) not in self.leases.seen, wall=self._wall())
             ages = self.leases.ages(leases, now)
             self._fresh = {n: self.leases.fresh(n, now) for n in self.leases.seen}
         snap = observe(self.caches, self._wall(), ages)
@@ -775,6 +782,35 @@ class Fleet:
         _say("fleet_applied", identity=self.opts.identity, keys=len(data),
              refused=sorted(k for k, v in data.items() if v != OK)[:20],
              **({"corrected": foreign} if foreign else {}), **({"recreated": True} if cm is None else {}))
+        return True
+
+    #: How long a leader's caches may stay not current before it takes back every ``ok`` it wrote: a short
+    #: break (a watch that ends, a list again) changes no answer; a long one must not leave old answers.
+    BLIND_AFTER = 30.0
+
+    def withdraw_if_blind(self) -> bool:
+        """While a cache is not current for :attr:`BLIND_AFTER` seconds, every key becomes "not judged": the
+        fleet cannot see what changed meanwhile (a node turned ``fail``, an agent died), so no old ``ok``
+        stays. True when it wrote."""
+        now = self._clock()
+        if self._blind_since is None:
+            self._blind_since = now
+        if now - self._blind_since < max(self.BLIND_AFTER, 3 * self.opts.resync):
+            return False
+        cm = self.param()
+        have = {k: v for k, v in _map(_map(cm).get("data")).items()} if cm is not None else None
+        if not have or not self.elector.still_leading():
+            return False
+        bad = sorted(f"{c.name}: {c.error or 'not listed yet'}"[:80] for c in self.caches.values()
+                     if not (c.synced.is_set() and c.healthy))
+        why = f"not judged now: the fleet controller's view is not current ({'; '.join(bad)[:200]})"
+        data = {k: why for k in have}
+        if data == have:
+            return False
+        got = apply(self.kube, self.opts.namespace, data, current=cm)
+        self.caches["param"].replace(got)
+        self.last_written = data
+        _say("fleet_withdrawn", identity=self.opts.identity, keys=len(data), reason=why)
         return True
 
     def run(self) -> int:
@@ -810,6 +846,10 @@ class Fleet:
                     _say("fleet_standby", identity=self.opts.identity, leader=None, reason="renew deadline passed")
                 if leading:
                     self.discover()
+                    if self.healthy():
+                        self._blind_since = None
+                    else:  # a watch broken for long: no old "ok" stays (an expiry has no event either)
+                        self.withdraw_if_blind()
                 if leading and (dirty or (now >= next_sync and self.flipped())):
                     if dirty:
                         self.stop.wait(self.DEBOUNCE)  # a burst of changes: one reconcile

@@ -121,7 +121,7 @@ def _parse_time(text) -> float | None:
 
 
 #: The fields of the ``<prefix>/preflight`` doc a row reads, with the type each must have.
-_DOC_STR = ("target", "now", "from", "gate", "since")
+_DOC_STR = ("target", "now", "from", "gate", "since", "verdict")
 
 
 def _doc(anns: dict, prefix: str) -> tuple:
@@ -228,6 +228,12 @@ def _node_row(node: dict, prefix: str, *, lease, target, now, observed_age=None)
     pre = labels.get(f"{prefix}/preflight")
     # A doc that cannot be read leaves no verdict to act on, whatever the label says (fails closed).
     verdict = "unknown" if unreadable else pre if pre in ("pass", "warn", "fail", "unknown") else None
+    # The label is for selectors (and anyone, NFD included, may be let set labels); the annotation, which only
+    # the node's own agent may write (the policy compat-hook-node-verdicts), says the same: where they
+    # disagree, there is no verdict to act on.
+    if verdict not in (None, "unknown") and doc.get("verdict") not in (None, verdict):
+        unreadable = f"the label says {verdict}, the annotation {_s(doc.get('verdict'), 16)}"
+        verdict = "unknown"
     published = _s(doc.get("target") or labels.get(f"{prefix}/preflight.target-driver"))
     state = _s(labels.get(STATE_LABEL)) or None
     ours = f"{prefix}/holds-upgrade" in anns
@@ -286,7 +292,8 @@ def _node_row(node: dict, prefix: str, *, lease, target, now, observed_age=None)
             if verdict in ("warn", "fail") and doc.get("complete") is not True else None),
         "path": _PATHS.get(labels.get(f"{prefix}/registration")) if isinstance(labels.get(f"{prefix}/registration"),
                                                                                  str) else None,
-        "reason": "preflight_unreadable" if unreadable else None,
+        "reason": ("preflight_disagrees" if unreadable.startswith("the label") else "preflight_unreadable")
+        if unreadable else None,
     }
 
 
@@ -299,6 +306,8 @@ def _note(verdict: str | None, doc: dict, unreadable: str | None = None) -> str 
     (None, 'unknown: its agent gave no reason')
     """
     if unreadable:
+        if unreadable.startswith("the label"):
+            return f"unknown: {unreadable}"
         return f"unknown: preflight annotation unreadable: {unreadable}"
     if verdict is None:
         return "no preflight published: is its agent running?"
