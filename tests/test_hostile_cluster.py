@@ -91,9 +91,10 @@ def test_status_the_fleet_and_the_agent_go_on_past_a_deeply_nested_preflight_ann
     # the fleet's reconcile over the Nodes as the API server lists them: judged, and the two block the version
     nodes = cp.admin.get("/api/v1/nodes", labelSelector=f"{CASE}={case}")["items"]
     policy = {"metadata": {"name": "cluster-policy"}, "spec": {"driver": {"version": R535}}}
-    [(key, value)] = fleet.reconcile(fleet.Snapshot(nodes=tuple(nodes), policies=(policy,), now=time.time()),
-                                     PREFIX).items()
-    assert value.startswith("not judged on 3 of 3 node(s)") and "deep-large (" in value, value
+    data = fleet.reconcile(fleet.Snapshot(nodes=tuple(nodes), policies=(policy,), now=time.time()), PREFIX)
+    for key in (f"clusterpolicy_cluster-policy_{R535}", f"driver_{R535}"):
+        value = data[key]
+        assert value.startswith("not judged on 3 of 3 node(s)") and "deep-large (" in value, value
     # the agent of the node whose doc nests 5000 deep: a pass, and its own doc replaces the hostile one
     host = work / "hosts" / "deep-nested"
     hookenv.set_host_version(host, R535)
