@@ -218,7 +218,8 @@ def test_the_in_cluster_agent_publishes_fail_with_its_projected_token(world):
     # who wrote it: the agent's ServiceAccount, with the token the kubelet projected for its pod
     node = world.admin.get(f"/api/v1/nodes/{world.node.name}")
     managers = {m["manager"] for m in node["metadata"]["managedFields"]}
-    assert "compat-hook" in managers, managers
+    # its server-side apply (manager compat-hook-agent), and its merge patch of a key to remove (compat-hook)
+    assert managers & {"compat-hook", "compat-hook-agent"}, managers
     pod = world.ds_pod()
     token = _agent_token(world, pod)
     claims = _claims(token)
@@ -325,6 +326,10 @@ def test_every_container_stops_within_two_seconds_of_sigterm(world):
     validator and the fleet controller (on since the gate is: fleet.enabled auto) end on the kubelet's SIGTERM
     at once, not after the grace period; the DaemonSets and the Deployment then start new pods."""
     results = {}
+    # the fleet controller's Deployment came with the gate (the last test's helm upgrade): its replicas first
+    world.admin.wait("the fleet controller's replicas Ready", lambda: world.admin.get(
+        f"/apis/apps/v1/namespaces/{NS}/deployments/compat-hook-fleet")["status"].get("readyReplicas") == 2,
+        timeout=180, interval=0.5)
     for ds in ("compat-hook", "compat-hook-validator", "compat-hook-fleet"):
         r = results[ds] = _stop_pod(world, ds)
         print(f"{ds}: pod gone {r['gone']:.2f} s after its deletion (grace {r['grace']} s); exits {r['exit']}; "
