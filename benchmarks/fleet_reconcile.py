@@ -113,14 +113,6 @@ def measure(n: int, repeat: int) -> dict:
             "renewal_us": round(per_renewal * 1e6, 2), "resync_check_ms": round(per_resync * 1000, 2)}
 
 
-def _cpu_s(pid: int) -> float:
-    import os
-
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def live(n: int, interval: float, steady: float) -> dict:
     """The fleet controller as a process on a real API server with ``n`` GPU nodes (module docstring)."""
     import os
@@ -131,6 +123,8 @@ def live(n: int, interval: float, steady: float) -> dict:
     import threading
 
     os.environ.setdefault("COMPAT_HOOK_TEST_CACHE", str(REPO / ".cache"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fleet import _cpu_s  # benchmarks/fleet.py's: one reading of a process's CPU
     from tests.support import chart
     from tests.support.gpucluster import gpu_operator
     from tests.support.kube import ControlPlane

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from compat_hook.cluster import reconcile
 from compat_hook.cluster.gate import HOLDABLE, OVERRIDE, SKIP_LABEL, STATE_LABEL
+from tests.test_cluster_reconcile import written  # ``meta`` once a Desired's keys are written
 
 P = "p.io"
 HOLD = f"{P}/holds-upgrade"
@@ -31,18 +32,6 @@ QUIET = 100.0
 ST = reconcile.Settings(prefix=P, gate=True, quiet=QUIET, interval=300.0, details="ns/n")
 WORKLOADS = ("w1", "w2", "w3")
 IMAGES = {"w1": "r/a:1", "w2": "r/b:2", "w3": "r/c:3"}
-
-
-def written(meta: dict, d: reconcile.Desired) -> dict:
-    """``meta`` once ``d``'s keys are written."""
-    out = {k: dict(meta.get(k) or {}) for k in ("labels", "annotations")}
-    for kind, keys in d.keys.items():
-        for k, v in keys.items():
-            if v is None:
-                out[kind].pop(k, None)
-            else:
-                out[kind][k] = v
-    return out
 
 
 def held(meta: dict) -> bool:

@@ -125,18 +125,22 @@ def _kubelet(cp: ControlPlane, node: str, messages: dict, done: threading.Event)
         time.sleep(0.2)
 
 
+def _validated_node(cp, name: str, tmp_path) -> tuple:
+    """A GPU Node ``name`` with no annotation, its host root on R555, the config and the agent's record dir."""
+    from compat_hook.core.config import from_mapping
+
+    node = gpu_node(name, deploy_driver=False)
+    node["metadata"]["annotations"] = {}
+    cp.admin.create("/api/v1/nodes", node)
+    host = hookenv.fake_host(tmp_path / "host", HOST_555)
+    return host, from_mapping({"host_root": str(host), "nvml": "off", "log_file": None}), tmp_path / "agent"
+
+
 def test_a_probe_output_of_nested_json_still_fails_the_node_and_taints_it(world, tmp_path):
     """Two workloads: one whose libcuda does not load, one whose image makes the probe's message a JSON
     document nested 3000 deep. The validator judges both, fails the node, labels and taints it."""
     cp, work, store = world
-    node = gpu_node("gpu-v", deploy_driver=False)
-    node["metadata"]["annotations"] = {}
-    cp.admin.create("/api/v1/nodes", node)
-    host = hookenv.fake_host(tmp_path / "host", HOST_555)
-    from compat_hook.core.config import from_mapping
-
-    cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
-    rec = tmp_path / "agent"
+    host, cfg, rec = _validated_node(cp, "gpu-v", tmp_path)
     pods = [{"metadata": {"namespace": "ml", "name": n, "labels": {}},
              "spec": {"runtimeClassName": "cuda-compat", "containers": [{"name": "c", "image": ref(n), "env": [
                  {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}, "status": {"phase": "Running"}}
@@ -174,14 +178,7 @@ def test_a_probe_pod_the_api_server_refuses_fails_its_workload(world, tmp_path):
     proven, so the node fails and is tainted at once, not retried while the upgrade controller's
     600 s run out and it uncordons the node."""
     cp, work, store = world
-    node = gpu_node("gpu-w", deploy_driver=False)
-    node["metadata"]["annotations"] = {}
-    cp.admin.create("/api/v1/nodes", node)
-    host = hookenv.fake_host(tmp_path / "host", HOST_555)
-    from compat_hook.core.config import from_mapping
-
-    cfg = from_mapping({"host_root": str(host), "nvml": "off", "log_file": None})
-    rec = tmp_path / "agent"
+    host, cfg, rec = _validated_node(cp, "gpu-w", tmp_path)
     pod = {"metadata": {"namespace": "ml", "name": "p", "labels": {}},
            "spec": {"containers": [{"name": "c", "image": ref("infer"), "env": [
                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}, "status": {"phase": "Running"}}
