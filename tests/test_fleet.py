@@ -63,9 +63,9 @@ class World:
         self.hosts: dict = {}
 
     # -- the fleet controllers ------------------------------------------------
-    def start_fleet(self, identity: str, kubeconfig=None) -> subprocess.Popen:
+    def start_fleet(self, identity: str, kubeconfig=None, python: str = "/usr/bin/python3") -> subprocess.Popen:
         log = (self.work / f"{identity}.log").open("ab")
-        p = subprocess.Popen(["/usr/bin/python3", "-m", "compat_hook", "cluster", "fleet", "--namespace", NS,
+        p = subprocess.Popen([python, "-m", "compat_hook", "cluster", "fleet", "--namespace", NS,
                               "--identity", identity, "--lease-seconds", str(LEASE_SECONDS), "--resync", "0.5",
                               "--kubeconfig", str(kubeconfig or self.fleet_kc)],
                              cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -646,6 +646,26 @@ def test_the_fleet_account_can_do_only_its_job(world):
         assert e.value.status == 403, (method, path, e.value)
     assert api.get(LEASE)["metadata"]["name"] == "compat-hook-fleet"
     api.request("PUT", PARAM, api.get(PARAM), query={"dryRun": "All"})
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+def test_the_newest_kubernetes_client_runs_the_fleet(world):
+    """`pip install '.[cluster]'` brings the newest client from PyPI: the controller leads, writes its keys and
+    stops on SIGTERM with it as with Debian's."""
+    from tests.support.kube import clients
+
+    w = world
+    p = w.start_fleet("fleet-new", python=clients()["latest"])
+    try:
+        w.admin.wait("fleet-new leads", lambda: _leader(w) == "fleet-new", timeout=60)
+        w.admin.wait("its reconcile", lambda: w.events("fleet-new", "fleet_leading")
+                     and (w.events("fleet-new", "fleet_applied") or w.params()))
+        assert CPKEY.format(w.version()) in w.params(), w.params()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(10) == 0 and w.events("fleet-new", "fleet_stopped")[-1]["released"] is True
+    finally:
+        w.stop_fleets()
 
 
 def _status(w: World) -> tuple:
