@@ -88,3 +88,24 @@ def snapshot_tree(base) -> dict:
                                              st.st_size if not stat.S_ISDIR(st.st_mode) else None,
                                              st.st_mtime_ns, extra)
     return out
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The modules that need the cache's long builds run last, while those builds run in the background
+    (tests/support/warm.py)."""
+    from tests.support import warm
+
+    warm.order(items)
+
+
+def pytest_collection_finish(session):
+    from tests.support import warm
+
+    if not session.config.option.collectonly:
+        warm.start(session.items)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    from tests.support import warm
+
+    warm.stop()

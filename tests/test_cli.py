@@ -398,3 +398,36 @@ def test_man_page_names_the_engine_config_flag():
     assert "\\-\\-engine\\-config" in install and "\\-\\-config\n" not in install
     options = man.split(".SH OPTIONS")[1]
     assert ".BI \\-\\-engine\\-config" in options and "deprecated alias" in options
+
+
+def test_a_sigterm_while_pid_1_is_starting_ends_it_at_once(tmp_path):
+    """As a container's PID 1 (the cluster's agent, validator, fleet controller) a signal without a handler is
+    ignored, so a SIGTERM before the command installs its own would make the kubelet wait out the grace period
+    and SIGKILL it. Here the command blocks before any handler of its own (its kubeconfig is a FIFO nobody
+    writes), in a PID namespace of its own where it is PID 1: the SIGTERM still ends it, with 143."""
+    import os
+    import signal
+    import time
+
+    fifo = tmp_path / "kubeconfig"
+    os.mkfifo(fifo)
+    p = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-m", "compat_hook",
+                          "cluster", "status", "--kubeconfig", str(fifo)], cwd=pathlib.Path(__file__).parents[1], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)
+    try:
+        child, deadline = None, time.monotonic() + 30
+        while time.monotonic() < deadline:  # the command (PID 1 inside) blocked opening the FIFO
+            kids = pathlib.Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
+            if kids and pathlib.Path(f"/proc/{kids[0]}/wchan").read_text() == "wait_for_partner":
+                child = int(kids[0])
+                break
+            time.sleep(0.05)
+        assert child is not None, "the command never blocked on its kubeconfig"
+        assert pathlib.Path(f"/proc/{child}/status").read_text().count("NSpid:") == 1
+        assert pathlib.Path(f"/proc/{child}/status").read_text().split("NSpid:")[1].split("\n")[0].split()[-1] == "1"
+        os.kill(child, signal.SIGTERM)
+        assert p.wait(10) == 128 + signal.SIGTERM
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

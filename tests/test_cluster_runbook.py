@@ -190,6 +190,16 @@ def runbook(tmp_path):
             cwd=REPO, stdout=(tmp_path / "fleet.log").open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         cp.start_harness()
         wait_upgraded(cp.admin, list(NODES), R535, timeout=180)  # first reconcile: unknown -> upgrade-done
+
+        def enforced():  # the API server's admission loads a new policy, its binding and params asynchronously
+            try:
+                cp.admin.request("PATCH", CP, {"spec": {"driver": {"version": R470}}},
+                                 content_type="application/merge-patch+json", query={"dryRun": "All"})
+            except ApiError as e:
+                return e.status == 403 and "compat-hook.io/next-driver" in e.body
+            return False
+
+        cp.admin.wait("the driver-version policy in force", enforced, timeout=60, interval=0.3)
         yield rb
     finally:
         if fleet is not None and fleet.poll() is None:

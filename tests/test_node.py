@@ -290,6 +290,12 @@ def _stop_pod(world, ds: str) -> dict:
     pod = world.ds_pod(ds)
     name = pod["metadata"]["name"]
     path = f"/api/v1/namespaces/{NS}/pods/{name}"
+    if ds == "compat-hook-fleet":
+        # a replica with no readiness probe is Ready when its container starts: what is timed here is the
+        # controller's own stop, so it has started (a SIGTERM during the interpreter's first milliseconds,
+        # before any Python runs, is ignored by a PID 1 and waits out the grace period)
+        world.admin.wait("the fleet replica started", lambda: '"event":"fleet_started"' in world.node.pod_log(
+            NS, name, "fleet"), timeout=120, interval=0.5)
     t0 = time.monotonic()
     world.admin.delete(path)
     seen: dict = {}

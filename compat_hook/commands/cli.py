@@ -10,6 +10,7 @@ did its job; 1 the hook failed with ``on_error: fail``, or a command failed;
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CompatHookError
@@ -22,12 +23,30 @@ def _die(msg: str, status: int = EXIT_USAGE) -> int:
     return status
 
 
+def _end_on_signal_as_pid1() -> None:
+    """As a container's PID 1 (the cluster's agent, validator and fleet controller), a signal with no
+    handler is ignored: a SIGTERM that comes while the process is still starting (imports, the
+    kubeconfig) would make the kubelet wait out the whole grace period, then SIGKILL it. Until a
+    long-running command installs its own handler (which stops it cleanly), SIGTERM and SIGINT end the
+    process at once: it has written nothing yet."""
+    if os.getpid() != 1:
+        return
+    import signal
+
+    def end(signum, _frame):
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, end)
+    signal.signal(signal.SIGINT, end)
+
+
 def main(argv: list | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "hook":
         from .hook import main as hook_main
 
         return hook_main(argv[1:])
+    _end_on_signal_as_pid1()
     try:
         return _main(argv)
     except CompatHookError as e:

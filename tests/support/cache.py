@@ -34,7 +34,14 @@ def locked(name: str) -> Iterator[None]:
     locks = cache_dir() / ".locks"
     locks.mkdir(exist_ok=True)
     with open(locks / f"{name}.lock", "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process builds it (tests/support/warm.py): say why the run waits
+            from . import progress
+
+            t0 = progress.start(f"waiting for {name}, built by another process (its log: {cache_dir() / 'warm.log'})")
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            progress.done(t0, f"{name} ready")
         try:
             yield
         finally:

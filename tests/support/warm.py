@@ -1,0 +1,120 @@
+"""The cache's long builds in the background while the tests that need none of them run.
+
+A cold ``make test`` builds kube-apiserver, the kubelet, kwok, helm, the upgrade harness, crictl and
+the NRI plugin from Go (20-25 minutes on 2 cores) and fetches containerd 2.x. Built when a fixture
+first asks, the suite waits for each in turn. Instead:
+
+* :func:`order` runs the modules that need those builds last (each module stays whole, in its order);
+* :func:`start` builds them in one background process (``python -m tests.support.warm``) while the
+  rest of the suite runs. That process runs under ``SCHED_IDLE`` (inherited by the compilers it
+  starts): it gets the CPU only when the tests leave it idle (they wait on containers and daemons
+  much of the time), so it does not slow a test down or change a timing one measures;
+* a fixture that needs a build still under way waits on the build's lock (tests/support/cache.py) and
+  says so; the build is the same code, so the result is the same as when built in the foreground.
+
+Each build is atomic (a temp dir renamed into place), so stopping the process at the end of the
+session (or a crash) leaves no half-built entry. ``COMPAT_HOOK_TEST_WARM=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["BUILDS", "NEEDS_BUILDS", "order", "start", "stop", "main"]
+
+#: The test modules that need a build of :data:`BUILDS` (a real API server, a kubelet node, the plugin).
+NEEDS_BUILDS = frozenset({
+    "test_admission", "test_cluster", "test_cluster_churn", "test_cluster_offline", "test_cluster_runbook",
+    "test_fleet", "test_hostile_cluster", "test_kubernetes", "test_node", "test_node_cdi",
+    "test_node_validator", "test_nri", "test_nri_packaging", "test_validator", "test_validator_age",
+})
+
+#: What :func:`main` builds, in the order the last modules first need them.
+BUILDS = ("kube-apiserver", "kwok", "harness", "helm", "kube-controller-manager", "kube-scheduler", "kubelet",
+          "crictl", "containerd2", "nri")
+
+
+def _module(item) -> str:
+    return Path(str(item.fspath)).stem
+
+
+def order(items: list) -> None:
+    """Move the items of :data:`NEEDS_BUILDS` modules after the others, keeping every other order."""
+    items[:] = sorted(items, key=lambda it: _module(it) in NEEDS_BUILDS)  # sorted() is stable
+
+
+_proc: subprocess.Popen | None = None
+
+
+def start(items: list) -> None:
+    """Start the background builds when the run includes a module that needs them."""
+    global _proc
+    if os.environ.get("COMPAT_HOOK_TEST_WARM", "1") == "0" or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if not any(_module(it) in NEEDS_BUILDS for it in items):
+        return
+    from .cache import cache_dir
+
+    log = cache_dir() / "warm.log"
+    repo = Path(__file__).resolve().parents[2]
+    with open(log, "ab") as out:
+        _proc = subprocess.Popen([sys.executable, "-m", "tests.support.warm"], cwd=repo, stdin=subprocess.DEVNULL,
+                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop() -> None:
+    """End the background builds (a build under way is dropped: its temp dir is removed, nothing half-built)."""
+    global _proc
+    if _proc is not None and _proc.poll() is None:
+        import signal
+
+        try:
+            os.killpg(_proc.pid, signal.SIGTERM)
+            _proc.wait(30)
+        except (OSError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(_proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            _proc.wait()
+    _proc = None
+
+
+def _builders() -> dict:
+    from . import engines, kubebuild
+
+    return {"kube-apiserver": kubebuild.kube_apiserver, "kwok": kubebuild.kwok, "harness": kubebuild.upgrade_harness,
+            "helm": kubebuild.helm, "kube-controller-manager": kubebuild.kube_controller_manager,
+            "kube-scheduler": kubebuild.kube_scheduler, "kubelet": kubebuild.kubelet, "crictl": engines.crictl,
+            "containerd2": engines.containerd2, "nri": kubebuild.nri_plugin}
+
+
+def main(argv: list | None = None) -> int:
+    """Build :data:`BUILDS` (or those named) one after the other, at idle priority; one failure is said and
+    the rest go on (the fixture that needs it builds it again in the foreground and fails there, visibly)."""
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds: ensure_dir removes its temp dir
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+    builders = _builders()
+    for name in (argv if argv else BUILDS):
+        t0 = time.monotonic()
+        try:
+            path = builders[name]()
+        except Exception as e:  # noqa: BLE001 - said, and built again where it is needed
+            print(f"warm: {name}: failed after {time.monotonic() - t0:.0f} s: {type(e).__name__}: {e}"[:2000],
+                  flush=True)
+            continue
+        print(f"warm: {name}: {path} ({time.monotonic() - t0:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
