@@ -156,7 +156,9 @@ def test_status_rows_whatever_the_nodes_say(metas, lease_docs, now):
         if why is not None:  # the documented answer: no verdict to act on, and why
             assert (row["verdict"], row["reason"], rc != 0) == ("unknown", "preflight_unreadable", True), row
             assert row["note"].startswith(f"unknown: preflight annotation unreadable: {why}"), row
-        assert row.get("reason") in (None, "preflight_unreadable", "preflight_disagrees"), row  # never row_error
+        assert row.get("reason") != "row_error", row  # every shape foreseen: its documented reason
+        assert (row["reason"] is None) == (row["verdict"] in ("pass", "warn", "fail") and not row["stale"]
+                                           and (row["verdict"] == "pass" or row["complete"])), row
 
 
 @pytest.mark.slow

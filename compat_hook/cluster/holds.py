@@ -33,6 +33,12 @@ Pure functions: no clock, no I/O (``now`` is given).
 >>> track(rec.doc(), target="570", regressing={}, present=set(), now=106.0, quiet=30).entries
 {}
 
+A time of absence ahead of the clock (a clock set back) counts from now, not from that time:
+
+>>> ahead = {"target": "470", "w": {"a1": ["r/a:1", 10**12]}}
+>>> track(ahead, target="470", regressing={}, present=set(), now=200.0, quiet=30).entries["a1"]["gone"]
+200
+
 No target, or an incomplete pass: the record as it was, its clock included.
 
 >>> kept = track(rec.doc(), target=None, regressing={}, present=set(), now=400.0, quiet=30)
@@ -174,7 +180,9 @@ def track(previous, *, target, regressing: dict, present: set, now: float, quiet
         if not current or not complete:
             new[k] = dict(e)  # absence cannot be told (or this pass cannot end it): as it was
             continue
-        gone = e["gone"] if e["gone"] is not None else int(now)
+        # A recorded time ahead of this pass's clock (a clock set back, a record written by a skewed
+        # agent) starts the absence now: else the hold would wait for that moment, however far away.
+        gone = e["gone"] if e["gone"] is not None and e["gone"] <= now else int(now)
         if now - gone >= quiet:
             continue  # absent for the quiet time: it stops counting
         new[k] = {"image": e["image"], "gone": gone}

@@ -242,15 +242,16 @@ def _node_row(node: dict, prefix: str, *, lease, target, now, observed_age=None)
     renewed = _parse_time(spec.get("renewTime"))
     duration = spec.get("leaseDurationSeconds")
     duration = float(duration) if isinstance(duration, (int, float)) and not isinstance(duration, bool) and duration > 0 else None
-    stale = None
+    stale = stale_code = None
     if verdict is not None:
         beat = heartbeat_problem(renewed if lease is not None else None, duration, now, observed_age)
         if beat is not None:
-            stale = beat
+            stale, stale_code = beat, "no_heartbeat"
         elif target is not None and not str(doc.get("from") or "").startswith("--driver"):
             current = getattr(target, "version", None)
             if current != (doc.get("target") if doc else published):
                 stale = f"verdict for {published or 'no target'}, the target now is {current or 'unknown'}"
+                stale_code = "stale_target"
     gate = doc.get("gate")
     if ours and skip:
         hold = "yes"
@@ -292,9 +293,31 @@ def _node_row(node: dict, prefix: str, *, lease, target, now, observed_age=None)
             if verdict in ("warn", "fail") and doc.get("complete") is not True else None),
         "path": _PATHS.get(labels.get(f"{prefix}/registration")) if isinstance(labels.get(f"{prefix}/registration"),
                                                                                  str) else None,
-        "reason": ("preflight_disagrees" if unreadable.startswith("the label") else "preflight_unreadable")
-        if unreadable else None,
+        "reason": _reason(verdict, doc, unreadable, stale_code),
     }
+
+
+def _reason(verdict, doc: dict, unreadable: str | None, stale_code: str | None) -> str | None:
+    """The row's one reason code (``--json``'s ``reason``): why there is no verdict to act on, or None
+    when there is one (fresh, readable and, for ``warn``/``fail``, complete).
+
+    >>> _reason("pass", {}, None, None), _reason("unknown", {"reasons": ["no_target"]}, None, None)
+    (None, 'no_target')
+    >>> _reason("fail", {"complete": False}, None, None), _reason("fail", {"complete": True}, None, "no_heartbeat")
+    ('incomplete', 'no_heartbeat')
+    """
+    if unreadable:
+        return "preflight_disagrees" if unreadable.startswith("the label") else "preflight_unreadable"
+    if verdict is None:
+        return "no_preflight"
+    if stale_code:
+        return stale_code
+    if verdict == "unknown":
+        codes = [r for r in doc.get("reasons") or [] if isinstance(r, str) and r]
+        return _s(codes[0], 32) if codes else "no_reason"
+    if verdict in ("warn", "fail") and doc.get("complete") is not True:
+        return "incomplete"
+    return None
 
 
 def _note(verdict: str | None, doc: dict, unreadable: str | None = None) -> str | None:
