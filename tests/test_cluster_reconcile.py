@@ -214,3 +214,23 @@ def test_owners_reads_managed_fields_and_ignores_odd_entries():
                               {"manager": "c", "operation": "Update", "fieldsV1": {"f:metadata": {"f:labels": []}}}]}
     assert nodeapply.owners(meta) == {("labels", "x"): {("a", "Apply"), ("b", "Update")},
                                       ("annotations", "y"): {("a", "Apply")}}
+
+
+def test_the_gate_table_is_total_and_only_two_of_its_cells_take_a_hold_of_ours_off():
+    """The gate's table (need x owner) has one action per cell, and what lifts a hold of ours is what the
+    module says: a complete pass without a regression (``lift``), or the label taken off by hand
+    (``unmark``); everything else that lifts one (the gate off, the override, the upgrade begun) comes
+    before the table, and an incomplete pass keeps it."""
+    from compat_hook.cluster import gate
+
+    assert set(gate.TABLE) == {(n, o) for n in gate.NEEDS for o in gate.OWNERS}
+    assert {a for a in gate.TABLE.values()} == {"hold", "keep", "lift", "clear", "leave", "unmark", "not-again"}
+    assert {k for k, a in gate.TABLE.items() if a == "lift"} == {("no", "ours")}
+    assert {k for k, a in gate.TABLE.items() if a == "unmark"} == {(n, "taken") for n in gate.NEEDS}
+    assert gate.TABLE["unknown", "ours"] == "keep" and gate.TABLE["yes", "ours"] == "hold"
+    # each cell, through decide(): a hold of ours loses its label only where the table lifts it
+    ours = {"labels": {SKIP_LABEL: "true", STATE_LABEL: "upgrade-required"}, "annotations": {"p/holds-upgrade": "w"}}
+    for verdict, complete in (("fail", True), ("fail", False), ("pass", True), ("warn", False), ("unknown", False)):
+        g = gate.decide(ours, verdict=verdict, complete=complete, why="w", enabled=True, prefix="p")
+        lifted = g.labels.get(SKIP_LABEL, "kept") is None
+        assert lifted == (gate.TABLE[gate.need(verdict, complete), "ours"] == "lift"), (verdict, complete, g.state)

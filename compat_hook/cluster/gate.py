@@ -81,7 +81,8 @@ does nothing. So the gate (:func:`decide`, one state per pass):
 
 from __future__ import annotations
 
-__all__ = ["decide", "Gate", "STATE_LABEL", "SKIP_LABEL", "HOLDABLE", "OVERRIDE", "STATES"]
+__all__ = ["decide", "need", "owner", "Gate", "TABLE", "NEEDS", "OWNERS", "STATE_LABEL", "SKIP_LABEL", "HOLDABLE",
+           "OVERRIDE", "STATES"]
 
 STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
 SKIP_LABEL = "nvidia.com/gpu-driver-upgrade.skip"
@@ -118,74 +119,132 @@ def _map(v) -> dict:
     return v if isinstance(v, dict) else {}
 
 
-def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool, prefix: str,
-           blocked: str | None = None, key: str = "", previous: dict | None = None, problem: str = "") -> Gate:
-    """The gate for a node whose ``metadata`` is ``meta`` (see the module docstring).
+#: Whether this pass needs a hold: ``yes`` (a regression), ``no`` (a complete pass found none),
+#: ``unknown`` (a pass that found none but did not read everything: it cannot lift a hold).
+NEEDS = ("yes", "no", "unknown")
+#: Who owns the skip label: ``none`` (neither key), ``ours`` (the label with our annotation), ``theirs``
+#: (the label without it), ``taken`` (our annotation, the label taken off by hand), ``released`` (neither
+#: key, while our last published word for this target and these regressions was a hold, or such a
+#: release: ``cluster release`` or a hand took them off).
+OWNERS = ("none", "ours", "theirs", "taken", "released")
+#: The gate: (need, owner) -> what to do. The actions: ``hold`` (set both keys, or keep ours with its
+#: reason brought up to date), ``keep`` (ours as it is), ``lift`` (take ours off), ``clear`` (nothing
+#: to do), ``leave`` (someone else's label: never touched), ``unmark`` (the label went by hand: our
+#: annotation goes too, and no new hold for this target), ``not-again`` (released: not held again for
+#: this target and these regressions). Three things come before the table, as they do not depend on
+#: who owns the label: the gate off, the admin's override, and a node past ``upgrade-required`` (a
+#: regression there is ``too-late``; a hold of ours is lifted, the upgrade has begun). One comes after:
+#: where a hold cannot work (``blocked``), a ``hold`` or ``keep`` is ``cannot-hold`` instead.
+TABLE = {
+    ("yes", "none"): "hold", ("no", "none"): "clear", ("unknown", "none"): "clear",
+    ("yes", "ours"): "hold", ("no", "ours"): "lift", ("unknown", "ours"): "keep",
+    ("yes", "theirs"): "leave", ("no", "theirs"): "leave", ("unknown", "theirs"): "leave",
+    ("yes", "taken"): "unmark", ("no", "taken"): "unmark", ("unknown", "taken"): "unmark",
+    ("yes", "released"): "not-again", ("no", "released"): "clear", ("unknown", "released"): "clear",
+}
 
-    ``verdict``: the pass's (``fail`` means a regression); ``complete``: whether it read everything a
-    release (or a new hold) needs, ``problem`` what it could not; ``blocked``: why a hold cannot work here (None: it can); ``key``: what the
-    regressions are (target and workloads); ``previous``: the last published summary (its ``gate``
-    and ``key``), for ``released-by-other``.
+
+def need(verdict: str, complete: bool) -> str:
+    """The pass's row of :data:`TABLE`.
+
+    >>> need("fail", False), need("pass", True), need("warn", False)
+    ('yes', 'no', 'unknown')
     """
-    labels, anns = _map(meta.get("labels")), _map(meta.get("annotations"))
-    hold_key = f"{prefix}/holds-upgrade"
-    ours = hold_key in anns
-    skipped = labels.get(SKIP_LABEL) == "true"
-    state = labels.get(STATE_LABEL, "")
-    state = state[:63] if isinstance(state, str) else ""
-    holdable = state in HOLDABLE
-    fail = verdict == "fail"
-    why = why[:MAX_WHY]
-    release = {"labels": {SKIP_LABEL: None} if skipped else {}, "annotations": {hold_key: None}}
-    drop_annotation = {"annotations": {hold_key: None}}
+    return "yes" if verdict == "fail" else "no" if complete else "unknown"
 
-    if not enabled:
-        if ours:
-            return Gate("off", "the gate is off (cluster.gate_upgrade): our hold is lifted", **release)
-        return Gate("off")
-    if anns.get(f"{prefix}/{OVERRIDE}") == "true":
-        msg = f"{prefix}/{OVERRIDE}=true: no hold" + ("; our hold is lifted" if ours else "")
-        if skipped and not ours:
-            msg += f" ({SKIP_LABEL}=true is someone else's: left alone)"
-        return Gate("override", msg, **(release if ours else {}))
-    if not holdable and fail:
-        msg = (f"too late to hold: the node is in {state} (past upgrade-required, where "
-               f"{SKIP_LABEL} no longer has an effect); {why}")
-        return Gate("too-late", msg, **(release if ours else {}))
-    if ours and not skipped:
-        # Our annotation without our label: someone removed the label (to push the node through).
-        return Gate("released-by-other", f"{SKIP_LABEL} was removed by someone else: the hold is released "
-                                         f"for this target", released_by="label", **drop_annotation)
+
+def owner(labels: dict, anns: dict, prefix: str, *, key: str = "", previous: dict | None = None) -> tuple:
+    """``(owner, released_by)``: the column of :data:`TABLE` (``released_by``: for ``taken``/``released``).
+
+    >>> owner({SKIP_LABEL: "true"}, {}, "p"), owner({}, {"p/holds-upgrade": "x"}, "p")
+    (('theirs', None), ('taken', 'label'))
+    >>> owner({}, {}, "p", key="k", previous={"gate": "held", "key": "k"})
+    ('released', 'release')
+    """
+    ours = f"{prefix}/holds-upgrade" in anns
+    skipped = labels.get(SKIP_LABEL) == "true"
     if ours:
-        if not holdable:
-            return Gate("clear", f"the upgrade has begun ({state}): our hold is lifted", **release)
-        if complete and not fail:
-            return Gate("clear", "a complete pass found no regression: the hold is lifted", **release)
-        ann = {} if anns.get(hold_key) == why or not fail else {hold_key: why}
-        if blocked:
-            return Gate("cannot-hold", f"cannot hold: {blocked} (our hold is kept)", annotations=ann)
-        if fail:
-            return Gate("held", f"holding the upgrade: {why}", annotations=ann)
-        return Gate("held", f"keeping the hold: this pass is incomplete ({why})")
-    if not fail:
-        if skipped:
-            return Gate("skipped-by-other", f"{SKIP_LABEL}=true was set by someone else: left alone")
-        return Gate("clear")
+        return ("ours", None) if skipped else ("taken", "label")
     if skipped:
-        return Gate("skipped-by-other", f"{SKIP_LABEL}=true was set by someone else: already held; {why}")
-    if blocked:
-        return Gate("cannot-hold", f"cannot hold: {blocked}; {why}")
+        return "theirs", None
     prev = _map(previous)
-    if prev.get("gate") == "released-by-other" and prev.get("key") == key:
-        return Gate("released-by-other", f"{SKIP_LABEL} was removed by someone else: not held again for this "
-                                         f"target; {why}", released_by=prev.get("released_by") or "label")
-    if prev.get("gate") == "held" and prev.get("key") == key:
+    if prev.get("key") == key and prev.get("gate") == "released-by-other":
+        return "released", prev.get("released_by") or "label"
+    if prev.get("key") == key and prev.get("gate") == "held":
         # Our last word on this Node was a hold, and both its keys are gone: someone released it (the
         # release command, as helm uninstall runs it while this agent still runs). Holding again at
         # once would undo that, and outlive the agent about to be stopped.
-        return Gate("released-by-other", f"our hold was released by someone else ({SKIP_LABEL} and "
-                                         f"{hold_key} removed): not held again for this target; {why}",
-                    released_by="release")
+        return "released", "release"
+    return "none", None
+
+
+def decide(meta: dict, *, verdict: str, complete: bool, why: str, enabled: bool, prefix: str,
+           blocked: str | None = None, key: str = "", previous: dict | None = None, problem: str = "") -> Gate:
+    """The gate for a node whose ``metadata`` is ``meta`` (see the module docstring and :data:`TABLE`).
+
+    ``verdict``: the pass's (``fail`` means a regression); ``complete``: whether it read everything a
+    release (or a new hold) needs, ``problem`` what it could not; ``blocked``: why a hold cannot work
+    here (None: it can); ``key``: what the regressions are (target and workloads); ``previous``: the
+    last published summary (its ``gate`` and ``key``), for ``released``.
+    """
+    labels, anns = _map(meta.get("labels")), _map(meta.get("annotations"))
+    hold_key = f"{prefix}/holds-upgrade"
+    skipped = labels.get(SKIP_LABEL) == "true"
+    state = labels.get(STATE_LABEL, "")
+    state = state[:63] if isinstance(state, str) else ""
+    why = why[:MAX_WHY]
+    row = need(verdict, complete)
+    col, released_by = owner(labels, anns, prefix, key=key, previous=previous)
+    mine = col in ("ours", "taken")
+    lift = {"labels": {SKIP_LABEL: None} if skipped else {}, "annotations": {hold_key: None}}
+
+    # Before the table: what does not depend on who owns the label.
+    if not enabled:
+        if mine:
+            return Gate("off", "the gate is off (cluster.gate_upgrade): our hold is lifted", **lift)
+        return Gate("off")
+    if anns.get(f"{prefix}/{OVERRIDE}") == "true":
+        msg = f"{prefix}/{OVERRIDE}=true: no hold" + ("; our hold is lifted" if mine else "")
+        if skipped and not mine:
+            msg += f" ({SKIP_LABEL}=true is someone else's: left alone)"
+        return Gate("override", msg, **(lift if mine else {}))
+    if state not in HOLDABLE:
+        if row == "yes":
+            msg = (f"too late to hold: the node is in {state} (past upgrade-required, where "
+                   f"{SKIP_LABEL} no longer has an effect); {why}")
+            return Gate("too-late", msg, **(lift if mine else {}))
+        if col == "ours":
+            return Gate("clear", f"the upgrade has begun ({state}): our hold is lifted", **lift)
+
+    action = TABLE[row, col]
+    if blocked and action in ("hold", "keep", "not-again"):
+        if col == "ours":
+            ann = {hold_key: why} if row == "yes" and anns.get(hold_key) != why else {}
+            return Gate("cannot-hold", f"cannot hold: {blocked} (our hold is kept)", annotations=ann)
+        return Gate("cannot-hold", f"cannot hold: {blocked}; {why}")
+    if action == "clear":
+        return Gate("clear")
+    if action == "lift":
+        return Gate("clear", "a complete pass found no regression: the hold is lifted", **lift)
+    if action == "keep":
+        return Gate("held", f"keeping the hold: this pass is incomplete ({why})")
+    if action == "leave":
+        return Gate("skipped-by-other", f"{SKIP_LABEL}=true was set by someone else: "
+                    + (f"already held; {why}" if row == "yes" else "left alone"))
+    if action == "unmark":
+        return Gate("released-by-other", f"{SKIP_LABEL} was removed by someone else: the hold is released "
+                                         f"for this target", released_by="label", annotations={hold_key: None})
+    if action == "not-again":
+        if _map(previous).get("gate") == "held":
+            return Gate("released-by-other", f"our hold was released by someone else ({SKIP_LABEL} and "
+                                             f"{hold_key} removed): not held again for this target; {why}",
+                        released_by="release")
+        return Gate("released-by-other", f"{SKIP_LABEL} was removed by someone else: not held again for this "
+                                         f"target; {why}", released_by=released_by)
+    # hold
+    if col == "ours":
+        return Gate("held", f"holding the upgrade: {why}",
+                    annotations={} if anns.get(hold_key) == why else {hold_key: why})
     msg = f"holding the upgrade: {why}"
     if not complete:
         # Completeness is judged per regressing workload: the one that regresses was read and judged,
