@@ -6,7 +6,7 @@
 The control plane is the tests' (tests/support/kube.py: etcd, kube-apiserver v1.34). It holds
 ``--nodes`` real Node objects (labelled as GPU Feature Discovery labels GPU nodes), one GPU pod
 bound to each, the ClusterPolicy, and the agent's permissions. The agents are the real agent code
-(``compat_hook.cluster.agent.Agent``), one per node, each with its own node identity, its own
+(``compat_hook.cluster.node.agent.Agent``), one per node, each with its own node identity, its own
 connection and its own watches, run as threads of ``--workers`` processes; every node's host root is
 the same fake driver (R535, an A100) and its store the same OCI layout.
 
@@ -51,8 +51,8 @@ if str(REPO) not in sys.path:
 
 def _worker(args) -> int:
     """One process of simulated agents: ``args.names`` (comma-separated), each the real Agent in a thread."""
-    from compat_hook.cluster import agent as agentmod
-    from compat_hook.cluster import kube
+    from compat_hook.cluster.node import agent as agentmod
+    from compat_hook.cluster.api import kube
     from compat_hook.core import config as configmod
 
     names = args.names.split(",")

@@ -8,7 +8,7 @@ and a Lease; the objects are a ClusterPolicy handing drivers to two NVIDIADriver
 announced next driver on one, so every kind of key is computed (per object and version, ``driver_<v>``,
 the what-if keys of a delete and a mode switch). Figures, each the median of ``--repeat`` runs, in ms:
 
-* ``scratch``: a reconcile with an empty :class:`~compat_hook.cluster.fleet.Memo` (a new leader);
+* ``scratch``: a reconcile with an empty :class:`~compat_hook.cluster.overview.fleet.Memo` (a new leader);
 * ``one_verdict``: the next reconcile after one node published a new verdict (what the 2 s target of a new
   verdict reaching the ConfigMap is about);
 * ``one_renewal``: what a Lease renewal that changes no freshness costs the loop (:class:`LeaseClock.note`
@@ -49,7 +49,7 @@ R535, R570 = "535.261.03", "570.195.03"
 
 
 def _node(i: int, target: str, verdict: str = "pass") -> dict:
-    from compat_hook.cluster import publish
+    from compat_hook.cluster.node import publish
 
     doc = publish.node_doc(verdict_=verdict, target=target, target_from="NVIDIADriver pool", now=R535, gate="clear",
                            c={"regressions": 0}, reasons=[], key="k", interval=300, details="",
@@ -67,7 +67,7 @@ def _lease(i: int, now: float) -> dict:
 
 
 def measure(n: int, repeat: int) -> dict:
-    from compat_hook.cluster.fleet import LeaseClock, Memo, Snapshot, reconcile
+    from compat_hook.cluster.overview.fleet import LeaseClock, Memo, Snapshot, reconcile
 
     now = time.time()
     cp = {"metadata": {"name": "cluster-policy", "resourceVersion": "1"},

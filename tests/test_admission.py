@@ -39,7 +39,7 @@ VALIDATOR_PODS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-validator-pods'"
 VALIDATED = f"{PREFIX}/validated"
 EVENTS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-events'"
 RELEASE_POLICY = "ValidatingAdmissionPolicy 'compat-hook-release-node'"
-#: The labels of the agent's Lease and ConfigMap (compat_hook/cluster/publish.py)
+#: The labels of the agent's Lease and ConfigMap (compat_hook/cluster/node/publish.py)
 AGENT_LABELS = {"app.kubernetes.io/name": "compat-hook", "app.kubernetes.io/component": "preflight"}
 MERGE, SMP, JSONP = ("application/merge-patch+json", "application/strategic-merge-patch+json",
                      "application/json-patch+json")
@@ -232,11 +232,12 @@ def test_agent_cannot_change_another_node(world):
 
 
 def test_the_agents_server_side_apply_is_admitted_and_takes_over_an_older_agents_keys(world):
-    """compat_hook/cluster/nodeapply.py with the agent's pod-bound token: keys an older agent wrote by
+    """compat_hook/cluster/node/nodeapply.py with the agent's pod-bound token: keys an older agent wrote by
     merge patch go by a patch (the hold's pair together), a hold is applied and lifted by server-side
     apply under the field manager compat-hook-agent, and a skip label of someone else's is neither
     applied nor removed. Each write is one the policy admits."""
-    from compat_hook.cluster import gate, kube, nodeapply, publish
+    from compat_hook.cluster.node import gate, nodeapply, publish
+    from compat_hook.cluster.api import kube
 
     w = world
     hold = f"{PREFIX}/holds-upgrade"
@@ -281,7 +282,7 @@ def test_the_agents_server_side_apply_is_admitted_and_takes_over_an_older_agents
 
 
 def test_agent_sets_its_nodes_registration_label_and_only_there(world):
-    """``<prefix>/registration`` (the chart's registration path, compat_hook/cluster/publish.py) is one of the
+    """``<prefix>/registration`` (the chart's registration path, compat_hook/cluster/node/publish.py) is one of the
     agent's own keys on its own Node: set and changed there, refused on another Node and to the validator."""
     w = world
     key = f"{PREFIX}/registration"
@@ -409,8 +410,8 @@ def test_agent_writes_only_its_own_lease_configmap_and_events(world):
 def test_agent_writes_nothing_of_the_chart_s_even_on_a_node_named_like_it(world):
     """A node named like one of the chart's own objects (the agent's config, ``compat-hook-agent``):
     its agent's Lease and ConfigMap have that name, but it may write only objects that carry the
-    labels compat-hook's agent puts on them (compat_hook/cluster/publish.py), before and after."""
-    from compat_hook.cluster.publish import COMPONENT_LABELS
+    labels compat-hook's agent puts on them (compat_hook/cluster/node/publish.py), before and after."""
+    from compat_hook.cluster.node.publish import COMPONENT_LABELS
 
     assert COMPONENT_LABELS == AGENT_LABELS  # what the policy asks is what the agent writes
     w, name = world, "compat-hook-agent"
@@ -447,7 +448,7 @@ def test_agent_writes_nothing_of_the_chart_s_even_on_a_node_named_like_it(world)
 
 
 def test_validator_sets_only_its_own_nodes_validated_label(world):
-    """What the validator publishes (compat_hook/cluster/validate.py ``publish``, a strategic-merge patch of
+    """What the validator publishes (compat_hook/cluster/node/validate.py ``publish``, a strategic-merge patch of
     one label) goes through on its own Node; nothing else does."""
     w = world
     w.patch("validator", "gpu-a", {"metadata": {"labels": {VALIDATED: "555.58.02"}}}, SMP)
@@ -474,11 +475,11 @@ def test_validator_sets_only_its_own_nodes_validated_label(world):
 
 
 def test_validator_adds_and_removes_only_its_own_taint(world):
-    """compat_hook/cluster/validate.py ``publish``: its taint, ``<prefix>/validation-failed=<driver>:NoSchedule``,
+    """compat_hook/cluster/node/validate.py ``publish``: its taint, ``<prefix>/validation-failed=<driver>:NoSchedule``,
     added and removed in the taints list it writes whole (a JSON merge patch over the version it read);
     every other change of the spec is refused."""
-    from compat_hook.cluster import kube
-    from compat_hook.cluster.validate import ValidatorOptions, publish
+    from compat_hook.cluster.api import kube
+    from compat_hook.cluster.node.validate import ValidatorOptions, publish
 
     w = world
     mine = f"{PREFIX}/validation-failed"
@@ -516,7 +517,7 @@ def test_validator_adds_and_removes_only_its_own_taint(world):
 
 def _probe(node: str = "gpu-a", gpu_resource: str | None = None) -> dict:
     """The probe pod the validator on ``node`` makes for a workload (its own code builds it)."""
-    from compat_hook.cluster.validate import ValidatorOptions, probe_pod
+    from compat_hook.cluster.node.validate import ValidatorOptions, probe_pod
 
     opts = ValidatorOptions(node, publish_namespace=NS, probe_image="localhost/compat-hook:0.1.0",
                             runtime_class="cuda-compat", gpu_resource=gpu_resource)
@@ -817,7 +818,7 @@ def test_no_account_but_the_agent_writes_a_nodes_verdict(world):
     """An account that may patch Nodes (an operator's, an autoscaler's) cannot mint a verdict: the annotation
     <prefix>/preflight is the agent's (policy compat-hook-node-verdicts); it may remove one, and set the
     label, which then disagrees with the annotation and is no verdict at all."""
-    from compat_hook.cluster import status as statusmod
+    from compat_hook.cluster.overview import status as statusmod
 
     a = world.cp.admin
     a.create(f"/api/v1/namespaces/{NS}/serviceaccounts", {"metadata": {"name": "node-patcher"}})

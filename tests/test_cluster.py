@@ -470,7 +470,7 @@ def test_a_silent_watch_marks_its_cache_unhealthy_and_comes_back(world, tmp_path
     """A half-open connection (the proxy stops passing anything on): the watch is silent, no event and
     no bookmark, so after the idle time the cache is unhealthy (a pass would be incomplete), and it is
     current again once a new watch opens. Watches ask for 5 to 10 minutes and for bookmarks."""
-    from compat_hook.cluster import kube, reflector
+    from compat_hook.cluster.api import kube, reflector
 
     w = world
     proxy = FaultProxy(w.cp.url)
@@ -1061,7 +1061,7 @@ def test_only_the_validators_own_probe_pods_are_left_out(world, client):
     """A tenant's GPU pod labelled like the validator's probe is a workload like any other (assessed,
     held, recorded for the validator); the validator's own probe pod, in compat-hook's namespace, is not
     (its image is in no store: counted, it would make the pass incomplete)."""
-    from compat_hook.cluster import validate
+    from compat_hook.cluster.node import validate
 
     w = world
     node = f"probe-label-{client}"
@@ -1483,7 +1483,7 @@ def test_pass_cost_50_pods_20_images(world, tmp_path):
 
 _CONNECT = """
 import sys, time
-from compat_hook.cluster import kube
+from compat_hook.cluster.api import kube
 k = kube.connect(sys.argv[1])
 try:
     for i in range(int(sys.argv[2])):

@@ -31,8 +31,8 @@ import time
 import pytest
 import yaml
 
-from compat_hook.cluster import holds
-from compat_hook.cluster import pods as podsmod
+from compat_hook.cluster.node import holds
+from compat_hook.cluster.workload import pods as podsmod
 from tests.support import debs, kubebuild
 from tests.support.gpucluster import R470, SKIP, STATE, agent_rbac, gpu_operator, gpu_pod, ref, runtime_classes
 from tests.support.kube import ApiError, ControlPlane
@@ -208,7 +208,7 @@ class Churn:
         self.gone[node] = max(_finished(p) for p in self.seen[node].values())
 
     def ids(self, node: str) -> set:
-        """The workload id (:func:`compat_hook.cluster.holds.workload_id`) of every pod seen on the node,
+        """The workload id (:func:`compat_hook.cluster.node.holds.workload_id`) of every pod seen on the node,
         as the agent computes it (with its default RuntimeClasses), each judged as while it ran."""
         out = set()
         for p in self.seen[node].values():

@@ -1,6 +1,6 @@
 """A hold is lifted in four ways only, whatever sequence of passes the agent makes.
 
-The agent's reconcile (``compat_hook.cluster.reconcile``, with the gate and the record of
+The agent's reconcile (``compat_hook.cluster.node.reconcile``, with the gate and the record of
 regressing workloads, ``gate`` and ``holds``) is pure: these tests drive it with sequences of
 passes as a node sees them (pods recreated, evicted and back; a pass without a target, as when
 the announcement has a typo; an incomplete pass; the agent restarted, reading only the Node) and
@@ -22,8 +22,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compat_hook.cluster import reconcile
-from compat_hook.cluster.gate import HOLDABLE, OVERRIDE, SKIP_LABEL, STATE_LABEL
+from compat_hook.cluster.node import reconcile
+from compat_hook.cluster.node.gate import HOLDABLE, OVERRIDE, SKIP_LABEL, STATE_LABEL
 from tests.test_cluster_reconcile import written  # ``meta`` once a Desired's keys are written
 
 P = "p.io"

@@ -111,7 +111,7 @@ def test_each_pass_frees_what_the_image_reader_spooled(tmp_path):
     spool.mkdir()
     code = r'''
 import json, os, sys
-from compat_hook.cluster import pods, predict
+from compat_hook.cluster.workload import pods, predict
 from compat_hook.core.config import from_mapping
 from compat_hook.images import reader
 from compat_hook.images.sources import open_source
@@ -146,7 +146,8 @@ def test_the_validators_record_counts_the_gpu_pods_the_preflight_counts():
     """A pod with a GPU by a resource, a resource claim, a CDI annotation or its env is a workload of
     the preflight (pods.build) and of the record the validator proves (workloads.from_pods) alike; a
     CPU pod is in neither, and neither is the validator's own probe."""
-    from compat_hook.cluster import pods, validate, workloads
+    from compat_hook.cluster.workload import pods, workloads
+    from compat_hook.cluster.node import validate
 
     def pod(name, *, resources=None, env=None, annotations=None, ns="apps"):
         c = {"name": "c", "image": f"registry.test/{name}:1"}
@@ -175,7 +176,7 @@ def test_the_hold_record_keeps_the_node_annotation_bounded():
     workloads pods run now kept first (the record is what a restarted agent goes on)."""
     import json
 
-    from compat_hook.cluster import holds, publish
+    from compat_hook.cluster.node import holds, publish
 
     now = 1_000_000.0
     regressing = {f"{i:012x}": "registry.test/" + "x" * 300 + f"/{i}:1" for i in range(40)}

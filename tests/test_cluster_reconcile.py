@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from compat_hook.cluster import nodeapply, reconcile
-from compat_hook.cluster.gate import SKIP_LABEL, STATE_LABEL
+from compat_hook.cluster.node import nodeapply, reconcile
+from compat_hook.cluster.node.gate import SKIP_LABEL, STATE_LABEL
 
 P = "p.io"
 HOLD = f"{P}/holds-upgrade"
@@ -221,7 +221,7 @@ def test_the_gate_table_is_total_and_only_two_of_its_cells_take_a_hold_of_ours_o
     module says: a complete pass without a regression (``lift``), or the label taken off by hand
     (``unmark``); everything else that lifts one (the gate off, the override, the upgrade begun) comes
     before the table, and an incomplete pass keeps it."""
-    from compat_hook.cluster import gate
+    from compat_hook.cluster.node import gate
 
     assert set(gate.TABLE) == {(n, o) for n in gate.NEEDS for o in gate.OWNERS}
     assert {a for a in gate.TABLE.values()} == {"hold", "keep", "lift", "clear", "leave", "unmark", "not-again"}

@@ -1,6 +1,6 @@
 """The fleet controller and the driver-version admission policy, on a real API server.
 
-``compat-hook cluster fleet`` (compat_hook/cluster/fleet.py, leader.py) runs as processes with a real
+``compat-hook cluster fleet`` (compat_hook/cluster/overview/fleet.py, leader.py) runs as processes with a real
 ServiceAccount token of the chart's ``compat-hook-fleet`` account, so the chart's least RBAC is what
 it works under; the agents run as processes too (``cluster agent --once``, the tests' agent token), on
 real OCI image layouts and a host root whose ``/proc/driver/nvidia/version`` names the node's driver
@@ -847,7 +847,7 @@ def test_an_nvidiadriver_only_cluster_runs_the_runbook(world):
 
 def _node(name: str, *, labels=None, verdict=None, target=None, hold=False, prefix=PREFIX, complete=True,
           incomplete=None) -> dict:
-    from compat_hook.cluster import publish
+    from compat_hook.cluster.node import publish
 
     lab = {"nvidia.com/gpu.present": "true", **(labels or {})}
     anns = {}
@@ -871,7 +871,7 @@ def _lease(renewed: float, duration: int = 600) -> dict:
 
 def test_reconcile_scope_freshness_and_holds():
     """An NVIDIADriver's scope is the nodes it selects; each node judged as `cluster status` judges it."""
-    from compat_hook.cluster.fleet import OK, Snapshot, reconcile
+    from compat_hook.cluster.overview.fleet import OK, Snapshot, reconcile
 
     now = 1_000_000.0
     nodes = (_node("a1", labels={"pool": "a"}, verdict="pass", target=R570),
@@ -903,7 +903,7 @@ def test_reconcile_scope_freshness_and_holds():
 
 
 def _world(**kw):
-    from compat_hook.cluster.fleet import Snapshot
+    from compat_hook.cluster.overview.fleet import Snapshot
 
     return Snapshot(**{"leases": {}, "now": 1_000_000.0, **kw})
 
@@ -911,7 +911,7 @@ def _world(**kw):
 def test_reconcile_judges_the_effective_driver_and_its_scope():
     """The version the operator will pull (a full image's tag, not spec.version), a digest (no key: refused), an
     NVIDIADriver that selects no node (nothing to judge, not ok), matchFields, and an incomplete pass."""
-    from compat_hook.cluster.fleet import OK, reconcile
+    from compat_hook.cluster.overview.fleet import OK, reconcile
 
     now = 1_000_000.0
     leases = {n: _lease(now - 10) for n in ("a1", "a2", "b1")}
@@ -947,7 +947,7 @@ def test_reconcile_judges_the_effective_driver_and_its_scope():
 def test_reconcile_what_if_a_delete_or_a_mode_switch():
     """Deleting an NVIDIADriver moves its nodes to the default one's driver; a ClusterPolicy handing drivers to
     NVIDIADrivers moves every node to theirs: ok only where each moving node judged its new driver."""
-    from compat_hook.cluster.fleet import OK, reconcile
+    from compat_hook.cluster.overview.fleet import OK, reconcile
 
     now = 1_000_000.0
     nodes = (_node("a1", labels={"pool": "a"}, verdict="pass", target=R570),
@@ -972,7 +972,7 @@ def test_reconcile_what_if_a_delete_or_a_mode_switch():
 def test_freshness_is_what_the_fleet_saw_not_the_agents_clock():
     """A Lease whose renewTime is a day ahead: fresh only for one Lease after the fleet saw it change; one
     renewed by a clock a day behind is fresh while it keeps changing."""
-    from compat_hook.cluster.fleet import LeaseClock, reconcile
+    from compat_hook.cluster.overview.fleet import LeaseClock, reconcile
 
     now = 1_000_000.0
     nodes = (_node("a1", verdict="pass", target=R570),)
@@ -1000,7 +1000,7 @@ def test_freshness_is_what_the_fleet_saw_not_the_agents_clock():
 
 def test_the_election_rule():
     """Expiry by the standby's own clock, renew by the holder, an empty holder free at once."""
-    from compat_hook.cluster.leader import decide
+    from compat_hook.cluster.api.leader import decide
 
     rec = {"holderIdentity": "x", "leaseDurationSeconds": 6}
     assert decide(rec, me="y", observed_at=0.0, now=5.9) == "standby"

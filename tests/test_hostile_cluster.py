@@ -19,7 +19,13 @@ import time
 
 import pytest
 
-from compat_hook.cluster import fleet, kube, validate, workloads
+from compat_hook.cluster.overview import fleet
+
+from compat_hook.cluster.api import kube
+
+from compat_hook.cluster.node import validate
+
+from compat_hook.cluster.workload import workloads
 from tests.support import hookenv
 from tests.support.gpucluster import CASE, R535, agent_rbac, build_store, gpu_node, gpu_pod, ref, runtime_classes
 from tests.support.kube import ADMIN_TOKEN, AGENT_TOKEN, ControlPlane

@@ -3,8 +3,8 @@
 What another node's agent, a tenant's image or an operator's file may say reaches compat-hook as
 Node annotations and labels, a Lease, a probe pod's termination message, a state file or a
 kubeconfig. Each is bounded before it is parsed (:mod:`compat_hook.core.safejson`,
-:func:`compat_hook.cluster.kubeconfig.check_shape`), and the code that reads it answers for every
-value: ``cluster status``'s rows and exit status (:func:`compat_hook.cluster.status.report`, which
+:func:`compat_hook.cluster.api.kubeconfig.check_shape`), and the code that reads it answers for every
+value: ``cluster status``'s rows and exit status (:func:`compat_hook.cluster.overview.status.report`, which
 the fleet's rows share), the fleet's reconcile, the agent's reconcile and apply plan, the
 validator's reading of a probe pod and its verdict, and the kubeconfig loader. No exception
 escapes, and a value that cannot be read is the documented reason. The same on a real API server
@@ -19,8 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compat_hook.cluster import fleet, kubeconfig, nodeapply, reconcile, status, validate
-from compat_hook.cluster.gate import OVERRIDE, SKIP_LABEL, STATE_LABEL
+from compat_hook.cluster.overview import fleet, status
+
+from compat_hook.cluster.api import kubeconfig
+
+from compat_hook.cluster.node import nodeapply, reconcile, validate
+from compat_hook.cluster.node.gate import OVERRIDE, SKIP_LABEL, STATE_LABEL
 from compat_hook.core import safejson
 
 P = "p.io"
@@ -223,7 +227,7 @@ def test_the_agent_reconciles_whatever_its_node_says(meta, regressing, current, 
 @SETTINGS
 @given(hostile_text | schema_docs | json_values)
 def test_the_agent_reads_any_details_configmap(raw):
-    from compat_hook.cluster import agent, publish
+    from compat_hook.cluster.node import agent, publish
 
     cm = {"data": {publish.DETAILS_KEY: raw}}
     got = publish.details_of(cm)

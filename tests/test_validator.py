@@ -16,8 +16,10 @@ import subprocess
 import pytest
 import yaml
 
-from compat_hook.cluster import validate, workloads
-from compat_hook.cluster.validate import ValidatorOptions, judge, parse_probe, probe_pod
+from compat_hook.cluster.node import validate
+
+from compat_hook.cluster.workload import workloads
+from compat_hook.cluster.node.validate import ValidatorOptions, judge, parse_probe, probe_pod
 from tests.support import debs, rootfs
 from tests.support.versions import COMPAT_550, HOST_535, HOST_555, OLD_GLIBC
 
@@ -286,9 +288,9 @@ def _sidecar_pod() -> dict:
 
 
 def test_the_record_holds_the_gpu_containers_only_as_the_agent_judges_them():
-    """One workload model (compat_hook.cluster.pods.Container) for the agent and the validator: the GPU
+    """One workload model (compat_hook.cluster.workload.pods.Container) for the agent and the validator: the GPU
     container, its env expanded as the kubelet does; no init container, no sidecar."""
-    from compat_hook.cluster import pods as podsmod
+    from compat_hook.cluster.workload import pods as podsmod
 
     pod = _sidecar_pod()
     got = workloads.from_pods([pod])
@@ -458,7 +460,7 @@ def test_cli_once_without_a_driver_or_cluster_exits_1(tmp_path):
 def api(tmp_path_factory):
     """A real API server with kwok playing the node: a pod bound to it goes Running and never ends,
     as a probe whose image hangs would."""
-    from compat_hook.cluster import kube
+    from compat_hook.cluster.api import kube
     from tests.support.gpucluster import gpu_node
     from tests.support.kube import ADMIN_TOKEN, ControlPlane
 

@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-from compat_hook.cluster import validate, workloads
+from compat_hook.cluster.node import validate
+
+from compat_hook.cluster.workload import workloads
 from compat_hook.core.config import from_mapping
 from tests.support import hookenv
 from tests.support.gpucluster import gpu_node
@@ -32,7 +34,7 @@ DAY = 86400
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
-    from compat_hook.cluster import kube
+    from compat_hook.cluster.api import kube
 
     cp = ControlPlane(tmp_path_factory.mktemp("validator-age"))
     try:

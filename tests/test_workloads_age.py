@@ -3,7 +3,7 @@
 Before, the previous driver's workloads were proven for ever: a workload deleted 60 days ago was
 still to be proven after a driver change, and once the node's image GC let its image go the
 validator failed it as ``not_on_node``, keeping the node tainted. The record
-(``compat_hook.cluster.workloads``) now drops a workload when it is older than the configured
+(``compat_hook.cluster.workload.workloads``) now drops a workload when it is older than the configured
 age, the previous driver's included, and ``for_driver`` (what the validator proves) leaves it out.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from compat_hook.cluster import workloads
+from compat_hook.cluster.workload import workloads
 from compat_hook.core.config import ConfigError, from_mapping
 
 HOST_535, HOST_555 = "535.261.03", "555.58.02"

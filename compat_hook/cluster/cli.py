@@ -125,8 +125,8 @@ def _config(path, host_root=None):
 def main(argv: list) -> int:
     from ..core.errors import CompatHookError
 
-    if argv[:1] == ["validate"]:  # its own arguments: compat_hook/cluster/validate.py
-        from .validate import main as validate
+    if argv[:1] == ["validate"]:  # its own arguments: compat_hook/cluster/node/validate.py
+        from .node.validate import main as validate
         return validate(argv[1:], load_config=_config, node_name_ok=_dns_subdomain)
     try:
         args = _parser().parse_args(argv)
@@ -145,7 +145,8 @@ def main(argv: list) -> int:
 def _agent(args) -> int:
     from ..core.config import DEFAULT_STATE_DIR
     from ..core.errors import UsageError
-    from . import agent, kube
+    from .node import agent
+    from .api import kube
 
     if args.interval < 1:
         raise UsageError("--interval: at least 1 second")
@@ -220,7 +221,9 @@ def _dns_label(name: str) -> bool:
 
 def _status(args) -> int:
     import json
-    from . import agent, kube, status
+    from .node import agent
+    from .api import kube
+    from .overview import status
 
     cfg = _config(args.config)
     prefix = agent.settings(cfg)["label_prefix"]
@@ -248,7 +251,9 @@ def _fleet(args) -> int:
     import socket
 
     from ..core.errors import UsageError
-    from . import agent, fleet, kube
+    from .node import agent
+    from .overview import fleet
+    from .api import kube
 
     if not _dns_label(args.namespace):
         raise UsageError(f"--namespace: not a namespace name, got {args.namespace[:80]!r}")
@@ -273,7 +278,8 @@ def _said_server(command: str, k) -> None:
 
 def _release(args) -> int:
     from ..core.errors import UsageError
-    from . import agent, kube, release
+    from .node import agent, release
+    from .api import kube
 
     cfg = _config(args.config)
     prefixes = [agent.settings(cfg)["label_prefix"]]

@@ -111,11 +111,12 @@ def put(stage: pathlib.Path, rel: str, data: bytes, mode: int = 0o644) -> pathli
 
 def python_files() -> list:
     """The files setuptools would install (pyproject.toml [tool.setuptools] packages, data/*)."""
+    import tomllib
+
     out = []
-    for pkg in ("compat_hook", "compat_hook/cluster", "compat_hook/commands", "compat_hook/core",
-                "compat_hook/effects", "compat_hook/facts", "compat_hook/images", "compat_hook/install",
-                "compat_hook/policy"):
-        out += sorted((REPO / pkg).glob("*.py"))
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    for pkg in packages:  # one list of packages for the wheel and the Debian package
+        out += sorted((REPO / pkg.replace(".", "/")).glob("*.py"))
     data = REPO / "compat_hook" / "data"
     if data.is_dir():
         out += sorted(p for p in data.iterdir() if p.is_file() and not p.name.startswith("."))

@@ -142,8 +142,8 @@ def _oci_entries(index: dict) -> list:
 
 def _archive_entries(kind: str, path: str) -> list:
     """The names of each image of an ``oci:`` layout or an ``oci-archive:``/``docker-archive:`` file."""
-    from ..images import stores as st
-    from ..images.reader import Limits
+    from ...images import stores as st
+    from ...images.reader import Limits
 
     lim = Limits()
     if kind == "oci":
@@ -175,8 +175,8 @@ def _pick(entries: list, sel: str) -> list:
 def _containerd(store: str, address, namespace: str, host_root: str) -> tuple:
     """``({normalized reference: source}, listed)`` of every name of every image in containerd: a pod
     may name any tag or digest of an image (``expand`` keeps one per image)."""
-    from ..images import stores as st
-    from ..images.reader import Limits
+    from ...images import stores as st
+    from ...images.reader import Limits
 
     sel = store[len("containerd:"):]
     if sel:
@@ -201,7 +201,7 @@ def _names_of(store: str, expander) -> tuple:
     """``([(source, [names])], problem or None)`` for a store that is not containerd's."""
     kind = store.split(":", 1)[0] if ":" in store else ""
     if kind in ("oci", "oci-archive", "docker-archive"):
-        from ..images.reader import split_source
+        from ...images.reader import split_source
 
         path, sel = split_source(kind, store[len(kind) + 1:])
         entries = _archive_entries(kind, path)
@@ -228,7 +228,7 @@ def store_index(stores: list, expander, *, address=None, namespace: str = "k8s.i
     pass then cannot know what is in the node's store. A store that can be read but names no image a
     pod can name (a directory, an archive tagged by tag alone) is refused with one line.
     """
-    from ..core.errors import describe
+    from ...core.errors import describe
 
     index: dict = {}
     problems = []

@@ -78,12 +78,12 @@ def _list(v) -> list:
 
 #: The label value (``app.kubernetes.io/name``) of the validator's probe pods: never a workload.
 PROBE_NAME = "compat-hook-probe"
-#: The annotation every probe pod carries (the image it proves; :func:`compat_hook.cluster.validate.probe_pod`).
+#: The annotation every probe pod carries (the image it proves; :func:`compat_hook.cluster.node.validate.probe_pod`).
 PROBE_OF = "compat-hook.io/probe-of"
 
 
 def is_probe(pod: dict, namespace: str | None) -> bool:
-    """The validator's own probe pod (:mod:`compat_hook.cluster.validate`): in ``namespace`` (the agent's
+    """The validator's own probe pod (:mod:`compat_hook.cluster.node.validate`): in ``namespace`` (the agent's
     and the validator's, the release namespace), labelled and annotated as the validator makes it. The
     label alone is anyone's to set: a GPU pod left out of the preflight on its word would be a silent
     fail-open, so a pod short of any of the three is a workload.

@@ -55,11 +55,11 @@ error, 2 bad usage, 4 ``--node NAME`` names no node.
 from __future__ import annotations
 
 from .gate import SKIP_LABEL
-from .kube import Conflict
+from ..api.kube import Conflict
 
 __all__ = ["release", "ours", "release_patch", "purge", "purge_patch", "taints_without", "TAINT"]
 
-#: The validator's taint under each prefix (compat_hook/cluster/validate.py ``TAINT``).
+#: The validator's taint under each prefix (compat_hook/cluster/node/validate.py ``TAINT``).
 TAINT = "validation-failed"
 
 PAGE = 500
@@ -67,7 +67,7 @@ RETRIES = 4
 #: Sweeps of a purge at most, :data:`SETTLE` seconds apart, until one finds nothing left.
 SWEEPS = 5
 SETTLE = 1.0
-#: The labels of the agents' Leases and ConfigMaps (compat_hook/cluster/publish.py).
+#: The labels of the agents' Leases and ConfigMaps (compat_hook/cluster/node/publish.py).
 AGENT_OBJECTS = "app.kubernetes.io/name=compat-hook,app.kubernetes.io/component=preflight"
 
 
@@ -225,7 +225,7 @@ def _purge_node(kube, node: dict, prefixes: list) -> bool:
 def _purge_objects(kube, namespace: str) -> list:
     """The agents' Leases and ConfigMaps in ``namespace`` deleted (each only as the object listed: its uid
     is the delete's precondition); ``["Lease/NAME", ...]``."""
-    from .kube import NotFound
+    from ..api.kube import NotFound
 
     gone = []
     for kind, path in (("Lease", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 
-from ..core.errors import describe
+from ...core.errors import describe
 from . import refs
 
 __all__ = ["assess", "Assessment"]
@@ -55,7 +55,7 @@ def assess(cfg, *, version: str | None, workloads, stores: list, address, namesp
     for the agent's lifetime, until every image needing a spool failed, and its cached store
     listings would hide images pulled since.
     """
-    from ..images.reader import Reader
+    from ...images.reader import Reader
 
     reader = Reader()
     try:
@@ -66,7 +66,7 @@ def assess(cfg, *, version: str | None, workloads, stores: list, address, namesp
 
 
 def _assess(cfg, *, version, workloads, stores: list, address, namespace: str, reader) -> Assessment:
-    from ..images.sources import expand, open_source
+    from ...images.sources import expand, open_source
 
     a = Assessment()
     where = {"address": address, "namespace": namespace, "reader": reader}
@@ -98,7 +98,7 @@ def _assess(cfg, *, version, workloads, stores: list, address, namespace: str, r
         # validator proves after a driver change is kept per driver, announced or not.
         a.now = _driver_now(cfg)
         return a
-    from ..policy import preflight
+    from ...policy import preflight
 
     try:
         a.report = preflight.plan(cfg, [], driver=version, opener=functools.partial(open_source, **where),
@@ -121,7 +121,7 @@ def _driver_now(cfg) -> str | None:
     """The loaded kernel module's version under ``host_root`` (None while there is none)."""
     import os
 
-    from ..facts.hostfacts import parse_proc_version
+    from ...facts.hostfacts import parse_proc_version
 
     try:
         with open(os.path.join(getattr(cfg, "host_root", "/") or "/", "proc/driver/nvidia/version"), "rb") as f:

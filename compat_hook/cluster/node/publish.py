@@ -53,7 +53,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..core import safejson
+from ...core import safejson
 
 __all__ = ["REGISTRATIONS", "verdict", "counts", "regression", "node_doc", "node_keys", "details_doc", "lease", "event",
            "event_signature", "label_value", "nfd_text", "textfile_text", "write_file", "MAX_NODE_DOC",
@@ -383,7 +383,7 @@ def _esc(v) -> str:
 
 def write_file(path: str, text: str) -> None:
     """Temp file then rename (readers - NFD, node_exporter - never see half a file)."""
-    from ..core import atomic
+    from ...core import atomic
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     atomic.replace(path, text.encode(), 0o644)

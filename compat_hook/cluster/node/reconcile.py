@@ -67,7 +67,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 
-from ..core import safejson
+from ...core import safejson
 from . import gate as gatemod
 from . import holds, publish
 

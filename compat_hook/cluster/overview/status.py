@@ -66,9 +66,9 @@ from __future__ import annotations
 
 import time
 
-from ..core import safejson
-from . import target as targetmod
-from .gate import OVERRIDE, SKIP_LABEL, STATE_LABEL
+from ...core import safejson
+from ..workload import target as targetmod
+from ..node.gate import OVERRIDE, SKIP_LABEL, STATE_LABEL
 
 __all__ = ["status", "report", "render_text", "exit_status", "node_row", "PAGE", "HELD", "FAIL_NOT_HELD"]
 
@@ -408,7 +408,7 @@ def _pages(kube, path: str, **query) -> list:
 
 
 def _optional(kube, path: str) -> list:
-    from .kube import NotFound
+    from ..api.kube import NotFound
 
     try:
         return _pages(kube, path)
@@ -420,7 +420,7 @@ def find_kind(kube, group: str, kind: str) -> str | None:
     """The collection path of ``kind`` in API ``group`` (any served version), by discovery; None: not served.
 
     gpu-operator v26.7's ``GPUCluster`` is experimental: found by its kind, whatever version serves it."""
-    from .kube import NotFound
+    from ..api.kube import NotFound
 
     try:
         grp = kube.get(f"/apis/{group}")
@@ -446,7 +446,7 @@ def fleet_placement(kube, namespace: str) -> dict | None:
     user may not list pods there. Its token writes what the admission policy admits drivers by, and a
     compromised node can read the token of any pod it runs: on a GPU node that is one node's reach into
     the whole fleet's interlock."""
-    from .kube import KubeError
+    from ..api.kube import KubeError
 
     try:
         pods = _pages(kube, f"/api/v1/namespaces/{namespace}/pods",
@@ -483,7 +483,7 @@ def status(kube, prefix: str, namespace: str, now: float | None = None, selector
     policies = _optional(kube, "/apis/nvidia.com/v1/clusterpolicies")
     drivers = _optional(kube, "/apis/nvidia.com/v1alpha1/nvidiadrivers")
     rep = report(nodes, leases, policies, drivers, prefix, now)
-    from .kube import KubeError
+    from ..api.kube import KubeError
 
     try:  # gpu-operator v26.7's DRA resource: its drivers are not judged, and that is said, never passed over
         path = find_kind(kube, "nvidia.com", targetmod.GPUCLUSTER_KIND)

@@ -41,13 +41,14 @@ import sys
 import threading
 import time
 
-from ..core import logjson, safejson
-from ..core.errors import CompatHookError, describe
+from ...core import logjson, safejson
+from ...core.errors import CompatHookError, describe
 from . import gate as gatemod
-from . import pods as podsmod
-from . import holds, nodeapply, predict, publish, reconcile, target as targetmod, workloads
-from .backoff import Backoff, herd_delay, jittered
-from .kube import Conflict, KubeError, NotFound, Unreachable
+from ..workload import pods as podsmod
+from . import holds, nodeapply, publish, reconcile
+from ..workload import predict, target as targetmod, workloads
+from ..api.backoff import Backoff, herd_delay, jittered
+from ..api.kube import Conflict, KubeError, NotFound, Unreachable
 
 __all__ = ["AgentOptions", "Agent", "run", "settings", "DEFAULT_PREFIX"]
 
@@ -193,7 +194,7 @@ class WatchView:
     """The same reads from caches kept by watches; ``on_change`` is called from their threads."""
 
     def __init__(self, kube, node: str, on_change, rng=None) -> None:
-        from .reflector import Reflector
+        from ..api.reflector import Reflector
 
         r = rng or random.Random()
         self.kube, self.node_name = kube, node

@@ -9,7 +9,7 @@ DaemonSet (templates/validator.yaml) carries that label, so the node waits for t
    ``--interval`` seconds; with no pass recorded for that driver the pod is not Ready (its
    readiness probe compares ``--ready-file`` with the driver's line, so a change is seen at once);
 2. it takes the GPU workloads the agent recorded on this node before the change (and since:
-   :func:`compat_hook.cluster.workloads.for_driver`) and runs each as a short probe pod pinned to
+   :func:`compat_hook.cluster.workload.workloads.for_driver`) and runs each as a short probe pod pinned to
    the node (:func:`probe_pod`): the workload's image and GPU env, compat-hook's RuntimeClass,
    the cordon and GPU taints tolerated, and ``compat-hook-probe`` (packaging/oci-image/
    compat-hook-probe.c), copied from compat-hook's image into an ``emptyDir`` by an init
@@ -45,10 +45,10 @@ import sys
 import threading
 import time
 
-from ..core import logjson
-from ..core.errors import CompatHookError, UsageError, describe
-from . import workloads as wl
-from .kube import KubeError, NotFound, Unreachable
+from ...core import logjson
+from ...core.errors import CompatHookError, UsageError, describe
+from ..workload import workloads as wl
+from ..api.kube import KubeError, NotFound, Unreachable
 from .publish import EVENT_NAMESPACE  # where an Event about a Node can be (the agent's too)
 
 __all__ = ["ValidatorOptions", "expectation", "judge", "probe_pod", "probe_name", "parse_probe", "validate",
@@ -202,7 +202,7 @@ def parse_probe(text) -> dict | None:
     >>> parse_probe('{"probe": 1, "maps": ' + "[" * 50000 + "]" * 50000 + "}") is None
     True
     """
-    from ..core import safejson
+    from ...core import safejson
 
     if not isinstance(text, str) or len(text) > 4 * MAX_MESSAGE:
         return None
@@ -345,7 +345,7 @@ def driver_file(cfg) -> str:
 def read_driver(cfg) -> tuple:
     """``(version, first line)`` of ``/proc/driver/nvidia/version`` under ``host_root``; ``(None, None)``
     while no kernel module is loaded."""
-    from ..facts.hostfacts import parse_proc_version
+    from ...facts.hostfacts import parse_proc_version
 
     try:
         with open(driver_file(cfg), "rb") as f:
@@ -361,9 +361,9 @@ def expectation(cfg, opts: ValidatorOptions, workload: dict, host, reader=None) 
     store (the assessment the hook runs and ``plan`` reports):
     ``{"loads", "compat_version", "compat_dir", "needs", "outcome", "error", "problem"}``; ``reader``:
     the image reader (:func:`validate`'s own)."""
-    from ..images.sources import open_source
-    from ..policy.assess import assess
-    from ..policy.outcome import gpu_request, image_needs, result
+    from ...images.sources import open_source
+    from ...policy.assess import assess
+    from ...policy.outcome import gpu_request, image_needs, result
 
     src = workload.get("source") or f"containerd:{workload['image']}"
     out = {"loads": None, "compat_version": None, "compat_dir": None, "needs": None, "outcome": None,
@@ -424,7 +424,7 @@ def _pod_state(pod: dict) -> tuple:
 
 def run_probe(kube, opts: ValidatorOptions, workload: dict, deadline: float) -> dict:
     """One probe pod, created, waited for and deleted: ``{"probe", "error", "unverified", "seconds"}``."""
-    from .kube import Conflict
+    from ..api.kube import Conflict
 
     t0 = time.monotonic()
     pod = probe_pod(opts, workload)
@@ -482,7 +482,7 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
     """Probe every workload to prove on ``driver``; the result (also kept as the state)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..facts import hostfacts
+    from ...facts import hostfacts
 
     t0 = time.monotonic()
     deadline = t0 + opts.deadline
@@ -494,7 +494,7 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
     host = hostfacts.gather(cfg)
     # A reader of this validation's own, closed with it: the process's would keep what it spooled
     # (up to its 4 GiB bound in all) for as long as the validator runs.
-    from ..images.reader import Reader
+    from ...images.reader import Reader
 
     reader = Reader()
 
@@ -553,7 +553,7 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
 
 def _load_state(opts: ValidatorOptions) -> dict:
     """The last result (:data:`STATE_FILE`), its fields checked: ``{}`` when it cannot be read."""
-    from ..core import safejson
+    from ...core import safejson
 
     try:
         with open(os.path.join(opts.state_dir, STATE_FILE), "rb") as f:
@@ -584,7 +584,7 @@ def failed(driver: str, error: BaseException, t0: float | None = None) -> dict:
 
 
 def _save_state(opts: ValidatorOptions, state: dict) -> None:
-    from ..core import atomic
+    from ...core import atomic
 
     try:
         os.makedirs(opts.state_dir, exist_ok=True)
@@ -602,7 +602,7 @@ def _set_ready(opts: ValidatorOptions, line: str | None) -> None:
         if line is None:
             os.unlink(opts.ready_file)
         else:
-            from ..core import atomic
+            from ...core import atomic
 
             atomic.replace(opts.ready_file, (line + "\n").encode(), 0o644)
     except FileNotFoundError:
@@ -636,7 +636,7 @@ def taints_after(taints, prefix: str, driver: str, failed: bool, enabled: bool =
 def publish(kube, opts: ValidatorOptions, prefix: str, state: dict, *, event: bool) -> None:
     """The Node's label and taint (when they differ: one patch, conditional on the Node's
     resourceVersion, as the taints are one list) and, with ``event``, the Event."""
-    from .kube import Conflict
+    from ..api.kube import Conflict
 
     path = f"/api/v1/nodes/{opts.node}"
     value = state["driver"] if state["result"] == "pass" else "failed"
@@ -703,7 +703,7 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: STOP.set())
-    from .backoff import Backoff
+    from ..api.backoff import Backoff
 
     state = _load_state(opts)
     kube = None
@@ -798,7 +798,7 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
 
 
 def _parser():
-    from ..core.argparser import Parser
+    from ...core.argparser import Parser
 
     p = Parser(prog="compat-hook cluster validate",
                description="After a driver change, run each GPU workload image seen on this node as a probe pod "
@@ -847,7 +847,7 @@ def main(argv: list, *, load_config, node_name_ok) -> int:
 
 
 def _main(args, load_config, node_name_ok) -> int:
-    from . import kube
+    from ..api import kube
     from .agent import settings
 
     if not node_name_ok(args.node):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import threading
 
-from ..core.errors import CompatHookError
+from ...core.errors import CompatHookError
 
 __all__ = ["Kube", "KubeError", "Unreachable", "Denied", "Conflict", "NotFound", "Gone", "connect",
            "FIELD_MANAGER", "APPLY_CONTENT_TYPE"]

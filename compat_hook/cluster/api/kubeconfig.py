@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 
-from ..core.errors import CompatHookError
+from ...core.errors import CompatHookError
 
 __all__ = ["KubeconfigError", "load", "merge", "paths", "check_shape", "MAX_FILE", "MAX_DEPTH", "MAX_ALIASES"]
 
@@ -118,7 +118,7 @@ def check_shape(raw: bytes) -> str | None:
     """
     import yaml
 
-    from ..core.safejson import depth
+    from ...core.safejson import depth
 
     text = raw.decode("utf-8", "replace")
     if depth(text, MAX_DEPTH) > MAX_DEPTH:

@@ -11,7 +11,7 @@ when it changes::
      "previous": {"driver": "525.147.05", "until": "...", "workloads": [...]}}
 
 A *workload* is one GPU container of a running or pending pod, the agent's own model
-(:class:`compat_hook.cluster.pods.Container`: the app containers that ask for a GPU, by a GPU
+(:class:`compat_hook.cluster.workload.pods.Container`: the app containers that ask for a GPU, by a GPU
 resource, a resource claim, an NVIDIA CDI annotation or ``NVIDIA_VISIBLE_DEVICES``; never an init
 container or a sidecar) with the env from its pod spec that can change what it loads
 (``NVIDIA_*``, ``CUDA_*``, ``LD_*``, ``COMPAT_HOOK_*``; ``$(VAR)`` expanded as the kubelet does,
@@ -121,7 +121,7 @@ def _key(w: dict) -> tuple:
 
 
 def _now() -> str:
-    from ..core.logjson import timestamp
+    from ...core.logjson import timestamp
 
     return timestamp()
 
@@ -165,7 +165,7 @@ def _clean_list(items) -> list:
 
 def load(state_dir: str) -> dict | None:
     """The record in ``state_dir``, every field checked; None when there is none or it is unusable."""
-    from ..core.bounded import read_all
+    from ...core.bounded import read_all
 
     path = os.path.join(state_dir, FILE)
     try:
@@ -242,7 +242,7 @@ def record(state_dir: str, pods: list, *, driver: str | None, sources: dict | No
     """
     if not state_dir or not driver:
         return None
-    from ..core import atomic
+    from ...core import atomic
 
     now = when or _now()
     old = load(state_dir)
@@ -274,7 +274,7 @@ def record_pass(cfg, state_dir: str | None, pods: list, sources: dict | None = N
     under the config's ``host_root``)."""
     if not state_dir:
         return None
-    from ..facts.hostfacts import gather
+    from ...facts.hostfacts import gather
 
     return record(state_dir, pods, driver=gather(cfg).driver_text, sources=sources, probe_namespace=probe_namespace)
 

@@ -58,9 +58,9 @@ import threading
 from dataclasses import dataclass, field
 
 from . import status as statusmod
-from . import target as targetmod
-from .backoff import Backoff, jittered
-from .kube import KubeError, NotFound
+from ..workload import target as targetmod
+from ..api.backoff import Backoff, jittered
+from ..api.kube import KubeError, NotFound
 
 __all__ = ["Snapshot", "reconcile", "judge", "param_key", "observe", "apply", "Fleet", "FleetOptions", "run",
            "PARAM_NAME", "FIELD_MANAGER", "OK", "OVERRIDE"]
@@ -654,7 +654,7 @@ class Fleet:
         import random
         import time
 
-        from .leader import Elector
+        from ..api.leader import Elector
 
         self.kube, self.opts = kube, opts
         self._clock, self._wall = clock or time.monotonic, wall or time.time
@@ -701,7 +701,7 @@ class Fleet:
         return {"apiVersion": "apps/v1", "kind": "Deployment", "name": DEPLOYMENT, "uid": meta["uid"]}
 
     def start_caches(self) -> None:
-        from .reflector import Reflector
+        from ..api.reflector import Reflector
 
         p, ns = self.opts.prefix, self.opts.namespace
         specs = {
@@ -721,7 +721,7 @@ class Fleet:
     def discover(self) -> None:
         """Start a cache of GPUClusters once discovery says the kind is served (looked for every
         :attr:`DISCOVERY` seconds)."""
-        from .reflector import Reflector
+        from ..api.reflector import Reflector
 
         if "gpuclusters" in self.caches or self._clock() < self._next_discovery:
             return
