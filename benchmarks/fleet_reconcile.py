@@ -3,7 +3,7 @@
 
     /usr/bin/python3 benchmarks/fleet_reconcile.py [--nodes 1000,5000,10000] [--repeat 5]
 
-Each node carries a published verdict (the agents' Node annotation, as :func:`publish.node_doc` writes it)
+Each node carries a published verdict (the agents' Node annotation, as :func:`nodedoc.node_doc` writes it)
 and a Lease; the objects are a ClusterPolicy handing drivers to two NVIDIADrivers (two pools) with an
 announced next driver on one, so every kind of key is computed (per object and version, ``driver_<v>``,
 the what-if keys of a delete and a mode switch). Figures, each the median of ``--repeat`` runs, in ms:
@@ -49,9 +49,9 @@ R535, R570 = "535.261.03", "570.195.03"
 
 
 def _node(i: int, target: str, verdict: str = "pass") -> dict:
-    from compat_hook.cluster.node import publish
+    from compat_hook.cluster.node import nodedoc
 
-    doc = publish.node_doc(verdict_=verdict, target=target, target_from="NVIDIADriver pool", now=R535, gate="clear",
+    doc = nodedoc.node_doc(verdict_=verdict, target=target, target_from="NVIDIADriver pool", now=R535, gate="clear",
                            c={"regressions": 0}, reasons=[], key="k", interval=300, details="",
                            since="2026-01-01T00:00:00Z", complete=True)
     return {"metadata": {"name": f"gpu-{i:05d}", "resourceVersion": str(10 + i),

@@ -39,7 +39,7 @@ VALIDATOR_PODS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-validator-pods'"
 VALIDATED = f"{PREFIX}/validated"
 EVENTS_POLICY = "ValidatingAdmissionPolicy 'compat-hook-events'"
 RELEASE_POLICY = "ValidatingAdmissionPolicy 'compat-hook-release-node'"
-#: The labels of the agent's Lease and ConfigMap (compat_hook/cluster/node/publish.py)
+#: The labels of the agent's Lease and ConfigMap (compat_hook/cluster/node/detailscm.py)
 AGENT_LABELS = {"app.kubernetes.io/name": "compat-hook", "app.kubernetes.io/component": "preflight"}
 MERGE, SMP, JSONP = ("application/merge-patch+json", "application/strategic-merge-patch+json",
                      "application/json-patch+json")
@@ -236,7 +236,7 @@ def test_the_agents_server_side_apply_is_admitted_and_takes_over_an_older_agents
     merge patch go by a patch (the hold's pair together), a hold is applied and lifted by server-side
     apply under the field manager compat-hook-agent, and a skip label of someone else's is neither
     applied nor removed. Each write is one the policy admits."""
-    from compat_hook.cluster.node import gate, nodeapply, publish
+    from compat_hook.cluster.node import gate, nodeapply, nodedoc, nodeevents
     from compat_hook.cluster.api import kube
 
     w = world
@@ -249,7 +249,7 @@ def test_the_agents_server_side_apply_is_admitted_and_takes_over_an_older_agents
                         prefix=PREFIX)
         doc = {"v": 2, "verdict": verdict, "target": "580.65.06", "regressions": int(verdict == "fail"),
                "gate": g.state}
-        plan = nodeapply.plan("gpu-b", meta, publish.node_keys(prefix=PREFIX, doc=doc, gate=g, current=meta))
+        plan = nodeapply.plan("gpu-b", meta, nodedoc.node_keys(prefix=PREFIX, doc=doc, gate=g, current=meta))
         nodeapply.write(k, "gpu-b", plan)
         after = w.node("gpu-b")["metadata"]
         return after, {m["manager"]: m["operation"] for m in after["managedFields"]
@@ -282,7 +282,7 @@ def test_the_agents_server_side_apply_is_admitted_and_takes_over_an_older_agents
 
 
 def test_agent_sets_its_nodes_registration_label_and_only_there(world):
-    """``<prefix>/registration`` (the chart's registration path, compat_hook/cluster/node/publish.py) is one of the
+    """``<prefix>/registration`` (the chart's registration path, compat_hook/cluster/node/nodedoc.py) is one of the
     agent's own keys on its own Node: set and changed there, refused on another Node and to the validator."""
     w = world
     key = f"{PREFIX}/registration"
@@ -410,8 +410,8 @@ def test_agent_writes_only_its_own_lease_configmap_and_events(world):
 def test_agent_writes_nothing_of_the_chart_s_even_on_a_node_named_like_it(world):
     """A node named like one of the chart's own objects (the agent's config, ``compat-hook-agent``):
     its agent's Lease and ConfigMap have that name, but it may write only objects that carry the
-    labels compat-hook's agent puts on them (compat_hook/cluster/node/publish.py), before and after."""
-    from compat_hook.cluster.node.publish import COMPONENT_LABELS
+    labels compat-hook's agent puts on them (compat_hook/cluster/node/detailscm.py), before and after."""
+    from compat_hook.cluster.node.detailscm import COMPONENT_LABELS
 
     assert COMPONENT_LABELS == AGENT_LABELS  # what the policy asks is what the agent writes
     w, name = world, "compat-hook-agent"

@@ -176,7 +176,7 @@ def test_the_hold_record_keeps_the_node_annotation_bounded():
     workloads pods run now kept first (the record is what a restarted agent goes on)."""
     import json
 
-    from compat_hook.cluster.node import holds, publish
+    from compat_hook.cluster.node import holds, nodedoc
 
     now = 1_000_000.0
     regressing = {f"{i:012x}": "registry.test/" + "x" * 300 + f"/{i}:1" for i in range(40)}
@@ -187,10 +187,10 @@ def test_the_hold_record_keeps_the_node_annotation_bounded():
     still = dict(list(regressing.items())[:8])
     rec = holds.track(prev, target="470.256.02", regressing=still, present=set(still), now=now + 5, quiet=600)
     assert len(rec.absent) == holds.MAX_ENTRIES - 8 and rec.next_expiry == int(now + 5) + 600
-    doc = publish.node_doc(verdict_="fail", target="470.256.02", target_from="x", now="535.261.03", gate="held",
+    doc = nodedoc.node_doc(verdict_="fail", target="470.256.02", target_from="x", now="535.261.03", gate="held",
                            c={"regressions": 16}, reasons=["regression"] * 12, key="k", interval=300,
                            details="compat-hook/n", since="t", held=rec.doc())
-    assert len(json.dumps(doc, separators=(",", ":"))) <= publish.MAX_NODE_DOC
+    assert len(json.dumps(doc, separators=(",", ":"))) <= nodedoc.MAX_NODE_DOC
     kept = doc["held"]["w"]
     assert set(still) <= set(kept) and all(len(v[0]) <= holds.MAX_IMAGE for v in kept.values()), kept
     # the record comes back from the annotation as it went (what another agent process reads)

@@ -847,14 +847,14 @@ def test_an_nvidiadriver_only_cluster_runs_the_runbook(world):
 
 def _node(name: str, *, labels=None, verdict=None, target=None, hold=False, prefix=PREFIX, complete=True,
           incomplete=None) -> dict:
-    from compat_hook.cluster.node import publish
+    from compat_hook.cluster.node import nodedoc
 
     lab = {"nvidia.com/gpu.present": "true", **(labels or {})}
     anns = {}
     if verdict:
         lab[f"{prefix}/preflight"] = verdict
         c = {"regressions": 1 if verdict == "fail" else 0}
-        doc = publish.node_doc(verdict_=verdict, target=target, target_from="ClusterPolicy cp", now=R535,
+        doc = nodedoc.node_doc(verdict_=verdict, target=target, target_from="ClusterPolicy cp", now=R535,
                                gate="holding" if hold else "off", c=c, reasons=[], key="k", interval=300,
                                details="", since="2026-01-01T00:00:00Z", complete=complete, incomplete=incomplete)
         anns[f"{prefix}/preflight"] = json.dumps(doc)

@@ -227,10 +227,10 @@ def test_the_agent_reconciles_whatever_its_node_says(meta, regressing, current, 
 @SETTINGS
 @given(hostile_text | schema_docs | json_values)
 def test_the_agent_reads_any_details_configmap(raw):
-    from compat_hook.cluster.node import agent, publish
+    from compat_hook.cluster.node import agent, detailscm
 
-    cm = {"data": {publish.DETAILS_KEY: raw}}
-    got = publish.details_of(cm)
+    cm = {"data": {detailscm.DETAILS_KEY: raw}}
+    got = detailscm.details_of(cm)
     assert got is None or isinstance(got, dict)
     assert isinstance(agent._details_of(cm), dict)
 

@@ -45,7 +45,7 @@ from ...core import logjson, safejson
 from ...core.errors import CompatHookError, describe
 from . import gate as gatemod
 from ..workload import pods as podsmod
-from . import holds, nodeapply, publish, reconcile
+from . import holds, nodeapply, nodedoc, detailscm, heartbeat, nodeevents, nodefiles, reconcile
 from ..workload import predict, target as targetmod, workloads
 from ..api.backoff import Backoff, herd_delay, jittered
 from ..api.kube import Conflict, KubeError, NotFound, Unreachable
@@ -78,7 +78,7 @@ class AgentOptions:
 
 
 def registration(path: str | None) -> str | None:
-    """The path the chart's installer registered this node by (:data:`publish.REGISTRATIONS`), read from
+    """The path the chart's installer registered this node by (:data:`nodedoc.REGISTRATIONS`), read from
     ``path``; None (the label is left as it is) when there is no such file or it says something else."""
     if not path:
         return None
@@ -87,7 +87,7 @@ def registration(path: str | None) -> str | None:
             word = f.read(64).decode("ascii", "replace").strip()
     except OSError:
         return None
-    return word if word in publish.REGISTRATIONS else None
+    return word if word in nodedoc.REGISTRATIONS else None
 
 
 def _sa_namespace() -> str | None:
@@ -299,7 +299,7 @@ def _acquired(lease) -> str | None:
 
 
 def _details_of(cm) -> dict:
-    old = (publish.details_of(cm) or {}) if cm is not None else {}
+    old = (detailscm.details_of(cm) or {}) if cm is not None else {}
     old.pop("time", None)
     return old
 
@@ -327,13 +327,13 @@ class Agent:
         node, ns = opts.node, "{ns}"
 
         def configmap(doc, _said, rv):
-            obj = publish.configmap(name=node, namespace=self.opts.publish_namespace, doc=doc, when=_rfc3339())
+            obj = detailscm.configmap(name=node, namespace=self.opts.publish_namespace, doc=doc, when=_rfc3339())
             if rv:
                 obj["metadata"]["resourceVersion"] = rv
             return obj
 
         def lease(_content, acquired, rv):
-            return publish.lease(name=node, namespace=self.opts.publish_namespace, interval=self.opts.interval,
+            return heartbeat.lease(name=node, namespace=self.opts.publish_namespace, interval=self.opts.interval,
                                  now=time.time(), acquired=acquired, resource_version=rv or None)
 
         #: the details (written when they change; ``before``: what they said before this pass's write)
@@ -490,18 +490,18 @@ class Agent:
         self._state_file(prefix, doc)
         problem = "; ".join(f.problems) or None
         reasons = sorted(set(f.reasons))
-        details = publish.details_doc(node=opts.node, verdict_=verdict, complete=f.complete, target=tgt.version,
+        details = detailscm.details_doc(node=opts.node, verdict_=verdict, complete=f.complete, target=tgt.version,
                                       target_from=tgt.where, now=a.now, gate=g.state, gate_message=g.message,
                                       problem=problem, reasons=reasons, interval=opts.interval, c=c, rows=a.rows,
                                       pods=ws.pods, missing=a.missing, pods_seen=len(snap.pods), workloads=ws.items)
         cm_written = self.details_cm.put(details)
         event_sent = False
         # a bad announcement changed to another bad one is news too (the operator's fix did not take)
-        if prev is None or publish.event_signature(prev) != publish.event_signature(doc) or \
+        if prev is None or nodeevents.event_signature(prev) != nodeevents.event_signature(doc) or \
                 (tgt.reason == "bad_announcement" and ((prev or {}).get("reasons") != doc["reasons"]
                                                        or (self.details_cm.before or {}).get("problem") != problem)):
-            kube.create(f"/api/v1/namespaces/{publish.EVENT_NAMESPACE}/events",
-                        publish.event(node=node, details=details, when=_rfc3339(),
+            kube.create(f"/api/v1/namespaces/{nodeevents.EVENT_NAMESPACE}/events",
+                        nodeevents.event(node=node, details=details, when=_rfc3339(),
                                       warning_reason=tgt.reason if tgt.reason == "bad_announcement" else None))
             event_sent = True
         self.lease.put(None)
@@ -527,7 +527,7 @@ class Agent:
         if not self.opts.state_dir:
             return
         try:
-            publish.write_file(os.path.join(self.opts.state_dir, STATE_FILE),
+            nodefiles.write_file(os.path.join(self.opts.state_dir, STATE_FILE),
                                json.dumps(dict(doc, prefix=prefix), separators=(",", ":")) + "\n")
         except OSError as e:
             _log({"event": "cluster_output_error", "node": self.opts.node, "reason": "os_error",
@@ -540,9 +540,9 @@ class Agent:
             if opts.state_dir:
                 self._workloads_file(ws, a, pods_list)
             if s["nfd_features_file"]:
-                publish.write_file(s["nfd_features_file"], publish.nfd_text(prefix, doc))
+                nodefiles.write_file(s["nfd_features_file"], nodefiles.nfd_text(prefix, doc))
             if s["textfile"]:
-                publish.write_file(s["textfile"], publish.textfile_text(details, time.time(), _decision_counts(cfg)))
+                nodefiles.write_file(s["textfile"], nodefiles.textfile_text(details, time.time(), _decision_counts(cfg)))
         except OSError as e:
             _log({"event": "cluster_output_error", "node": opts.node, "reason": "os_error", "message": describe(e)[1]})
 

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 
 from ...core import safejson
 from . import gate as gatemod
-from . import holds, publish
+from . import holds, verdicts, nodedoc
 
 __all__ = ["Snapshot", "Settings", "Findings", "Desired", "findings", "reconcile", "installation", "node_doc_of",
            "regressions_key",
@@ -197,7 +197,7 @@ def findings(snap: Snapshot, *, target, workloads, assessment, settings: Setting
     """What the pass found (see :class:`Findings`) from the snapshot, the node's :class:`.target.Target`,
     its :class:`.pods.Workloads` and their :class:`.predict.Assessment`."""
     tgt, ws, a = target, workloads, assessment
-    c = publish.counts(a.rows)
+    c = verdicts.counts(a.rows)
     c["not_in_store"] = len(a.missing)
     c["pods"] = len(snap.pods)
     reasons, problems = [], []
@@ -233,12 +233,12 @@ def findings(snap: Snapshot, *, target, workloads, assessment, settings: Setting
         ("unknown_workload", bool(c["unknown_workloads"])), ("left_out", bool(ws.dropped)),
         ("cache_not_current", bool(snap.stale)), ("problem", bool(a.problems))) if bad)
     complete = not incomplete
-    verdict0 = publish.verdict(c, target_known=tgt.version is not None, report=a.report is not None,
+    verdict0 = verdicts.verdict(c, target_known=tgt.version is not None, report=a.report is not None,
                                incomplete=not complete)
     ids = {w["name"]: holds.workload_id(w) for w in ws.items}
     judged = frozenset(ids[r["name"]] for r in a.rows if r.get("name") in ids)
     regressing = {ids[r["name"]]: str(r.get("workload_image")) for r in a.rows
-                  if r.get("name") in ids and publish.regression(r)}
+                  if r.get("name") in ids and verdicts.regression(r)}
     # what could not be judged, by name (the gate's message says it beside a hold)
     unk = ws.unknown()
     unjudged = tuple([f"{w['name']}: {w['unknown']}" for w in unk[:2]] + (
@@ -314,11 +314,11 @@ def reconcile(meta: dict, f: Findings, st: Settings, *, now: float, own: dict | 
                        blocked=f.blocked, key=key, previous=previous,
                        problem="; ".join(f.problems + f.unjudged) or
                        "reasons " + ", ".join(sorted(set(f.reasons) - {"regression"})))
-    doc = publish.node_doc(verdict_=verdict, target=f.target, target_from=f.target_from, now=f.now, gate=g.state,
+    doc = nodedoc.node_doc(verdict_=verdict, target=f.target, target_from=f.target_from, now=f.now, gate=g.state,
                            c=cn, reasons=sorted(set(f.reasons)), key=key, interval=st.interval, details=st.details,
                            since=_rfc3339(now), released_by=g.released_by if g.state == "released-by-other" else None,
                            held=rec.doc(), agent=st.installation, complete=f.complete, incomplete=list(f.incomplete))
-    if publish.same_node_doc(prev, doc):
+    if nodedoc.same_node_doc(prev, doc):
         doc["since"] = prev.get("since", doc["since"])
-    keys = publish.node_keys(prefix=prefix, doc=doc, gate=g, current=meta, registration=st.registration)
+    keys = nodedoc.node_keys(prefix=prefix, doc=doc, gate=g, current=meta, registration=st.registration)
     return Desired(keys=keys, doc=doc, verdict=verdict, gate=g, counts=cn, previous=prev, next_expiry=rec.next_expiry)

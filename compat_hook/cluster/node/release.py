@@ -31,7 +31,7 @@ middle of a pass may write once more, so the sweep is repeated until it finds
 nothing (:data:`SWEEPS` at most).
 
 ``--all`` also takes the label ``<prefix>/registration`` (how the chart registered the
-node: :data:`.publish.REGISTRATIONS`) off every Node that has one: the chart that said
+node: :data:`.nodedoc.REGISTRATIONS`) off every Node that has one: the chart that said
 it is going.
 
 Run by the Helm chart's pre-delete hook, and by hand after turning the agent
@@ -67,7 +67,7 @@ RETRIES = 4
 #: Sweeps of a purge at most, :data:`SETTLE` seconds apart, until one finds nothing left.
 SWEEPS = 5
 SETTLE = 1.0
-#: The labels of the agents' Leases and ConfigMaps (compat_hook/cluster/node/publish.py).
+#: The labels of the agents' Leases and ConfigMaps (compat_hook/cluster/node/detailscm.py).
 AGENT_OBJECTS = "app.kubernetes.io/name=compat-hook,app.kubernetes.io/component=preflight"
 
 

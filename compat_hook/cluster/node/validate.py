@@ -49,7 +49,7 @@ from ...core import logjson
 from ...core.errors import CompatHookError, UsageError, describe
 from ..workload import workloads as wl
 from ..api.kube import KubeError, NotFound, Unreachable
-from .publish import EVENT_NAMESPACE  # where an Event about a Node can be (the agent's too)
+from .nodeevents import EVENT_NAMESPACE  # where an Event about a Node can be (the agent's too)
 
 __all__ = ["ValidatorOptions", "expectation", "judge", "probe_pod", "probe_name", "parse_probe", "validate",
            "run", "main", "LABEL", "TAINT", "EVENT_REASON", "taints_after", "failed"]
@@ -623,7 +623,7 @@ def taints_after(taints, prefix: str, driver: str, failed: bool, enabled: bool =
     >>> taints_after([other], "p.io", "470.256.02", False) is None
     True
     """
-    from .publish import label_value
+    from .verdicts import label_value
 
     key = f"{prefix}/{TAINT}"
     old = [t for t in (taints if isinstance(taints, list) else []) if isinstance(t, dict)]
