@@ -236,6 +236,9 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
         from ..core.errors import StateError
 
         raise StateError(f"cannot open rootfs {rootfs}: {e.strerror}") from None
+    # One reading of the image's ld.so.conf for this start: the assessment's, reused by the
+    # drop-in's write under the lock (compat_hook.facts.loader.ld_so_conf).
+    root.ld_so_conf_memo = {}
     with root:
         a = assess(config, request, root, state_dir=state_dir, actors=("hook",), stage=opts["stage"])
         record.update(a.log_fields())

@@ -228,7 +228,23 @@ def ld_so_conf(root, skip: str | None = None, deadline: float | None = None) -> 
     default :data:`DEADLINE_S` after the first include). What it could not read is
     :attr:`LdConf.incomplete`, never a hang: an image can plant a 16 KB include
     line over a dir of 20,000 names, each one including it again.
+
+    ``root.ld_so_conf_memo`` (a dict, or absent): the reading is kept there per
+    ``skip`` and given again (:attr:`compat_hook.facts.rootfs.Root.ld_so_conf_memo`).
     """
+    # The hook's one start reads it twice (the assessment, then the drop-in's write under the
+    # rootfs lock): a Root the hook opened carries a memo, so the second costs nothing (~0.3 ms of
+    # a fresh process's first start, measured with benchmarks/run.py's hook_compat_dropin row).
+    memo = getattr(root, "ld_so_conf_memo", None) if deadline is None else None
+    if memo is not None and skip in memo:
+        return memo[skip]
+    conf = _ld_so_conf(root, skip, deadline)
+    if memo is not None:
+        memo[skip] = conf
+    return conf
+
+
+def _ld_so_conf(root, skip, deadline) -> LdConf:
     conf = LdConf()
     text = _read(root, CONF)
     if text is None:

@@ -40,6 +40,7 @@ __all__ = ["Root", "UnsafePath", "MAX_SYMLINKS"]
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 _PATH_FLAGS = _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
+_S_ISDIR = _stat.S_ISDIR
 
 
 class _Walk:
@@ -66,6 +67,11 @@ class Root(Surface):
     :class:`UnsafePath` where a path exists but is of a type that must not be
     used (a FIFO where a regular file is required, say).
     """
+
+    #: ``None``, or a dict in which :func:`compat_hook.facts.loader.ld_so_conf` keeps its reading
+    #: of this root: set by the hook for its one start (the image's ``/etc/ld.so.conf`` is read once
+    #: for the assessment and the drop-in's write); a Root kept while the image changes has none.
+    ld_so_conf_memo = None
 
     def __init__(self, path: str) -> None:
         self.host_path = os.fspath(path)
@@ -97,8 +103,10 @@ class Root(Surface):
         itself. With ``missing_ok`` a missing last component returns
         ``(parent_walk, name)`` instead of raising, for creates.
         """
-        # stack[i] is an O_PATH fd of the directory named by names[:i].
-        stack = [os.dup(self._fd)]
+        # stack[i] is an O_PATH fd of the directory named by names[:i]; stack[0] is the root's own
+        # fd, never closed here (no dup of it per walk: a GPU start walks ~20 paths).
+        root = self._fd
+        stack = [root]
         names: list = []
         todo = split_path(path)
         todo.reverse()
@@ -115,10 +123,16 @@ class Root(Surface):
                     fd = os.open(name, _PATH_FLAGS, dir_fd=stack[-1])
                 except FileNotFoundError:
                     if missing_ok and not todo:
-                        pfd = stack.pop()
+                        pfd = stack.pop() if len(stack) > 1 else os.dup(root)
                         return _Walk(pfd, os.fstat(pfd), list(names)), name
                     raise enoent(path) from None
                 st = os.fstat(fd)
+                if todo and _S_ISDIR(st.st_mode):
+                    # A directory with more to walk: lookup_step's DESCEND, without its call (most
+                    # components; ~1 us each at a start, measured with the hook's ~20 walks).
+                    names.append(name)
+                    stack.append(fd)
+                    continue
                 # readlinkat(fd, "") reads the link the O_PATH fd pins, so
                 # the target read is the link just checked (no swap race).
                 try:
@@ -139,20 +153,17 @@ class Root(Surface):
                     stack.append(fd)
                     continue
                 # Last component.
-                for extra in stack:
-                    os.close(extra)
-                stack = []
                 return _Walk(fd, st, names)
-            # Path was the root itself (or collapsed to it).
-            fd = stack.pop()
-            for extra in stack:
-                os.close(extra)
-            stack = []
+            # Path was the root itself (or collapsed to it): the caller closes what it gets.
             if missing_ok:
                 raise IsADirectoryError(errno.EISDIR, "the root itself", path)
+            if len(stack) > 1:
+                fd = stack.pop()
+                return _Walk(fd, os.fstat(fd), names)
+            fd = os.dup(root)
             return _Walk(fd, os.fstat(fd), names)
         finally:
-            for fd in stack:
+            for fd in stack[1:]:
                 os.close(fd)
 
     # -- queries ------------------------------------------------------------
@@ -199,6 +210,21 @@ class Root(Surface):
         descriptor before anything is opened, and the reopen goes through that
         descriptor, so a FIFO or device node is never opened.
         """
+        return os.fdopen(self._open_regular_fd(path, follow), "rb", buffering=0)
+
+    def read_file(self, path: str, limit: int = 1 << 20) -> bytes:
+        """At most ``limit`` bytes of a regular file: :meth:`open_regular`'s checks, one ``read``.
+
+        What an unbuffered file object's ``read(limit)`` does, without the object and its
+        own ``fstat`` (a GPU start reads 3-5 small files: ld.so.conf, its includes, passwd).
+        """
+        fd = self._open_regular_fd(path, True)
+        try:
+            return os.read(fd, limit)
+        finally:
+            os.close(fd)
+
+    def _open_regular_fd(self, path: str, follow: bool) -> int:
         w = self._walk(path, follow=follow)
         try:
             if not _stat.S_ISREG(w.st.st_mode):
@@ -211,7 +237,7 @@ class Root(Surface):
         if not _stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (w.st.st_dev, w.st.st_ino):
             os.close(fd)
             raise UnsafePath(f"file changed while opening: {w.path}")
-        return os.fdopen(fd, "rb", buffering=0)
+        return fd
 
     def open_path(self, path: str) -> tuple:
         """``(fd, resolved)``: an ``O_PATH`` descriptor of ``path`` resolved in the root.
