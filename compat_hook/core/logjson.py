@@ -133,13 +133,15 @@ def spooled(fd: int, uid: int) -> bytes | None:
 def merge_spool(path: str, log_fd: int | None = None) -> int:
     """Append the spooled lines of the log ``path`` to it and remove them; returns how many.
 
-    Run on the host after each line written (one ``listdir`` of a small dir, the dir made here the
+    Run on the host after each line written (at most a batch read from the dir, the dir made here the
     first time, mode 1733: anyone may add a file, only its owner may remove it, nobody else may list
     it) and by ``report``. Files that are not one well-formed line are removed unmerged.
     """
     d = spool_dir(path)
     try:
-        names = os.listdir(d)
+        # at most a batch read from the dir, however many files someone put there: a start stays cheap
+        with os.scandir(d) as it:
+            names = [e.name for _, e in zip(range(_SPOOL_BATCH), it)]
     except FileNotFoundError:
         try:
             os.mkdir(d, 0o700)
@@ -156,7 +158,7 @@ def merge_spool(path: str, log_fd: int | None = None) -> int:
     try:
         if own:
             log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
-        for name in sorted(names)[:_SPOOL_BATCH]:
+        for name in sorted(names):
             f = f"{d}/{name}"
             try:
                 fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
