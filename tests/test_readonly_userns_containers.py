@@ -66,21 +66,22 @@ def assert_no_maps_beside_an_error(records: list) -> None:
 
 
 @RUNTIMES
-@pytest.mark.parametrize("host", [HOST_535, HOST_555])
-def test_readonly_root_through_the_hook(tmp_path, runtime, libs, host):
+@pytest.mark.parametrize("host,stage", [(HOST_535, "createContainer"), (HOST_555, "createContainer"),
+                                        (HOST_535, "prestart")])
+def test_readonly_root_through_the_hook(tmp_path, runtime, libs, host, stage):
     env = Env(tmp_path, runtime, libs, host)
     predicted = explain(env)["toolkit"]["with_hook"]["maps"]
-    res = _run(env, _readonly)
+    res = _run(env, _readonly, stage)
     cuda, lib = EXPECT[host]
     assert res.rc == 0, str(res)
     assert res.probe == {"cuDriverGetVersion": str(cuda), "libcuda": lib}, str(res)
     rec = only_record(env, res)
     assert predicted == rec["maps"] == lib, (predicted, rec)
     assert rec["decision"] in ("enable", "skip"), rec
-    if runtime == "crun":  # read-only already: the cache came by a mount, the rootfs is untouched
+    if runtime == "crun" and stage == "createContainer":  # read-only already: the cache came by a mount
         assert any("bind-mounted a rebuilt ld cache over /etc/ld.so.cache" in a for a in rec["actions"]), rec
         assert not env.dropin().exists()
-    else:  # runc: read-only only after the hook
+    else:  # runc: read-only only after the hook; prestart: the rootfs as the host sees it
         assert env.dropin().exists()
     assert_no_maps_beside_an_error(env.records())
 
@@ -163,18 +164,25 @@ def _userns(spec: dict) -> None:
     spec["linux"].pop("resources", None)
 
 
+def _mapped_env(tmp_path, runtime: str, libs: dict) -> Env:
+    """An Env whose rootfs the container's mapped root owns, its dirs passable by that uid (the
+    rootfs, and the log's spool beside the log)."""
+    env = Env(tmp_path, runtime, libs, HOST_535)
+    p = tmp_path
+    while str(p) != "/":
+        os.chmod(p, os.stat(p).st_mode | 0o011)
+        p = p.parent
+    subprocess.run(["chown", "-R", f"{MAPPED}:{MAPPED}", str(env.rootfs)], check=True)
+    return env
+
+
 def _plain(spec: dict) -> None:
     pass
 
 
 @RUNTIMES
 def test_user_namespaced_container_gets_its_log_line(tmp_path, runtime, libs):
-    env = Env(tmp_path, runtime, libs, HOST_535)
-    p = tmp_path
-    while str(p) != "/":  # the mapped root must reach its rootfs (and the log's spool)
-        os.chmod(p, os.stat(p).st_mode | 0o011)
-        p = p.parent
-    subprocess.run(["chown", "-R", f"{MAPPED}:{MAPPED}", str(env.rootfs)], check=True)
+    env = _mapped_env(tmp_path, runtime, libs)
     first = _run(env, _plain, env=NO_GPU_ENV)  # a start whose hook writes the log: the spool is made
     assert first.rc == 0, str(first)
     assert oct(os.stat(f"{env.log}.spool").st_mode & 0o7777) == "0o1733"
@@ -191,3 +199,13 @@ def test_user_namespaced_container_gets_its_log_line(tmp_path, runtime, libs):
     assert (rec["decision"], rec["maps"], rec["spooled_by_uid"]) == ("enable", COMPAT_LIB, MAPPED), rec
     assert os.listdir(f"{env.log}.spool") == []
     assert report([str(env.log)])["records"] == 3
+
+
+@RUNTIMES
+def test_user_namespaced_container_at_create_runtime_logs_directly(tmp_path, runtime, libs):
+    """createRuntime runs in the runtime's namespaces, as its uid: the line goes to the log itself."""
+    env = _mapped_env(tmp_path, runtime, libs)
+    res = _run(env, _userns, "createRuntime")
+    assert res.probe == {"cuDriverGetVersion": "12040", "libcuda": COMPAT_LIB}, str(res)
+    rec = only_record(env, res)
+    assert (rec["decision"], rec["maps"]) == ("enable", COMPAT_LIB) and "spooled_by_uid" not in rec, rec
