@@ -141,7 +141,9 @@ def merge_spool(path: str, log_fd: int | None = None) -> int:
     try:
         # at most a batch read from the dir, however many files someone put there: a start stays cheap
         with os.scandir(d) as it:
-            names = [e.name for _, e in zip(range(_SPOOL_BATCH), it)]
+            # dirs (which only their owner could empty) are passed over, within a bounded scan
+            names = [e.name for _, e in zip(range(8 * _SPOOL_BATCH), it)
+                     if not e.is_dir(follow_symlinks=False)][:_SPOOL_BATCH]
     except FileNotFoundError:
         try:
             os.mkdir(d, 0o700)
@@ -160,17 +162,16 @@ def merge_spool(path: str, log_fd: int | None = None) -> int:
             log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
         for name in sorted(names):
             f = f"{d}/{name}"
-            try:
+            line = None
+            try:  # a link, a FIFO, a dir: dropped unread (O_NOFOLLOW, O_NONBLOCK, regular files only)
                 fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                try:
+                    st = os.fstat(fd)
+                    line = spooled(fd, st.st_uid) if st.st_mode & 0o170000 == 0o100000 else None
+                finally:
+                    os.close(fd)
             except OSError:
-                continue
-            try:
-                st = os.fstat(fd)
-                line = spooled(fd, st.st_uid) if st.st_mode & 0o170000 == 0o100000 else None
-            except OSError:
-                line = None
-            finally:
-                os.close(fd)
+                pass
             try:
                 os.unlink(f)
             except OSError:
