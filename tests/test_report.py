@@ -287,3 +287,30 @@ def test_big_log_in_constant_memory(tmp_path):
         out[p.name] = [int(x) for x in res.stdout.split()]
     assert out["big.log"][:2] == [300_000, MAX_KEYS + 1]          # capped, plus "(others)"
     assert out["big.log"][2] - out["small.log"][2] < 8 * 1024, out  # KiB
+
+
+def test_the_logs_spool_is_read_by_report_and_merged_by_the_next_line(tmp_path):
+    """A hook the log is closed to (a user-namespaced createContainer hook) leaves its line in the spool;
+    only lines in compat-hook's own shape count, each marked with the uid that wrote it."""
+    from compat_hook.core import logjson
+
+    log = tmp_path / "log"
+    assert logjson.write_line(str(log), {"event": "hook", "decision": "skip", "reason": "no_gpu_request"})
+    spool = tmp_path / "log.spool"
+    assert spool.is_dir() and spool.stat().st_mode & 0o7777 == 0o1733  # made by the first line
+    good = ('{"time":"2026-01-01T00:00:00.000Z","event":"hook","decision":"enable",'
+            '"reason":"compat_major_newer","host_driver_version":"535.104.05"}\n')
+    (spool / "1-good.json").write_text(good)
+    (spool / "2-two-lines.json").write_text(good + good)
+    (spool / "3-no-time.json").write_text('{"event":"hook","decision":"enable"}\n')
+    (spool / "4-big.json").write_text(good[:-2] + "," + '"x":"' + "a" * 70000 + '"}\n')
+    os.symlink(str(log), spool / "5-link.json")
+    (spool / "0-a-dir").mkdir()  # passed over, never read
+    rep = report([str(log)])
+    assert rep["records"] == 2, rep  # the log's own line and the one good spooled line
+    assert logjson.write_line(str(log), {"event": "hook", "decision": "skip", "reason": "no_gpu_request"})
+    assert sorted(os.listdir(spool)) == ["0-a-dir"]  # merged or dropped, all gone but the dir
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x.get("spooled_by_uid") for x in lines] == [None, None, os.getuid()]
+    assert list(lines[2])[:2] == ["time", "spooled_by_uid"] and lines[2]["decision"] == "enable"
+    assert report([str(log)])["records"] == 3

@@ -152,6 +152,7 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
         _hook(opts, config, state_dir, stdin_fd, record)
         status = EXIT_OK
     except Exception as e:  # last line of defence: never a traceback, never a broken container
+        _not_in_effect(record)
         status = EXIT_FAILED if fail_open(record, config, *describe(e), prog="compat-hook",
                                           stopped="container stopped",
                                           goes_on="container starts without compat") else EXIT_OK
@@ -159,6 +160,15 @@ def run(argv: list, stdin_fd: int = 0, environ=None) -> tuple:
             _identify(record, stdin_fd)
     finish(record, config, t0)
     return status, record
+
+
+def _not_in_effect(record: dict) -> None:
+    """A failed run claims no ``maps``: the file it meant to make win is ``not_in_effect``, and the
+    container maps what the image and the other hooks give it (``outcome`` says the start goes on
+    without compat-hook's effect)."""
+    meant = record.pop("maps", None)
+    if meant:
+        record["not_in_effect"] = meant
 
 
 def _registration() -> dict:
@@ -266,12 +276,28 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
             from ..effects import ldcache
 
             try:
-                # At createContainer we are in the container's mount namespace already, and the
-                # state's pid may name another process (a pod sharing its pid namespace).
-                ns_pid = None if opts["stage"] in ("createContainer", "startContainer") else \
-                    ldcache.namespace_pid(state)
-                actions, did, note = ldcache.apply_locked(root, a.hook_target, a.hook_purpose, config,
-                                                          state_dir, ns_pid, a.hook_refresh)
+                if ldcache.read_only(root):
+                    # crun makes the root read-only before createContainer (runc only after it): the
+                    # cache is rebuilt beside it and mounted over it, where a mount lands in the container
+                    from ..effects.mounts import in_container_mount_ns
+
+                    if not in_container_mount_ns(opts["stage"]):
+                        raise ldcache.ReadOnlyRoot(f"the root {rootfs} is read-only here and a mount made "
+                                                   "at this stage would not reach the container")
+                    actions, did = ldcache.apply_mounted(root, a.hook_target, a.hook_purpose, config,
+                                                         a.hook_refresh)
+                    note = None
+                else:
+                    # At createContainer we are in the container's mount namespace already, and the
+                    # state's pid may name another process (a pod sharing its pid namespace).
+                    ns_pid = None if opts["stage"] in ("createContainer", "startContainer") else \
+                        ldcache.namespace_pid(state)
+                    actions, did, note = ldcache.apply_locked(root, a.hook_target, a.hook_purpose, config,
+                                                              state_dir, ns_pid, a.hook_refresh)
+            except ldcache.ReadOnlyRoot:
+                if not done:  # nothing of ours changed the container: what maps is the image's own
+                    _instead(record, config, request, root, state_dir, opts["stage"])
+                raise
             except Exception as e:
                 done += getattr(e, "done", [])
                 raise
@@ -279,6 +305,33 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
             record["planned"] = [act for act, _ in actions]
             if note:
                 record["lock"] = note
+
+
+def _instead(record: dict, config, request, root, state_dir: str, stage) -> None:
+    """Where the decision cannot take effect: ``maps_instead``, the libcuda the loader model says the
+    container maps without compat-hook (``explain``'s "alone"). Only on this failure's path."""
+    try:
+        from ..effects.ldcache import LD_SO_CACHE
+
+        if not root.exists(LD_SO_CACHE):
+            # No cache: ld.so searches LD_LIBRARY_PATH, then its default dirs (the multiarch ones first)
+            arch = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}.get(__import__("posix").uname()[4])
+            dirs = [d for d in (request.env.get("LD_LIBRARY_PATH") or "").split(":") if d.startswith("/")]
+            dirs += [f"/lib/{arch}", f"/usr/lib/{arch}"] if arch else []
+            dirs += ["/lib64", "/usr/lib64", "/lib", "/usr/lib"]
+            for d in dirs:
+                if root.exists(f"{d}/libcuda.so.1"):  # named as the loader names it: its dir resolved
+                    record["maps_instead"] = f"{root.realpath(d)}/libcuda.so.1"
+                    return
+            return
+        from ..policy.assess import assess
+
+        alone = assess(config, request, root, state_dir=state_dir, actors=("hook",), stage=stage,
+                       toolkit=True).toolkit["alone"]
+        if alone.get("maps"):
+            record["maps_instead"] = alone["maps"]
+    except Exception:  # noqa: BLE001 - the failure is what the line reports; this only adds to it
+        pass
 
 
 _KEEP: list = []

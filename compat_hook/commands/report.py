@@ -171,6 +171,32 @@ def _lines(path: str, stats: dict):
             stats["notes"].append(f"{path}: stopped reading: {e}")
 
 
+def _spooled(path: str):
+    """The lines a user-namespaced container's hook left in the log's spool, not merged yet
+    (:func:`compat_hook.core.logjson.merge_spool` merges them at the next start on the host)."""
+    from ..core import logjson
+
+    d = logjson.spool_dir(path)
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return
+    for name in names:
+        try:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            line = logjson.spooled(fd, st.st_uid) if st.st_mode & 0o170000 == 0o100000 else None
+        except OSError:
+            line = None
+        finally:
+            os.close(fd)
+        if line is not None:
+            yield line
+
+
 def _bump(table: dict, key, n: int = 1, cap: int = MAX_KEYS):
     if key not in table and len(table) >= cap:
         key = _OTHERS
@@ -284,8 +310,8 @@ def report(paths: list, *, since: str | None = None, rotated: bool = True) -> di
     cur = nodrv = None
     total = before = 0
     loads = json.loads
-    for p in files:
-        for line in _lines(p, stats):
+    for p, src in [(p, _lines(p, stats)) for p in files] + [(p, _spooled(p)) for p in paths]:
+        for line in src:
             if since is not None and line.startswith(b'{"time":"'):
                 # logjson writes the time first: most old lines are dropped
                 # before they are parsed (a time that is not one is decided below).

@@ -23,7 +23,16 @@ import time
 
 from . import jsonfast
 
-__all__ = ["write_line", "timestamp", "fail_open", "finish", "DEFAULT_LOG"]
+__all__ = ["write_line", "timestamp", "fail_open", "finish", "DEFAULT_LOG", "SPOOL_SUFFIX", "spool_dir",
+           "spooled", "merge_spool"]
+
+#: ``<log file>.spool``: where a hook that cannot open the log (a user-namespaced container's
+#: createContainer hook runs as an unprivileged host uid) leaves its line, one file each.
+SPOOL_SUFFIX = ".spool"
+#: At most this many spooled lines are merged by one run, each at most this long: anyone on the host
+#: can put files in the spool, and a start must stay cheap.
+_SPOOL_BATCH, _SPOOL_LINE = 32, 65536
+_EACCES, _EPERM, _EROFS = 13, 1, 30
 
 #: The log file when no configuration could be read (config.py's ``log_file`` default).
 DEFAULT_LOG = "/var/log/compat-hook.log"
@@ -48,6 +57,13 @@ def write_line(path: str | None, record: dict) -> bool:
         return False
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+    except PermissionError as e:
+        # A hook in a user namespace (createContainer) runs as a host uid the log is closed to:
+        # its line goes to the spool, which the next run on the host merges into the log.
+        if _to_spool(path, data):
+            return True
+        _complain(path, e)
+        return False
     except FileNotFoundError:
         try:
             os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
@@ -62,6 +78,8 @@ def write_line(path: str | None, record: dict) -> bool:
         if not _room(fd, len(data)):
             raise OSError(28, "No space left on device")  # ENOSPC: no torn line (below)
         n = os.write(fd, data)
+        if n == len(data):
+            merge_spool(path, fd)
         if n != len(data):
             # Filled up between the check and the write: end the fragment so that the next
             # start's line begins on a line of its own (best effort: it may not fit either).
@@ -76,6 +94,96 @@ def write_line(path: str | None, record: dict) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def spool_dir(path: str) -> str:
+    """The spool dir of the log file ``path``."""
+    return path + SPOOL_SUFFIX
+
+
+def _to_spool(path: str, data: bytes) -> bool:
+    """Leave one line in the log's spool (a new file, never one that exists); True when done."""
+    name = f"{spool_dir(path)}/{time.time_ns()}-{os.getpid()}-{os.urandom(4).hex()}.json"
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return False
+    try:
+        return os.write(fd, data) == len(data)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def spooled(fd: int, uid: int) -> bytes | None:
+    """A spooled file's line as the log takes it, marked with the uid that wrote it, or None.
+
+    Anyone on the host may write into the spool (mode 1733), so a line is taken only as
+    :func:`write_line` writes one (the time first, one line, bounded), and it says who wrote it:
+    ``spooled_by_uid``, the file's owner, a container's mapped root or someone else.
+    """
+    data = os.read(fd, _SPOOL_LINE + 1)
+    if (len(data) > _SPOOL_LINE or not data.startswith(b'{"time":"') or data[33:35] != b'",' or
+            data.count(b"\n") != 1 or not data.endswith(b"\n")):
+        return None
+    return data[:35] + b'"spooled_by_uid":%d,' % uid + data[35:]
+
+
+def merge_spool(path: str, log_fd: int | None = None) -> int:
+    """Append the spooled lines of the log ``path`` to it and remove them; returns how many.
+
+    Run on the host after each line written (at most a batch read from the dir, the dir made here the
+    first time, mode 1733: anyone may add a file, only its owner may remove it, nobody else may list
+    it) and by ``report``. Files that are not one well-formed line are removed unmerged.
+    """
+    d = spool_dir(path)
+    try:
+        # at most a batch read from the dir, however many files someone put there: a start stays cheap
+        with os.scandir(d) as it:
+            # dirs (which only their owner could empty) are passed over, within a bounded scan
+            names = [e.name for _, e in zip(range(8 * _SPOOL_BATCH), it)
+                     if not e.is_dir(follow_symlinks=False)][:_SPOOL_BATCH]
+    except FileNotFoundError:
+        try:
+            os.mkdir(d, 0o700)
+            os.chmod(d, 0o1733)
+        except OSError:
+            pass
+        return 0
+    except OSError:
+        return 0
+    if not names:
+        return 0
+    own = log_fd is None
+    n = 0
+    try:
+        if own:
+            log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
+        for name in sorted(names):
+            f = f"{d}/{name}"
+            line = None
+            try:  # a link, a FIFO, a dir: dropped unread (O_NOFOLLOW, O_NONBLOCK, regular files only)
+                fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                try:
+                    st = os.fstat(fd)
+                    line = spooled(fd, st.st_uid) if st.st_mode & 0o170000 == 0o100000 else None
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
+            try:
+                os.unlink(f)
+            except OSError:
+                continue  # not ours to take: merged by whoever can remove it
+            if line is not None and _room(log_fd, len(line)) and os.write(log_fd, line) == len(line):
+                n += 1
+    except OSError:
+        pass
+    finally:
+        if own and log_fd is not None:
+            os.close(log_fd)
+    return n
 
 
 def _room(fd: int, size: int) -> bool:

@@ -43,12 +43,17 @@ from ..core import fastos as os  # os without importing os: ~1 ms of a container
 from ..core.errors import CompatHookError, UnsafePath
 
 __all__ = ["DROPIN_DIR", "DROPIN_NAME", "DROPIN_PATH", "LD_SO_CONF", "plan_for", "current_dropin",
-           "apply", "apply_locked", "run_ldconfig", "lock_rootfs", "LdconfigError"]
+           "apply", "apply_locked", "apply_mounted", "read_only", "run_ldconfig", "lock_rootfs", "LdconfigError",
+           "ReadOnlyRoot", "LD_SO_CACHE"]
 
 DROPIN_DIR = "/etc/ld.so.conf.d"
 DROPIN_NAME = "00-00-compat-hook.conf"
 DROPIN_PATH = f"{DROPIN_DIR}/{DROPIN_NAME}"
 LD_SO_CONF = "/etc/ld.so.conf"
+LD_SO_CACHE = "/etc/ld.so.cache"
+#: Where the rebuilt cache of a read-only root is made for a moment (under a tmpfs of our own):
+#: a dir every OCI container has, that ldconfig does not search.
+SCRATCH_DIR = "/dev"
 _LD_SO_CONF_TEXT = b"# created by compat-hook: the image had no /etc/ld.so.conf\ninclude /etc/ld.so.conf.d/*.conf\n"
 _HEADER = "# compat-hook: CUDA forward compatibility for this container (rewritten at every start)\n"
 #: The header of a drop-in naming the host driver's dir (compat is wrong on this host).
@@ -62,6 +67,25 @@ def _header(purpose: str) -> str:
 
 class LdconfigError(CompatHookError):
     code = "ldconfig_failed"
+
+
+class ReadOnlyRoot(CompatHookError):
+    """The root is read-only where the hook runs and the decision cannot be made by a mount either."""
+
+    code = "read_only_root"
+
+
+def read_only(root) -> bool:
+    """Whether the container's root is mounted read-only where the hook runs (``ST_RDONLY``).
+
+    crun applies ``root.readonly`` before the createContainer hooks; runc only
+    after them, and prestart/createRuntime hooks see the bundle's rootfs as the
+    host does.
+    """
+    try:
+        return bool(os.statvfs(root.host_path).f_flag & 1)  # ST_RDONLY
+    except OSError:
+        return False
 
 
 def dropin_text(compat_dir: str, purpose: str = "compat") -> str:
@@ -221,6 +245,51 @@ def apply_locked(root, target: str | None, purpose: str, config, state_dir: str,
             os.close(fd)
 
 
+def apply_mounted(root, target: str | None, purpose: str, config, refresh: bool = False) -> tuple:
+    """The decision on a read-only root, by a mount: ``(actions, done)``.
+
+    Only in the container's mount namespace (createContainer), where the
+    runtime made the root read-only itself. Nothing can be written in the
+    rootfs, so no drop-in: the dir it would name goes on ldconfig's command
+    line instead, which ldconfig reads before its configuration (first for the
+    soname, as the drop-in would be), the cache is built in a tmpfs of our own
+    and bind-mounted read-only over the image's ``/etc/ld.so.cache``. The
+    loader reads only the cache, and nothing in a read-only container can
+    rebuild it. Raises :class:`ReadOnlyRoot` where this cannot work: the image
+    has no ``/etc/ld.so.cache`` to mount over, or a drop-in of ours from an
+    earlier start would have to be removed.
+    """
+    import stat as _stat
+
+    existing = current_dropin(root)
+    if target is None and existing is not None:
+        raise ReadOnlyRoot(f"the root is read-only: {DROPIN_PATH} from an earlier start cannot be removed")
+    if target is None and not refresh:
+        return [], []
+    if target is not None:
+        dropin_bytes(target, purpose)  # the same refusal of unnameable dirs as a drop-in
+    try:
+        regular = _stat.S_ISREG(root.lstat(LD_SO_CACHE).st_mode)
+    except OSError:
+        regular = False
+    if not regular:
+        raise ReadOnlyRoot(f"the root is read-only and the image has no regular {LD_SO_CACHE} to mount "
+                           "a rebuilt cache over")
+    from .mounts import bind_built_file
+
+    ms: list = []
+
+    def build(path: str) -> None:
+        ms.append(run_ldconfig(config.ldconfig, root.host_path, [target] if target else [],
+                               config.ldconfig_timeout, cache=path))
+
+    done = bind_built_file(root, SCRATCH_DIR, "ld.so.cache", build, LD_SO_CACHE)
+    if target is not None:
+        done.insert(0, f"{target} passed to ldconfig (no drop-in: the root is read-only)")
+    done.insert(len(done) - 1, f"ldconfig -r -C ({ms[0]} ms)")
+    return [("ldconfig_mounted", target)], done
+
+
 def lock_rootfs(state_dir: str, root, timeout: float) -> tuple:
     """An exclusive lock for changing this rootfs' ld cache: ``(fd or None, note or None)``.
 
@@ -343,7 +412,7 @@ def _setns_mount(pid: int) -> None:
 
 
 def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10,
-                 ns_pid: int | None = None) -> int:
+                 ns_pid: int | None = None, cache: str | None = None) -> int:
     """Run ``ldconfig -r rootfs``; returns its milliseconds, raises :class:`LdconfigError`.
 
     Not ``subprocess`` (whose import costs ~10 ms here). In our own mount
@@ -354,13 +423,14 @@ def run_ldconfig(ldconfig: str, rootfs: str, extra_dirs=(), timeout: float = 10,
     (see :func:`namespace_pid`) and sets its rlimits itself; the host
     ldconfig is opened before the join and executed from its descriptor, so
     the namespace cannot substitute it. The wait uses a pidfd with a timeout.
+    ``cache``: the cache file to write, a path inside ``rootfs`` (``-C``).
     """
     import resource
     import time
 
     if not os.path.isabs(ldconfig) or not os.access(ldconfig, os.X_OK):
         raise LdconfigError(f"ldconfig not executable: {ldconfig}")
-    argv = [ldconfig, "-r", rootfs] + list(extra_dirs)  # argv[0] as configured
+    argv = [ldconfig, "-r", rootfs] + (["-C", cache] if cache else []) + list(extra_dirs)  # argv[0] as configured
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
     # Ubuntu's /sbin/ldconfig is a shell script around ldconfig.real: run
     # the real binary where it sits beside the configured one (as NVIDIA's

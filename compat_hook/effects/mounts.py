@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from ..core import fastos as os  # os without importing os: ~1 ms of a container start
 
-__all__ = ["in_container_mount_ns", "bind_readonly", "mask_dir"]
+__all__ = ["in_container_mount_ns", "bind_readonly", "mask_dir", "bind_built_file"]
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
+_MS_PRIVATE, _MNT_DETACH = 1 << 18, 2
 
 
 def _mount(source: str | None, target: str, flags: int, fstype: str | None = None,
@@ -28,6 +29,15 @@ def _mount(source: str | None, target: str, flags: int, fstype: str | None = Non
     fs = os.fsencode(fstype) if fstype is not None else None
     opts = ctypes.c_char_p(os.fsencode(data)) if data is not None else None
     if libc.mount(src, os.fsencode(target), fs, flags, opts) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), target)
+
+
+def _umount(target: str) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e), target)
 
@@ -93,3 +103,55 @@ def mask_dir(root, path: str) -> list:
     finally:
         os.close(fd)
     return [f"masked {resolved} (empty read-only tmpfs)"]
+
+
+def bind_built_file(root, scratch: str, name: str, build, dest: str) -> list:
+    """Build a file in a private tmpfs and bind-mount it read-only over the regular file ``dest``.
+
+    For a root the runtime made read-only before the hook runs (crun at
+    createContainer with ``root.readonly``): nothing in the rootfs can be
+    written, but an existing file can still be covered by a mount. A small
+    tmpfs is mounted for a moment over the existing dir ``scratch`` of the
+    root (no process runs in the container yet), ``build`` is called with the
+    in-root path ``<scratch>/<name>`` to write there (ldconfig chrooted in the
+    root, so the path must be inside it), the result is bind-mounted over
+    ``dest`` and the tmpfs is taken away again (the bind keeps the file).
+    Every path is opened inside the confined root and mounted through its
+    descriptor, as :func:`bind_readonly` does. Returns what was done.
+    """
+    import stat as _stat
+
+    fd, at = root.open_path(scratch)
+    try:
+        if not _stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(f"{at}: not a directory")
+        _mount("compat-hook-scratch", f"/proc/self/fd/{fd}", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+               "tmpfs", "size=64m,mode=0700")
+    finally:
+        os.close(fd)
+    fd, _ = root.open_path(at)  # the new tmpfs' root: where it is unmounted from
+    try:
+        _mount(None, f"/proc/self/fd/{fd}", _MS_PRIVATE)  # nothing of it reaches a peer mount
+        build(f"{at}/{name}")
+        src, _ = root.open_path(f"{at}/{name}")
+        try:
+            dst, where = root.open_path(dest)
+            try:
+                if not (_stat.S_ISREG(os.fstat(src).st_mode) and _stat.S_ISREG(os.fstat(dst).st_mode)):
+                    raise OSError(f"{where}: not a regular file")
+                _mount(f"/proc/self/fd/{src}", f"/proc/self/fd/{dst}", _MS_BIND)
+            finally:
+                os.close(dst)
+            dst, _ = root.open_path(where)  # the file now covering it
+            try:
+                _mount(None, f"/proc/self/fd/{dst}", _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+    finally:
+        try:
+            _umount(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+    return [f"bind-mounted a rebuilt ld cache over {where} (ro; the root is read-only)"]
