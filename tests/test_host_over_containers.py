@@ -33,7 +33,8 @@ from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 pytestmark = pytest.mark.containers
 
 CUDA = debs.EXPECTED_CUDA
-GPU_ENV = ["PATH=/usr/local/bin:/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=all"]
+#: PROBE_ID: the probe also prints the mapped file's st_dev:st_ino
+GPU_ENV = ["PATH=/usr/local/bin:/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=all", "PROBE_ID=1"]
 C124 = "/usr/local/cuda-12.4"
 COMPAT = "/usr/local/cuda/compat"
 LIB550 = f"libcuda.so.{COMPAT_550}"

@@ -10,9 +10,10 @@
  * With an argument, dlopen()s that name instead (an absolute path as numba's
  * NUMBA_CUDA_DRIVER names one, or "libcuda.so" as numba tries first).
  *
- * Output on success (exit 0), three lines:
+ * Output on success (exit 0), two lines:
  *   cuDriverGetVersion=<int>
  *   libcuda=<realpath of the loaded file>
+ * and with PROBE_ID set in the environment a third:
  *   libcuda_id=<st_dev>:<st_ino> of the loaded file (a file bind-mounted over
  *     another keeps the name but is told apart by these)
  * dlopen failure: "dlopen-error=<dlerror()>", exit 3.
@@ -60,7 +61,7 @@ int main(int argc, char **argv)
     }
     struct stat st;
     printf("cuDriverGetVersion=%d\nlibcuda=%s\n", v, where);
-    if (stat(where, &st) == 0)
+    if (getenv("PROBE_ID") != NULL && stat(where, &st) == 0)
         printf("libcuda_id=%llu:%llu\n", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
     fflush(stdout);
     return 0;
