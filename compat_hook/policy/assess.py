@@ -181,7 +181,8 @@ class Assessment:
         for d in reversed(self.hook_masks):
             hook.insert(0, f"mask {d} with an empty read-only tmpfs (createContainer)")
         for x in reversed([x for x in self.host_over if x["by"] == "hook"]):
-            hook.insert(0, f"bind-mount {x['source']} over {x['target']} (ro, createContainer): "
+            src = f"{x['source']} (in the container)" if x.get("in_rootfs") else x["source"]
+            hook.insert(0, f"bind-mount {src} over {x['target']} (ro, createContainer): "
                            + ("the host's libcuda" if x["kind"] == "libcuda" else "a compat companion masked"))
         if self.hook_mount is not None:
             hook.insert(0, f"bind-mount {self.hook_mount[0]} at {self.hook_mount[1]} (ro, createContainer)")
