@@ -208,7 +208,13 @@ def _planned_hook_mounts(plan: dict, rootfs: pathlib.Path) -> list:
     out = []
     with Root(str(rootfs)) as root:
         for line in plan["effects"]["hook"]:
-            if line.startswith("bind-mount "):
+            if line.startswith("bind-mount ") and " over " in line.split(" (ro, ", 1)[0]:
+                # the host's libcuda (or /dev/null) over a compat file: a bind mount like any other
+                src, rest = line[len("bind-mount "):].split(" over ", 1)
+                if src.endswith(" (in the container)"):  # the host library the runtime put in the rootfs
+                    src = str(rootfs.resolve()) + src[:-len(" (in the container)")]
+                out.append(f"bind-mount {src} at {root.realpath(rest.split(' (', 1)[0])} (ro, createContainer)")
+            elif line.startswith("bind-mount "):
                 src, rest = line[len("bind-mount "):].split(" at ", 1)
                 target = rest.rsplit(" (", 1)[0]
                 try:

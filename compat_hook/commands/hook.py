@@ -258,6 +258,8 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
         if dry:
             record["actions"] = ([f"dry-run: would bind-mount {a.hook_mount[0]} at {a.hook_mount[1]}"]
                                  if a.hook_mount else [])
+            record["actions"] += [f"dry-run: would bind-mount {x['source']} over {x['target']}"
+                                  for x in a.host_over if x["by"] == "hook"]
             record["actions"] += [f"dry-run: would mask {d}" for d in a.hook_masks]
             record["actions"] += [f"dry-run: would {act}" + (f" {arg}" if arg else "") for act, arg in a.hook]
             return
@@ -267,6 +269,13 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
             from ..effects.mounts import bind_readonly
 
             done += bind_readonly(root, *a.hook_mount)
+        over = [x for x in a.host_over if x["by"] == "hook"]
+        if over:
+            # the host's libcuda in place of each compat file, before any mask covers its dir
+            from ..effects.mounts import bind_file_over
+
+            for x in over:
+                done += bind_file_over(root, x["source"], x["target"], x.get("in_rootfs", False))
         if a.hook_masks:
             from ..effects.mounts import mask_dir
 

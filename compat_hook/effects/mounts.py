@@ -5,14 +5,16 @@ Only in the container's mount namespace: a mount made from the host's
 namespace (prestart) would leak onto the host and be invisible in the
 container. The target is created and opened inside the confined root and
 mounted through its ``/proc/self/fd`` path, so an image symlink cannot
-redirect the mount; the source is only ever a store directory.
+redirect the mount; the source is a store directory, or, over a compat
+file, the host's libcuda (opened in the root where the runtime put it there,
+else a host path) or ``/dev/null``.
 """
 
 from __future__ import annotations
 
 from ..core import fastos as os  # os without importing os: ~1 ms of a container start
 
-__all__ = ["in_container_mount_ns", "bind_readonly", "mask_dir", "bind_built_file"]
+__all__ = ["in_container_mount_ns", "bind_readonly", "mask_dir", "bind_built_file", "bind_file_over"]
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
 _MS_PRIVATE, _MNT_DETACH = 1 << 18, 2
@@ -155,3 +157,45 @@ def bind_built_file(root, scratch: str, name: str, build, dest: str) -> list:
         finally:
             os.close(fd)
     return [f"bind-mounted a rebuilt ld cache over {where} (ro; the root is read-only)"]
+
+
+def bind_file_over(root, source: str, target: str, source_in_root: bool) -> list:
+    """Bind-mount the file ``source`` read-only over the regular file ``target`` in ``root``.
+
+    ``source_in_root``: ``source`` is a container path (the host's library the
+    runtime mounted into the rootfs), opened inside the confined root; else a
+    host path (the host's driver dir, ``/dev/null``). The target is opened
+    inside the root without following an image symlink out of it, and must be
+    a regular file; a target that is the source's file already is left as it is.
+    """
+    import stat as _stat
+
+    fd, resolved = root.open_path(target)
+    sfd = None
+    try:
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{resolved}: not a regular file")
+        if source_in_root:
+            sfd, src_resolved = root.open_path(source)
+            src, want = f"/proc/self/fd/{sfd}", os.fstat(sfd)
+            if not _stat.S_ISREG(want.st_mode):
+                raise OSError(f"{src_resolved}: not a regular file")
+        else:
+            src, want = source, os.stat(source)
+        got = os.fstat(fd)
+        if (got.st_dev, got.st_ino) == (want.st_dev, want.st_ino):
+            return []
+        _mount(src, f"/proc/self/fd/{fd}", _MS_BIND)
+    finally:
+        os.close(fd)
+        if sfd is not None:
+            os.close(sfd)
+    fd, _ = root.open_path(resolved)
+    try:
+        got = os.fstat(fd)
+        if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino):
+            raise OSError(f"{resolved}: the bind mount of {source} is not where it was made")
+        _mount(None, f"/proc/self/fd/{fd}", _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    finally:
+        os.close(fd)
+    return [f"bind-mounted {source} over {resolved} (ro)"]

@@ -25,7 +25,7 @@ import os
 
 from ..core.errors import CompatHookError
 
-__all__ = ["SpecError", "STORE_MOUNT_OPTIONS", "store_mount", "set_ld_library_path", "add_mount",
+__all__ = ["SpecError", "STORE_MOUNT_OPTIONS", "store_mount", "FILE_MOUNT_OPTIONS", "file_mount", "set_ld_library_path", "add_mount",
            "add_hook", "drop_oom_score_adj", "plan", "validate", "write_spec", "mount_at"]
 
 #: Options of the host-store bind mount (read-only, no setuid, no devices).
@@ -42,6 +42,15 @@ def store_mount(source: str, destination: str) -> dict:
     """The spec mount of a host-store package."""
     return {"destination": destination, "type": "bind", "source": source,
             "options": list(STORE_MOUNT_OPTIONS)}
+
+
+#: Options of a file bind-mounted over a compat file (the host's libcuda, or /dev/null).
+FILE_MOUNT_OPTIONS = ("bind", "ro", "nosuid", "nodev")
+
+
+def file_mount(source: str, destination: str) -> dict:
+    """The spec mount of one host file over one container file, read-only."""
+    return {"destination": destination, "type": "bind", "source": source, "options": list(FILE_MOUNT_OPTIONS)}
 
 
 def _process(spec: dict) -> dict:

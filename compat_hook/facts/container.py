@@ -356,6 +356,27 @@ class Request:
                 out.append(dest)
         return out
 
+    def file_binds(self, prefixes=("libcuda.so.", "libnvidia-")) -> dict:
+        """``{destination: source}`` of the spec's bind mounts of a file named with one of ``prefixes``
+        (a CDI spec's host library, the runtime wrapper's own host library over a compat file).
+
+        >>> Request.from_spec({"mounts": [{"destination": "/usr/local/cuda/compat/libcuda.so.550.163.01",
+        ...     "source": "/usr/lib/x86_64-linux-gnu/libcuda.so.555.58.02", "type": "bind"}]}).file_binds()
+        {'/usr/local/cuda/compat/libcuda.so.550.163.01': '/usr/lib/x86_64-linux-gnu/libcuda.so.555.58.02'}
+        """
+        out: dict = {}
+        for needle in prefixes:
+            mounts = self._member("mounts", needle)
+            for m in mounts if isinstance(mounts, list) else ():
+                if not isinstance(m, dict):
+                    continue
+                dest, src, opts = m.get("destination"), m.get("source"), m.get("options")
+                bind = m.get("type") == "bind" or (isinstance(opts, list) and ("bind" in opts or "rbind" in opts))
+                if (bind and isinstance(dest, str) and dest.startswith("/") and isinstance(src, str)
+                        and dest.rsplit("/", 1)[-1].startswith(needle)):
+                    out[dest] = src
+        return out
+
     def compute(self) -> tuple:
         """``(gets_the_cuda_driver, why)`` by ``NVIDIA_DRIVER_CAPABILITIES``, as NVIDIA's runtime reads it.
 

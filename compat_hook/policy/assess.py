@@ -55,7 +55,7 @@ class Assessment:
                  "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "hook_refresh",
                  "existing_dropin", "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins",
                  "ld_compat_entries", "toolkit", "actors", "losers", "ldconf", "maps",
-                 "wrapper_adds_hook", "maps_uncertain")
+                 "wrapper_adds_hook", "maps_uncertain", "host_over")
 
     def __init__(self) -> None:
         self.request = None
@@ -86,6 +86,7 @@ class Assessment:
         self.maps = None            # the libcuda the container maps, as the loader model predicts (toolkit=True)
         self.wrapper_adds_hook = False  # the wrapper's spec runs compat-hook's createContainer hook
         self.maps_uncertain = False     # a warning says the decision may not take effect here
+        self.host_over: list = []       # the host's libcuda over each compat file (policy/hostover)
 
     def replan_hook(self, existing: str | None) -> list:
         """The hook's ld cache actions given the drop-in found now (under the lock)."""
@@ -147,6 +148,9 @@ class Assessment:
             out["warnings"] = warnings
         if self.ldconf is not None and self.ldconf.incomplete:
             out["ld_so_conf_incomplete"] = self.ldconf.incomplete
+        if self.host_over:
+            # what now holds the host's library under a compat file's name (RPATH, preload, absolute dlopen)
+            out["host_over_compat"] = [f"{x['target']} <- {x['source']} ({x['by']})" for x in self.host_over]
         return out
 
     def _intended_lib(self):
@@ -176,6 +180,10 @@ class Assessment:
                 hook.append("refresh the container's ld cache (ldconfig -r)")
         for d in reversed(self.hook_masks):
             hook.insert(0, f"mask {d} with an empty read-only tmpfs (createContainer)")
+        for x in reversed([x for x in self.host_over if x["by"] == "hook"]):
+            src = f"{x['source']} (in the container)" if x.get("in_rootfs") else x["source"]
+            hook.insert(0, f"bind-mount {src} over {x['target']} (ro, createContainer): "
+                           + ("the host's libcuda" if x["kind"] == "libcuda" else "a compat companion masked"))
         if self.hook_mount is not None:
             hook.insert(0, f"bind-mount {self.hook_mount[0]} at {self.hook_mount[1]} (ro, createContainer)")
         return {"hook": hook, "wrapper": list(self.spec_edits)}
@@ -195,6 +203,7 @@ class Assessment:
             "compat_dropins": list(self.dropins), "ld_library_path_compat": list(self.ld_compat_entries),
             "losing_compat_dirs": [dict(x) for x in self.losers], "toolkit": self.toolkit,
             "ld_so_conf_incomplete": self.ldconf.incomplete if self.ldconf is not None else None,
+            "host_over_compat": [dict(x) for x in self.host_over],
         }
 
 
@@ -340,6 +349,11 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
     a.effect = a.decision.effect
     _find_losers(a, config, root)
     _plan_hook(a, config, root, mount_ns)
+    if a.effect == "host" and a.image is not None and a.image.status != "none":
+        # only where the host's driver is chosen over compat files the image carries (off the hot path)
+        from . import hostover
+
+        hostover.plan(a, config, root, mount_ns)
     if "wrapper" in a.actors:
         _plan_wrapper(a, config, spec, known, hook_entry, root)
     # A hook cannot take an entry off the environment, but in the container's mount
@@ -497,6 +511,10 @@ def _how_it_loses(a: Assessment, config, x: dict) -> list:
                        + (" (see the warning)" if "wrapper" not in a.actors else ": the hook the wrapper adds hides it"))
     elif x["dropins"]:
         how.append(f"{', '.join(x['dropins'])} names it")
+    over = [y for y in a.host_over if y["target"].startswith(x["dir"].rstrip("/") + "/") and y["kind"] == "libcuda"]
+    if over:
+        how.append(f"the host's libcuda bind-mounted over {', '.join(y['target'] for y in over)} "
+                   f"(by the {over[0]['by']}): a path, RPATH or preload naming it maps the host's")
     if not how:
         how.append("nothing names it: the loader never looks there")
     return how
@@ -674,6 +692,10 @@ def _plan_wrapper(a: Assessment, config, spec, known, hook_entry, root=None) -> 
         hook_work = hook_work or config.mode != "env"
     elif a.effect == "host":
         kw["strip"] = True
+    over = [x for x in a.host_over if x["by"] == "wrapper"]
+    if over:
+        # the host's libcuda (a compat companion: the host's, or /dev/null) in place of each compat file
+        kw["mounts"] = list(kw.get("mounts", [])) + [specedit.file_mount(x["source"], x["target"]) for x in over]
     already = isinstance(spec, dict) and hook_in_spec(spec)
     a.wrapper_adds_hook = already or bool(hook_work and config.wrapper_add_hook)
     if hook_work and config.wrapper_add_hook and hook_entry is not None and isinstance(spec, dict) and not already:

@@ -61,7 +61,8 @@ class Image:
     ``libcuda.so.1``/``libcuda.so`` links); ``links``: path -> symlink target; ``files``:
     path -> text; ``ld_so_conf``: the whole ``/etc/ld.so.conf`` (None: the harness's
     ``include`` line); ``after_ldconfig``: links removed after the build-time ldconfig;
-    ``runpath_probe``: where to put a probe built with ``DT_RUNPATH $ORIGIN/../lib``.
+    ``runpath_probe``: where to put a probe built with ``DT_RUNPATH $ORIGIN/../lib``;
+    ``rpath_probe``: ``(where, dir)``, a probe built with ``DT_RPATH`` naming ``dir``.
     """
 
     libs: dict = dataclasses.field(default_factory=dict)
@@ -70,6 +71,7 @@ class Image:
     ld_so_conf: str | None = None
     after_ldconfig: list = dataclasses.field(default_factory=list)
     runpath_probe: str | None = None
+    rpath_probe: tuple | None = None
     env: list = dataclasses.field(default_factory=list)
     args: list = dataclasses.field(default_factory=lambda: ["/usr/local/bin/probe"])
     cwd: str = "/"
@@ -95,6 +97,12 @@ class Image:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(rootfs.probe_binary(runpath="$ORIGIN/../lib").read_bytes())
             p.chmod(0o755)
+        if self.rpath_probe is not None:
+            where, rpath = self.rpath_probe
+            p = root / where.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(rootfs.probe_binary(rpath=rpath).read_bytes())
+            p.chmod(0o755)
         for line in self.passwd:
             with open(root / "etc/passwd", "a") as f:
                 f.write(line + "\n")
@@ -118,13 +126,14 @@ class Loaded:
     cuda: int | None
     path: str | None
     error: str = ""
+    id: str | None = None  # st_dev:st_ino of the mapped file (a bind mount keeps the name, not these)
 
     @classmethod
     def of(cls, res: rt.Result) -> "Loaded":
         p = res.probe
         if res.rc != 0 or "cuDriverGetVersion" not in p:
             return cls(None, p.get("libcuda"), f"exit {res.rc}: {(res.stdout + res.stderr).strip()[-400:]}")
-        return cls(int(p["cuDriverGetVersion"]), p["libcuda"])
+        return cls(int(p["cuDriverGetVersion"]), p["libcuda"], id=p.get("libcuda_id"))
 
     def pair(self) -> tuple:
         return self.cuda, self.path
@@ -138,6 +147,8 @@ class Box:
         self.tmp, self.libcuda, self.host, self.image = Path(tmp), libcuda, host, image
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.host_root = write_fake_host(self.tmp / "host", version=host, gpus={"0000:17:00.0": model}).resolve()
+        # the host's driver dir holds its libcuda (the runtime wrapper's source for the host's library)
+        os.symlink(str(libcuda[host]), self.host_root / SYS.lstrip("/") / f"libcuda.so.{host}")
         self.log = self.tmp / "compat-hook.log"
         self.state = self.tmp / "state"
         self.config = hookenv.write_config(self.tmp / "config.yaml", host_root=self.host_root, log_file=self.log,

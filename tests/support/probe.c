@@ -7,9 +7,15 @@
  * actually mapped.  It never calls cuInit(): that needs a GPU and, as root,
  * mknod()s /dev/nvidiactl (docs/background.md "The ELF note").
  *
- * Output on success (exit 0), exactly two lines:
+ * With an argument, dlopen()s that name instead (an absolute path as numba's
+ * NUMBA_CUDA_DRIVER names one, or "libcuda.so" as numba tries first).
+ *
+ * Output on success (exit 0), two lines:
  *   cuDriverGetVersion=<int>
  *   libcuda=<realpath of the loaded file>
+ * and with PROBE_ID set in the environment a third:
+ *   libcuda_id=<st_dev>:<st_ino> of the loaded file (a file bind-mounted over
+ *     another keeps the name but is told apart by these)
  * dlopen failure: "dlopen-error=<dlerror()>", exit 3.
  * Other failures: "probe-error=<what>", exit 4 (no symbol) / 5 (CUresult != 0).
  */
@@ -19,12 +25,13 @@
 #include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 typedef int (*get_version_fn)(int *);
 
-int main(void)
+int main(int argc, char **argv)
 {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    void *h = dlopen(argc > 1 ? argv[1] : "libcuda.so.1", RTLD_NOW);
     if (h == NULL) {
         const char *e = dlerror();
         printf("dlopen-error=%s\n", e ? e : "(null)");
@@ -52,7 +59,10 @@ int main(void)
         printf("probe-error=cuDriverGetVersion returned %d\nlibcuda=%s\n", rc, where);
         return 5;
     }
+    struct stat st;
     printf("cuDriverGetVersion=%d\nlibcuda=%s\n", v, where);
+    if (getenv("PROBE_ID") != NULL && stat(where, &st) == 0)
+        printf("libcuda_id=%llu:%llu\n", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
     fflush(stdout);
     return 0;
 }

@@ -47,20 +47,23 @@ LD_SO_CONF = "include /etc/ld.so.conf.d/*.conf\n"
 MULTIARCH_CONF = "# Multiarch support\n/usr/local/lib\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n"
 
 
-def probe_binary(runpath: str | None = None) -> Path:
+def probe_binary(runpath: str | None = None, rpath: str | None = None) -> Path:
     """The compiled probe (cached under ``<cache>/probe/<sha256 of probe.c + gcc>``).
 
     ``runpath``: built with that ``DT_RUNPATH`` (``$ORIGIN/../lib``, as conda
     builds every binary of an env), so its ``dlopen`` searches there before
-    the ld cache, as a conda env's libraries do.
+    the ld cache, as a conda env's libraries do; ``rpath``: built with that
+    ``DT_RPATH`` (``-Wl,--disable-new-dtags``), searched before ``LD_LIBRARY_PATH``.
     """
     src = PROBE_SRC.read_bytes()
     gcc = shutil.which("gcc") or "/usr/bin/gcc"
     gcc_ver = subprocess.run([gcc, "-dumpfullversion"], capture_output=True, text=True).stdout.strip()
     key = hashlib.sha256(src + b"\0" + gcc_ver.encode() + (b"\0" + runpath.encode() if runpath else b"")
-                         ).hexdigest()[:16]
+                         + (b"\0rpath\0" + rpath.encode() if rpath else b"")).hexdigest()[:16]
     final = cache_dir() / "probe" / key
     link = [f"-Wl,--enable-new-dtags,-rpath,{runpath}"] if runpath else []
+    if rpath:
+        link += [f"-Wl,--disable-new-dtags,-rpath,{rpath}"]
 
     def build(tmp: Path) -> None:
         p = subprocess.run(

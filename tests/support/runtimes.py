@@ -10,7 +10,8 @@
   host's mounts are untouched.  Where no hybrid mount exists crun runs directly.
 * :func:`nvidia_standin_hook` is a stand-in for the NVIDIA Container Toolkit
   legacy prestart hook: it bind-mounts a "host" libcuda into the container's
-  ``/usr/lib/x86_64-linux-gnu`` and runs ``ldconfig -r`` on the container root.
+  ``/usr/lib/x86_64-linux-gnu``, runs ``ldconfig -r`` on the container root and links
+  ``libcuda.so`` to ``libcuda.so.1`` there, as the toolkit's generated CDI specs do.
 * :func:`container_ns_hook` runs an arbitrary command in the container's mount
   namespace (e.g. a later ``ldconfig -r {rootfs}``), :func:`hook_entry` makes
   an entry for any argv.
@@ -384,13 +385,19 @@ def _write_ns_hook(work: Path, name: str, title: str, stage: str, bind: list, ru
     return hook_entry([str(script), stage], timeout=timeout)
 
 
+#: The toolkit's ``create-symlinks --link libcuda.so.1::<dir>/libcuda.so``: numba's dlopen("libcuda.so") finds it.
+_LINK_LIBCUDA_SO = ["/bin/sh", "-c", "l={rootfs}/usr/lib/x86_64-linux-gnu/libcuda.so; "
+                    "[ -e $l ] || [ -L $l ] || ln -s libcuda.so.1 $l"]
+
+
 def nvidia_standin_hook(host_lib: Path, work: Path, stage: str = "prestart", *, timeout: int = 10) -> dict:
     """Hook entry for a stand-in of the NVIDIA Container Toolkit legacy prestart hook.
 
     Bind-mounts ``host_lib`` (read-only) onto the container's
-    ``/usr/lib/x86_64-linux-gnu/libcuda.so.<ver>`` and runs
+    ``/usr/lib/x86_64-linux-gnu/libcuda.so.<ver>``, runs
     ``/sbin/ldconfig -r <rootfs>`` in the container's mount namespace, so
-    ``libcuda.so.1`` resolves to it.  Works at prestart/createRuntime
+    ``libcuda.so.1`` resolves to it, and links ``libcuda.so`` to ``libcuda.so.1``
+    (the toolkit's ``create-symlinks --link libcuda.so.1::<dir>/libcuda.so``).  Works at prestart/createRuntime
     (``nsenter``) and createContainer, under runc and crun.  Its log is
     ``work/nvidia-standin-<stage>-*.log``.
     """
@@ -401,7 +408,7 @@ def nvidia_standin_hook(host_lib: Path, work: Path, stage: str = "prestart", *, 
     return _write_ns_hook(
         work, "nvidia-standin", f"NVIDIA Container Toolkit stand-in, host libcuda {host_lib}", stage,
         bind=[(host_lib, f"usr/lib/x86_64-linux-gnu/libcuda.so.{ver}")],
-        run=[[LDCONFIG, "-r", "{rootfs}"]], timeout=timeout,
+        run=[[LDCONFIG, "-r", "{rootfs}"], _LINK_LIBCUDA_SO], timeout=timeout,
     )
 
 

@@ -322,7 +322,9 @@ def cdi_hooks(tk: Toolkit, version: str) -> list:
         return {"hookName": "createContainer", "path": str(tk.cdi_hook), "args": ["nvidia-cdi-hook", *args],
                 "env": ["NVIDIA_CTK_DEBUG=false"]}
 
-    return [hook("create-symlinks", "--link", f"libcuda.so.{version}::{SYS_DIR}/libcuda.so.1"),
+    # the generated specs link libcuda.so too (numba's dlopen("libcuda.so") finds it)
+    return [hook("create-symlinks", "--link", f"libcuda.so.{version}::{SYS_DIR}/libcuda.so.1",
+                 "--link", f"libcuda.so.1::{SYS_DIR}/libcuda.so"),
             hook("enable-cuda-compat", f"--host-driver-version={version}"),
             hook("update-ldcache", "--folder", SYS_DIR)]
 

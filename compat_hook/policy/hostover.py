@@ -1,0 +1,181 @@
+"""When the host's driver is chosen, the host's libcuda takes the place of every compat libcuda the image carries.
+
+Taking compat dirs off ``LD_LIBRARY_PATH`` and putting the host driver's dir
+first in the ld cache decide the loader's *search*. Other roads reach a compat
+file by its path and never search: an app's ``DT_RPATH``/``DT_RUNPATH`` naming
+the compat dir, ``LD_PRELOAD`` or ``/etc/ld.so.preload`` naming the file, an
+absolute ``dlopen("/usr/local/cuda/compat/libcuda.so.1")`` (numba's
+``NUMBA_CUDA_DRIVER``), a shell that prepends the compat dir after every hook
+ran. So where the decision's effect is ``host``, every compat libcuda
+*regular file* of every candidate dir (the configured dirs, NGC's
+``lib.real``, each env's ``cuda-compat``, the dirs ``LD_LIBRARY_PATH`` and
+ldconfig's configuration name; every file of an ambiguous dir) gets the host
+driver's libcuda bind-mounted read-only over it. Its links
+(``libcuda.so.1``, ``libcuda.so``) lead to it, so whatever road a process
+takes to a compat libcuda, it maps the host's: **an absolute-path dlopen of a
+compat libcuda gets the host driver's library**, under the compat file's name.
+
+The driver's other libraries in those dirs (``libnvidia-ptxjitcompiler``,
+``libnvidia-nvvm``, ...: :data:`COMPANIONS`), which a host libcuda loaded from
+there would find first, are covered too: by the host's file of the same
+library at the host's version where the host has one, else by ``/dev/null``
+(a file no loader maps), so a host libcuda never loads a compat companion.
+The image's files are untouched.
+
+Who mounts (plain data in :attr:`compat_hook.policy.assess.Assessment.host_over`,
+``{"target", "source", "kind", "by"}``):
+
+* the runtime wrapper, as ``config.json`` mounts (``bind``, ``ro``): the source is
+  the spec's own bind mount of the host library (a CDI spec, a device plugin), else
+  ``libcuda.so.<version>`` in the host's ``driver_lib_dirs``;
+* the hook, in the container's mount namespace (createContainer), where the spec
+  does not mount the file already: the host library the runtime put in the rootfs
+  (the dir compat-hook's drop-in names), else the host's driver dirs (the host's
+  filesystem is still visible before ``pivot_root``). A hook outside that
+  namespace (prestart, createRuntime) cannot: a note says which files stay.
+
+Plain data, no mounts here: :mod:`compat_hook.effects.mounts` carries it out.
+"""
+
+from __future__ import annotations
+
+from ..core import fastos as os  # os without importing os: ~1 ms of a container start
+
+__all__ = ["COMPANIONS", "NULL", "targets", "host_file", "plan"]
+
+#: The driver's other libraries a libcuda loads by soname from its search path.
+COMPANIONS = ("libcudadebugger.so.", "libnvidia-nvvm.so.", "libnvidia-ptxjitcompiler.so.",
+              "libnvidia-gpucomp.so.", "libnvidia-tileiras.so.", "libnvidia-pkcs11.so.",
+              "libnvidia-pkcs11-openssl3.so.", "libnvidia-nvvm70.so.")
+#: What covers a companion the host has no file of: no loader maps a character device.
+NULL = "/dev/null"
+
+
+def targets(image) -> list:
+    """``[(container path, kind, name prefix)]``: every compat libcuda regular file and companion file.
+
+    >>> from compat_hook.facts.imagefacts import ImageFacts
+    >>> f = ImageFacts(); f.status = "found"; f.compat_dir = "/usr/local/cuda-12.4/compat"
+    >>> f.candidates = ["libcuda.so.550.163.01"]
+    >>> f.other_libs = [{"name": "libnvidia-nvvm.so.550.163.01", "kind": "file", "version": "550.163.01"},
+    ...                 {"name": "libnvidia-nvvm.so.4", "kind": "symlink", "version": "4"}]
+    >>> [(t, k) for t, k, _ in targets(f)]
+    [('/usr/local/cuda-12.4/compat/libcuda.so.550.163.01', 'libcuda'), \
+('/usr/local/cuda-12.4/compat/libnvidia-nvvm.so.550.163.01', 'companion')]
+    """
+    out: list = []
+    seen: set = set()
+    for c in image.all() if image is not None else ():
+        if not c.compat_dir:
+            continue
+        d = c.compat_dir.rstrip("/")
+        for n in c.candidates:
+            if f"{d}/{n}" not in seen:
+                seen.add(f"{d}/{n}")
+                out.append((f"{d}/{n}", "libcuda", "libcuda.so."))
+        for o in c.other_libs:
+            name = o.get("name") or ""
+            prefix = next((p for p in COMPANIONS if name.startswith(p)), None)
+            if o.get("kind") == "file" and prefix is not None and f"{d}/{name}" not in seen:
+                seen.add(f"{d}/{name}")
+                out.append((f"{d}/{name}", "companion", prefix))
+    return out
+
+
+def host_file(config, prefix: str, driver_text: str | None, spec_binds=None) -> str | None:
+    """The host path of the host driver's ``<prefix><version>`` (a regular file), or ``None``.
+
+    The spec's own bind mount of it comes first (what the runtime will mount
+    as the host's library: its ``libcuda.so.<version>`` or ``libcuda.so.1``),
+    then ``config.driver_lib_dirs`` under ``config.host_root``.
+    """
+    if not driver_text:
+        return None
+    name = prefix + driver_text
+    wanted = (name, "libcuda.so.1") if prefix == "libcuda.so." else (name,)
+    for dest, src in (spec_binds or {}).items():
+        if dest.rsplit("/", 1)[-1] in wanted and src.startswith("/") and _regular(src):
+            return src
+    root = (config.host_root or "/").rstrip("/")
+    for d in config.driver_lib_dirs:
+        p = f"{root}/{d.strip('/')}/{name}"
+        if _regular(p):
+            return os.path.realpath(p)
+    return None
+
+
+def _regular(path: str) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _in_rootfs(root, d: str | None, name: str) -> str | None:
+    """``<d>/<name>`` when it is a regular file in the container (resolved in the root), else ``None``."""
+    if root is None or not d:
+        return None
+    p = f"{d.rstrip('/')}/{name}"
+    try:
+        import stat
+
+        return p if stat.S_ISREG(root.stat(p).st_mode) else None
+    except (OSError, ValueError):
+        return None
+
+
+def plan(a, config, root, mount_ns: bool) -> None:
+    """Fill ``a.host_over`` (the wrapper's spec mounts, the hook's bind mounts) for effect ``host``."""
+    a.host_over = []
+    if a.effect != "host" or a.image is None:
+        return
+    files = targets(a.image)
+    if not files:
+        return
+    drv = a.host.driver_text if a.host is not None else None
+    binds = a.request.file_binds() if a.request is not None else {}
+    if "wrapper" in a.actors:
+        later = []
+        for target, kind, prefix in files:
+            if target in binds:
+                continue
+            src = host_file(config, prefix, drv, binds) or (NULL if kind == "companion" else None)
+            if src is None:
+                later.append(target)
+                continue
+            a.host_over.append({"target": target, "source": src, "kind": kind, "by": "wrapper"})
+        if later:
+            a.notes.append(f"no libcuda.so.{drv or '<version>'} of the host driver found on the host "
+                           f"(driver_lib_dirs, the spec's mounts): the hook the wrapper adds puts the one the "
+                           f"runtime mounts in place of {', '.join(later)}")
+        return
+    if "hook" not in a.actors:
+        return
+    todo = [(t, k, p) for t, k, p in files if t not in binds
+            and not any(t.startswith(m.rstrip("/") + "/") for m in a.hook_masks)]
+    if not todo:
+        return
+    if not (mount_ns and root is not None):
+        a.notes.append(
+            f"{', '.join(t for t, _, _ in todo)} stay(s) loadable by path (an RPATH, LD_PRELOAD, an absolute "
+            "dlopen, a shell prepending the dir): a hook outside the container's mount namespace (prestart, "
+            "createRuntime) cannot put the host's libcuda in its place; register the hook at createContainer, "
+            "or use compat-hook's runtime wrapper")
+        return
+    host_dir = a.hook_target if a.hook_purpose == "host" else None
+    for target, kind, prefix in todo:
+        inside = _in_rootfs(root, host_dir, prefix + (drv or "")) if drv else None
+        if inside is None and kind == "libcuda":
+            inside = _in_rootfs(root, host_dir, "libcuda.so.1")
+        if inside is not None:
+            a.host_over.append({"target": target, "source": inside, "kind": kind, "by": "hook",
+                                "in_rootfs": True})
+            continue
+        src = host_file(config, prefix, drv) or (NULL if kind == "companion" else None)
+        if src is None:
+            a.notes.append(f"{target} stays: the host driver's libcuda.so.{drv or '<version>'} is neither in the "
+                           "container nor in the host's driver_lib_dirs")
+            continue
+        a.host_over.append({"target": target, "source": src, "kind": kind, "by": "hook", "in_rootfs": False})
