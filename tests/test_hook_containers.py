@@ -163,7 +163,12 @@ def test_host555_compat550_keeps_host_lib(tmp_path, runtime, libs):
     rec = only_record(env, res)
     assert (rec["decision"], rec["reason"], rec["effect"]) == ("skip", "compat_not_newer", "host")
     assert rec["host_lib_dir"] == SYS_DIR and rec["compat_version"] == COMPAT_550
-    assert rec["actions"][0] == f"wrote {ldcache.DROPIN_PATH}" and rec["actions"][1].startswith("ldconfig -r")
+    acts = rec["actions"]
+    # the host's library over the image's compat file first (any road to that file maps the host's), then
+    # the drop-in and the ld cache
+    assert acts[0].startswith(f"bind-mounted {host_lib(HOST_555)} over "), acts
+    wrote = acts.index(f"wrote {ldcache.DROPIN_PATH}")
+    assert acts[wrote + 1].startswith("ldconfig -r"), acts
 
 
 @RUNTIMES
@@ -181,7 +186,8 @@ def test_restart_after_host_upgrade_drops_compat(tmp_path, runtime, libs):
     rec = only_record(env, res)
     assert (rec["decision"], rec["reason"]) == ("skip", "compat_not_newer")
     assert rec["host_driver_version"] == HOST_555
-    assert rec["actions"][0] == f"wrote {ldcache.DROPIN_PATH}" and rec["actions"][1].startswith("ldconfig -r")
+    acts = _after_host_over(rec, host_lib(HOST_555))
+    assert acts[0] == f"wrote {ldcache.DROPIN_PATH}" and acts[1].startswith("ldconfig -r")
 
 
 # --------------------------------------------------------------------------- the note
@@ -225,12 +231,24 @@ def test_note_driver_list(tmp_path, runtime, libs, drivers, cuda, lib, reason):
     assert env.dropin().read_text() == want
 
 
+def _after_host_over(rec: dict, source: str) -> list:
+    """The record's actions after the first, which puts the host's library (``source``, in the
+    container) over the image's compat file (at createContainer, the hook's first act when the host's
+    driver is chosen over a compat file: tests/test_host_over_containers.py)."""
+    acts = rec["actions"]
+    assert acts[0].startswith(f"bind-mounted {source} over {COMPAT_DIR}/libcuda.so."), acts
+    return acts[1:]
+
+
 # --------------------------------------------------------------------------- changes nothing
 
 
 def settled(e: Env, **run_kw) -> dict:
-    """Start once with only the stand-in, so its one-time edits are in the baseline."""
-    assert e.run(ours=False, **run_kw).rc == 0
+    """Start with only the stand-in, so its one-time edits are in the baseline: twice, as its ``libcuda.so``
+    link (made after its ``ldconfig``, as the toolkit's ``create-symlinks`` hook runs after the cache
+    update) reaches the ld cache at the next start."""
+    for _ in range(2):
+        assert e.run(ours=False, **run_kw).rc == 0
     return hookenv.snapshot(e.rootfs)
 
 
@@ -334,7 +352,7 @@ def test_image_ld_library_path_to_a_stale_compat_dir_is_masked_at_create_contain
     res = env.run("createContainer", env=env_ld)
     assert_probe(res, 12050, host_lib(HOST_555))
     rec = only_record(env, res)
-    assert rec["actions"][0] == f"masked {COMPAT_DIR} (empty read-only tmpfs)", rec
+    assert _after_host_over(rec, host_lib(HOST_555))[0] == f"masked {COMPAT_DIR} (empty read-only tmpfs)", rec
     assert "warnings" not in rec
     assert sorted(os.listdir(env.rootfs / COMPAT_DIR.lstrip("/")))  # the image's files are untouched
 
@@ -369,7 +387,8 @@ def test_baked_dropin_and_host_lib_spec_mounted_as_so1_loads_the_host_lib(tmp_pa
     rec = only_record(env, res)
     assert (rec["decision"], rec["reason"], rec["effect"]) == ("skip", "compat_not_newer", "host")
     assert rec["host_lib_dir"] == SYS_DIR and "warnings" not in rec, rec
-    assert rec["actions"][0] == f"wrote {ldcache.DROPIN_PATH}"
+    acts = _after_host_over(rec, HOST_SO1) if stage == "createContainer" else rec["actions"]
+    assert acts[0] == f"wrote {ldcache.DROPIN_PATH}"
 
 
 @RUNTIMES
