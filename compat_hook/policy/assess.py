@@ -692,12 +692,18 @@ def _plan_wrapper(a: Assessment, config, spec, known, hook_entry, root=None) -> 
         hook_work = hook_work or config.mode != "env"
     elif a.effect == "host":
         kw["strip"] = True
-    over = [x for x in a.host_over if x["by"] == "wrapper"]
-    if over:
-        # the host's libcuda (a compat companion: the host's, or /dev/null) in place of each compat file
-        kw["mounts"] = list(kw.get("mounts", [])) + [specedit.file_mount(x["source"], x["target"]) for x in over]
     already = isinstance(spec, dict) and hook_in_spec(spec)
     a.wrapper_adds_hook = already or bool(hook_work and config.wrapper_add_hook)
+    over = [x for x in a.host_over if x["by"] == "wrapper"]
+    if over and a.wrapper_adds_hook:
+        # The hook the spec runs at createContainer decides again, reading the image's compat files: a spec
+        # mount over them would hand it the host's library under a compat file's name (its note, its
+        # version), so that hook puts the host's library in place, after its own reading.
+        for x in over:
+            x["by"] = "hook"
+    elif over:
+        # the host's libcuda (a compat companion: the host's, or /dev/null) in place of each compat file
+        kw["mounts"] = list(kw.get("mounts", [])) + [specedit.file_mount(x["source"], x["target"]) for x in over]
     if hook_work and config.wrapper_add_hook and hook_entry is not None and isinstance(spec, dict) and not already:
         kw["hooks"] = [("createContainer", hook_entry())]
     a.wrapper = kw

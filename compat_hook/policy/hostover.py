@@ -25,8 +25,10 @@ The image's files are untouched.
 Who mounts (plain data in :attr:`compat_hook.policy.assess.Assessment.host_over`,
 ``{"target", "source", "kind", "by"}``):
 
-* the runtime wrapper, as ``config.json`` mounts (``bind``, ``ro``): the source is
-  the spec's own bind mount of the host library (a CDI spec, a device plugin), else
+* the runtime wrapper, as ``config.json`` mounts (``bind``, ``ro``), where the spec runs no
+  compat-hook hook at createContainer (one that does decides again on the image's own compat files, so
+  it mounts, after its reading: a spec mount would hand it the host's file under a compat name): the
+  source is the spec's own bind mount of the host library (a CDI spec, a device plugin), else
   ``libcuda.so.<version>`` in the host's ``driver_lib_dirs``;
 * the hook, in the container's mount namespace (createContainer), where the spec
   does not mount the file already: the host library the runtime put in the rootfs
