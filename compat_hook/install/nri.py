@@ -190,10 +190,12 @@ def require_dropin(main_path: str, mode: str, validator: dict) -> tuple:
                      f"pods need {theirs}/pod: \"true\"")
     main_text = _read(main_path)
     doc = _parse(main_text or "", main_path)
-    state = {k: prev[k] for k in ("main_created", "version_added", "imports_added", "imports_key_added")
-             if prev.get(k)}
+    state = {k: prev[k] for k in ("main_created", "version_added", "imports_added", "imports_key_added",
+                                  "conf_d_created") if prev.get(k)}
     if main_text is None:
         state["main_created"] = True
+    if not os.path.isdir(os.path.dirname(dropin)):
+        state["conf_d_created"] = True
     if "version" not in doc:
         doc["version"] = 3
         state["version_added"] = True
@@ -224,7 +226,7 @@ def require_dropin(main_path: str, mode: str, validator: dict) -> tuple:
     changes = []
     if main_text != new_main:
         changes.append(Change(main_path, new_main, mode=None))
-    changes.append(Change(dropin, tomlkit.dumps(out), mode=0o644, ours=True, prune=False))
+    changes.append(Change(dropin, tomlkit.dumps(out), mode=0o644, backup=False, ours=True))
     return changes, notes
 
 
@@ -261,7 +263,7 @@ def _undo_dropin(main_path: str, dropin: str, state: dict) -> list:
         elif new != main_text:
             changes.append(Change(main_path, new, backup=False, restores=True))
     # The requirement goes first: a containerd starting in between requires nothing.
-    return [Change(dropin, None, ours=True), *changes]
+    return [Change(dropin, None, ours=True, prune=bool(state.get("conf_d_created"))), *changes]
 
 
 def _engine_can_require(binary: str | None) -> None:

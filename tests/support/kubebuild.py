@@ -210,7 +210,7 @@ def nri_plugin() -> Path:
 
 
 def containerd_release(version: str) -> Path:
-    """The bin dir of containerd ``version`` built from the Go module proxy (~5 minutes each on 2 cores).
+    """The bin dir of containerd ``version`` built from the Go module proxy (5-12 minutes each on 2 cores).
 
     Without cgo, as the tests build everything: the build tags leave out the snapshotters that need it
     (btrfs, devmapper), which the tests do not use (overlayfs, native). ``GOTOOLCHAIN=auto`` fetches the
@@ -228,7 +228,7 @@ def containerd_release(version: str) -> Path:
         if p.returncode != 0:
             raise RuntimeError(f"go install containerd {version}: {p.stderr[-4000:]}")
 
-    ensure_dir(final, _timed(f"containerd {version} (about 5 minutes on 2 cores)", build), lock=f"containerd-{version}")
+    ensure_dir(final, _timed(f"containerd {version} (5-12 minutes on 2 cores)", build), lock=f"containerd-{version}")
     for c in CONTAINERD_COMMANDS:
         assert (final / c).is_file(), f"{final / c} missing"
     return final
