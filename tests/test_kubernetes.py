@@ -299,6 +299,12 @@ def test_helm_template_value_switches():
 
     assert checksum() != checksum("agent.gate=true") != checksum("agent.labelPrefix=preflight.example.com")
     assert checksum() == checksum("agent.interval=60")
+    # the installer's pod starts under NRI's `required_plugins` while compat-hook's plugin is missing
+    # (install --nri-require all: tests/test_nri_required.py); the validator's probe pods do not tolerate
+    docs = chart.render()
+    assert chart.daemonset(docs)["spec"]["template"]["metadata"]["annotations"][
+        "tolerate-missing-plugins.compat-hook.io/pod"] == "true"
+    assert "tolerate-missing-plugins" not in yaml.safe_dump(chart.daemonset(docs, "compat-hook-validator"))
     # the GPU Operator's toolkit.env route: the installer leaves the operator's file alone and only checks it
     env = {e["name"]: e["value"] for e in chart.containers(chart.render("gpuOperator.toolkitEnv=true",
                                                                         "registration.installArgs=--set-as-default"))
