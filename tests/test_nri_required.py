@@ -263,3 +263,18 @@ def test_imports_added_and_taken_back(tmp_path):
     p = cli(bin_dir, "uninstall", *args[:-2])
     assert p.returncode == 0 and main.read_text() == before, p
     assert sorted(x.name for x in tmp_path.iterdir()) == ["config.toml"], list(tmp_path.rglob("*"))
+
+
+def test_containerd_2_4s_own_config_version(tmp_path):
+    """containerd 2.4 writes config version 4 (`containerd config default`): read and required alike."""
+    bin_dir = kubebuild.containerd_release(kubebuild.CONTAINERD_RELEASES[-1])
+    main = tmp_path / "config.toml"
+    main.write_text(f"version = 4\n\n[plugins.'io.containerd.nri.v1.nri']\n  plugin_path = '{tmp_path}/p'\n")
+    p = cli(bin_dir, "install", "containerd", "--via", "nri", "--engine-config", main, "--nri-plugin",
+            kubebuild.nri_plugin(), "--nri-require", "per-pod")
+    assert p.returncode == 0 and (tmp_path / "p" / "90-compat-hook").is_file(), p
+    dump = engines.config_dump(main, bin_dir)
+    assert dump["version"] == 4 and dump["plugins"]["io.containerd.nri.v1.nri"]["default_validator"]["enable"], dump
+    assert "version = 4" in (tmp_path / "conf.d" / "99-zz-compat-hook-nri.toml").read_text()
+    p = cli(bin_dir, "uninstall", "containerd", "--via", "nri", "--engine-config", main)
+    assert p.returncode == 0 and sorted(x.name for x in tmp_path.iterdir()) == ["config.toml"], (p, list(tmp_path.rglob("*")))

@@ -113,7 +113,8 @@ def nri_settings(main_path: str) -> dict:
     binary = _which("containerd")
     text = _read(main_path)
     main = plain(_parse(text or "", main_path))
-    version = _version(text, main, main_path, binary)
+    # Version 4 (containerd 2.4's own) moves the server settings, not NRI's table: read as version 3.
+    version = 3 if main.get("version") == 4 else _version(text, main, main_path, binary)
     if version < 3:
         # A config this containerd reads (1.6 knows no version 3): 1.6 has no NRI whatever the file says.
         old = no_nri_release(binary)
