@@ -220,6 +220,15 @@ def test_reject_oci_hook_adjustment_is_refused(tmp_path):
             assert p.returncode == 1 and p.stderr.count("\n") == 1, (enable, extra, p)
             assert "reject_oci_hook_adjustment = true" in p.stderr and "Traceback" not in p.stderr, p.stderr
             assert not plugins.exists() and not (tmp_path / "conf.d").exists(), (enable, extra)
+        # The chart's detection (registration.path=auto) takes the RuntimeClass path where the hook is refused.
+        code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from compat_hook.install.nri import detect_main; "
+                "sys.exit(detect_main())")
+        p = subprocess.run([*as_node(bin_dir), "/usr/bin/python3", "-I", "-c", code, str(REPO), str(main)],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+        if enable == "true":
+            assert p.returncode == 1 and "reject_oci_hook_adjustment" in p.stdout and p.stdout.count("\n") == 1, p
+        else:
+            assert (p.returncode, p.stdout) == (0, f"nri {plugins}/90-compat-hook\n"), p
 
 
 def test_older_containerd_cannot_require(tmp_path):
@@ -260,6 +269,15 @@ def test_imports_added_and_taken_back(tmp_path):
     assert p.returncode == 0, p
     v = engines.config_dump(main, bin_dir)["plugins"]["io.containerd.nri.v1.nri"]["default_validator"]
     assert v["enable"] is True and not v.get("required_plugins"), v
+    # A drop-in of someone else's that sorts later and turns the validator off: the install says so and
+    # puts its drop-in back as it was (per-pod's).
+    (tmp_path / "conf.d" / "zz-off.toml").write_text(
+        "version = 3\n[plugins.'io.containerd.nri.v1.nri'.default_validator]\n  enable = false\n")
+    p = cli(bin_dir, "install", *args, "--nri-require", "all")
+    assert p.returncode == 1 and "keeps the NRI default validator off" in p.stderr, p
+    assert sorted(x.name for x in (tmp_path / "conf.d").iterdir()) == ["99-zz-compat-hook-nri.toml", "zz-off.toml"]
+    assert "required_plugins" not in (tmp_path / "conf.d" / "99-zz-compat-hook-nri.toml").read_text()
+    (tmp_path / "conf.d" / "zz-off.toml").unlink()
     p = cli(bin_dir, "uninstall", *args[:-2])
     assert p.returncode == 0 and main.read_text() == before, p
     assert sorted(x.name for x in tmp_path.iterdir()) == ["config.toml"], list(tmp_path.rglob("*"))

@@ -510,7 +510,7 @@ def _install(opts) -> int:
         why = _verify_required(main_path, mode)
         if why is not None:
             _undo(required)
-            raise InstallError(f"{why}; the previous files are back in place")
+            raise InstallError(f"{why}; its drop-in and imports are back as they were (the plugin is in place)")
         for n in required_notes:
             say(n)
         if REQUIRE_MODES[mode] is not None:
