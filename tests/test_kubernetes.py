@@ -299,6 +299,18 @@ def test_helm_template_value_switches():
 
     assert checksum() != checksum("agent.gate=true") != checksum("agent.labelPrefix=preflight.example.com")
     assert checksum() == checksum("agent.interval=60")
+    # the installer's pod starts under NRI's `required_plugins` while compat-hook's plugin is missing
+    # (install --nri-require all: tests/test_nri_required.py); the validator's probe pods do not tolerate
+    docs = chart.render()
+    assert chart.daemonset(docs)["spec"]["template"]["metadata"]["annotations"][
+        "tolerate-missing-plugins.compat-hook.io/pod"] == "true"
+    assert "tolerate-missing-plugins" not in yaml.safe_dump(chart.daemonset(docs, "compat-hook-validator"))
+    # registration.nriRequire reaches the installer (install --via nri --nri-require); the schema takes no other
+    for values, want in (((), "off"), (("registration.nriRequire=all",), "all")):
+        env = {e["name"]: e.get("value") for e in chart.containers(chart.render(*values))["installer"]["env"]}
+        assert env["NRI_REQUIRE"] == want, (values, env)
+    p = chart.helm("template", "x", chart.CHART, "--set", "registration.nriRequire=always", check=False)
+    assert p.returncode != 0 and "nriRequire" in p.stderr, p.stderr
     # the GPU Operator's toolkit.env route: the installer leaves the operator's file alone and only checks it
     env = {e["name"]: e["value"] for e in chart.containers(chart.render("gpuOperator.toolkitEnv=true",
                                                                         "registration.installArgs=--set-as-default"))

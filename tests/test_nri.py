@@ -85,13 +85,15 @@ def cdi_spec(libs: dict, host: str) -> dict:
 class NriNode:
     """containerd 2.x with NRI and CDI on, compat-hook registered through NRI, one pod sandbox on runc."""
 
-    def __init__(self, work: pathlib.Path, tar: pathlib.Path, libs: dict) -> None:
+    def __init__(self, work: pathlib.Path, tar: pathlib.Path, libs: dict, bin_dir: pathlib.Path | None = None) -> None:
         self.work = work
+        #: containerd's bin dir: Debian sid's 2.1 unless given (tests/test_nri_required.py: 2.2, 2.4).
+        self.bin_dir = bin_dir or engines.containerd2()
         self.libs = libs
         self.config = default_config(work / "compat-hook.yaml", work)
         self.state = work / "compat-hook-state"
         self.log = Log(work / "compat-hook.log")
-        self.daemon = engines.Containerd(work / "daemon", bin_dir=str(engines.containerd2()),
+        self.daemon = engines.Containerd(work / "daemon", bin_dir=str(self.bin_dir),
                                          pause_image=f"{IMAGE}:pause")
         d = self.daemon.work
         (self.daemon.main.parent / "conf.d").mkdir(exist_ok=True)
@@ -116,7 +118,7 @@ class NriNode:
 
     def path_prefix(self) -> list:
         # `compat-hook install` finds containerd on PATH (its `config dump` says where NRI's dirs are).
-        return ["/usr/bin/env", f"PATH={engines.containerd2()}:{engines.ENV['PATH']}"]
+        return ["/usr/bin/env", f"PATH={self.bin_dir}:{engines.ENV['PATH']}"]
 
     @property
     def plugin_file(self) -> pathlib.Path:

@@ -229,6 +229,13 @@ def _install_options(i, verb: str) -> None:
     i.add_argument("--nri-plugin", metavar="PATH",
                    help="containerd --via nri: the built compat-hook-nri binary (default the Debian package's "
                         "/usr/libexec/compat-hook/compat-hook-nri, else /usr/local/libexec/compat-hook/compat-hook-nri)")
+    i.add_argument("--nri-require", choices=("off", "per-pod", "all"),
+                   help="containerd 2.2+ --via nri: fail closed through NRI's default validator: refuse a "
+                        "container while compat-hook's plugin is not connected: pods annotated "
+                        "required-plugins.noderesource.dev/pod: \"[compat-hook]\" (per-pod), or every pod "
+                        "but those annotated tolerate-missing-plugins.compat-hook.io/pod: \"true\" (all); "
+                        "default off (fail-open)" if verb == "install"
+                   else "install's option, accepted here: uninstall takes out the requirement install wrote")
     i.add_argument("--hooks-dir", metavar="DIR",
                    help="Podman/CRI-O: where the hooks.d file goes (default /usr/share/containers/oci/hooks.d)")
     i.add_argument("--wrapper-path", metavar="PATH",

@@ -41,6 +41,9 @@ class Options:
     via: str = "wrapper"
     #: containerd ``--via nri``: the built compat-hook-nri binary to register (default: nri.DEFAULT_PLUGIN).
     nri_plugin: str | None = None
+    #: containerd ``--via nri``: ``off`` (fail-open), ``per-pod`` or ``all``: what NRI's default validator
+    #: requires of compat-hook's plugin (containerd 2.2 and later: :data:`compat_hook.install.nri.REQUIRE_MODES`).
+    nri_require: str | None = None
     hooks_dir: str | None = None
     wrapper_path: str | None = None
     #: The hook's and the wrapper's state (cache) dir (default /var/lib/compat-hook).
@@ -78,6 +81,10 @@ def run_install(opts, uninstall: bool = False) -> int:
         from ..core.errors import UsageError
 
         raise UsageError(f"--via nri is containerd's (2.x); {opts.engine} is registered without it")
+    if opts.nri_require not in (None, "off") and opts.via != "nri":
+        from ..core.errors import UsageError
+
+        raise UsageError(f"--nri-require is --via nri's (containerd's NRI default validator); not --via {opts.via}")
     # containerd --via nri: the NRI plugin (its own module; the containerd module edits the CRI config).
     name = "nri" if opts.engine == "containerd" and opts.via == "nri" else opts.engine.replace('-', '_')
     mod = importlib.import_module(f"compat_hook.install.{name}")

@@ -77,6 +77,7 @@
 #   HOST_PYTHON [/usr/bin/python3]  CONTAINERD_CONFIG [/etc/containerd/config.toml]
 #   RUNTIME_NAME [cuda-compat]  INSTALL_ARGS [] (e.g. "--set-as-default")
 #   REGISTRATION_PATH [runtimeclass] (auto, nri, runtimeclass)  PATH_FILE [/run/compat-hook/registration]
+#   NRI_REQUIRE [off] (off, per-pod, all: --nri-require of the NRI install, containerd >= 2.2)
 #   CONFIG_SOURCE []  RESTART_CONTAINERD [false]  RESTART_COMMAND [see above]
 #   UNINSTALL_ON_STOP [true]  READY_FILE [/tmp/compat-hook-ready]
 #   TOOLKIT_CONFIGS [the two paths in 4.; "" none]  TOOLKIT_EXPECT []  TOOLKIT_RECHECK [30]
@@ -93,6 +94,7 @@ HOST_PYTHON=${HOST_PYTHON:-/usr/bin/python3}
 CONTAINERD_CONFIG=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
 RUNTIME_NAME=${RUNTIME_NAME:-cuda-compat}
 INSTALL_ARGS=${INSTALL_ARGS:-}
+NRI_REQUIRE=${NRI_REQUIRE:-off}
 CONFIG_SOURCE=${CONFIG_SOURCE:-}
 RESTART_CONTAINERD=${RESTART_CONTAINERD:-false}
 RESTART_COMMAND=${RESTART_COMMAND:-nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd}
@@ -336,7 +338,7 @@ choose_path() {
 
 install_nri() {
     compat_hook "$1" install containerd --via nri --engine-config "$CONTAINERD_CONFIG" \
-        --nri-plugin "$1/libexec/compat-hook-nri"
+        --nri-plugin "$1/libexec/compat-hook-nri" --nri-require "$NRI_REQUIRE"
 }
 
 # The runtimeclass path: a plugin an earlier nri install left goes (0 when one went, 1 when none was there).

@@ -366,11 +366,13 @@ oom_score = 0
 """
 
 
-def config_dump(main) -> dict:
-    """``containerd config dump`` of the config file ``main`` as plain dicts (``imports`` sorted)."""
+def config_dump(main, bin_dir=None) -> dict:
+    """``containerd config dump`` of the config file ``main`` as plain dicts (``imports`` sorted); the
+    system's containerd, or the one in ``bin_dir``."""
     import tomlkit
 
-    tree = tomlkit.parse(sh("containerd", "--config", main, "config", "dump").stdout).unwrap()
+    binary = f"{bin_dir}/containerd" if bin_dir else "containerd"
+    tree = tomlkit.parse(sh(binary, "--config", main, "config", "dump").stdout).unwrap()
     tree["imports"] = sorted(tree["imports"])
     return tree
 

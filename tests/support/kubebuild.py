@@ -11,6 +11,9 @@
 * ``helm()``: ``helm.sh/helm/v4/cmd/helm@HELM_VERSION``.
 * ``upgrade_harness()``: tests/upgrade_harness, which runs NVIDIA's own upgrade state machine.
 * ``nri_plugin()``: compat-hook's NRI plugin (packaging/nri, containerd's NRI stub), per content hash.
+* ``containerd_release(version)``: containerd (``containerd``, ``ctr``, ``containerd-shim-runc-v2``) of one
+  upstream release, for the releases Debian does not ship (:data:`CONTAINERD_RELEASES`: NRI's default
+  validator, which can require a plugin, came in 2.2).
 
 All share one GOPATH/GOCACHE under the cache (``go-k8s/``) so module downloads and compiled
 packages are reused between them; each final binary lands in its own directory by rename
@@ -34,6 +37,9 @@ KUBE_VERSION = "v1.34.2"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v4.3.2"
 HARNESS = pathlib.Path(__file__).resolve().parents[1] / "upgrade_harness"
+#: containerd releases built from the Go module proxy: the first with NRI's default validator (2.2) and the
+#: newest 2.x the proxy serves. Debian's (sid: 2.1) comes from tests/support/engines.containerd2().
+CONTAINERD_RELEASES = ("v2.2.9", "v2.4.2")
 NRI_PLUGIN = pathlib.Path(__file__).resolve().parents[2] / "packaging" / "nri"
 #: As packaging/nri/build.py (make nri-plugin) builds it: stripped, as the package ships it.
 NRI_FLAGS = ("-trimpath", "-ldflags=-s -w")
@@ -203,10 +209,40 @@ def nri_plugin() -> Path:
     return final / "compat-hook-nri"
 
 
+def containerd_release(version: str) -> Path:
+    """The bin dir of containerd ``version`` built from the Go module proxy (5-12 minutes each on 2 cores).
+
+    Without cgo, as the tests build everything: the build tags leave out the snapshotters that need it
+    (btrfs, devmapper), which the tests do not use (overlayfs, native). ``GOTOOLCHAIN=auto`` fetches the
+    Go a newer release's go.mod asks for. The version is linked in as upstream's Makefile does, so
+    ``containerd --version`` says it (compat-hook's installer reads it)."""
+    final = cache_dir() / "containerd" / version
+    module = "github.com/containerd/containerd/v2"
+
+    def build(tmp: Path) -> None:
+        flags = f"-s -w -X {module}/version.Version={version} -X {module}/version.Revision=proxy"
+        p = subprocess.run([go_command(), "install", "-trimpath", "-tags", "no_btrfs no_devmapper no_zfs",
+                            f"-ldflags={flags}", *(f"{module}/cmd/{c}@{version}" for c in CONTAINERD_COMMANDS)],
+                           env=dict(go_env(), GOBIN=str(tmp)), capture_output=True, text=True, timeout=3600,
+                           stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise RuntimeError(f"go install containerd {version}: {p.stderr[-4000:]}")
+
+    ensure_dir(final, _timed(f"containerd {version} (5-12 minutes on 2 cores)", build), lock=f"containerd-{version}")
+    for c in CONTAINERD_COMMANDS:
+        assert (final / c).is_file(), f"{final / c} missing"
+    return final
+
+
+#: What the tests run of containerd: the daemon, its runc shim, and ``ctr`` (images, readiness).
+CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
+
+
 if __name__ == "__main__":  # pragma: no cover - a convenience for warming the cache
     fns = {"kube-apiserver": kube_apiserver, "kube-controller-manager": kube_controller_manager,
            "kube-scheduler": kube_scheduler, "kubelet": kubelet, "kwok": kwok, "helm": helm,
-           "harness": upgrade_harness, "nri": nri_plugin}
+           "harness": upgrade_harness, "nri": nri_plugin,
+           **{f"containerd-{v}": (lambda v=v: containerd_release(v)) for v in CONTAINERD_RELEASES}}
     which = sys.argv[1:] or list(fns)
     for name in which:
         print(name, fns[name](), flush=True)

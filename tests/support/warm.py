@@ -1,8 +1,8 @@
 """The cache's long builds in the background while the tests that need none of them run.
 
 A cold ``make test`` builds the NVIDIA Container Toolkit's binaries, kube-apiserver, the kubelet, kwok,
-helm, the upgrade harness, crictl and the NRI plugin from Go (20-25 minutes on 2 cores) and fetches
-containerd 2.x. Built when a fixture
+helm, the upgrade harness, crictl, the NRI plugin and two upstream containerd releases from Go (25-35
+minutes on 2 cores) and fetches Debian's containerd 2.x. Built when a fixture
 first asks, the suite waits for each in turn. Instead:
 
 * :func:`order` runs the modules that need those builds last (each module stays whole, in its order);
@@ -30,13 +30,14 @@ __all__ = ["BUILDS", "NEEDS_BUILDS", "order", "start", "stop", "main"]
 NEEDS_BUILDS = frozenset({
     "test_admission", "test_cluster", "test_cluster_churn", "test_cluster_offline", "test_cluster_runbook",
     "test_fleet", "test_hostile_cluster", "test_kubernetes", "test_node", "test_node_cdi",
-    "test_node_validator", "test_nri", "test_nri_packaging", "test_validator", "test_validator_age",
+    "test_node_validator", "test_nri", "test_nri_packaging", "test_nri_required", "test_validator",
+    "test_validator_age",
 })
 
 #: What :func:`main` builds, in the order the modules first need them (the NVIDIA toolkit's binaries:
 #: the install and toolkit modules, halfway through the run).
 BUILDS = ("toolkit", "kube-apiserver", "kwok", "harness", "helm", "kube-controller-manager", "kube-scheduler", "kubelet",
-          "crictl", "containerd2", "nri")
+          "crictl", "containerd2", "nri", "containerd-v2.2.9", "containerd-v2.4.2")
 
 
 def _module(item) -> str:
@@ -95,10 +96,11 @@ def _builders() -> dict:
         toolkit.installer()
         return built.dir
 
-    return {"toolkit": nvidia_toolkit, "kube-apiserver": kubebuild.kube_apiserver, "kwok": kubebuild.kwok, "harness": kubebuild.upgrade_harness,
-            "helm": kubebuild.helm, "kube-controller-manager": kubebuild.kube_controller_manager,
+    return {"toolkit": nvidia_toolkit, "kube-apiserver": kubebuild.kube_apiserver, "kwok": kubebuild.kwok,
+            "harness": kubebuild.upgrade_harness, "helm": kubebuild.helm, "kube-controller-manager": kubebuild.kube_controller_manager,
             "kube-scheduler": kubebuild.kube_scheduler, "kubelet": kubebuild.kubelet, "crictl": engines.crictl,
-            "containerd2": engines.containerd2, "nri": kubebuild.nri_plugin}
+            "containerd2": engines.containerd2, "nri": kubebuild.nri_plugin,
+            **{f"containerd-{v}": (lambda v=v: kubebuild.containerd_release(v)) for v in kubebuild.CONTAINERD_RELEASES}}
 
 
 def main(argv: list | None = None) -> int:
