@@ -284,6 +284,11 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
         if a.hook:
             from ..effects import ldcache
 
+            if (a.ldconf is not None and a.ldconf.incomplete in ("ld_so_conf_bounded", "ld_so_conf_deadline")
+                    and any(act == "ldconfig" for act, _ in a.hook)):
+                # a hostile include tree (20,000 entries kept ldconfig busy past the runtime's hook timeout)
+                raise ldcache.LdConfUnfinished(f"{a.ldconf.why_incomplete()}: ldconfig would read the same tree, "
+                                               "so it is not run", a.ldconf.incomplete)
             try:
                 if ldcache.read_only(root):
                     # crun makes the root read-only before createContainer (runc only after it): the

@@ -69,6 +69,16 @@ class LdconfigError(CompatHookError):
     code = "ldconfig_failed"
 
 
+class LdConfUnfinished(CompatHookError):
+    """The image's ld.so.conf tree is past what compat-hook reads (``ld_so_conf_bounded``) or was not read
+    in time (``ld_so_conf_deadline``): ldconfig would read the same tree, for as long as it takes, so
+    it is not run (the start goes on without the drop-in, at once, rather than at ``ldconfig_timeout``)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class ReadOnlyRoot(CompatHookError):
     """The root is read-only where the hook runs and the decision cannot be made by a mount either."""
 
