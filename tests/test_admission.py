@@ -1022,3 +1022,64 @@ def test_a_reserved_label_prefix_is_refused(values):
     # a prefix that only ends like one, or holds one as a label, is someone's own domain
     for prefix in ("mynvidia.com", "nvidia.com.example.org"):
         chart.render(f"agent.labelPrefix={prefix}")
+
+
+def test_the_nri_toleration_annotation_is_only_for_the_charts_own_pods(world):
+    """``registration.nriRequire=all``: containerd's NRI validator refuses every pod without the annotation
+    ``tolerate-missing-plugins.compat-hook.io/pod`` while compat-hook's plugin is missing. The chart's own
+    pods carry it (the pod that repairs the plugin starts); on any other pod it would opt that pod out, so
+    the policy compat-hook-nri-toleration refuses it there, on a create and on an update."""
+    a, policy = world.admin, "compat-hook-nri-toleration"
+    docs = [d for d in chart.render("registration.nriRequire=all") if d["metadata"]["name"] == policy]
+    assert sorted(d["kind"] for d in docs) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert not [d for d in world.docs if d["metadata"]["name"] == policy]  # only with nriRequire=all
+    tenant_ns = "nri-tenant"
+    a.create("/api/v1/namespaces", {"metadata": {"name": tenant_ns}})
+    a.create(f"/api/v1/namespaces/{tenant_ns}/serviceaccounts", {"metadata": {"name": "tenant"}})
+    for ns in (tenant_ns, NS):  # a pod's default ServiceAccount (no controller-manager makes one here)
+        try:
+            a.create(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": "default"}})
+        except ApiError as e:
+            assert e.status == 409, e
+    for ns in (tenant_ns, NS):  # a tenant that may create and patch pods in both namespaces
+        a.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
+            "metadata": {"name": "nri-tenant"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "patch", "get"]}]})
+        a.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
+            "metadata": {"name": "nri-tenant"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                                             "name": "nri-tenant"},
+            "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": tenant_ns}]})
+    tok = a.create(f"/api/v1/namespaces/{tenant_ns}/serviceaccounts/tenant/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}})
+    tenant = Api(world.cp.url, tok["status"]["token"])
+    tol = {"tolerate-missing-plugins.compat-hook.io/pod": "true"}
+
+    def pod(ns, name, annotations=None, labels=None, dry=True):
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations or {},
+                                                                 "labels": labels or {}},
+                "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}]}}
+        return tenant.request("POST", f"/api/v1/namespaces/{ns}/pods", body, query={"dryRun": "All"} if dry else None)
+
+    chart.apply(a, docs)
+    try:
+        _wait_refused(world, policy, lambda: pod(tenant_ns, "app", tol))
+        with pytest.raises(ApiError) as e:
+            pod(tenant_ns, "app", tol)
+        assert e.value.status == 403 and f"on {tenant_ns}/app it would let the pod start without" in str(e.value)
+        pod(tenant_ns, "app")  # without it: admitted
+        pod(NS, "compat-hook-x", tol, {"app.kubernetes.io/name": "compat-hook"})  # the chart's own pod
+        with pytest.raises(ApiError) as e:  # the release namespace, but not the chart's pod
+            pod(NS, "other", tol, {"app.kubernetes.io/name": "other"})
+        assert e.value.status == 403 and policy in str(e.value)
+        pod(tenant_ns, "later", dry=False)  # an update that adds it
+        with pytest.raises(ApiError) as e:
+            tenant.merge(f"/api/v1/namespaces/{tenant_ns}/pods/later", {"metadata": {"annotations": tol}})
+        assert e.value.status == 403 and policy in str(e.value)
+        got = a.get(f"/api/v1/namespaces/{tenant_ns}/pods/later")
+        assert not (got["metadata"].get("annotations") or {}), got["metadata"]
+    finally:
+        for d in docs:
+            a.delete(chart.object_path(d))
+        a.delete(f"/api/v1/namespaces/{tenant_ns}")
+        a.delete(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles/nri-tenant")
+        a.delete(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings/nri-tenant")
