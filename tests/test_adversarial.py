@@ -29,6 +29,7 @@ import subprocess
 
 import pytest
 
+from compat_hook.core import logjson
 from tests.support import hostile as h
 from tests.support import runtimes as rt
 
@@ -542,7 +543,7 @@ def test_canary_detects_reads_writes_and_creates(canary):
 def _host_side(tmp_path: Path, bundle: Path, env: h.HookEnv) -> dict:
     # the log's spool (made beside the log by the first line written) is the log's own
     return h.host_tree_snapshot(tmp_path, exclude=[str(bundle), str(env.state_dir), str(env.log),
-                                                f"{env.log}.spool", str(tmp_path / "host-canary")])
+                                                logjson.spool_dir(str(env.log)), str(tmp_path / "host-canary")])
 
 
 # Seconds each: the first three wait out the hook's ldconfig_timeout (a blocked or endless

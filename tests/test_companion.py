@@ -106,7 +106,11 @@ def test_image_ld_library_path_hook_masks_or_warns_wrapper_strips(tmp_path):
     # at createContainer (the container's mount namespace) the hook hides the dir
     masked = run_assess(rootfs, host("555.58.02"), env=env)
     assert masked.hook_masks == ["/usr/local/cuda-12.4/compat"] and masked.warnings == []
-    assert masked.effects()["hook"][0] == "mask /usr/local/cuda-12.4/compat with an empty read-only tmpfs (createContainer)"
+    # first the host's library over the compat file (any road to it by path), then the dir hidden
+    hook = masked.effects()["hook"]
+    assert hook[0].startswith("bind-mount /usr/lib/x86_64-linux-gnu/libcuda.so.555.58.02 (in the container) over "
+                              "/usr/local/cuda-12.4/compat/libcuda.so."), hook
+    assert hook[1] == "mask /usr/local/cuda-12.4/compat with an empty read-only tmpfs (createContainer)", hook
     # at prestart it can do neither: a warning that names the fix
     hook_only = run_assess(rootfs, host("555.58.02"), env=env, mount_ns=False)
     assert hook_only.hook_masks == []
@@ -180,12 +184,15 @@ def test_hook_with_hostile_dropins_fails_open_and_writes_only_its_own_file(tmp_p
                                 "ldconfig_timeout": 2}))  # ldconfig blocks on the FIFO: bounded
     state = json.dumps({"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": 1, "bundle": str(bundle)})
     before = snapshot_tree(bundle / "rootfs")
-    p = subprocess.run([PYTHON, "-m", "compat_hook", "hook", "--stage", "createContainer", "--config", str(conf),
-                        "--state-dir", str(tmp_path / "state")], input=state, capture_output=True, text=True,
-                       timeout=60, cwd=REPO)
+    # a createContainer hook runs in the container's mount namespace: a private one here, so the host's
+    # library it mounts over the compat file goes with it
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", PYTHON, "-m", "compat_hook", "hook", "--stage",
+                        "createContainer", "--config", str(conf), "--state-dir", str(tmp_path / "state")],
+                       input=state, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert p.returncode == 0, p.stderr
     rec = json.loads(log.read_text().splitlines()[-1])
-    assert rec["effect"] == "host" and rec["actions"][0] == f"wrote {ldcache.DROPIN_PATH}", rec
+    assert rec["effect"] == "host" and rec["actions"][0].startswith("bind-mounted "), rec
+    assert rec["actions"][1] == f"wrote {ldcache.DROPIN_PATH}", rec
     # ldconfig itself blocks reading the image's FIFO: killed at the timeout, our drop-in taken
     # out again, and the container starts without a change (fail-open)
     assert (rec["decision"], rec["reason"]) == ("error", "ldconfig_failed"), rec

@@ -169,6 +169,15 @@ def test_table_says_how_each_image_was_read(ctrd, tmp_path):
     assert "read via: blobs 2" in text.splitlines(), text
 
 
+@pytest.fixture(autouse=True)
+def _path_restored():
+    """:func:`_open` puts containerd's bin dir first on this process's PATH (the reader runs ``ctr``): the
+    next module finds the PATH as it was (tests/test_nri.py asks for Debian's containerd 1.6 by name)."""
+    old = os.environ["PATH"]
+    yield
+    os.environ["PATH"] = old
+
+
 def _open(d, ns: str, name: str):
     from compat_hook.images.reader import Reader
 

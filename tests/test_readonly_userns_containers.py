@@ -28,6 +28,7 @@ import subprocess
 import pytest
 
 from compat_hook.commands.report import report
+from compat_hook.core import logjson
 from tests.support import hookenv, rootfs, runtimes as rt, wrapperenv
 from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 from tests.test_hook_containers import COMPAT_LIB, Env, explain, host_lib, libs, only_record  # noqa: F401
@@ -185,7 +186,7 @@ def test_user_namespaced_container_gets_its_log_line(tmp_path, runtime, libs):
     env = _mapped_env(tmp_path, runtime, libs)
     first = _run(env, _plain, env=NO_GPU_ENV)  # a start whose hook writes the log: the spool is made
     assert first.rc == 0, str(first)
-    assert oct(os.stat(f"{env.log}.spool").st_mode & 0o7777) == "0o1733"
+    assert oct(os.stat(logjson.spool_dir(str(env.log))).st_mode & 0o7777) == "0o1733"
     res = _run(env, _userns)
     assert res.rc == 0, str(res)
     assert res.probe == {"cuDriverGetVersion": "12040", "libcuda": COMPAT_LIB}, str(res)
@@ -197,7 +198,7 @@ def test_user_namespaced_container_gets_its_log_line(tmp_path, runtime, libs):
     _run(env, _plain, env=NO_GPU_ENV)  # the next start whose hook writes the log merges it
     rec = only_record(env, res)
     assert (rec["decision"], rec["maps"], rec["spooled_by_uid"]) == ("enable", COMPAT_LIB, MAPPED), rec
-    assert os.listdir(f"{env.log}.spool") == []
+    assert os.listdir(logjson.spool_dir(str(env.log))) == []
     assert report([str(env.log)])["records"] == 3
 
 

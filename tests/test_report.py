@@ -296,7 +296,7 @@ def test_the_logs_spool_is_read_by_report_and_merged_by_the_next_line(tmp_path):
 
     log = tmp_path / "log"
     assert logjson.write_line(str(log), {"event": "hook", "decision": "skip", "reason": "no_gpu_request"})
-    spool = tmp_path / "log.spool"
+    spool = tmp_path / ".log.spool"  # beside the log, hidden
     assert spool.is_dir() and spool.stat().st_mode & 0o7777 == 0o1733  # made by the first line
     good = ('{"time":"2026-01-01T00:00:00.000Z","event":"hook","decision":"enable",'
             '"reason":"compat_major_newer","host_driver_version":"535.104.05"}\n')

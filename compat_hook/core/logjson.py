@@ -26,8 +26,9 @@ from . import jsonfast
 __all__ = ["write_line", "timestamp", "fail_open", "finish", "DEFAULT_LOG", "SPOOL_SUFFIX", "spool_dir",
            "spooled", "merge_spool"]
 
-#: ``<log file>.spool``: where a hook that cannot open the log (a user-namespaced container's
-#: createContainer hook runs as an unprivileged host uid) leaves its line, one file each.
+#: ``.<log file name>.spool`` beside the log (hidden: ``<log>*`` globs never meet it): where a hook that
+#: cannot open the log (a user-namespaced container's createContainer hook runs as an unprivileged host
+#: uid) leaves its line, one file each.
 SPOOL_SUFFIX = ".spool"
 #: At most this many spooled lines are merged by one run, each at most this long: anyone on the host
 #: can put files in the spool, and a start must stay cheap.
@@ -97,8 +98,14 @@ def write_line(path: str | None, record: dict) -> bool:
 
 
 def spool_dir(path: str) -> str:
-    """The spool dir of the log file ``path``."""
-    return path + SPOOL_SUFFIX
+    """The spool dir of the log file ``path``: beside it, hidden, so that what reads or rotates the log's
+    copies (``<log>*``: logrotate, a shell glob) never meets a dir.
+
+    >>> spool_dir("/var/log/compat-hook.log")
+    '/var/log/.compat-hook.log.spool'
+    """
+    head, _, name = path.rpartition("/")
+    return f"{head}/.{name}{SPOOL_SUFFIX}" if head or path.startswith("/") else f".{name}{SPOOL_SUFFIX}"
 
 
 def _to_spool(path: str, data: bytes) -> bool:
