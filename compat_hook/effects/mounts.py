@@ -74,15 +74,21 @@ def bind_readonly(root, source: str, target: str) -> list:
     # The first descriptor names the directory now covered by the mount: open
     # the target again (the confined walk crosses into the new mount), check it
     # is the store dir, and make that read-only.
+    _seal(root, resolved, source, os.stat(source))
+    return [f"bind-mounted {source} at {resolved} (ro)"]
+
+
+def _seal(root, resolved: str, source: str, want) -> None:
+    """Make the bind mount at ``resolved`` read-only (nosuid, nodev), after checking that what is there now
+    is ``source`` (``want``: its stat): a path the image swapped meanwhile is refused, not remounted."""
     fd, _ = root.open_path(resolved)
     try:
-        got, want = os.fstat(fd), os.stat(source)
+        got = os.fstat(fd)
         if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino):
             raise OSError(f"{resolved}: the bind mount of {source} is not where it was made")
         _mount(None, f"/proc/self/fd/{fd}", _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     finally:
         os.close(fd)
-    return [f"bind-mounted {source} at {resolved} (ro)"]
 
 
 def mask_dir(root, path: str) -> list:
@@ -190,12 +196,5 @@ def bind_file_over(root, source: str, target: str, source_in_root: bool) -> list
         os.close(fd)
         if sfd is not None:
             os.close(sfd)
-    fd, _ = root.open_path(resolved)
-    try:
-        got = os.fstat(fd)
-        if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino):
-            raise OSError(f"{resolved}: the bind mount of {source} is not where it was made")
-        _mount(None, f"/proc/self/fd/{fd}", _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-    finally:
-        os.close(fd)
+    _seal(root, resolved, source, want)
     return [f"bind-mounted {source} over {resolved} (ro)"]
