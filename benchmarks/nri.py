@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """What compat-hook's NRI plugin adds to CreateContainer (issue 33): p50/p99 with vs without it, and its RSS.
 
-    /usr/bin/python3 benchmarks/nri.py [--iters 40] [--rounds 3] [--out FILE]
+    /usr/bin/python3 benchmarks/nri.py [--containerd all|debian|v2.2.9|v2.4.2] [--iters 40] [--rounds 3] [--out FILE]
 
-A real containerd 2.x (Debian sid's, as the tests use) with NRI and CDI on, set up by
+Each containerd the tests run (``all``, the default): Debian sid's 2.1, and upstream's v2.2.9 and
+v2.4.2 built from the Go module proxy (tests/support/kubebuild.py ``containerd_release``: NRI's
+default validator came in 2.2, and 2.3 changed what CreateContainer hands a plugin), one after the
+other, each a real containerd with NRI and CDI on, set up by
 tests/test_nri.py's ``NriNode`` (compat-hook registered with ``install containerd --via nri``,
 the plugin built from packaging/nri, the default runtime plain runc). Each sample is one CRI
 ``CreateContainer`` (then ``RemoveContainer``, untimed) in one pod sandbox: a non-GPU container
@@ -30,6 +33,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +45,7 @@ sys.path[:0] = [str(REPO), str(HERE)]
 
 from timing import median, pct  # noqa: E402
 
-from tests.support import debs, engines  # noqa: E402
+from tests.support import debs, engines, kubebuild  # noqa: E402
 from tests.test_nri import COMPAT, GPU, IMAGE, OLD, NriNode  # noqa: E402
 
 
@@ -61,6 +65,13 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
+def _reported(bin_dir: Path) -> str:
+    """What ``containerd --version`` says (``containerd github.com/... v2.1.9 ...``): its third word."""
+    out = subprocess.run([str(bin_dir / "containerd"), "--version"], capture_output=True, text=True, timeout=30).stdout
+    words = out.split()
+    return words[2] if len(words) > 2 else out.strip()
+
+
 _T0 = time.monotonic()
 
 
@@ -68,24 +79,17 @@ def say(line: str) -> None:
     print(f"nri.py: [{time.monotonic() - _T0:4.0f} s] {line}", file=sys.stderr, flush=True)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=40, help="samples per kind per block")
-    ap.add_argument("--rounds", type=int, default=3, help="with/without blocks")
-    ap.add_argument("--out", help="write the JSON result here too")
-    ap.add_argument("--keep", action="store_true", help="keep the work dir")
-    args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="chnri-"))
-    say("preparing: the libcuda debs, containerd 2.x, the plugin, the test image (built into the test cache "
-        "the first time: minutes) ...")
-    libs = {v: debs.libcuda(v) for v in (OLD, COMPAT)}
+def measure(version: str, bin_dir: Path, libs: dict, args) -> dict:
+    """One containerd's cells: p50/p99 per kind with and without the plugin, and the plugin's peak RSS."""
+    work = Path(tempfile.mkdtemp(prefix=f"chnri-{version}-"))
     samples = {(k, on): [] for k in ("non_gpu", "gpu") for on in (True, False)}
     rss = []
     node = None
     n = 0
     try:
-        node = NriNode(work, engines.build_image(work / "image", libs), libs)
-        say("containerd 2.x is up with compat-hook's NRI plugin registered")
+        node = NriNode(work, engines.build_image(work / "image", libs), libs, bin_dir)
+        say(f"containerd {version} is up with compat-hook's NRI plugin registered")
+
         def plugin(on: bool) -> int | None:
             """Make the plugin present (containerd restarted: it starts it) or absent (killed)."""
             pids = node.wait_plugin(True, timeout=1)
@@ -102,10 +106,10 @@ def main() -> int:
             # The order flips every round: whatever a kill or a restart does to the next block
             # (a fresh containerd, a cold cache) falls on both sides alike.
             for on in ((True, False) if r % 2 == 0 else (False, True)):
-                say(f"round {r + 1}/{args.rounds}: {2 * args.iters} CreateContainer with the plugin "
+                say(f"{version} round {r + 1}/{args.rounds}: {2 * args.iters} CreateContainer with the plugin "
                     f"{'present' if on else 'absent'} ...")
                 pid = plugin(on)
-                for i in range(args.iters):  # the two kinds interleaved
+                for _ in range(args.iters):  # the two kinds interleaved
                     n += 1
                     samples[("non_gpu", on)].append(_create_ms(node, f"plain-{n}", "root"))
                     samples[("gpu", on)].append(_create_ms(node, f"gpu-{n}", "compat", [GPU]))
@@ -113,11 +117,11 @@ def main() -> int:
                     rss.append(_rss_kib(pid))
     finally:
         if node is not None:
-            say("stopping containerd")
+            say(f"stopping containerd {version}")
             node.close()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    result = {"iters": args.iters, "rounds": args.rounds, "load": os.getloadavg(), "rss_kib": max(rss)}
+    result = {"rss_kib": max(rss), "load": os.getloadavg()}
     for kind in ("non_gpu", "gpu"):
         on, off = samples[(kind, True)], samples[(kind, False)]
         result[kind] = {
@@ -131,12 +135,36 @@ def main() -> int:
     result["targets"] = {"non_gpu_added_p50_within_5ms": ng["added_p50_ms"] <= 5.0,
                          "non_gpu_p99_within_request_budget": ng["with"]["p99_ms"] < 2000,
                          "rss_under_32mib": result["rss_kib"] < 32 * 1024}
+    return result
+
+
+def main() -> int:
+    versions = ("debian", *kubebuild.CONTAINERD_RELEASES)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--containerd", choices=("all", *versions), default="all",
+                    help="which containerd: Debian sid's 2.1, an upstream release, or each in turn (default)")
+    ap.add_argument("--iters", type=int, default=40, help="samples per kind per block")
+    ap.add_argument("--rounds", type=int, default=3, help="with/without blocks")
+    ap.add_argument("--out", help="write the JSON result here too")
+    ap.add_argument("--keep", action="store_true", help="keep the work dirs")
+    args = ap.parse_args()
+    which = versions if args.containerd == "all" else (args.containerd,)
+    say("preparing: the libcuda debs, " + ", ".join(f"containerd {v}" for v in which) + ", the plugin, the test "
+        "image (built into the test cache the first time: minutes each) ...")
+    libs = {v: debs.libcuda(v) for v in (OLD, COMPAT)}
+    bins = {v: engines.containerd2() if v == "debian" else kubebuild.containerd_release(v) for v in which}
+    result = {"iters": args.iters, "rounds": args.rounds, "containerd": {}}
+    for v in which:
+        cell = measure(v, bins[v], libs, args)
+        # the version the binary reports (Debian's: 2.1.x), beside the name asked for
+        cell["version"] = _reported(bins[v])
+        result["containerd"][v] = cell
     text = json.dumps(result, indent=2)
     say("done")
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
-    return 0 if all(result["targets"].values()) else 1
+    return 0 if all(all(c["targets"].values()) for c in result["containerd"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -433,3 +433,33 @@ def test_a_wrapper_of_another_installation_is_taken_over_loudly_and_never_remove
     assert installation_of(w.read_text()) == this_installation()
     code, out, _ = _docker(capsys, tmp_path, "uninstall")
     assert code == 0 and not w.exists(), out
+
+
+def test_install_makes_the_logs_spool_and_leaves_a_planted_one_alone(tmp_path, capsys):
+    """A user-namespaced container's hook can only add a file to the log's spool, not make it: install makes it
+    (mode 1733), so the first start on a fresh host may be such a container. An entry someone planted at the
+    spool's path (a symlink) is left as it is, and install says so in one line; uninstall keeps the log's dir."""
+    from compat_hook.core import logjson
+
+    log = tmp_path / "logs" / "compat-hook.log"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"log_file: {log}\n")
+    assert run(capsys, "install", "podman", "--hooks-dir", tmp_path / "h", "--hook-config", cfg, "--dry-run")[0] == 0
+    assert not (tmp_path / "logs").exists()  # a dry run writes nothing
+    code, _, err = run(capsys, "install", "podman", "--hooks-dir", tmp_path / "h", "--hook-config", cfg)
+    spool = tmp_path / "logs" / ".compat-hook.log.spool"
+    assert code == 0 and not err, err
+    assert spool.is_dir() and not spool.is_symlink() and stat.S_IMODE(spool.stat().st_mode) == 0o1733
+    assert not log.exists()  # the log itself is the first line's
+    assert run(capsys, "uninstall", "podman", "--hooks-dir", tmp_path / "h", "--hook-config", cfg)[0] == 0
+    assert spool.is_dir()  # the log and its spool are data: uninstall keeps them, the package's purge removes them
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    log2 = tmp_path / "logs2" / "compat-hook.log"
+    log2.parent.mkdir()
+    os.symlink(elsewhere, logjson.spool_dir(str(log2)))
+    cfg.write_text(f"log_file: {log2}\n")
+    code, _, err = run(capsys, "install", "podman", "--hooks-dir", tmp_path / "h2", "--hook-config", cfg)
+    assert code == 0 and err.count("\n") == 1 and "could not make the log's spool" in err, err
+    assert os.path.islink(logjson.spool_dir(str(log2))) and stat.S_IMODE(elsewhere.stat().st_mode) == 0o755

@@ -227,7 +227,7 @@ def test_the_wheel_brings_tomlkit_and_a_venv_registers_the_os_interpreter(tmp_pa
 INSIDE = NODE_OVERLAY + r"""
 # What an earlier install on this machine left (its wrapper, its state) goes, inside the overlay only:
 # the test sees what the package adds and removes, whatever the host had before.
-rm -rf /usr/local/libexec/compat-hook /var/lib/compat-hook
+rm -rf /usr/local/libexec/compat-hook /var/lib/compat-hook /var/log/.compat-hook.log.spool
 mkdir -p /etc/containerd /etc/docker
 [ -f /etc/containerd/config.toml ] || printf 'version = 2\n' > /etc/containerd/config.toml
 cp /etc/containerd/config.toml "$T/config.toml.before"
@@ -240,6 +240,7 @@ compat-hook install docker
 step install-other-config
 compat-hook install docker --hook-config /etc/compat-hook/other.yaml 2>&1 && echo "exit=0" || echo "exit=$?"
 step registered
+stat -c 'spool %a %F' /var/log/.compat-hook.log.spool 2>&1 || true
 grep -h 'BinaryName' /etc/containerd/config.toml
 cat /etc/docker/daemon.json
 ls /usr/local/libexec/compat-hook 2>&1 || true
@@ -253,6 +254,7 @@ ls /usr/libexec/compat-hook /usr/local/libexec/compat-hook 2>&1 || true
 find /etc /usr/local -name '*.compat-hook-*.bak' 2>/dev/null
 dpkg --purge compat-hook >/dev/null 2>&1
 ls /var/lib/compat-hook 2>&1 || true
+ls -d /var/log/.compat-hook.log.spool 2>&1 || true
 step end
 """
 
@@ -273,12 +275,16 @@ def test_debian_package_one_wrapper_and_nothing_left_after_removal(deb, tmp_path
     reg = out["registered"]
     assert f'BinaryName = "{packaged}"' in reg and f'"path": "{packaged}"' in reg, reg
     assert "No such file or directory" in reg  # no /usr/local/libexec/compat-hook: one wrapper per node
+    # the log's spool, made by install: a user-namespaced container's hook cannot make it, and may be the first
+    assert "spool 1733 directory" in reg, reg
     assert "removed /etc/containerd/config.toml.compat-hook-install" in out["remove"], out["remove"]
     assert "removed /etc/docker/daemon.json" in out["remove"], out["remove"]
     after = out["after"]
     assert "config.toml as before" in after, after
     assert ".bak" not in after and "daemon.json" not in after, after
-    assert after.count("No such file or directory") >= 4, after  # conf.d, both libexec dirs, /var/lib/compat-hook
+    # conf.d, both libexec dirs, /var/lib/compat-hook, the log's spool (purge)
+    assert after.count("No such file or directory") >= 5, after
+    assert "cannot access '/var/log/.compat-hook.log.spool'" in after, after
     assert not os.path.exists("/usr/libexec/compat-hook") or _installed_on_host()
 
 

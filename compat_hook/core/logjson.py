@@ -24,7 +24,7 @@ import time
 from . import jsonfast
 
 __all__ = ["write_line", "timestamp", "fail_open", "finish", "DEFAULT_LOG", "SPOOL_SUFFIX", "spool_dir",
-           "spooled", "merge_spool"]
+           "spooled", "merge_spool", "prepare_spool"]
 
 #: ``.<log file name>.spool`` beside the log (hidden: ``<log>*`` globs never meet it): where a hook that
 #: cannot open the log (a user-namespaced container's createContainer hook runs as an unprivileged host
@@ -108,6 +108,31 @@ def spool_dir(path: str) -> str:
     return f"{head}/.{name}{SPOOL_SUFFIX}" if head or path.startswith("/") else f".{name}{SPOOL_SUFFIX}"
 
 
+def prepare_spool(path: str) -> bool:
+    """Make the log's dir and its spool (mode 1733) if missing; True when the spool is a dir of that mode.
+
+    ``compat-hook install`` calls it, so that the very first start on a host may be a user-namespaced
+    one (its hook cannot create the spool); the first line written on the host makes it too. An existing
+    entry is never changed: a spool that is not a real dir of mode 1733 (a symlink planted there) stays
+    as it is and the answer is False.
+    """
+    d = spool_dir(path)
+    try:
+        os.makedirs(os.path.dirname(d) or ".", mode=0o755, exist_ok=True)
+        # made 0700 first: nobody else can add to it before it has its sticky bit
+        os.mkdir(d, 0o700)
+        os.chmod(d, 0o1733)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        st = os.lstat(d)
+    except OSError:
+        return False
+    return st.st_mode & 0o170000 == 0o040000 and st.st_mode & 0o7777 == 0o1733
+
+
 def _to_spool(path: str, data: bytes) -> bool:
     """Leave one line in the log's spool (a new file, never one that exists); True when done."""
     name = f"{spool_dir(path)}/{time.time_ns()}-{os.getpid()}-{os.urandom(4).hex()}.json"
@@ -152,11 +177,7 @@ def merge_spool(path: str, log_fd: int | None = None) -> int:
             names = [e.name for _, e in zip(range(8 * _SPOOL_BATCH), it)
                      if not e.is_dir(follow_symlinks=False)][:_SPOOL_BATCH]
     except FileNotFoundError:
-        try:
-            os.mkdir(d, 0o700)
-            os.chmod(d, 0o1733)
-        except OSError:
-            pass
+        prepare_spool(path)
         return 0
     except OSError:
         return 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 
 __all__ = ["Options", "run_install", "toolkit_configs", "ENGINES"]
 
@@ -96,9 +97,23 @@ def run_install(opts, uninstall: bool = False) -> int:
     status = (mod.uninstall if uninstall else mod.install)(opts)
     if not uninstall and status == 0 and with_toolkit:
         _with_toolkit(opts, uninstall=False)
+    if not uninstall and status == 0 and not opts.dry_run:
+        _prepare_log(opts)
     if uninstall and status == 0 and not opts.dry_run and opts.state_dir:
         _prune_state_dir(opts.state_dir)
     return status
+
+
+def _prepare_log(opts) -> None:
+    """The log's spool, made now: a user-namespaced container's hook cannot make it, and the first start
+    on a fresh host may be one (docs/engines.md, "The log's spool")."""
+    from ..core import logjson
+    from ..core.registration import registered_log_file
+
+    log = registered_log_file(opts.hook_config)
+    if log and not logjson.prepare_spool(log):
+        print(f"compat-hook: note: could not make the log's spool {logjson.spool_dir(log)} (mode 1733): "
+              "a user-namespaced container's line waits until a start on the host makes it", file=sys.stderr)
 
 
 #: Engines whose containers may run through the NVIDIA toolkit's runtime (the ``nvidia``
