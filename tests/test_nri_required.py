@@ -24,7 +24,9 @@ before asking it), so a container restarted in an existing pod at that moment ge
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import signal
 import subprocess
 
@@ -296,3 +298,32 @@ def test_containerd_2_4s_own_config_version(tmp_path):
     assert "version = 4" in (tmp_path / "conf.d" / "99-zz-compat-hook-nri.toml").read_text()
     p = cli(bin_dir, "uninstall", "containerd", "--via", "nri", "--engine-config", main)
     assert p.returncode == 0 and sorted(x.name for x in tmp_path.iterdir()) == ["config.toml"], (p, list(tmp_path.rglob("*")))
+
+
+@pytest.mark.parametrize("via", ["wrapper", "base-spec"])
+def test_containerd_2_4s_own_config_version_through_a_runtime_class(tmp_path, via):
+    """The RuntimeClass paths read containerd 2.4's own default config (`containerd config default`: version 4)
+    as NRI's path does: the runtime lands in the CRI runtime table containerd 2.4 reads (its `config dump`),
+    and uninstall gives the main file back byte for byte."""
+    bin_dir = kubebuild.containerd_release(kubebuild.CONTAINERD_RELEASES[-1])
+    main = tmp_path / "config.toml"
+    main.write_text(subprocess.run([bin_dir / "containerd", "config", "default"], capture_output=True, text=True,
+                                   check=True, timeout=60).stdout)
+    before = main.read_text()
+    assert before.startswith("version = 4"), before[:80]
+    args = ["containerd", "--via", via, "--engine-config", main, "--toolkit-config", "none", "--wrapper-path",
+            tmp_path / "w", "--state-dir", tmp_path / "state"]
+    p = cli(bin_dir, "install", *args)
+    assert p.returncode == 0 and "not supported" not in p.stderr, p
+    assert "version = 4" in (tmp_path / "conf.d" / "99-zz-compat-hook.toml").read_text()
+    rt = engines.config_dump(main, bin_dir)["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+    ours = rt["cuda-compat"]
+    if via == "wrapper":
+        assert ours["options"]["BinaryName"] == str(tmp_path / "w"), ours
+    else:  # the hook in a base spec the runtime names
+        spec = json.loads(pathlib.Path(ours["base_runtime_spec"]).read_text())
+        assert any("compat_hook" in json.dumps(h) for h in spec["hooks"]["createContainer"]), spec["hooks"]
+    assert "runc" in rt  # the image's default runtime untouched
+    p = cli(bin_dir, "uninstall", *args)
+    assert p.returncode == 0 and main.read_text() == before, p
+    assert not (tmp_path / "conf.d").exists() and not (tmp_path / "w").exists(), list(tmp_path.rglob("*"))

@@ -64,7 +64,8 @@ __all__ = ["install", "uninstall", "plan_install", "plan_uninstall", "DEFAULT_CO
 DEFAULT_CONFIG = "/etc/containerd/config.toml"
 DROPIN_NAME = "99-zz-compat-hook.toml"
 BASE_SPEC_NAME = "compat-hook-base-spec.json"
-CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+#: Version 4 (containerd 2.4's own default) moved server settings, not the CRI runtime table: as 3.
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime", 4: "io.containerd.cri.v1.runtime"}
 RUNC_TYPE = "io.containerd.runc.v2"
 STATE_TAG = "# compat-hook-install: "
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -275,8 +276,8 @@ def _version(main_text: str | None, main: dict, path: str, binary: str | None) -
     if v is None:
         raise InstallError(f"{path}: no 'version' key: a version 1 config, which compat-hook does not edit "
                            f"(migrate it first: containerd config migrate)")
-    if v not in (2, 3):
-        raise InstallError(f"{path}: config version {v!r} is not supported (2 or 3)")
+    if v not in (2, 3, 4):
+        raise InstallError(f"{path}: config version {v!r} is not supported (2, 3 or 4)")
     return v
 
 
