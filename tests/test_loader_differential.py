@@ -10,7 +10,10 @@ conda's ``/opt/conda/cuda-compat``, ``/opt/nvidia/compat`` behind a drop-in, and
 driver in each; extra drop-ins under sorting-sensitive names; ``LD_LIBRARY_PATH`` with compat
 entries in any spelling, non-compat entries before them, missing dirs and the host driver's own
 dir; a 470, 535 or 555 host with a data-center GPU or a GeForce; hook under runc or crun; the
-wrapper in ldconfig, env or both mode.
+wrapper in ldconfig, env or both mode. In a share of the layouts with one compat place the process
+also takes a road that does not search (:data:`ROADS`): the app built with ``DT_RPATH`` naming the
+compat dir, ``LD_PRELOAD`` or ``/etc/ld.so.preload`` naming the compat file, an absolute
+``dlopen`` of it, a shell prepending the compat dir to ``LD_LIBRARY_PATH`` after every hook ran.
 
 For each layout:
 
@@ -19,7 +22,11 @@ For each layout:
 2. ``explain --json``'s ``toolkit.with_hook`` prediction (result and resolved compat dir) equals
    what a container started with the hook at createContainer maps;
 3. ``toolkit.with_wrapper`` equals what a container started through the runtime wrapper maps;
-4. compat-hook's log (the last record for each container: ``effect`` and ``compat_dir``) says the same.
+4. compat-hook's log (the last record for each container: ``effect`` and ``compat_dir``) says the same;
+5. on a road, the driver the process maps (``cuDriverGetVersion``, not the file's name: the host's
+   library takes a compat file's place under its name) is the one the logged ``effect`` chose:
+   the host's for ``host``, the compat driver for ``compat``; where compat-hook stayed out, what the
+   road maps without it.
 
 ``COMPAT_HOOK_LOADER_LAYOUTS`` (default 60) sets how many layouts run, ``COMPAT_HOOK_LOADER_SEED``
 (default 32) the seed. The places are drawn with weights (NGC most, conda least). The test prints
@@ -46,6 +53,10 @@ N = int(os.environ.get("COMPAT_HOOK_LOADER_LAYOUTS", "60"))
 SEED = int(os.environ.get("COMPAT_HOOK_LOADER_SEED", "32"))
 CUDA_DIR = {COMPAT_550: "/usr/local/cuda-12.4", HOST_555: "/usr/local/cuda-12.5"}
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: Roads to libcuda that do not search, and the share of one-place layouts that take one.
+ROADS = ("rpath", "preload", "ld-so-preload", "absolute", "shell")
+ROAD_SHARE = float(os.environ.get("COMPAT_HOOK_LOADER_ROADS", "0.4"))
+RPATH_PROBE = "/usr/local/bin/probe-rpath"
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +177,11 @@ DROPIN_NAMES = ("00-cuda-compat.conf", "cuda-compat.conf", "zzz-cuda-compat.conf
 NOISE = ("/usr/local/nvidia/lib64", "/usr/local/lib", "/usr/local/cuda-12.9/compat", SYS)
 
 
-def generate(rng: random.Random) -> dict:
-    """One layout: the image, the host (driver, brand), the hook's runtime and the wrapper's mode."""
+def generate(rng: random.Random, roads: random.Random | None = None) -> dict:
+    """One layout: the image, the host (driver, brand), the hook's runtime and the wrapper's mode.
+
+    ``roads``: the draw of a road (its own stream, so that adding roads left the seed's layouts as
+    they were)."""
     d = Draft()
     places: list = []
     want = rng.choice([1, 1, 1, 2])
@@ -183,6 +197,9 @@ def generate(rng: random.Random) -> dict:
         name, named = rng.choice(DROPIN_NAMES), rng.choice(d.compat_names)
         d.dropin(name, named + "\n")
         d.notes.append(f"/etc/ld.so.conf.d/{name} names {named}")
+    road = None
+    if roads is not None and len(places) == 1 and roads.random() < ROAD_SHARE:
+        road = _road(d, roads)
     if rng.random() < 0.55:
         pool = d.compat_names + d.lib_names
         entries = rng.sample(pool, min(len(pool), rng.choice([1, 1, 2])))
@@ -192,8 +209,34 @@ def generate(rng: random.Random) -> dict:
     d.image.env.insert(0, "PATH=" + ":".join(d.path))
     host = rng.choice([HOST_470, HOST_535, HOST_555])
     brand = rng.choices(["dc", "geforce"], weights=[3, 1])[0]
-    return {"image": d.image, "host": host, "brand": brand, "places": d.notes,
+    return {"image": d.image, "host": host, "brand": brand, "places": d.notes, "road": road,
             "runtime": rng.choice(["runc", "crun"]), "mode": rng.choice(["ldconfig", "env", "both"])}
+
+
+def _road(d: Draft, rng: random.Random) -> tuple:
+    """The process also reaches the compat file of the layout's one place by a road that does not search:
+    ``(road, dir or file, compat version)``."""
+    libdir, ver = next(iter(d.image.libs.items()))
+    f = f"{libdir}/libcuda.so.{ver}"  # the regular file: no link the layout may remove leads to it
+    road = rng.choice([r for r in ROADS if r != "rpath" or d.image.runpath_probe is None])
+    if road == "rpath":
+        d.image.rpath_probe = (RPATH_PROBE, libdir)
+        d.image.args = [RPATH_PROBE]
+        named = libdir
+    elif road == "preload":
+        d.image.env.append(f"LD_PRELOAD={f}")
+        named = f
+    elif road == "ld-so-preload":
+        d.image.files["/etc/ld.so.preload"] = f + "\n"
+        named = f
+    elif road == "absolute":
+        d.image.args = [d.image.args[0], f]
+        named = f
+    else:  # the manual fix compat-hook replaces, run after every hook: nothing in the spec shows it
+        d.image.args = ["/bin/sh", "-c", f"LD_LIBRARY_PATH={libdir}:$LD_LIBRARY_PATH exec {d.image.args[0]}"]
+        named = libdir
+    d.notes.append(f"road {road} naming {named}")
+    return road, named, ver
 
 
 # --------------------------------------------------------------------------- glibc's order
@@ -219,10 +262,10 @@ def conf_dirs(root, conf: str = "/etc/ld.so.conf", depth: int = 0) -> list:
     return out + (["/lib/x86_64-linux-gnu", SYS] if depth == 0 else [])
 
 
-def glibc_maps(root, image: Image, host: str) -> str | None:
+def glibc_maps(root, image: Image, host: str, road: tuple | None = None) -> str | None:
     """The file ``dlopen("libcuda.so.1")`` maps in a start of ``image`` on ``host`` without compat-hook
     (the toolkit stand-in has mounted the host library and run ldconfig): LD_LIBRARY_PATH, then the
-    probe's DT_RUNPATH, then the ld cache."""
+    probe's DT_RUNPATH, then the ld cache; on a road (:func:`_road`), the file it names."""
     def lib_in(d: str):
         if not d.startswith("/"):
             return None
@@ -234,6 +277,9 @@ def glibc_maps(root, image: Image, host: str) -> str | None:
         return resolve(root, r + "/libcuda.so.1")
 
     env = dict(e.split("=", 1) for e in image.env)
+    if road is not None:  # a preload, an absolute dlopen: that file; an RPATH, a prepended dir: its libcuda.so.1
+        name, named, _ = road
+        return resolve(root, named if name in ("preload", "ld-so-preload", "absolute") else named + "/libcuda.so.1")
     dirs = [x for x in env.get("LD_LIBRARY_PATH", "").replace(";", ":").split(":") if x]
     if image.runpath_probe is not None and image.args[0] == image.runpath_probe:
         dirs.append(os.path.dirname(os.path.dirname(image.runpath_probe)) + "/lib")
@@ -256,16 +302,16 @@ def describe(case: dict) -> str:
 
 
 def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
-    rng = random.Random(SEED)
-    rows, layout_bugs, wrong, log_wrong, toolkit_only = [], [], [], [], []
+    rng, roads_rng = random.Random(SEED), random.Random(SEED + 1)
+    rows, layout_bugs, wrong, log_wrong, toolkit_only, roads, road_wrong = [], [], [], [], [], [], []
     for i in range(N):
-        case = generate(rng)
+        case = generate(rng, roads_rng)
         b = Box(tmp_path / f"l{i:03d}", libcuda, case["host"], case["image"], model=BRANDS[case["brand"]],
                 mode=case["mode"])
         _started.append(b.started)
         row = {"i": i, "layout": describe(case), "runtime": case["runtime"], "mode": case["mode"]}
         alone = b.alone(case["runtime"])
-        want = glibc_maps(b.pristine, case["image"], case["host"])
+        want = glibc_maps(b.pristine, case["image"], case["host"], case["road"])
         row["alone"] = alone.path
         if alone.path != want or alone.error:
             layout_bugs.append(f"#{i}: alone mapped {alone.path} {alone.error}, glibc's order says {want}: "
@@ -284,6 +330,19 @@ def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
             logged = (last.get("effect"), last.get("compat_dir") if last.get("effect") == "compat" else None)
             row[actor] = {"predicted": said, "mapped": real, "logged": logged, "path": got.path, "error": got.error}
             how = case["runtime"] if actor == "with_hook" else case["mode"]
+            if case["road"] is not None:
+                # the effect holds by the road: the driver mapped is the chosen one, whatever the file's name
+                road, _, ver = case["road"]
+                cuda = debs.EXPECTED_CUDA
+                chose = last.get("effect")
+                want_cuda = {"host": cuda[case["host"]], "compat": cuda[ver]}.get(chose, alone.cuda)
+                row[actor]["road"] = {"road": road, "effect": chose, "cuda": got.cuda, "want": want_cuda}
+                roads.append(f"#{i} {actor}")
+                if got.cuda != want_cuda:
+                    road_wrong.append(f"#{i} {actor} ({how}): road {road}, the log's effect {chose} "
+                                      f"({last.get('reason')}), mapped driver {got.cuda} [{got.path}] "
+                                      f"({got.error or 'ok'}), want {want_cuda}: {row['layout']}")
+                continue
             # the stand-in runs the toolkit's update-ldcache, not its enable-cuda-compat: a prediction
             # resting on that drop-in has nothing to compare with here (tests/test_toolkit_containers.py)
             if (report.get("toolkit", {}).get(actor) or {}).get("via") == "toolkit":
@@ -303,17 +362,22 @@ def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
         rows.append(row)
         b.cleanup()
     (tmp_path / "loader-differential.json").write_text(json.dumps(rows, indent=1))
-    agreed = sum(1 for r in rows for a in ("with_hook", "with_wrapper") if r[a]["predicted"] == r[a]["mapped"])
-    logged = sum(1 for r in rows for a in ("with_hook", "with_wrapper") if r[a]["logged"] == r[a]["mapped"])
-    print(f"loader differential: {len(rows)} layouts (seed {SEED}), {agreed}/{2 * len(rows)} predictions "
-          f"and {logged}/{2 * len(rows)} log records agreed with the loader; {len(toolkit_only)} predictions "
-          "rest on the toolkit's own enable-cuda-compat, which the stand-in does not run")
+    searched = [r[a] for r in rows for a in ("with_hook", "with_wrapper") if "road" not in r[a]]
+    agreed = sum(1 for x in searched if x["predicted"] == x["mapped"])
+    logged = sum(1 for x in searched if x["logged"] == x["mapped"])
+    print(f"loader differential: {len(rows)} layouts (seed {SEED}), {agreed}/{len(searched)} predictions "
+          f"and {logged}/{len(searched)} log records of the starts that search agreed with the loader; {len(toolkit_only)} predictions "
+          "rest on the toolkit's own enable-cuda-compat, which the stand-in does not run; "
+          f"{len(roads) - len(road_wrong)}/{len(roads)} starts on a road that does not search mapped the chosen driver")
     assert len(rows) == N, f"{len(rows)} of {N} layouts ran"
     assert not layout_bugs, "the generator's layouts do not load as glibc's order says:\n" + "\n".join(layout_bugs)
     assert not wrong, (f"{len(wrong)} of {2 * N} predictions disagree with the loader (seed {SEED}):\n"
                        + "\n".join(wrong))
     assert not log_wrong, (f"{len(log_wrong)} of {2 * N} log records disagree with the loader (seed {SEED}):\n"
                            + "\n".join(log_wrong))
+    assert roads, "no layout took a road that does not search"
+    assert not road_wrong, (f"{len(road_wrong)} of {len(roads)} starts on a road mapped another driver than the "
+                            f"one compat-hook chose (seed {SEED}):\n" + "\n".join(road_wrong))
 
 
 _started: list = []
