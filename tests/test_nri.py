@@ -313,6 +313,75 @@ def test_geforce_host_with_the_toolkits_own_hooks(node):
             ("hook", "nri", "skip", "device_consumer", "host"), rec
 
 
+C_DIR = "/usr/local/cuda/compat"
+#: The roads to libcuda that do not search (tests/test_host_over_containers.py runs them under runc, crun and
+#: the wrapper): ``(image tag, command, env)``; the ``roads`` tag adds a probe built with ``DT_RPATH`` naming the
+#: compat dir and a vLLM-style drop-in naming it, ``roads-preload`` an ``/etc/ld.so.preload`` naming its file.
+ROADS = {
+    "rpath": ("roads", ["/usr/local/bin/probe-rpath"], None),
+    "preload": ("compat", ["/usr/local/bin/probe"], {"LD_PRELOAD": f"{C_DIR}/libcuda.so.1"}),
+    "ld-so-preload": ("roads-preload", ["/usr/local/bin/probe"], None),
+    "absolute": ("compat", ["/usr/local/bin/probe", f"{C_DIR}/libcuda.so.1"], None),
+    "shell": ("compat", ["/bin/sh", "-c", f"LD_LIBRARY_PATH={C_DIR}:$LD_LIBRARY_PATH exec /usr/local/bin/probe"], None),
+    "numba": ("roads", ["/usr/local/bin/probe", "libcuda.so"], None),
+}
+
+
+@pytest.fixture(scope="module")
+def road_images(node):
+    """The ``roads`` and ``roads-preload`` tags, made from ``compat`` in the module's layout and imported."""
+    from tests.support import rootfs
+
+    lay = node.work / "image" / "img"
+    for tag in ("roads", "roads-preload"):
+        u = node.work / f"u-{tag}"
+        engines.sh("umoci", "unpack", "--image", f"{lay}:compat", u)
+        r = u / "rootfs"
+        if tag == "roads":
+            (r / "usr/local/bin/probe-rpath").write_bytes(rootfs.probe_binary(rpath=C_DIR).read_bytes())
+            (r / "usr/local/bin/probe-rpath").chmod(0o755)
+            (r / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+            (r / "etc/ld.so.conf.d/cuda-compat.conf").write_text("/usr/local/cuda-12.4/compat\n")
+        else:
+            (r / "etc/ld.so.preload").write_text(f"{C_DIR}/libcuda.so.1\n")
+        rootfs.run_ldconfig(r)  # the image's own build-time ldconfig
+        engines.sh("umoci", "repack", "--image", f"{lay}:{tag}", u)
+        import shutil
+
+        shutil.rmtree(u)
+    tar = node.work / "roads.tar"
+    engines.sh("tar", "-C", lay, "-cf", tar, ".")
+    node.daemon.import_images(tar)
+    return tar
+
+
+@pytest.mark.parametrize("road", list(ROADS))
+def test_every_road_maps_the_host_library_through_nri(node, road_images, road):
+    """Issue 42's rows through NRI: on a GeForce host (the compat driver unsupported) the host's library maps by
+    every road, also those that never search (RPATH, a preload, an absolute dlopen, a shell prepending the compat
+    dir after every hook ran, numba's ``libcuda.so``): the hook the plugin added puts the host's library in the
+    compat file's place. Without compat-hook the same road reaches the compat driver."""
+    tag, command, envs = ROADS[road]
+    with geforce_host_with_toolkit_spec(node):
+        name = f"road-{road}"
+        st, cid = node.client.run_container(node.pod, node.sandbox, f"{name}-alone", f"{IMAGE}:{tag}", command=command,
+                                            envs=envs, cdi_devices=["nvidia.com/gputk=0"],
+                                            annotations={"compat-hook/disable": "true"})
+        alone = outcome(cri.read_log(node.pods / f"{name}-alone.log"))
+        node.client.remove_container(cid)
+        assert alone["cuda"] == "12040", (road, alone)  # the road is real: it reaches the compat driver
+        node.log.mark()
+        st, cid = node.client.run_container(node.pod, node.sandbox, name, f"{IMAGE}:{tag}", command=command, envs=envs,
+                                            cdi_devices=["nvidia.com/gputk=0"])
+        out = outcome(cri.read_log(node.pods / f"{name}.log"))
+        recs = node.log.since(cid)
+        node.client.remove_container(cid)
+    assert st.exit_code == 0 and out["cuda"] == "12020", (road, out, recs)  # the host's 535 driver
+    [rec] = recs
+    assert (rec["via"], rec["effect"]) == ("nri", "host"), rec
+    assert any(x.startswith(f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT} <- ") for x in rec["host_over_compat"]), rec
+
+
 def test_under_nvidias_own_nri_plugin(node):
     """The GPU Operator's NRI mode: NVIDIA's own plugin (the toolkit container's ``nvidia-ctk-installer
     --enable-nri-plugin``, index 10, an external plugin on containerd's NRI socket) adds the CDI device
