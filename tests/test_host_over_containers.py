@@ -76,9 +76,15 @@ def file_id(path) -> str:
 
 
 def start(b: Box, through: str):
-    if through == "wrapper":
+    if through.startswith("wrapper"):
         return b.wrapper()
     return b.hook(through.split("-", 1)[1])
+
+
+def box(tmp_path, libcuda, host, image, through) -> Box:
+    """A Box whose wrapper runs in env mode for ``wrapper-env``, else the default (ldconfig)."""
+    mode = {"mode": "env"} if through == "wrapper-env" else {}
+    return Box(tmp_path, libcuda, host, image, model=DATA_CENTER, **mode)
 
 
 def last_record(b: Box) -> dict:
@@ -86,13 +92,14 @@ def last_record(b: Box) -> dict:
     return ([r for r in recs if r.get("event") == "hook"] or recs or [{}])[-1]
 
 
-THROUGH = ["wrapper", "hook-runc", "hook-crun"]
+#: the runtime wrapper in ldconfig mode (the default) and env mode, the hook under runc and crun
+THROUGH = ["wrapper", "wrapper-env", "hook-runc", "hook-crun"]
 
 
 @pytest.mark.parametrize("through", THROUGH)
 @pytest.mark.parametrize("road", list(ROADS))
 def test_the_host_library_by_every_road(tmp_path, libcuda, boxes, road, through):
-    b = Box(tmp_path, libcuda, HOST_555, ROADS[road](), model=DATA_CENTER)
+    b = box(tmp_path, libcuda, HOST_555, ROADS[road](), through)
     boxes.append(b)
     alone = b.alone()  # the road is real: without compat-hook it reaches the compat driver
     assert alone.cuda == CUDA[COMPAT_550], (alone.pair(), alone.error)
@@ -130,7 +137,7 @@ def test_explain_names_what_takes_the_compat_files_place(tmp_path, libcuda, boxe
 @pytest.mark.parametrize("through", THROUGH)
 def test_compat_chosen_is_not_masked(tmp_path, libcuda, boxes, through):
     """A 535 data-center host gets the compat driver, by its absolute path too: nothing is masked."""
-    b = Box(tmp_path, libcuda, HOST_535, ROADS["absolute"](), model=DATA_CENTER)
+    b = box(tmp_path, libcuda, HOST_535, ROADS["absolute"](), through)
     boxes.append(b)
     got = start(b, through)
     assert (got.cuda, got.path) == (CUDA[COMPAT_550], f"{C124}/compat/{LIB550}"), (got.pair(), got.error, b.why())
