@@ -29,7 +29,7 @@ __all__ = ["BUILDS", "NEEDS_BUILDS", "order", "start", "stop", "main"]
 #: The test modules that need a build of :data:`BUILDS` (a real API server, a kubelet node, the plugin).
 NEEDS_BUILDS = frozenset({
     "test_admission", "test_cluster", "test_cluster_churn", "test_cluster_offline", "test_cluster_runbook",
-    "test_fleet", "test_hostile_cluster", "test_kubernetes", "test_node", "test_node_cdi",
+    "test_fleet", "test_hostile_cluster", "test_kubernetes", "test_node", "test_node_cdi", "test_node_dra",
     "test_node_validator", "test_nri", "test_nri_packaging", "test_nri_required", "test_validator",
     "test_validator_age",
 })
