@@ -336,8 +336,9 @@ def test_helm_template_value_switches():
 
     for values, want in (((), ["cuda-compat"]), (("runtimeClass.name=gpu-compat",), ["gpu-compat"]),
                          (("agent.compatRuntimeClasses={nvidia,}",), ["nvidia", ""])):
-        cm = [d for d in chart.render(*values) if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "compat-hook-agent"]
-        conf = from_mapping(yaml.safe_load(cm[0]["data"]["config.yaml"]))
+        [cm] = [d for d in chart.render(*values)
+                if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "compat-hook-agent"]
+        conf = from_mapping(yaml.safe_load(cm["data"]["config.yaml"]))
         assert conf.cluster["compat_runtime_classes"] == want, values
     p = chart.helm("template", "x", chart.CHART, "--set", "agent.compatRuntimeClasses={Not A Class}", check=False)
     assert p.returncode != 0 and "compatRuntimeClasses" in p.stderr, p.stderr

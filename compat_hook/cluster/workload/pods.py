@@ -317,7 +317,8 @@ def build(pods: list, classes, probe_namespace: str | None = None, *, registrati
     validator's probes, in ``probe_namespace`` (the agent's own), are left out (:func:`is_probe`).
 
     >>> pod = {"metadata": {"name": "p", "namespace": "ml", "annotations": {"compat-hook/disable": "true",
-    ...        "nvidia.cdi.k8s.io/container.c": "nvidia.com/gpu=0"}}, "spec": {"containers": [{"name": "c", "image": "a:1"}]}}
+    ...        "nvidia.cdi.k8s.io/container.c": "nvidia.com/gpu=0"}},
+    ...        "spec": {"containers": [{"name": "c", "image": "a:1"}]}}
     >>> [(w["runtime"], w["path"], w["annotations"]) for w in build([pod], ["cuda-compat"], registration="nri").items]
     [('compat-hook', 'nri', {'compat-hook/disable': 'true'})]
     >>> [(w["runtime"], w["path"], w["annotations"]) for w in build([pod], ["cuda-compat"]).items]
