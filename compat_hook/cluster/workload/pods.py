@@ -129,7 +129,8 @@ class Container:
 
     ``pod`` (ns/name), ``name``, ``image`` (normalized), ``env`` (``K=V``: the relevant variables,
     ``$(VAR)`` expanded as the kubelet does, the device plugin's ``NVIDIA_VISIBLE_DEVICES``
-    last), ``annotations`` (``(key, value)`` pairs, sorted: the pod's compat-hook and CDI ones),
+    last), ``annotations`` (``(key, value)`` pairs, sorted: the pod's compat-hook and CDI ones, and the devices
+    NVIDIA's pod annotation names for this container: :func:`.runs.container_annotations`),
     ``runtime_class``, ``unknown`` (why it cannot be assessed, or None), ``reason`` (why it is a GPU
     container, :data:`.runs.REASONS`). Init containers and
     containers that ask for no GPU (sidecars) are never one."""
@@ -238,7 +239,6 @@ def gpu_containers(pod: dict) -> tuple:
         return [], 0
     meta, spec = _map(pod.get("metadata")), _map(pod.get("spec"))
     who = f"{str(meta.get('namespace'))[:63]}/{str(meta.get('name'))[:253]}"
-    anns = runsmod.pod_annotations(pod)
     rc = spec.get("runtimeClassName") if isinstance(spec.get("runtimeClassName"), str) else None
     out, dropped = [], 0
     # The app containers only: init containers (and sidecars, restartPolicy Always, among them) run
@@ -255,6 +255,7 @@ def gpu_containers(pod: dict) -> tuple:
         if not isinstance(img, str) or not img or len(img) > MAX_REF or not img.isprintable() or " " in img:
             dropped += 1
             continue
+        anns = runsmod.container_annotations(pod, c)
         out.append(Container(who, str(c.get("name"))[:63], normalize_ref(img), tuple(env), tuple(sorted(anns.items())),
                              rc, unknown, why))
     dropped += max(0, len(cs) - MAX_CONTAINERS)
@@ -319,10 +320,11 @@ def build(pods: list, classes, probe_namespace: str | None = None, *, registrati
     >>> pod = {"metadata": {"name": "p", "namespace": "ml", "annotations": {"compat-hook/disable": "true",
     ...        "nvidia.cdi.k8s.io/container.c": "nvidia.com/gpu=0"}},
     ...        "spec": {"containers": [{"name": "c", "image": "a:1"}]}}
-    >>> [(w["runtime"], w["path"], w["annotations"]) for w in build([pod], ["cuda-compat"], registration="nri").items]
-    [('compat-hook', 'nri', {'compat-hook/disable': 'true'})]
-    >>> [(w["runtime"], w["path"], w["annotations"]) for w in build([pod], ["cuda-compat"]).items]
-    [('toolkit', 'none', {})]
+    >>> nri = build([pod], ["cuda-compat"], registration="nri").items
+    >>> [(w["runtime"], w["path"], sorted(w["annotations"])) for w in nri]
+    [('compat-hook', 'nri', ['cdi.k8s.io/nvidia.cdi.k8s.io', 'compat-hook/disable'])]
+    >>> [(w["runtime"], w["path"], sorted(w["annotations"])) for w in build([pod], ["cuda-compat"]).items]
+    [('toolkit', 'none', ['cdi.k8s.io/nvidia.cdi.k8s.io'])]
     """
     node = runsmod.Node(registration, classes)
     ws = Workloads()

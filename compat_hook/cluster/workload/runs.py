@@ -40,7 +40,9 @@ the ``runtimeclass`` path a pod's ``compat-hook/*`` annotations do not reach the
 On ``nri`` the plugin sees every pod annotation: it keeps away from a container whose
 pod says ``compat-hook/disable``, and adds the pod's other ``compat-hook/*``
 annotations to the container (the container's own win), so all of them take effect.
-``cdi.k8s.io/*`` annotations describe the GPUs and are kept on every path.
+``cdi.k8s.io/*`` annotations describe the GPUs and are kept on every path; the
+devices NVIDIA's annotation names for a container join them
+(:func:`container_annotations`), so the decision selects the same GPUs.
 
 >>> pod = {"metadata": {"annotations": {"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=all",
 ...                                     "compat-hook/dry-run": "true"}},
@@ -62,7 +64,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["REASONS", "PATHS", "REGISTRATIONS", "Node", "Run", "gpu_reason", "visible_devices", "reported", "runs",
-           "pod_annotations", "disabled"]
+           "pod_annotations", "container_annotations", "disabled", "NVIDIA_DEVICES_KEY"]
 
 #: Why a container is a GPU one, in the order they are tried.
 REASONS = ("resource", "claim", "nvidia-annotation", "cdi-annotation", "env")
@@ -99,6 +101,28 @@ def pod_annotations(pod: dict) -> dict:
     {'compat-hook/disable': '1'}
     """
     return {k: v[:MAX_VALUE] for k, v in _all_annotations(pod).items() if k.startswith(ANNOTATION_PREFIXES)}
+
+
+#: The key under which :func:`container_annotations` gives the decision the devices NVIDIA's pod
+#: annotation names for a container: they reach it as CDI devices, read as a CDI annotation's.
+NVIDIA_DEVICES_KEY = "cdi.k8s.io/" + NVIDIA_DOMAIN
+
+
+def container_annotations(pod: dict, c: dict) -> dict:
+    """The pod's annotations the model keeps (:func:`pod_annotations`), for container ``c``: with the
+    devices NVIDIA's pod annotation names for it under :data:`NVIDIA_DEVICES_KEY` (NVIDIA's NRI plugin
+    adds them as CDI devices; the decision reads them as it reads a CDI annotation's).
+
+    >>> pod = {"metadata": {"annotations": {"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=1"}}}
+    >>> container_annotations(pod, {"name": "app"}), container_annotations(pod, {"name": "log"})
+    ({'cdi.k8s.io/nvidia.cdi.k8s.io': 'nvidia.com/gpu=1'}, {})
+    """
+    out = pod_annotations(pod)
+    name = c.get("name")
+    v = nvidia_annotation(_all_annotations(pod), name) if isinstance(name, str) else None
+    if v is not None and "nvidia.com/" in v:
+        out[NVIDIA_DEVICES_KEY] = v[:MAX_VALUE]
+    return out
 
 
 def nvidia_annotation(anns: dict, name: str) -> str | None:
@@ -237,11 +261,10 @@ def runs(pod: dict, node: Node) -> list:
     spec = _map(pod.get("spec"))
     rc = spec.get("runtimeClassName") if isinstance(spec.get("runtimeClassName"), str) else None
     path = node.path_of(rc)
-    anns = node.effective(path, pod_annotations(pod))
     out = []
     for c in _list(spec.get("containers")):
         if isinstance(c, dict):
             why = gpu_reason(pod, c)
             if why is not None:
-                out.append(Run(str(c.get("name"))[:63], why, path, anns))
+                out.append(Run(str(c.get("name"))[:63], why, path, node.effective(path, container_annotations(pod, c))))
     return out
