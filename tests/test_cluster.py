@@ -1022,6 +1022,32 @@ def test_the_pods_own_env_and_runtime_class_decide(world, client, runtime_class,
     assert (r["preflight"] == "fail", r["regressions"]) == (regresses, int(regresses)), r
 
 
+@pytest.mark.parametrize("path, regressions", [("nri", 0), ("runtimeclass", 2)])
+def test_the_nodes_registration_says_which_pods_run_through_compat_hook(world, client, tmp_path, path, regressions):
+    """The compat image's pods set LD_LIBRARY_PATH to its compat dir and name no RuntimeClass: a plain GPU
+    pod, and one that gets its GPU only from NVIDIA's annotation (nvidia.cdi.k8s.io/container.<name>).
+    On a node the installer registered ``nri`` the plugin routes both, so compat-hook's outcome counts
+    (the host's driver on 580); on a ``runtimeclass`` node the toolkit alone serves them (803)."""
+    w = world
+    node = f"path-{path}-{client}"
+    w.add_node(node)
+    ld = [("LD_LIBRARY_PATH", "/usr/local/cuda/compat")]
+    w.admin.create("/api/v1/namespaces/apps/pods", gpu_pod(f"plain-{node}", node, ref("train"), runtime_class=None,
+                                                           env=ld))
+    annotated = gpu_pod(f"nvidia-{node}", node, ref("train"), runtime_class=None, env=ld)
+    del annotated["spec"]["containers"][0]["resources"]
+    annotated["metadata"]["annotations"] = {"nvidia.cdi.k8s.io/container.main": "nvidia.com/gpu=all"}
+    w.admin.create("/api/v1/namespaces/apps/pods", annotated)
+    word = tmp_path / "registration"
+    word.write_text(path + "\n")
+    r = w.agent(node, "--driver", R580, "--registration-file", str(word), client=client)["last"]
+    assert (r["workloads"], r["regressions"]) == (2, regressions), r
+    # through compat-hook the outcome changes (the compat driver now, the host's after): warn, not held
+    assert r["preflight"] == ("fail" if regressions else "warn"), r
+    recorded = json.loads((w.work / "state" / node / "workloads.json").read_text())["workloads"]
+    assert sorted(p for x in recorded for p in x["pods"]) == [f"apps/nvidia-{node}", f"apps/plain-{node}"], recorded
+
+
 def test_pods_are_read_as_the_engine_starts_them(world, client):
     """The pod's env, its unresolvable variables and its RuntimeClass reach the assessment; the pods
     behind each workload are named."""

@@ -155,6 +155,8 @@ def test_daemonset_shape():
     assert "emptyDir" in vols[amounts["/tmp"]["name"]]  # blobs decompress there, the rootfs is read-only
     conf = yaml.safe_load(docs[("ConfigMap", "compat-hook-agent")]["data"]["config.yaml"])
     assert conf["host_root"] == "/host" and conf["cluster"]["gate_upgrade"] is False
+    # the chart's own RuntimeClass is the one the agent counts where a node is not on NRI
+    assert conf["cluster"]["compat_runtime_classes"] == [docs[("RuntimeClass", "cuda-compat")]["metadata"]["name"]]
     role = docs[("ClusterRole", "compat-hook-agent")]
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"]] == [
         ([""], ["nodes"], ["get", "list", "watch", "patch"]), ([""], ["pods"], ["list", "watch"]),
@@ -328,6 +330,18 @@ def test_helm_template_value_switches():
         assert {"name": "registration", "mountPath": "/run/compat-hook"} in c["installer"]["volumeMounts"]
     vols = {v["name"]: v for v in chart.daemonset(chart.render())["spec"]["template"]["spec"]["volumes"]}
     assert vols["registration"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}
+    # agent.compatRuntimeClasses overrides the RuntimeClass the agent counts (cluster.compat_runtime_classes),
+    # checked by the config's own schema; the chart's schema refuses what is not a class name
+    from compat_hook.core.config import from_mapping
+
+    for values, want in (((), ["cuda-compat"]), (("runtimeClass.name=gpu-compat",), ["gpu-compat"]),
+                         (("agent.compatRuntimeClasses={nvidia,}",), ["nvidia", ""])):
+        [cm] = [d for d in chart.render(*values)
+                if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "compat-hook-agent"]
+        conf = from_mapping(yaml.safe_load(cm["data"]["config.yaml"]))
+        assert conf.cluster["compat_runtime_classes"] == want, values
+    p = chart.helm("template", "x", chart.CHART, "--set", "agent.compatRuntimeClasses={Not A Class}", check=False)
+    assert p.returncode != 0 and "compatRuntimeClasses" in p.stderr, p.stderr
     # the Namespace is the chart's by default (helm install --create-namespace labels it); off, none is rendered
     assert not [d for d in chart.render("namespace.create=false") if d["kind"] == "Namespace"]
 

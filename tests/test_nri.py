@@ -495,6 +495,31 @@ def test_opt_out_annotation_is_honoured(node):
     _untouched(out, recs, "compat-hook/disable")
 
 
+def test_a_pods_switches_reach_the_hook_through_the_plugin(node):
+    """containerd copies a pod's annotations into a container's only where its runtime's
+    ``pod_annotations`` lists them (here none); the plugin sees them on the sandbox: the pod's
+    ``compat-hook/disable`` keeps it away, and its ``compat-hook/dry-run`` reaches the hook (the
+    agent predicts both: compat_hook/cluster/workload/runs.py, tests/test_runs.py)."""
+    pods = []
+    try:
+        for name, anns in (("pod-opted-out", {"compat-hook/disable": "true"}),
+                           ("pod-dry-run", {"compat-hook/dry-run": "true"})):
+            sandbox = node.client.sandbox_config(name, str(node.pods))
+            for k, v in anns.items():
+                sandbox.annotations[k] = v
+            pods.append((node.client.run_pod(sandbox, ""), sandbox))
+        out, recs = node.run("opted-out-by-its-pod", "compat", cdi=[GPU], pod=pods[0])
+        _untouched(out, recs, "the pod's compat-hook/disable")
+        out, recs = node.run("dry-run-by-its-pod", "compat", cdi=[GPU], pod=pods[1])
+        # the hook ran, decided to enable, and changed nothing: the host's driver loads
+        assert [(r["event"], r["decision"], r.get("via"), r["dry_run"]) for r in recs] == \
+            [("hook", "enable", "nri", True)], recs
+        assert out["cuda"] == "12020" and out["libcuda"].startswith(f"{LIB_DIR}/libcuda.so."), out
+    finally:
+        for pod_id, _ in pods:
+            node.client.remove_pod(pod_id)
+
+
 def test_killed_plugin_fails_open_and_a_restart_brings_it_back(node):
     [pid] = node.wait_plugin(True)
     os.kill(pid, signal.SIGKILL)

@@ -263,7 +263,8 @@ SCHEMA = {
     "annotations": ({}, _opt_str_map, "extra annotations to treat as set on every container (testing)"),
     "cluster": ({}, _cluster, "compat-hook cluster agent: gate_upgrade (false), label_prefix (compat-hook.io), "
                               "nfd_features_file, textfile (null: not written), compat_runtime_classes "
-                              "([cuda-compat]: the RuntimeClasses that run through compat-hook), hold_quiet_s "
+                              "([cuda-compat]: the RuntimeClasses that run through compat-hook where a node is "
+                              "not on NRI; its registration says), hold_quiet_s "
                               "(null: a regressing workload no pod runs keeps its hold for twice the agent's "
                               "interval, at least 120 s), validation_allow_unverified (false: a workload the "
                               "validator cannot judge fails), validation_taint (true: <prefix>/validation-failed "

@@ -27,6 +27,7 @@ import (
 	"math/rand"
 	"os"
 	"os/signal"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +48,7 @@ const (
 	// hook's ld.so drop-in, sorting first, keeps its decision through their update-ldcache.
 	defaultIdx = "90"
 
+	annotationPrefix  = "compat-hook/"
 	annotationDisable = "compat-hook/disable"
 	cdiAnnotation     = "cdi.k8s.io/"
 	// NVIDIA's own NRI plugin injects the CDI devices this annotation names (nvidia.cdi.k8s.io/container.<name>).
@@ -128,7 +130,9 @@ func (p *plugin) Configure(_ context.Context, text, runtime, version string) (ap
 }
 
 // gpuReason says why a container of pod asks for a GPU ("" when it does not). The hook decides
-// again from the spec; this only keeps non-GPU containers free of it.
+// again from the spec; this only keeps non-GPU containers free of it. The cluster agent predicts
+// these rules from the pod spec (compat_hook/cluster/workload/runs.py); testdata/routing-cases.json
+// is the one table both are tested against (routing_test.go, tests/test_runs.py).
 func gpuReason(pod *api.PodSandbox, c *api.Container) string {
 	for _, d := range c.GetCDIDevices() {
 		if strings.Contains(d.GetName(), "nvidia.com/") {
@@ -147,6 +151,15 @@ func gpuReason(pod *api.PodSandbox, c *api.Container) string {
 	// only sign of it.
 	if v, ok := nriplugin.GetEffectiveAnnotation(pod, nvidiaCDIDomain, c.GetName()); ok && strings.Contains(v, "nvidia.com/") {
 		return "pod annotation " + nvidiaCDIDomain + " (" + v + ")"
+	}
+	// A pod's CDI annotation: the engines that pass it on (CRI-O; containerd where its runtime's
+	// pod_annotations lists it) give its devices to every container. The agent counts it too
+	// (compat_hook/cluster/workload/runs.py); a container that gets no device from it costs one
+	// hook's skip, never a container left out.
+	for _, k := range sortedKeys(pod.GetAnnotations()) {
+		if strings.HasPrefix(k, cdiAnnotation) && strings.Contains(pod.GetAnnotations()[k], "nvidia.com/") {
+			return "pod annotation " + k
+		}
 	}
 	// The last entry wins, as in execve: a CDI spec's NVIDIA_VISIBLE_DEVICES=void overrides the image's "all".
 	visible, set := "", false
@@ -185,6 +198,39 @@ func nvidiaDevice(path string) bool {
 	return true
 }
 
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// podSwitches: the pod's compat-hook/* annotations the container does not carry itself. The hook
+// reads the container's annotations, and containerd copies a pod's there only where its runtime's
+// pod_annotations lists them; the plugin sees every pod annotation, so it hands these on.
+func podSwitches(pod *api.PodSandbox, c *api.Container) map[string]string {
+	out := map[string]string{}
+	own := c.GetAnnotations()
+	for k, v := range pod.GetAnnotations() {
+		if strings.HasPrefix(k, annotationPrefix) {
+			if _, set := own[k]; !set {
+				out[k] = v
+			}
+		}
+	}
+	return out
+}
+
+// disabled: compat-hook/disable on the container, else on its pod (the container's own wins).
+func disabled(pod *api.PodSandbox, c *api.Container) bool {
+	if v, ok := c.GetAnnotations()[annotationDisable]; ok {
+		return truthy(v)
+	}
+	return truthy(pod.GetAnnotations()[annotationDisable])
+}
+
 func truthy(v string) bool {
 	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "1", "true", "yes", "on", "y":
@@ -194,7 +240,7 @@ func truthy(v string) bool {
 }
 
 func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, c *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	if truthy(c.GetAnnotations()[annotationDisable]) || gpuReason(pod, c) == "" {
+	if disabled(pod, c) || gpuReason(pod, c) == "" {
 		return nil, nil, nil
 	}
 	p.mu.Lock()
@@ -213,6 +259,9 @@ func (p *plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, c *api.
 	}
 	adj := &api.ContainerAdjustment{}
 	adj.AddHooks(&api.Hooks{CreateContainer: []*api.Hook{h}})
+	for k, v := range podSwitches(pod, c) {
+		adj.AddAnnotation(k, v)
+	}
 	return adj, nil, nil
 }
 
@@ -249,10 +298,10 @@ func (p *plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containe
 	}
 	seen := loggedIDs(logFile)
 	for _, c := range containers {
-		if startedAt(c) <= since || seen[c.GetId()] || truthy(c.GetAnnotations()[annotationDisable]) {
+		pod := byID[c.GetPodSandboxId()]
+		if startedAt(c) <= since || seen[c.GetId()] || disabled(pod, c) {
 			continue
 		}
-		pod := byID[c.GetPodSandboxId()]
 		reason := gpuReason(pod, c)
 		if reason == "" || hasHook(c, cfg) {
 			continue

@@ -45,6 +45,7 @@ from ...core import logjson, safejson
 from ...core.errors import CompatHookError, describe
 from . import gate as gatemod
 from ..workload import pods as podsmod
+from ..workload.runs import reported
 from . import holds, nodeapply, nodedoc, detailscm, heartbeat, nodeevents, nodefiles, reconcile
 from ..workload import predict, target as targetmod, workloads
 from ..api.backoff import Backoff, herd_delay, jittered
@@ -390,7 +391,8 @@ class Agent:
                     anns.get(f"{prefix}/{gatemod.OVERRIDE}"), f"{prefix}/holds-upgrade" in anns,
                     labels.get("nvidia.com/cuda.driver-version.full"))
         ws = podsmod.build(v.pods() if pods_list is None else pods_list, s["compat_runtime_classes"],
-                           self.opts.publish_namespace)
+                           self.opts.publish_namespace,
+                           registration=reported(registration(self.opts.registration_file), node, prefix))
         pods_key = tuple((w["name"], tuple(w["env"]), w["runtime"], w["unknown"], tuple(ws.pods[w["name"]]))
                          for w in ws.items)
         return (tgt.key(), node_key, pods_key)
@@ -428,7 +430,8 @@ class Agent:
                 self._last_trigger = self._trigger_key(snap.node, snap.pods, snap.policies, snap.drivers)
         tgt = targetmod.node_target(snap.node, snap.policies, snap.drivers, prefix=s["label_prefix"],
                                     override=opts.driver)
-        ws = podsmod.build(snap.pods, s["compat_runtime_classes"], opts.publish_namespace)
+        ws = podsmod.build(snap.pods, s["compat_runtime_classes"], opts.publish_namespace,  # the node's path
+                           registration=reported(registration(opts.registration_file), snap.node, s["label_prefix"]))
         a = predict.assess(cfg, version=tgt.plan_version(), workloads=ws, stores=opts.stores, address=opts.address,
                            namespace=opts.namespace)
         return snap, tgt, ws, a

@@ -16,10 +16,15 @@ all. So each GPU container becomes a workload (the policy layer's contract):
 * a container with a GPU resource (``nvidia.com/gpu*``, ``nvidia.com/mig-*``) or
   a resource claim gets ``NVIDIA_VISIBLE_DEVICES=all`` last: the device plugin's
   value (the GPUs it allocates, any of the node's) overrides the spec's;
-* ``annotations``: the pod's compat-hook and CDI annotations;
-* ``runtime``: ``compat-hook`` when the pod's RuntimeClass goes through compat-hook
-  (:func:`runtime_of`; the config's ``cluster.compat_runtime_classes``), else
-  ``toolkit`` (the NVIDIA toolkit alone decides).
+* ``annotations``: the pod's compat-hook and CDI annotations that take effect on
+  the path that reaches the container (:mod:`.runs`: every ``compat-hook/*`` one
+  on ``nri``, none on ``runtimeclass``);
+* ``runtime``: ``compat-hook`` when a path reaches the container (:mod:`.runs`:
+  the node's registration, ``nri`` or ``runtimeclass``, and on the latter the
+  config's ``cluster.compat_runtime_classes``), else ``toolkit`` (the NVIDIA
+  toolkit alone decides); ``path`` says which.
+
+Which containers are GPU ones is :func:`.runs.gpu_reason`'s (the NRI plugin's rules).
 
 Containers alike (same image, env, annotations and runtime) are one workload,
 named after its first pod; the pods behind each are kept (:class:`Workloads`).
@@ -41,6 +46,8 @@ bounded, and what is left out is counted.
 ['c']
 >>> runtime_of("nvidia", ["cuda-compat"]), runtime_of(None, ["", "cuda-compat"]), runtime_of("x", ["*"])
 ('toolkit', 'compat-hook', 'compat-hook')
+>>> runtime_of(None, ["cuda-compat"], "nri"), runtime_of(None, ["cuda-compat"], "nri-not-connected")
+('compat-hook', 'toolkit')
 >>> pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "cfg"}}]
 >>> gpu_containers(pod)[0][0].unknown
 'envFrom configMapRef cfg may set NVIDIA_*, CUDA_*, LD_* or COMPAT_HOOK_* variables the agent cannot read'
@@ -50,6 +57,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import runs as runsmod
 from .refs import normalize_ref
 
 __all__ = ["Container", "Workloads", "gpu_containers", "runtime_of", "build", "is_probe", "RELEVANT", "MAX_PODS",
@@ -57,8 +65,7 @@ __all__ = ["Container", "Workloads", "gpu_containers", "runtime_of", "build", "i
 
 #: Env names a decision (compat-hook's or the toolkit's) may read.
 RELEVANT = ("NVIDIA_", "CUDA_", "LD_", "COMPAT_HOOK_")
-GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
-ANNOTATION_PREFIXES = ("compat-hook/", "cdi.k8s.io/")
+ANNOTATION_PREFIXES = runsmod.ANNOTATION_PREFIXES
 MAX_PODS = 1000
 MAX_CONTAINERS = 64
 MAX_ENV = 1000
@@ -122,8 +129,10 @@ class Container:
 
     ``pod`` (ns/name), ``name``, ``image`` (normalized), ``env`` (``K=V``: the relevant variables,
     ``$(VAR)`` expanded as the kubelet does, the device plugin's ``NVIDIA_VISIBLE_DEVICES``
-    last), ``annotations`` (``(key, value)`` pairs, sorted: the pod's compat-hook and CDI ones),
-    ``runtime_class``, ``unknown`` (why it cannot be assessed, or None). Init containers and
+    last), ``annotations`` (``(key, value)`` pairs, sorted: the pod's compat-hook and CDI ones, and the devices
+    NVIDIA's pod annotation names for this container: :func:`.runs.container_annotations`),
+    ``runtime_class``, ``unknown`` (why it cannot be assessed, or None), ``reason`` (why it is a GPU
+    container, :data:`.runs.REASONS`). Init containers and
     containers that ask for no GPU (sidecars) are never one."""
 
     pod: str
@@ -133,6 +142,7 @@ class Container:
     annotations: tuple
     runtime_class: str | None
     unknown: str | None
+    reason: str = "resource"
 
     @property
     def annotation_map(self) -> dict:
@@ -223,23 +233,12 @@ def _env(pod: dict, c: dict) -> tuple:
     return [f"{k}={v}" for k, v in defined.items() if relevant(k)], unknown
 
 
-def _gpu_by_resource(c: dict) -> bool:
-    res = _map(c.get("resources"))
-    for part in ("limits", "requests"):
-        if any(isinstance(k, str) and k.startswith(GPU_RESOURCES) for k in _map(res.get(part))):
-            return True
-    return bool(_list(res.get("claims")))
-
-
 def gpu_containers(pod: dict) -> tuple:
     """``([Container], dropped)`` for the GPU containers of a running or pending ``pod``."""
     if not isinstance(pod, dict) or _map(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
         return [], 0
     meta, spec = _map(pod.get("metadata")), _map(pod.get("spec"))
     who = f"{str(meta.get('namespace'))[:63]}/{str(meta.get('name'))[:253]}"
-    anns = {k: v[:MAX_VALUE] for k, v in _map(meta.get("annotations")).items()
-            if isinstance(k, str) and isinstance(v, str) and k.startswith(ANNOTATION_PREFIXES)}
-    cdi_gpu = any(k.startswith("cdi.k8s.io/") and "nvidia.com/" in v for k, v in anns.items())
     rc = spec.get("runtimeClassName") if isinstance(spec.get("runtimeClassName"), str) else None
     out, dropped = [], 0
     # The app containers only: init containers (and sidecars, restartPolicy Always, among them) run
@@ -247,29 +246,28 @@ def gpu_containers(pod: dict) -> tuple:
     cs = [c for c in _list(spec.get("containers")) if isinstance(c, dict)]
     for c in cs[:MAX_CONTAINERS]:
         env, unknown = _env(pod, c)
-        spec_nvd = next((e.split("=", 1)[1] for e in reversed(env) if e.startswith("NVIDIA_VISIBLE_DEVICES=")), None)
-        by_resource = _gpu_by_resource(c)
-        if not (by_resource or cdi_gpu or spec_nvd not in (None, "", "void", "none")):
+        why = runsmod.gpu_reason(pod, c, env)
+        if why is None:
             continue
-        if by_resource:
+        if why in ("resource", "claim"):
             env = [e for e in env if not e.startswith("NVIDIA_VISIBLE_DEVICES=")] + ["NVIDIA_VISIBLE_DEVICES=all"]
         img = c.get("image")
         if not isinstance(img, str) or not img or len(img) > MAX_REF or not img.isprintable() or " " in img:
             dropped += 1
             continue
+        anns = runsmod.container_annotations(pod, c)
         out.append(Container(who, str(c.get("name"))[:63], normalize_ref(img), tuple(env), tuple(sorted(anns.items())),
-                             rc, unknown))
+                             rc, unknown, why))
     dropped += max(0, len(cs) - MAX_CONTAINERS)
     return out, dropped
 
 
-def runtime_of(runtime_class, classes) -> str:
-    """``compat-hook`` when pods of ``runtime_class`` (None: no RuntimeClass, the engine's default
-    runtime) go through compat-hook by ``classes`` (``"*"``: every one; ``""``: the default runtime)."""
-    classes = list(classes or [])
-    if "*" in classes or (runtime_class or "") in classes:
-        return "compat-hook"
-    return "toolkit"
+def runtime_of(runtime_class, classes, registration: str | None = None) -> str:
+    """``compat-hook`` when a path reaches a GPU container of a pod naming ``runtime_class`` (None: no
+    RuntimeClass, the engine's default runtime) on a node registered as ``registration``
+    (:meth:`.runs.Node.path_of`: ``nri`` every one; otherwise by ``classes``, ``"*"`` every one and
+    ``""`` the default runtime), else ``toolkit``."""
+    return "toolkit" if runsmod.Node(registration, classes).path_of(runtime_class) == "none" else "compat-hook"
 
 
 class Workloads:
@@ -285,9 +283,12 @@ class Workloads:
         self.containers = 0
         self._by_key: dict = {}
 
-    def add(self, c: Container, runtime: str) -> None:
+    def add(self, c: Container, runtime: str, path: str | None = None, annotations: dict | None = None) -> None:
+        """``c`` run by ``runtime`` on ``path`` (:data:`.runs.PATHS`) with the pod's ``annotations`` in
+        effect there (default: ``c``'s)."""
         self.containers += 1
-        key = (c.image, c.env, c.annotations, runtime, c.unknown)
+        anns = c.annotation_map if annotations is None else dict(annotations)
+        key = (c.image, c.env, tuple(sorted(anns.items())), runtime, c.unknown)
         w = self._by_key.get(key)
         if w is None:
             if len(self.items) >= MAX_WORKLOADS:
@@ -295,8 +296,10 @@ class Workloads:
                 return
             name = f"{c.image} ({c.pod} {c.name})"
             w = {"source": None, "name": name, "image": c.image, "env": list(c.env),
-                 "annotations": c.annotation_map, "runtime": runtime, "runtime_class": c.runtime_class,
+                 "annotations": anns, "runtime": runtime, "runtime_class": c.runtime_class,
                  "unknown": c.unknown}
+            if path is not None:
+                w["path"] = path
             self._by_key[key] = w
             self.items.append(w)
             self.images.setdefault(c.image, []).append(name)
@@ -309,9 +312,21 @@ class Workloads:
         return [w for w in self.items if w["unknown"]]
 
 
-def build(pods: list, classes, probe_namespace: str | None = None) -> Workloads:
-    """The :class:`Workloads` of ``pods`` (the pods bound to the node); the validator's probes, in
-    ``probe_namespace`` (the agent's own), are left out (:func:`is_probe`)."""
+def build(pods: list, classes, probe_namespace: str | None = None, *, registration: str | None = None) -> Workloads:
+    """The :class:`Workloads` of ``pods`` (the pods bound to the node) as they run on a node registered as
+    ``registration`` (:func:`.runs.reported`; None: nothing reported, ``classes`` alone decide); the
+    validator's probes, in ``probe_namespace`` (the agent's own), are left out (:func:`is_probe`).
+
+    >>> pod = {"metadata": {"name": "p", "namespace": "ml", "annotations": {"compat-hook/disable": "true",
+    ...        "nvidia.cdi.k8s.io/container.c": "nvidia.com/gpu=0"}},
+    ...        "spec": {"containers": [{"name": "c", "image": "a:1"}]}}
+    >>> nri = build([pod], ["cuda-compat"], registration="nri").items
+    >>> [(w["runtime"], w["path"], sorted(w["annotations"])) for w in nri]
+    [('compat-hook', 'nri', ['cdi.k8s.io/nvidia.cdi.k8s.io', 'compat-hook/disable'])]
+    >>> [(w["runtime"], w["path"], sorted(w["annotations"])) for w in build([pod], ["cuda-compat"]).items]
+    [('toolkit', 'none', ['cdi.k8s.io/nvidia.cdi.k8s.io'])]
+    """
+    node = runsmod.Node(registration, classes)
     ws = Workloads()
     for pod in pods[:MAX_PODS]:
         if isinstance(pod, dict) and is_probe(pod, probe_namespace):  # the validator's own: never a workload
@@ -319,6 +334,7 @@ def build(pods: list, classes, probe_namespace: str | None = None) -> Workloads:
         cs, dropped = gpu_containers(pod)
         ws.dropped += dropped
         for c in cs:
-            ws.add(c, runtime_of(c.runtime_class, classes))
+            path = node.path_of(c.runtime_class)
+            ws.add(c, "toolkit" if path == "none" else "compat-hook", path, node.effective(path, c.annotation_map))
     ws.dropped += max(0, len(pods) - MAX_PODS)
     return ws

@@ -24,7 +24,6 @@ __all__ = ["normalize_ref", "gpu_pod", "pod_images", "store_index", "match", "MA
 MAX_IMAGES = 256
 MAX_REF = 512
 MAX_PODS = 1000
-_GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
 
 
 def normalize_ref(ref: str) -> str:
@@ -52,34 +51,22 @@ def _containers(pod: dict) -> list:
 
 
 def gpu_pod(pod: dict) -> bool:
-    """A pod that asks for an NVIDIA GPU as the agent's preflight counts one (:mod:`.pods`): a
-    ``nvidia.com/gpu*`` or ``nvidia.com/mig-*`` resource, a resource claim (DRA), a CDI annotation
-    (``cdi.k8s.io/*``) naming an NVIDIA device, or ``NVIDIA_VISIBLE_DEVICES`` in a container's env
-    (what compat-hook's hook acts on).
+    """A pod with a container (init containers too) that asks for an NVIDIA GPU, by the one model
+    (:func:`.runs.gpu_reason`: a ``nvidia.com/gpu*`` or ``nvidia.com/mig-*`` resource, a resource claim
+    (DRA), NVIDIA's pod annotation naming the container, a CDI annotation (``cdi.k8s.io/*``) naming an
+    NVIDIA device, or ``NVIDIA_VISIBLE_DEVICES`` in its env).
 
     >>> claim = {"spec": {"containers": [{"resources": {"claims": [{"name": "gpu"}]}}]}}
     >>> cdi = {"metadata": {"annotations": {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}}, "spec": {"containers": [{}]}}
     >>> gpu_pod(claim), gpu_pod(cdi), gpu_pod({"spec": {"containers": [{"resources": {"claims": []}}]}})
     (True, True, False)
+    >>> gpu_pod({"metadata": {"annotations": {"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=all"}},
+    ...          "spec": {"containers": [{"name": "app"}]}})
+    True
     """
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
-    anns = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-    if any(isinstance(k, str) and k.startswith("cdi.k8s.io/") and isinstance(v, str) and "nvidia.com/" in v
-           for k, v in anns.items()):
-        return True
-    for c in _containers(pod):
-        res = c.get("resources") if isinstance(c.get("resources"), dict) else {}
-        for part in ("limits", "requests"):
-            m = res.get(part)
-            if isinstance(m, dict) and any(isinstance(k, str) and k.startswith(_GPU_RESOURCES) for k in m):
-                return True
-        if isinstance(res.get("claims"), list) and res["claims"]:
-            return True
-        env = c.get("env")
-        if isinstance(env, list) and any(isinstance(e, dict) and e.get("name") == "NVIDIA_VISIBLE_DEVICES"
-                                         and e.get("value") not in (None, "", "void", "none") for e in env):
-            return True
-    return False
+    from .runs import gpu_reason
+
+    return any(gpu_reason(pod, c) is not None for c in _containers(pod))
 
 
 def pod_images(pods: list) -> tuple:
