@@ -14,11 +14,15 @@ host driver's and the image's compat library), the chart installed with helm wit
    (Debian bookworm's ``libnvidia-tesla-470-cuda1``, CUDA 11.4): the validator is not Ready, the
    node says ``validated=failed`` and a Warning Event names the image and its pod;
 4. probe pods are gone after each validation and never appear as workloads;
-5. under NVIDIA's upgrade state machine (tests/upgrade_harness with validation enabled, the real
+5. docs/validation.md's fix on ``validated=failed``, as written: a workload image from a registry
+   (tests/support/registry.py) fails on R470, the fixed one is pushed under the same tag, the docs'
+   ``kubectl run pull-fix`` brings it onto the tainted node (the real kubectl), the docs' delete of
+   the validator pod gives the next attempt: it passes on the fixed image and the taint goes;
+6. under NVIDIA's upgrade state machine (tests/upgrade_harness with validation enabled, the real
    DaemonSet controller running the driver DaemonSet): a rollback that breaks a workload fails
    validation, the controller marks the node ``upgrade-failed`` and uncordons it, and compat-hook's
    taint keeps a new GPU pod off it until the fixed driver validates;
-6. the whole rolling upgrade: the real node and six kwok nodes (agents with the gate on), two at a
+7. the whole rolling upgrade: the real node and six kwok nodes (agents with the gate on), two at a
    time, a Deployment under a PodDisruptionBudget, one node held by its regressing workload.
 """
 
@@ -120,6 +124,7 @@ def world(tmp_path_factory):
         cluster.host_network_shim()
         node.helm("install", "compat-hook", nodemod.CHART, "-n", NS, "--create-namespace", "--set", "agent.interval=5")
         w = World(cluster, node)
+        w.layout = images.parent / "img"  # the OCI layout the tar was made of (its tags base, compat ...)
         cluster.admin.wait("the DaemonSet Ready", lambda: cluster.admin.get(
             f"/apis/apps/v1/namespaces/{NS}/daemonsets/compat-hook")["status"].get("numberReady") == 1,
             timeout=300, interval=0.5)
@@ -197,6 +202,158 @@ def test_probe_pods_are_never_workloads(world):
         assert not any(p.startswith(f"{NS}/compat-hook-probe-") for p in w["pods"]), w
     assert {w["image"] for w in rec["workloads"]} <= {COMPAT_IMAGE, PLAIN_IMAGE}
     print("validation timings (s):", {k: round(v, 1) for k, v in world.timings.items()})
+
+
+# ----------------------------------------------------------------------------- the documented fix
+
+APP_REPO, APP_TAG = "apps/app", "1"
+
+
+def docs_fix_commands(ref: str, node: str) -> tuple:
+    """docs/validation.md's fix on ``validated=failed`` (its step 1), as an operator copies it: the
+    fenced ``sh`` block (the one pull by a pod that tolerates the taint) and the inline command that
+    deletes the node's validator pod, with ``REGISTRY/APP:TAG`` and ``NODE`` filled in."""
+    import re
+    import textwrap
+
+    text = (REPO / "docs" / "validation.md").read_text()
+    step = text[text.index("**On `validated=failed`**"):]
+    step = step[:step.index("\n2. ")]
+    block = re.search(r"```sh\n(.*?)\n\s*```", step, re.S)
+    assert block, "docs/validation.md: no sh block in the fix"
+    again = re.search(r"`(kubectl -n compat-hook delete pod -l [^`]+)`", step)
+    assert again, "docs/validation.md: no command that deletes the validator pod"
+
+    def fill(cmd: str) -> str:
+        assert "REGISTRY/APP:TAG" in cmd or "NODE" in cmd, cmd
+        return re.sub(r"\bNODE\b", node, cmd.replace("REGISTRY/APP:TAG", ref))
+
+    return fill(textwrap.dedent(block.group(1))), fill(again.group(1))
+
+
+def test_the_documented_fix_pushed_under_the_same_tag_reaches_the_node_and_passes(world, tmp_path):
+    """docs/validation.md's step 1 on ``validated=failed``, run as written on the real node: a
+    workload's image in a registry (tests/support/registry.py, plain HTTP, the node's containerd
+    trusting it through ``config_path``) fails on R470; the fixed image is pushed under the same tag;
+    the docs' ``kubectl run pull-fix ...`` (the real kubectl) brings it onto the tainted node; the
+    docs' ``kubectl ... delete pod`` of the validator gives the next attempt at once. It passes, the
+    taint goes, and the probe ran the fixed image: the tag's new digest, its compat driver.
+
+    The story around it: the node was R470, failed on ``infer`` (``bb:base``). ``infer`` goes, the
+    node passes on R555 where ``app:1`` starts (so the 555 record is ``train`` and ``app``), and the
+    rollback to R470 fails on ``app`` alone. At the end ``infer`` runs again on R470, as the next
+    test expects."""
+    from tests.support import kubebuild
+    from tests.support.kube import ADMIN_TOKEN
+    from tests.support.registry import Registry, config_of
+
+    w, a, node = world, world.admin, world.node
+    t0 = time.monotonic()
+    reg = Registry().start()
+    try:
+        ref = f"{reg.host}/{APP_REPO}:{APP_TAG}"
+        # the app's two builds: bb's base (CUDA 12.4, no compat driver) and compat (with the compat 550
+        # driver), each with a config of its own, so the node has neither before it pulls (only their layers)
+        for build, of in (("app-broken", "base"), ("app-fixed", "compat")):
+            subprocess.run(["umoci", "config", "--image", f"{w.layout}:{of}", "--tag", build,
+                            "--config.label", f"compat-hook-test/app={build}"], check=True, capture_output=True)
+        broken = reg.push(APP_REPO, APP_TAG, w.layout, "app-broken")
+        node.trust_registry(reg.host)
+
+        # the node on R555, validated, without infer (its workloads there: train and app). As in an
+        # upgrade, infer goes while the module is unloaded: the agent records nothing without a driver,
+        # so no pass can pair a pod list that still has infer (its informer's) with R555
+        node.path("/proc/driver/nvidia/version").unlink()
+        a.delete("/api/v1/namespaces/apps/pods/infer", gracePeriodSeconds="0")
+        a.wait("infer gone", lambda: "infer" not in {
+            x["metadata"]["name"] for x in a.get("/api/v1/namespaces/apps/pods")["items"]}, timeout=60, interval=0.5)
+        time.sleep(RELOAD_S)
+        node.set_driver(HOST_555)
+        a.wait("validated=555", lambda: w.label() == HOST_555, timeout=300, interval=0.5)
+        app = gpu_pod("app", node.name, ref)
+        app["spec"]["containers"][0]["imagePullPolicy"] = "IfNotPresent"  # the workload's own pod pulls it
+        a.create("/api/v1/namespaces/apps/pods", app)
+        pod = wait_pod(a, "apps", "app", running, "Running (pulled from the registry)", timeout=180)
+        assert pod["status"]["containerStatuses"][0]["imageID"].endswith(broken), pod["status"]
+        assert reg.served(APP_REPO, config_of(w.layout, "app-broken")), reg.log
+        w.wait_recorded(ref)
+        assert {x["image"] for x in w.record()["workloads"]} == {COMPAT_IMAGE, ref}, w.record()
+
+        # the rollback: app (CUDA 12.4, no compat driver) fails on R470, the node is tainted
+        node.set_driver(HOST_470)
+        a.wait("validated=failed", lambda: w.label() == "failed", timeout=300, interval=0.5)
+        st = w.state()
+        assert st["driver"] == HOST_470 and st["result"] == "fail", st
+        bad = {r["image"]: r for r in st["images"] if not r["ok"]}
+        assert list(bad) == [ref] and bad[ref]["code"] == "insufficient_driver", st["images"]
+        taint = {"key": TAINT_KEY, "value": HOST_470, "effect": "NoSchedule"}
+        assert taint in (a.get(f"/api/v1/nodes/{node.name}")["spec"].get("taints") or [])
+
+        # the fix, pushed under the same tag: the node still has the broken one (the probe never pulls)
+        fixed = reg.push(APP_REPO, APP_TAG, w.layout, "app-fixed")
+        assert fixed != broken
+
+        def on_node() -> str:
+            (line,) = [ln for ln in node.ctr("images", "ls").stdout.splitlines() if ln.split()[:1] == [ref]]
+            return line.split()[2]
+
+        assert on_node() == broken
+        pull, again = docs_fix_commands(ref, node.name)
+        bindir = tmp_path / "bin"
+        bindir.mkdir()
+        (bindir / "kubectl").symlink_to(kubebuild.kubectl())
+        env = dict(nodemod.ENV, PATH=f"{bindir}:{nodemod.ENV['PATH']}", HOME=str(tmp_path),
+                   KUBECONFIG=str(w.cluster.kubeconfig(ADMIN_TOKEN, "admin")))
+        t_fix = time.monotonic()
+        p = subprocess.run(["bash", "-euo", "pipefail", "-c", pull], env=env, capture_output=True, text=True,
+                           timeout=180)
+        assert p.returncode == 0, (pull, p.stdout, p.stderr)
+        assert reg.served(APP_REPO, config_of(w.layout, "app-fixed")), reg.log  # the kubelet pulled it from here
+        assert on_node() == fixed
+        assert not [x for x in a.get(f"/api/v1/namespaces/{NS}/pods")["items"] if x["metadata"]["name"] == "pull-fix"]
+
+        # the next attempt at once: the docs' delete of the node's validator pod; its probe runs the fix
+        seen: dict = {}
+        stop = threading.Event()
+
+        def watch() -> None:  # the probe pod is deleted once it ends: its container's image read meanwhile
+            while not stop.wait(0.2):
+                for x in w.probe_pods():
+                    for c in x.get("status", {}).get("containerStatuses") or []:
+                        if c["name"] == "probe" and c.get("imageID") and c["image"] == ref:
+                            seen[x["metadata"]["uid"]] = c["imageID"]
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            p = subprocess.run(["bash", "-euo", "pipefail", "-c", again], env=env, capture_output=True, text=True,
+                               timeout=120)
+            assert p.returncode == 0 and "deleted" in p.stdout, (again, p.stdout, p.stderr)
+            a.wait("validated=470", lambda: w.label() == HOST_470, timeout=300, interval=0.5)
+            w.wait_validator_ready("the validator Ready on 470", timeout=120)
+        finally:
+            stop.set()
+            watcher.join(10)
+        w.timings["documented_fix"] = time.monotonic() - t_fix
+        assert _taint(a.get(f"/api/v1/nodes/{node.name}")) is None
+        st = w.state()
+        assert st["driver"] == HOST_470 and st["result"] == "pass", st
+        (row,) = [r for r in st["images"] if r["image"] == ref]
+        # the fixed image's compat driver (550, CUDA 12.4) over the R470 host's, as compat-hook decided
+        assert row["ok"] and row["expected"] == "compat" and row["driver_api"] == 12040, row
+        assert row["libcuda"].startswith("/usr/local/cuda-12.4/compat/libcuda.so."), row
+        assert seen and all(v.endswith("@" + fixed) for v in seen.values()), seen
+
+        # the story goes on as before: infer (CUDA 12.4, no compat) runs on R470 again
+        a.delete("/api/v1/namespaces/apps/pods/app", gracePeriodSeconds="0")
+        a.create("/api/v1/namespaces/apps/pods", gpu_pod("infer", node.name, PLAIN_IMAGE))
+        wait_pod(a, "apps", "infer", running, "Running", timeout=180)
+        w.wait_recorded(PLAIN_IMAGE)
+    finally:
+        reg.stop()
+    w.timings["documented_fix_test"] = time.monotonic() - t0
+    print(f"the documented fix: {w.timings['documented_fix']:.1f} s from the docs' pull to validated "
+          f"(the whole test {w.timings['documented_fix_test']:.1f} s); registry requests {len(reg.log)}")
 
 
 # ----------------------------------------------------------------------------- under NVIDIA's upgrade state machine

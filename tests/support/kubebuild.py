@@ -2,7 +2,8 @@
 
 * ``kube_apiserver()``: kube-apiserver ``KUBE_VERSION`` from the ``k8s.io/kubernetes`` module;
   ``kubelet()``, ``kube_controller_manager()`` and ``kube_scheduler()`` the same way, for the real
-  single-node cluster (tests/support/node.py; 1-3 minutes each once kube-apiserver's packages are cached).
+  single-node cluster (tests/support/node.py; 1-3 minutes each once kube-apiserver's packages are cached),
+  and ``kubectl()``, the client docs' command lines are run with.
   That module's go.mod replaces its staging modules (``k8s.io/api``, ``k8s.io/apiserver`` ...)
   with ``./staging/...`` paths, so ``go install`` refuses it; a throwaway module requires it and
   replaces each staging module with the published ``v0.X.Y`` of the same release (~10 min on 2 cores).
@@ -128,6 +129,11 @@ def kube_controller_manager() -> Path:
 
 def kube_scheduler() -> Path:
     return _kube_binary("kube-scheduler")
+
+
+def kubectl() -> Path:
+    """The client an operator runs: the tests run docs' command lines with it as written."""
+    return _kube_binary("kubectl")
 
 
 #: What a real single-node cluster needs besides etcd (tests/support/node.py).

@@ -13,6 +13,9 @@ held by one ``sleep`` process; containerd and the kubelet join it with ``nsenter
   ``/opt/compat-hook`` as on a real node, and nothing of it reaches this machine;
 * ``/var/lib/containerd`` and ``/var/lib/kubelet`` bound from plain dirs of the test's dir
   (containerd's overlay snapshotter cannot stack on an overlay);
+* containerd's registry hosts in ``/etc/containerd/certs.d`` (``config_path``): a test's registry
+  on this machine (tests/support/registry.py) is trusted over plain HTTP by
+  :meth:`Node.trust_registry`, so a node can pull an image as a real one does;
 * a tmpfs on ``/run`` (containerd's socket and state, runc's, the pods' network namespaces);
 * a tmpfs on ``/proc/driver`` holding the fake NVIDIA kernel driver: ``nvidia/version`` and one
   H100 under ``nvidia/gpus``. Every process of the node (containerd, the hook it runs, a pod's
@@ -290,6 +293,8 @@ oom_score = 0
       base_runtime_spec = "/etc/containerd/nvidia-base-spec.json"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "/etc/containerd/certs.d"
 """
 
 #: The node's containerd 2.x (``containerd_bin``): the GPU Operator's CDI mode. The toolkit sets
@@ -496,6 +501,16 @@ class Node:
         assert p.read_text().split()[7] == version
         self.driver = version
         self.set_gfd_labels(version)
+
+    def trust_registry(self, host: str) -> None:
+        """Let the node's containerd pull from the plain-HTTP registry at ``host`` (tests/support/registry.py):
+        its ``hosts.toml`` under the config's ``config_path``, which containerd reads at each pull."""
+        from tests.support.registry import hosts_toml
+
+        assert self.containerd_bin is None, "containerd 2.x's config names no config_path here"
+        d = self.path(f"/etc/containerd/certs.d/{host}")
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "hosts.toml").write_text(hosts_toml(host))
 
     def import_image(self, tar: Path, base_name: str) -> None:
         """``ctr -n k8s.io images import --base-name ...`` on the node (docs/engines.md)."""

@@ -1,7 +1,7 @@
 """The cache's long builds in the background while the tests that need none of them run.
 
 A cold ``make test`` builds the NVIDIA Container Toolkit's binaries, kube-apiserver, the kubelet, kwok,
-helm, the upgrade harness, crictl, the NRI plugin and two upstream containerd releases from Go (25-35
+helm, the upgrade harness, kubectl, crictl, the NRI plugin and two upstream containerd releases from Go (25-35
 minutes on 2 cores) and fetches Debian's containerd 2.x. Built when a fixture
 first asks, the suite waits for each in turn. Instead:
 
@@ -37,7 +37,7 @@ NEEDS_BUILDS = frozenset({
 #: What :func:`main` builds, in the order the modules first need them (the NVIDIA toolkit's binaries:
 #: the install and toolkit modules, halfway through the run).
 BUILDS = ("toolkit", "kube-apiserver", "kwok", "harness", "helm", "kube-controller-manager", "kube-scheduler", "kubelet",
-          "crictl", "containerd2", "nri", "containerd-v2.2.9", "containerd-v2.4.2")
+          "kubectl", "crictl", "containerd2", "nri", "containerd-v2.2.9", "containerd-v2.4.2")
 
 
 def _module(item) -> str:
@@ -98,7 +98,8 @@ def _builders() -> dict:
 
     return {"toolkit": nvidia_toolkit, "kube-apiserver": kubebuild.kube_apiserver, "kwok": kubebuild.kwok,
             "harness": kubebuild.upgrade_harness, "helm": kubebuild.helm, "kube-controller-manager": kubebuild.kube_controller_manager,
-            "kube-scheduler": kubebuild.kube_scheduler, "kubelet": kubebuild.kubelet, "crictl": engines.crictl,
+            "kube-scheduler": kubebuild.kube_scheduler, "kubelet": kubebuild.kubelet,
+            "kubectl": kubebuild.kubectl, "crictl": engines.crictl,
             "containerd2": engines.containerd2, "nri": kubebuild.nri_plugin,
             **{f"containerd-{v}": (lambda v=v: kubebuild.containerd_release(v)) for v in kubebuild.CONTAINERD_RELEASES}}
 
