@@ -11,7 +11,9 @@ DaemonSet (templates/validator.yaml) carries that label, so the node waits for t
 2. it takes the GPU workloads the agent recorded on this node before the change (and since:
    :func:`compat_hook.cluster.workload.workloads.for_driver`) and runs each as a short probe pod pinned to
    the node (:func:`probe_pod`): the workload's image and GPU env, compat-hook's RuntimeClass,
-   the cordon and GPU taints tolerated, and ``compat-hook-probe`` (packaging/oci-image/
+   the cordon, GPU and compat-hook's own taints tolerated, a GPU from the env, a device plugin
+   (``--gpu-resource``) or a DRA claim (``--claim-template``: then pinned by node affinity, so
+   that the scheduler allocates the claim), and ``compat-hook-probe`` (packaging/oci-image/
    compat-hook-probe.c), copied from compat-hook's image into an ``emptyDir`` by an init
    container, as the command. The probe says which libcuda the image's own loader took,
    ``cuDriverGetVersion``, and ``cuInit`` where a GPU is present. A probe pod has a deadline and
