@@ -521,12 +521,17 @@ def test_validator_adds_and_removes_only_its_own_taint(world):
         w.admin.merge("/api/v1/nodes/gpu-a", {"spec": {"taints": None}})
 
 
-def _probe(node: str = "gpu-a", gpu_resource: str | None = None) -> dict:
-    """The probe pod the validator on ``node`` makes for a workload (its own code builds it)."""
+#: The chart's ResourceClaimTemplate of the probe pods (validator.deviceClass).
+CLAIM_TEMPLATE = "compat-hook-probe-gpu"
+
+
+def _probe(node: str = "gpu-a", gpu_resource: str | None = None, claim_template: str | None = None) -> dict:
+    """The probe pod the validator on ``node`` makes for a workload (its own code builds it); with
+    ``claim_template``, one that claims its GPU and is pinned to ``node`` by node affinity."""
     from compat_hook.cluster.node.validate import ValidatorOptions, probe_pod
 
     opts = ValidatorOptions(node, publish_namespace=NS, probe_image="localhost/compat-hook:0.1.0",
-                            runtime_class="cuda-compat", gpu_resource=gpu_resource)
+                            runtime_class="cuda-compat", gpu_resource=gpu_resource, claim_template=claim_template)
     return probe_pod(opts, {"image": "registry.test/apps/infer:1", "env": ["CUDA_VISIBLE_DEVICES=0"],
                             "runtime_class": "cuda-compat", "pods": ["apps/infer"]})
 
@@ -639,6 +644,61 @@ def test_a_probe_that_asks_the_device_plugin_for_a_gpu_is_admitted(world):
     """``--gpu-resource``: one GPU by the device plugin (the API server defaults the request to the limit)."""
     made = world.api["validator"].request("POST", PROBES, _probe(gpu_resource="nvidia.com/gpu"), query={"dryRun": "All"})
     assert made["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "1"
+
+
+def _term(s: dict) -> dict:
+    """The one required node affinity term of a probe pod pinned for the scheduler."""
+    return s["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+
+
+#: A probe pod that claims its GPU (validator.deviceClass): pinned to its own node by exactly one term naming
+#: it alone, claiming only from the chart's template (``metadata.name In`` two nodes: the API server itself refuses).
+BAD_CLAIM_PROBES = {
+    "pinned-to-another-node": (lambda p, s: _term(s)["matchFields"][0].update(values=["gpu-b"]), "not one on gpu-b"),
+    "pinned-and-bound-elsewhere": (lambda p, s: s.update(nodeName="gpu-b"), "not one on gpu-b"),
+    "two-terms": (lambda p, s: s["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"].append({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-b"]}]}),
+        "not an unbound one"),
+    "extra-expression": (lambda p, s: _term(s).update(matchExpressions=[
+        {"key": "nvidia.com/gpu.present", "operator": "Exists"}]), "not an unbound one"),
+    "extra-field": (lambda p, s: _term(s)["matchFields"].append(
+        {"key": "metadata.name", "operator": "NotIn", "values": ["gpu-b"]}), "not an unbound one"),
+    "not-in": (lambda p, s: _term(s)["matchFields"][0].update(operator="NotIn", values=["gpu-b"]), "not an unbound one"),
+    "claim-by-name": (lambda p, s: s["resourceClaims"][0].pop("resourceClaimTemplateName") and
+                      s["resourceClaims"][0].update(resourceClaimName="train-gpu"), "only from the ResourceClaimTemplate"),
+    "other-template": (lambda p, s: s["resourceClaims"][0].update(resourceClaimTemplateName="gpu"),
+                       "only from the ResourceClaimTemplate"),
+    "two-claims": (lambda p, s: s["resourceClaims"].append({"name": "two", "resourceClaimTemplateName": CLAIM_TEMPLATE}),
+                   "only from the ResourceClaimTemplate"),
+}
+
+
+def test_a_probe_that_claims_a_gpu_pinned_to_its_own_node_is_admitted_and_deleted(world):
+    """``validator.deviceClass``: the probe pod has no nodeName (the scheduler places it, allocating its claim),
+    only a required node affinity on its node's name; the validator creates it and, still unscheduled (no
+    scheduler runs here), deletes it. One pinned to another node is not its to delete."""
+    w, v = world, world.api["validator"]
+    made = v.create(PROBES, _probe(claim_template=CLAIM_TEMPLATE))
+    try:
+        assert "nodeName" not in made["spec"] and _term(made["spec"])["matchFields"][0]["values"] == ["gpu-a"]
+        assert made["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": CLAIM_TEMPLATE}]
+        assert made["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpu"}]
+        v.delete(f"{PROBES}/{made['metadata']['name']}", gracePeriodSeconds="0")
+    finally:
+        try:
+            w.admin.delete(f"{PROBES}/{made['metadata']['name']}", gracePeriodSeconds="0")
+        except ApiError as e:
+            assert e.status == 404, e
+    _delete_refused(w, v, _probe("gpu-b", claim_template=CLAIM_TEMPLATE), "not one on gpu-b")
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CLAIM_PROBES))
+def test_a_probe_that_claims_a_gpu_is_pinned_to_its_own_node_and_the_chart_s_template(world, case):
+    change, says = BAD_CLAIM_PROBES[case]
+    with pytest.raises(ApiError) as e:
+        world.api["validator"].create(PROBES, _changed(_probe(claim_template=CLAIM_TEMPLATE), change))
+    assert e.value.status == 403 and VALIDATOR_PODS_POLICY in str(e.value) and says in str(e.value), e.value
+    assert not [p for p in world.admin.get(PROBES, labelSelector="app.kubernetes.io/component=validation-probe")["items"]]
 
 
 @pytest.mark.parametrize("case", sorted(BAD_PROBES))
@@ -906,7 +966,8 @@ def test_rbac_grants_the_agent_only_what_it_uses(world):
     ["agent.gate=true", "agent.labelPrefix=preflight.example.com", "agent.interval=60", "agent.target=570.195.03",
      "agent.nfdFeaturesFile=/etc/kubernetes/node-feature-discovery/features.d/compat-hook",
      "agent.textfile=/var/lib/node_exporter/textfile_collector/compat-hook.prom",
-     "release.formerLabelPrefixes={compat-hook.io,old.example.com}", "fleet.enabled=true"],
+     "release.formerLabelPrefixes={compat-hook.io,old.example.com}", "fleet.enabled=true",
+     "validator.deviceClass=gpu.nvidia.com"],
     ["agent.enabled=false", "runtimeClass.create=false", "release.enabled=false", "admissionPolicy.enabled=false"],
     # (restartContainerd: a privileged installer with hostPID, which this API server allows)
     ["containerd.distribution=k3s", "gpuOperator.toolkitEnv=true", "registration.restartContainerd=true",
@@ -931,6 +992,7 @@ def test_helm_template_applies_with_a_server_side_dry_run(world, tmp_path, value
         agent = chart.containers(docs)["agent"]
         assert ("--driver=570.195.03" in agent["command"]) is ("agent.target=570.195.03" in values)
     assert ("Deployment" in kinds) is ("fleet.enabled=true" in values)  # the fleet controller (tests/test_fleet.py)
+    assert ("ResourceClaimTemplate" in kinds) is ("validator.deviceClass=gpu.nvidia.com" in values)  # the probes' claims
     assert ("ValidatingAdmissionPolicy" in kinds) is ("admissionPolicy.enabled=false" not in values)
     chart.apply(world.admin, docs, dry_run=True)
 

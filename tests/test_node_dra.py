@@ -13,11 +13,13 @@ RuntimeClass: only the NRI plugin brings compat-hook's hook to it.
 One real single-node cluster for the module (tests/support/node.py), as test_node_cdi.py sets it
 up: kubelet v1.34.2 on Debian sid's containerd 2.1.9 with ``enable_cdi``, plain runc as the
 default runtime and NRI on; a **GeForce** on the 535 driver (the fake ``/proc/driver/nvidia``, the
-only fake). The DRA driver is tests/support/draplugin.py (driver ``gpu.nvidia.com``, two devices
-``gpu-0`` and ``gpu-1``): its claim spec carries what the toolkit generates for the GPU (the device node, the
-driver root's real Debian ``libcuda.so.535``, ``NVIDIA_VISIBLE_DEVICES=void``, the toolkit's real
-v1.20.2 ``nvidia-cdi-hook`` hooks). The chart is installed with its defaults and the gate on, with a
-ClusterPolicy whose driver the GPU Operator upgrades (so a hold can hold).
+only fake). The DRA driver is tests/support/draplugin.py (driver ``gpu.nvidia.com``, four devices
+``gpu-0`` ... ``gpu-3``: two for the workloads, two free for the validator's probes, as on a node the
+upgrade drained): its claim spec carries what the toolkit generates for the GPU (the device node, the
+driver root's real Debian ``libcuda.so.<driver>``, ``NVIDIA_VISIBLE_DEVICES=void``, the toolkit's real
+v1.20.2 ``nvidia-cdi-hook`` hooks). The chart is installed with its defaults, the gate on and
+``validator.deviceClass=gpu.nvidia.com`` (docs/validation.md: the validator's probe pods get their GPU
+from a claim too), with a ClusterPolicy whose driver the GPU Operator upgrades (so a hold can hold).
 
 The story (the tests share the cluster and run in file order):
 
@@ -29,9 +31,11 @@ The story (the tests share the cluster and run in file order):
 2. a second claimed pod, a CUDA 12.4 image without a compat driver (it runs on 535), and a
    rollback to R520 (CUDA 11.8) announced on the ClusterPolicy: the agent counts the claimed
    pods as GPU workloads, its preflight fails for that image and pod, and it holds the node;
-3. a driver change: the validator probes both claimed pods' images on the new driver; its probe
-   pods cannot get a GPU on a node whose GPUs come only from claims, so it fails closed
-   (``validated=failed``, its Event and taint).
+3. a driver change, 535 -> 555: the validator probes both claimed pods' images on the new driver; each
+   probe pod gets its GPU from a claim of the chart's ResourceClaimTemplate, which the scheduler
+   allocated on the node, and the probe loads the host's library (compat-hook's decision): the node
+   says ``validated=555`` and carries no taint. (Without ``validator.deviceClass`` a probe pod gets no
+   GPU there and the validation fails closed, saying how to give it one: tests/test_validator.py.)
 
 What a container really loads is what tests/support/probe.c, run in it, says.
 """
@@ -57,7 +61,10 @@ SKIP = "nvidia.com/gpu-driver-upgrade.skip"
 BB = "docker.io/library/bb"
 COMPAT_IMAGE, PLAIN_IMAGE = f"{BB}:compat", f"{BB}:base"
 GEFORCE = "NVIDIA GeForce RTX 4090"
+#: The DRA driver's name, and the DeviceClass's (the chart's validator.deviceClass).
 DRIVER = "gpu.nvidia.com"
+GPUS = 4
+DEVICES = [f"gpu-{i}" for i in range(GPUS)]
 #: The host's library as the claim's CDI spec mounts it.
 HOST_LIB = f"/{nodemod.HOST_LIB_DIR}/libcuda.so.{HOST_535}"
 #: cuDriverGetVersion of Debian's builds (tests/support/debs.py EXPECTED_CUDA).
@@ -69,13 +76,13 @@ CP_PATH = "/apis/nvidia.com/v1/clusterpolicies/cluster-policy"
 RESOURCE = "/apis/resource.k8s.io/v1"
 
 
-def gpu_edits(tk: tks.Toolkit) -> dict:
-    """The GPU's CDI edits as nvidia-ctk generates them for the node's 535 driver (test_node_cdi.py's spec,
+def gpu_edits(tk: tks.Toolkit, driver: str = HOST_535) -> dict:
+    """The GPU's CDI edits as nvidia-ctk generates them for the node's ``driver`` (test_node_cdi.py's spec,
     its device's and its global edits in one): what the DRA plugin writes into each claim's spec."""
-    lib = f"{nodemod.DRIVER_ROOT}/{nodemod.HOST_LIB_DIR}/libcuda.so.{HOST_535}"
+    lib = f"{nodemod.DRIVER_ROOT}/{nodemod.HOST_LIB_DIR}/libcuda.so.{driver}"
     return {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"}],
             "env": ["NVIDIA_VISIBLE_DEVICES=void"],
-            "mounts": tks.cdi_mounts(lib, HOST_535), "hooks": tks.cdi_hooks(tk, HOST_535)}
+            "mounts": tks.cdi_mounts(lib, driver), "hooks": tks.cdi_hooks(tk, driver)}
 
 
 def claimed_pod(name: str, node: str, image: str) -> dict:
@@ -97,9 +104,9 @@ def _workloads(world) -> list:
 
 
 class World:
-    def __init__(self, cluster, node, plugin, timings) -> None:
+    def __init__(self, cluster, node, plugin, timings, tk) -> None:
         self.cluster, self.node, self.admin, self.plugin = cluster, node, cluster.admin, plugin
-        self.timings = timings
+        self.timings, self.tk = timings, tk
 
     def labels(self) -> dict:
         return self.admin.get(f"/api/v1/nodes/{self.node.name}")["metadata"].get("labels") or {}
@@ -146,7 +153,7 @@ def world(tmp_path_factory):
         node.import_image(image, "localhost/compat-hook")
         cluster.host_network_shim()
         a = cluster.admin
-        plugin = draplugin.Plugin(node, work / "draplugin", gpu_edits(tk), driver=DRIVER, gpus=2)
+        plugin = draplugin.Plugin(node, work / "draplugin", gpu_edits(tk), driver=DRIVER, gpus=GPUS)
         a.create(f"{RESOURCE}/deviceclasses", {"metadata": {"name": DRIVER}, "spec": {"selectors": [
             {"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}})
         a.create(f"{RESOURCE}/namespaces/apps/resourceclaimtemplates", {"metadata": {"name": "gpu"}, "spec": {
@@ -156,13 +163,14 @@ def world(tmp_path_factory):
             # the operator's driver, upgraded by its controller (else a hold could do nothing: cannot-hold)
             "spec": {"driver": {"enabled": True, "version": HOST_535, "upgradePolicy": {"autoUpgrade": True}}}})
         t = time.monotonic()
-        # docs/cluster.md "Install", the gate on (docs/cluster.md "Hold"); a short agent interval
+        # docs/cluster.md "Install", the gate on (docs/cluster.md "Hold"); a short agent interval; the
+        # validator's probe pods claim a GPU of the node's DeviceClass (docs/validation.md)
         node.helm("install", "compat-hook", nodemod.CHART, "-n", NS, "--create-namespace",
-                  "--set", "agent.interval=5", "--set", "agent.gate=true")
+                  "--set", "agent.interval=5", "--set", "agent.gate=true", "--set", f"validator.deviceClass={DRIVER}")
         a.wait("the DaemonSet Ready", lambda: a.get(f"/apis/apps/v1/namespaces/{NS}/daemonsets/compat-hook")[
             "status"].get("numberReady") == 1, timeout=300, interval=0.5)
         node.restart_containerd()  # docs/engines.md: containerd starts the NRI plugin at its start
-        w = World(cluster, node, plugin, timings)
+        w = World(cluster, node, plugin, timings, tk)
         a.wait("registration=nri", lambda: w.labels().get(f"{PREFIX}/registration") == "nri", timeout=90,
                interval=0.5)
         # the validator's first pass (no GPU workload yet) before any claimed pod: 535 stays validated
@@ -191,7 +199,7 @@ def test_a_claimed_gpu_gets_the_decision_through_nri(world):
     (status,) = pod["status"]["resourceClaimStatuses"]
     claim = a.get(f"{RESOURCE}/namespaces/apps/resourceclaims/{status['resourceClaimName']}")
     (result,) = claim["status"]["allocation"]["devices"]["results"]
-    assert (result["driver"], result["pool"]) == (DRIVER, world.node.name) and result["device"] in ("gpu-0", "gpu-1")
+    assert (result["driver"], result["pool"]) == (DRIVER, world.node.name) and result["device"] in DEVICES
     uid = claim["metadata"]["uid"]
     assert world.plugin.prepared() == [(f"apps/{claim['metadata']['name']}",
                                         f"k8s.gpu.nvidia.com/claim={uid}-{result['device']}")], world.plugin.text()
@@ -218,7 +226,8 @@ def test_the_agent_preflights_the_claimed_pod_and_holds_the_node(world):
     got = a.wait("infer's probe output", lambda: probe_result(world.node.pod_log("apps", "infer")).get("libcuda")
                  and probe_result(world.node.pod_log("apps", "infer")), timeout=60)
     assert got == {"cuDriverGetVersion": CUDA[HOST_535], "libcuda": HOST_LIB}, got
-    assert sorted(c.rsplit("-", 1)[1] for _, c in world.plugin.prepared()) == ["0", "1"], world.plugin.text()
+    (one, two) = world.plugin.prepared()  # each pod its own device
+    assert one[1].rsplit("-", 1)[1] != two[1].rsplit("-", 1)[1], world.plugin.text()
     a.wait("the agent's record of both pods", lambda: len(_workloads(world)) == 2, timeout=60, interval=0.5)
     t = time.monotonic()
     a.merge(CP_PATH, {"metadata": {"annotations": {f"{PREFIX}/next-driver": TARGET}}})
@@ -236,23 +245,25 @@ def test_the_agent_preflights_the_claimed_pod_and_holds_the_node(world):
     a.merge(CP_PATH, {"metadata": {"annotations": {f"{PREFIX}/next-driver": None}}})
 
 
-def test_the_validator_probes_the_claimed_pods_images_and_fails_closed_without_a_gpu_for_them(world):
+def test_the_validator_proves_the_claimed_pods_images_with_probe_pods_that_claim_a_gpu(world):
     """A driver change, 535 -> 555: the validator takes both claimed pods' images from the agent's record and
     probes each on the new driver, expecting compat-hook's decision (the host's library).
 
-    Its probe pods ask for a GPU in their env (``NVIDIA_VISIBLE_DEVICES=all``) or, with
-    ``validator.gpuResource``, from a device plugin; on a node whose GPUs come only from claims
-    neither reaches a GPU (plain runc applies no env, and no device plugin runs), and a probe pod
-    cannot use a claim: it is bound to its node by ``spec.nodeName`` (the chart's admission policy
-    holds the validator to that), so no scheduler allocates one for it. The probes load no libcuda,
-    and the validator fails closed: ``validated=failed``, the Warning Event names both images and
-    their pods, and the node carries compat-hook's taint (docs/validation.md)."""
+    With ``validator.deviceClass`` each probe pod claims one device of that class from the chart's
+    ResourceClaimTemplate: it is pinned to the node by node affinity (not bound by ``spec.nodeName``),
+    so the scheduler allocates its claim from the node's slice, the kubelet asks the DRA plugin to
+    prepare it, and the probe runs with the claim's CDI edits, as the workloads do. The DRA plugin
+    now hands out the new driver's library (as a real driver does once its driver root changed). Every
+    probe loads the host's 555 library: ``validated=555``, no taint, a Normal Event; the probe pods
+    and their claims are gone afterwards."""
     from tests.support.versions import HOST_555
 
     a = world.admin
     assert world.validated() == HOST_535
+    probes_before = len(world.plugin.prepared())
     t = time.monotonic()
     world.node.set_driver(HOST_555)
+    world.plugin.set_edits(gpu_edits(world.tk, HOST_555))
     try:
         a.wait("the validation of 555", lambda: world.validated() in (HOST_555, "failed") and
                world.validation()["driver"] == HOST_555, timeout=240, interval=0.5)
@@ -260,17 +271,28 @@ def test_the_validator_probes_the_claimed_pods_images_and_fails_closed_without_a
         raise AssertionError(f"{e}\n{world.logs()}") from None
     world.timings["validated"] = time.monotonic() - t
     st = world.validation()
-    assert world.validated() == "failed" and st["result"] == "fail", st
+    assert world.validated() == HOST_555 and st["result"] == "pass", (st, world.plugin.text()[-2000:])
     rows = {r["image"]: r for r in st["images"]}
     assert sorted(rows) == [PLAIN_IMAGE, COMPAT_IMAGE], rows
+    lib = f"/{nodemod.HOST_LIB_DIR}/libcuda.so.{HOST_555}"
     for image, pod in ((COMPAT_IMAGE, "apps/train"), (PLAIN_IMAGE, "apps/infer")):
         row = rows[image]
         assert row["pods"] == [pod] and row["expected"] == "host" and row["needs"] == "12.4", row
-        assert not row["ok"] and row["code"] == "no_libcuda" and row["libcuda"] is None, row
+        # what the probe's own loader took: the host's library, the claim's, on the new driver (CUDA 12.5)
+        assert row["ok"] and row["code"] == "ok" and row["libcuda"] == lib and row["driver_api"] == 12050, row
+    # each probe's claim was prepared on this node by the DRA plugin, a device the workloads do not hold
+    probes = [(claim, cdi) for claim, cdi in world.plugin.prepared()[probes_before:] if claim.startswith(f"{NS}/")]
+    assert len(probes) == 2, world.plugin.text()
+    held = {cdi.rsplit("-", 1)[1] for _, cdi in world.plugin.prepared()[:probes_before]}  # gpu-<i>
+    assert not held & {cdi.rsplit("-", 1)[1] for _, cdi in probes}, world.plugin.text()
     evs = a.get("/api/v1/events", fieldSelector=f"involvedObject.name={world.node.name},"
                                                  "reason=CompatHookValidation")["items"]
     (ev,) = [e for e in evs if HOST_555 in e["message"]]
-    assert ev["type"] == "Warning" and "apps/train" in ev["message"] and "apps/infer" in ev["message"], ev
+    assert ev["type"] == "Normal" and "2 workload image(s) validated" in ev["message"], ev
     taints = a.get(f"/api/v1/nodes/{world.node.name}")["spec"].get("taints") or []
-    assert {"key": f"{PREFIX}/validation-failed", "value": HOST_555, "effect": "NoSchedule"} in taints, taints
+    assert not [t for t in taints if t["key"] == f"{PREFIX}/validation-failed"], taints
+    # the probe pods are deleted, and with them their claims (the devices are free again)
+    a.wait("no probe pod and no claim left", lambda: not a.get(f"/api/v1/namespaces/{NS}/pods", labelSelector=(
+        "app.kubernetes.io/component=validation-probe"))["items"] and not a.get(
+        f"{RESOURCE}/namespaces/{NS}/resourceclaims")["items"], timeout=90, interval=0.5)
     print("node-dra timings (s):", {k: round(v, 1) for k, v in world.timings.items()})

@@ -210,6 +210,47 @@ def test_the_probe_pod_is_pinned_bounded_and_never_one_of_the_chart_s():
     assert c["env"] == [] and c["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
+def test_a_probe_pod_claims_its_gpu_where_gpus_come_only_from_dra_claims():
+    """``--claim-template`` (``validator.deviceClass``): the GPU from a claim of the chart's template, which only
+    the scheduler allocates: no nodeName, a required node affinity naming the node alone, the taints it would
+    meet tolerated (the cordon, the GPU's, compat-hook's own on a failed node, under the config's prefix)."""
+    o = ValidatorOptions("gpu-a.example", probe_image="localhost/compat-hook:0.1.0", publish_namespace="gpu-ops",
+                         claim_template="compat-hook-probe-gpu", taint_key="p.example/validation-failed")
+    w = {"image": "cuda:12.4", "runtime_class": None, "pods": ["ml/a"], "env": ["CUDA_VISIBLE_DEVICES=0"]}
+    spec = probe_pod(o, w)["spec"]
+    assert "nodeName" not in spec and spec["affinity"] == {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-a.example"]}]}]}}}
+    assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "compat-hook-probe-gpu"}]
+    (c,) = spec["containers"]
+    assert c["resources"]["claims"] == [{"name": "gpu"}] and not any("nvidia.com" in k for k in c["resources"]["limits"])
+    assert c["env"] == [{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}]  # no GPU asked for in the env
+    assert "resources" not in spec["initContainers"][0] or "claims" not in spec["initContainers"][0]["resources"]
+    keys = {(t["key"], t.get("effect")) for t in spec["tolerations"]}
+    assert {("node.kubernetes.io/unschedulable", "NoSchedule"), ("nvidia.com/gpu", None),
+            ("p.example/validation-failed", "NoSchedule")} <= keys
+
+
+def test_without_a_device_class_a_dra_only_node_fails_closed_saying_what_to_set():
+    """The default probe pod asks for its GPU in its env only (no claim, no resource): on a node whose GPUs come only
+    from DRA claims it gets none, its probe loads no libcuda, and the workload fails, the message naming
+    validator.deviceClass (tests/test_node_dra.py runs the claimed way on a real node)."""
+    o = ValidatorOptions("gpu-a", probe_image="localhost/compat-hook:0.1.0")
+    spec = probe_pod(o, {"image": "cuda:12.4", "runtime_class": None, "pods": ["ml/a"], "env": []})["spec"]
+    assert spec["nodeName"] == "gpu-a" and "resourceClaims" not in spec and "affinity" not in spec
+    assert spec["containers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    assert "claims" not in spec["containers"][0]["resources"]
+    expect = {"loads": "host", "compat_version": None, "compat_dir": None, "needs": "12.4"}
+    probe = parse_probe('{"probe": 1, "libcuda": null, "error": "libcuda.so.1: cannot open shared object file", '
+                        '"maps": []}')
+    r = validate.judge_probe(o, expect, probe)
+    assert not r["ok"] and r["code"] == "no_libcuda", r
+    assert "asked for a GPU in its env" in r["message"] and "validator.deviceClass" in r["message"], r
+    # with a claim the message says so (what the probe pod had), not what to set
+    r = validate.judge_probe(ValidatorOptions("gpu-a", claim_template="compat-hook-probe-gpu"), expect, probe)
+    assert r["code"] == "no_libcuda" and "ResourceClaimTemplate compat-hook-probe-gpu" in r["message"], r
+
+
 # --------------------------------------------------------------------------- the workload record
 
 
@@ -424,6 +465,16 @@ def test_the_chart_s_validator_objects():
     assert "--gpu-resource=nvidia.com/gpu" in gpu[("DaemonSet", "compat-hook-validator")]["spec"]["template"][
         "spec"]["containers"][0]["command"]
     assert not [a for a in c["command"] if a.startswith("--gpu-resource")]
+    # validator.deviceClass: the chart's ResourceClaimTemplate (one device of the class) and the flag naming it
+    assert not [d for d in docs.values() if d["kind"] == "ResourceClaimTemplate"]
+    assert not [a for a in c["command"] if a.startswith("--claim-template")]
+    dra = {(d["kind"], d["metadata"]["name"]): d for d in render("--set", "validator.deviceClass=gpu.nvidia.com")}
+    rct = dra[("ResourceClaimTemplate", "compat-hook-probe-gpu")]
+    assert rct["apiVersion"] == "resource.k8s.io/v1" and rct["metadata"]["namespace"] == "gpu-ops"
+    assert rct["spec"]["spec"]["devices"]["requests"] == [{"name": "gpu", "exactly": {
+        "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}}]
+    assert "--claim-template=compat-hook-probe-gpu" in dra[("DaemonSet", "compat-hook-validator")]["spec"][
+        "template"]["spec"]["containers"][0]["command"]
     for values in (["--set", "validator.enabled=false"], ["--set", "agent.enabled=false"]):
         assert not [d for d in render(*values) if "validator" in d["metadata"]["name"]], values
 
@@ -439,6 +490,9 @@ def _cli(*args) -> subprocess.CompletedProcess:
     (("--node", "a", "--probe-image", "i", "--probe-timeout", "1"), "--probe-timeout: at least 10"),
     (("--node", "a", "--probe-image", "i", "--parallel", "0"), "--parallel: at least 1"),
     (("--node", "a", "--probe-image", "i", "--bogus"), "unrecognized arguments"),
+    (("--node", "a", "--probe-image", "i", "--gpu-resource", "nvidia.com/gpu", "--claim-template", "t"),
+     "--gpu-resource and --claim-template"),
+    (("--node", "a", "--probe-image", "i", "--claim-template", "../x"), "--claim-template: not an object name"),
 ])
 def test_cli_usage_errors_are_one_line_and_exit_2(args, needle):
     p = _cli(*args)

@@ -37,6 +37,7 @@ KINDS = {
     "Lease": ("/apis/coordination.k8s.io/v1", "leases", True),
     "Job": ("/apis/batch/v1", "jobs", True),
     "RuntimeClass": ("/apis/node.k8s.io/v1", "runtimeclasses", False),
+    "ResourceClaimTemplate": ("/apis/resource.k8s.io/v1", "resourceclaimtemplates", True),
     "ValidatingAdmissionPolicy": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
     "ValidatingAdmissionPolicyBinding": ("/apis/admissionregistration.k8s.io/v1",
                                          "validatingadmissionpolicybindings", False),

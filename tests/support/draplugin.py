@@ -20,6 +20,9 @@ Two gRPC services (grpcio, code generated at start as tests/cri does):
   from the API server (as a real driver does: which request, pool and device it was allocated)
   and answers per claim UID.
 
+The edits file is read at each prepare (a real driver reads its driver root then), so a test can
+change it after a driver change (:meth:`Plugin.set_edits`).
+
 The CDI device's edits are the test's (``--edits``, a JSON file: what the toolkit's spec carries
 for the GPU on this node). Every prepare is one line on stdout (``prepare <ns>/<name> <cdi
 name>``), every unprepare one too (``unprepare <ns>/<name>``), so a test can tell that the
@@ -114,7 +117,6 @@ def serve(args: argparse.Namespace) -> int:
     gen = pathlib.Path(args.gen)
     dra, dra_rpc = generate(gen, HERE / "dra.proto")
     reg, reg_rpc = generate(gen, HERE / "draregistration.proto")
-    edits = json.loads(pathlib.Path(args.edits).read_text())
     api = Api(args.server, pathlib.Path(args.token_file).read_text().strip())
     stop = threading.Event()
 
@@ -135,6 +137,8 @@ def serve(args: argparse.Namespace) -> int:
             for c in request.claims:
                 try:
                     names, pool, device = allocated(c)
+                    # read at each prepare, as a real driver reads its driver root: a driver change shows
+                    edits = json.loads(pathlib.Path(args.edits).read_text())
                     _write(spec_path(c.uid), claim_spec(c.uid, device, edits))
                     out[c.uid] = dra.NodePrepareResourceResponse(devices=[dra.Device(
                         request_names=names, pool_name=pool, device_name=device,
@@ -223,8 +227,8 @@ class Plugin:
 
         work = pathlib.Path(work)
         work.mkdir(parents=True, exist_ok=True)
-        self.log = work / "draplugin.log"
-        (work / "edits.json").write_text(json.dumps(edits, indent=2))
+        self.log, self.edits = work / "draplugin.log", work / "edits.json"
+        self.set_edits(edits)
         token = work / "token"
         token.write_text(ADMIN_TOKEN)
         token.chmod(0o600)
@@ -240,6 +244,12 @@ class Plugin:
             assert self.proc.poll() is None, f"the DRA plugin exited: {self.text()[-3000:]}"
             assert time.monotonic() < deadline, f"the kubelet did not register the DRA plugin: {self.text()[-3000:]}"
             time.sleep(0.1)
+
+    def set_edits(self, edits: dict) -> None:
+        """The GPU's CDI edits for the claims prepared from now on (after a driver change: the new driver's)."""
+        tmp = self.edits.with_name(".edits.json.tmp")
+        tmp.write_text(json.dumps(edits, indent=2))
+        os.replace(tmp, self.edits)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

@@ -11,7 +11,9 @@ DaemonSet (templates/validator.yaml) carries that label, so the node waits for t
 2. it takes the GPU workloads the agent recorded on this node before the change (and since:
    :func:`compat_hook.cluster.workload.workloads.for_driver`) and runs each as a short probe pod pinned to
    the node (:func:`probe_pod`): the workload's image and GPU env, compat-hook's RuntimeClass,
-   the cordon and GPU taints tolerated, and ``compat-hook-probe`` (packaging/oci-image/
+   the cordon, GPU and compat-hook's own taints tolerated, a GPU from the env, a device plugin
+   (``--gpu-resource``) or a DRA claim (``--claim-template``: then pinned by node affinity, so
+   that the scheduler allocates the claim), and ``compat-hook-probe`` (packaging/oci-image/
    compat-hook-probe.c), copied from compat-hook's image into an ``emptyDir`` by an init
    container, as the command. The probe says which libcuda the image's own loader took,
    ``cuDriverGetVersion``, and ``cuInit`` where a GPU is present. A probe pod has a deadline and
@@ -51,7 +53,7 @@ from ..workload import workloads as wl
 from ..api.kube import KubeError, NotFound, Unreachable
 from .nodeevents import EVENT_NAMESPACE  # where an Event about a Node can be (the agent's too)
 
-__all__ = ["ValidatorOptions", "expectation", "judge", "probe_pod", "probe_name", "parse_probe", "validate",
+__all__ = ["ValidatorOptions", "expectation", "judge", "judge_probe", "no_gpu_hint", "probe_pod", "probe_name", "parse_probe", "validate",
            "run", "main", "LABEL", "TAINT", "EVENT_REASON", "taints_after", "failed"]
 
 LABEL = "validated"
@@ -79,14 +81,15 @@ SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 class ValidatorOptions:
     __slots__ = ("node", "publish_namespace", "workloads_dir", "state_dir", "probe_image", "runtime_class",
                  "probe_timeout", "deadline", "parallel", "interval", "retry", "ready_file", "address",
-                 "namespace", "once", "gpu_resource", "allow_unverified", "taint")
+                 "namespace", "once", "gpu_resource", "allow_unverified", "taint", "claim_template", "taint_key")
 
     def __init__(self, node: str, *, publish_namespace: str = "compat-hook", workloads_dir: str = "",
                  state_dir: str = "", probe_image: str = "", runtime_class: str = "cuda-compat",
                  probe_timeout: int = 90, deadline: int = 420, parallel: int = 4, interval: float = 5.0,
                  retry: float = 300.0, ready_file: str | None = None, address: str | None = None,
                  namespace: str = "k8s.io", once: bool = False, gpu_resource: str | None = None,
-                 allow_unverified: bool = False, taint: bool = True) -> None:
+                 allow_unverified: bool = False, taint: bool = True, claim_template: str | None = None,
+                 taint_key: str = f"compat-hook.io/{TAINT}") -> None:
         self.node, self.publish_namespace, self.workloads_dir = node, publish_namespace, workloads_dir
         self.state_dir, self.probe_image, self.runtime_class = state_dir, probe_image, runtime_class
         self.probe_timeout, self.deadline, self.parallel = probe_timeout, deadline, parallel
@@ -98,6 +101,11 @@ class ValidatorOptions:
         self.allow_unverified = allow_unverified
         #: ``cluster.validation_taint``: a failed node carries TAINT until a pass.
         self.taint = taint
+        #: ``--claim-template``: probe pods get their GPU from a ResourceClaim of this ResourceClaimTemplate
+        #: (the chart's, with ``validator.deviceClass``), placed on the node by the scheduler, which allocates it.
+        self.claim_template = claim_template
+        #: ``<prefix>/`` + TAINT: the probe pods tolerate it (the scheduler places them on a failed node too).
+        self.taint_key = taint_key
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -146,6 +154,20 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
     >>> sc = p["spec"]["containers"][0]["securityContext"]
     >>> p["spec"]["serviceAccountName"], sc["runAsUser"], sc["capabilities"], sc["seccompProfile"]["type"]
     ('default', 65534, {'drop': ['ALL']}, 'RuntimeDefault')
+
+    With ``claim_template`` (``--claim-template``, the chart's ``validator.deviceClass``) the GPU comes
+    from a ResourceClaim of that template: a claim is allocated only by the scheduler, so the pod is
+    not bound by ``nodeName`` but pinned to the node by a required node affinity on its name, and
+    asks for no GPU in its env.
+
+    >>> o.claim_template = "compat-hook-probe-gpu"
+    >>> p = probe_pod(o, {"image": "cuda:12.4", "env": [], "runtime_class": None, "pods": ["ml/a"]})
+    >>> "nodeName" in p["spec"], p["spec"]["resourceClaims"], p["spec"]["containers"][0]["resources"]["claims"]
+    (False, [{'name': 'gpu', 'resourceClaimTemplateName': 'compat-hook-probe-gpu'}], [{'name': 'gpu'}])
+    >>> p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    [{'matchFields': [{'key': 'metadata.name', 'operator': 'In', 'values': ['gpu-a']}]}]
+    >>> p["spec"]["containers"][0]["env"]
+    []
     """
     small = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "128Mi"}}
     mount = {"name": "probe", "mountPath": PROBE_DIR}
@@ -156,10 +178,13 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
                 "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                 "seccompProfile": {"type": "RuntimeDefault"}}
     # With --gpu-resource the device plugin gives the probe a GPU (where the runtime ignores a GPU
-    # asked for in the env of an unprivileged pod); by default the env asks, and no GPU is taken.
+    # asked for in the env of an unprivileged pod); with --claim-template a DRA claim does (a node
+    # whose GPUs come only from claims); by default the env asks, and no GPU is taken.
     res = small if not opts.gpu_resource else {"requests": small["requests"],
                                                "limits": dict(small["limits"], **{opts.gpu_resource: "1"})}
-    return {
+    if opts.claim_template:
+        res = dict(small, claims=[{"name": "gpu"}])
+    pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": probe_name(opts.node, workload), "namespace": opts.publish_namespace,
                      "labels": {"app.kubernetes.io/name": wl.PROBE_NAME, "app.kubernetes.io/part-of": "compat-hook",
@@ -171,8 +196,11 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
             # the namespace's "default" account, which the chart grants nothing: a node's kubelet may
             # mint a token for the account of any pod bound to it, so never one of the chart's own
             "serviceAccountName": "default", "automountServiceAccountToken": False, "enableServiceLinks": False,
+            # what the scheduler would weigh when it places a claim's pod: a cordoned node (the
+            # upgrade's), the GPU taint, compat-hook's own taint on a node whose validation failed
             "tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
-                            {"key": "nvidia.com/gpu", "operator": "Exists"}],
+                            {"key": "nvidia.com/gpu", "operator": "Exists"},
+                            {"key": opts.taint_key, "operator": "Exists", "effect": "NoSchedule"}],
             "volumes": [{"name": "probe", "emptyDir": {"sizeLimit": "16Mi"}}],
             "initContainers": [{
                 "name": "stage", "image": opts.probe_image, "imagePullPolicy": "IfNotPresent",
@@ -181,10 +209,20 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
                 "securityContext": dict(confined, readOnlyRootFilesystem=True)}],
             "containers": [{
                 "name": "probe", "image": workload["image"], "imagePullPolicy": "Never",
-                "command": [f"{PROBE_DIR}/compat-hook-probe"], "env": _probe_env(workload, not opts.gpu_resource),
+                "command": [f"{PROBE_DIR}/compat-hook-probe"],
+                "env": _probe_env(workload, not (opts.gpu_resource or opts.claim_template)),
                 "volumeMounts": [dict(mount, readOnly=True)], "resources": res,
                 "terminationMessagePolicy": "FallbackToLogsOnError",
                 "securityContext": dict(confined)}]}}
+    if opts.claim_template:
+        # The scheduler allocates the claim where it places the pod: one required term naming this node
+        # alone (the chart's admission policy accepts exactly that form in place of spec.nodeName).
+        spec = pod["spec"]
+        del spec["nodeName"]
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [opts.node]}]}]}}}
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": opts.claim_template}]
+    return pod
 
 
 def parse_probe(text) -> dict | None:
@@ -309,6 +347,45 @@ def judge(expect: dict, probe: dict | None, *, unjudged_ok: bool = False) -> dic
     return {"ok": True, "code": code, "message": message}
 
 
+def judge_probe(opts: ValidatorOptions, expect: dict, probe: dict | None) -> dict:
+    """:func:`judge` as the validator runs it: a probe that loaded no libcuda also says how its pod asked
+    for a GPU (:func:`no_gpu_hint`): on a node whose GPUs come only from DRA claims, a probe pod of the
+    default way gets none, and the node fails closed saying what to set.
+
+    >>> e = {"loads": "host", "compat_version": None, "compat_dir": None, "needs": "12.4"}
+    >>> r = judge_probe(ValidatorOptions("gpu-a"), e, {"libcuda": None, "error": "libcuda.so.1: not found"})
+    >>> r["ok"], r["code"], "validator.deviceClass" in r["message"]
+    (False, 'no_libcuda', True)
+    """
+    verdict = judge(expect, probe, unjudged_ok=opts.allow_unverified)
+    if verdict["code"] == "no_libcuda":
+        verdict["message"] += no_gpu_hint(opts)
+    return verdict
+
+
+def no_gpu_hint(opts: ValidatorOptions) -> str:
+    """What a probe that loaded no libcuda adds to its message: how its pod asked for a GPU, and what
+    else there is where that way reaches none (a node whose GPUs come only from a device plugin or
+    from DRA claims).
+
+    >>> no_gpu_hint(ValidatorOptions("gpu-a"))[:72]
+    ' (the probe pod asked for a GPU in its env, NVIDIA_VISIBLE_DEVICES=all; '
+    >>> "validator.deviceClass" in no_gpu_hint(ValidatorOptions("gpu-a"))
+    True
+    >>> no_gpu_hint(ValidatorOptions("gpu-a", gpu_resource="nvidia.com/gpu"))
+    ' (the probe pod requested one nvidia.com/gpu)'
+    >>> no_gpu_hint(ValidatorOptions("gpu-a", claim_template="compat-hook-probe-gpu"))
+    ' (the probe pod had a claim of the ResourceClaimTemplate compat-hook-probe-gpu)'
+    """
+    if opts.claim_template:
+        return f" (the probe pod had a claim of the ResourceClaimTemplate {opts.claim_template})"
+    if opts.gpu_resource:
+        return f" (the probe pod requested one {opts.gpu_resource})"
+    return (" (the probe pod asked for a GPU in its env, NVIDIA_VISIBLE_DEVICES=all; where the runtime ignores "
+            "that, set validator.gpuResource for a device plugin's GPUs, or validator.deviceClass where GPUs "
+            "come only from DRA claims)")
+
+
 def event_message(driver: str, rows: list, problem: str | None = None) -> str:
     """The Event's text: the failing images with their pods and why (bounded); ``problem``: why the
     validation as a whole failed (an error in the validator itself, :func:`failed`).
@@ -419,6 +496,12 @@ def _pod_state(pod: dict) -> tuple:
             message = t.get("message")
         elif isinstance(t, dict) and t.get("exitCode") not in (0, None):
             waiting = f"{c.get('name')}: exit {t.get('exitCode')}: {str(t.get('message') or t.get('reason'))[:200]}"
+    if waiting is None and not statuses:
+        # a pod the scheduler places (--claim-template) and cannot yet: say why (no free device, a taint)
+        for cond in st.get("conditions") if isinstance(st.get("conditions"), list) else []:
+            if (isinstance(cond, dict) and cond.get("type") == "PodScheduled" and cond.get("status") == "False"
+                    and cond.get("reason")):
+                waiting = f"not scheduled: {cond.get('reason')}: {str(cond.get('message') or '')[:200]}".rstrip(": ")
     return phase, waiting, message
 
 
@@ -533,7 +616,7 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
                                                 "not proven fails)"))
         if got["error"]:
             return dict(row, ok=False, code="probe_failed", message=got["error"])
-        verdict = judge(exp, got["probe"], unjudged_ok=opts.allow_unverified)
+        verdict = judge_probe(opts, exp, got["probe"])
         p = got["probe"]
         return dict(row, libcuda=p.get("libcuda"), driver_api=p.get("driver_api"), cuinit=p.get("cuinit"),
                     glibc=p.get("glibc"), **verdict)
@@ -829,6 +912,9 @@ def _parser():
     p.add_argument("--gpu-resource", metavar="NAME",
                    help="probe pods request one of this resource (e.g. nvidia.com/gpu) instead of asking the "
                         "runtime for a GPU in their env")
+    p.add_argument("--claim-template", metavar="NAME",
+                   help="probe pods get their GPU from a ResourceClaim of this ResourceClaimTemplate (in their "
+                        "namespace), pinned to the node by node affinity so that the scheduler allocates it")
     return p
 
 
@@ -857,6 +943,10 @@ def _main(args, load_config, node_name_ok) -> int:
                          ("--retry", args.retry, 1)):
         if v < low:
             raise UsageError(f"{flag}: at least {low}")
+    if args.gpu_resource and args.claim_template:
+        raise UsageError("--gpu-resource and --claim-template: a probe pod gets its GPU one way, give one of them")
+    if args.claim_template and not node_name_ok(args.claim_template):
+        raise UsageError(f"--claim-template: not an object name (a DNS subdomain), got {args.claim_template[:80]!r}")
     cfg = load_config(args.config, args.host_root)
     ns = args.publish_namespace
     if ns is None:
@@ -870,7 +960,8 @@ def _main(args, load_config, node_name_ok) -> int:
                             probe_timeout=args.probe_timeout, deadline=args.deadline, parallel=args.parallel,
                             interval=args.interval, retry=args.retry, ready_file=args.ready_file,
                             address=args.address, namespace=args.namespace, once=args.once,
-                            gpu_resource=args.gpu_resource or None,
+                            gpu_resource=args.gpu_resource or None, claim_template=args.claim_template or None,
                             allow_unverified=bool(settings(cfg)["validation_allow_unverified"]),
-                            taint=bool(settings(cfg)["validation_taint"]))
+                            taint=bool(settings(cfg)["validation_taint"]),
+                            taint_key=f"{settings(cfg)['label_prefix']}/{TAINT}")
     return run(lambda: kube.connect(args.kubeconfig, args.context), cfg, opts, settings(cfg)["label_prefix"])

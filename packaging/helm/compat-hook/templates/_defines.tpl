@@ -44,6 +44,11 @@ system:serviceaccount:{{ .Release.Namespace }}:compat-hook-release
 {{- define "compat-hook.validatorUser" -}}
 system:serviceaccount:{{ .Release.Namespace }}:compat-hook-validator
 {{- end -}}
+{{/* The ResourceClaimTemplate of the validator's probe pods (validator.deviceClass), the only claim
+the admission policy lets them name. */}}
+{{- define "compat-hook.probeClaimTemplate" -}}
+compat-hook-probe-gpu
+{{- end -}}
 
 {{/*
 What the schema cannot say plainly, checked here and refused at once, every bad value named (one
