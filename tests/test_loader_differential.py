@@ -71,7 +71,9 @@ class Draft:
     """An :class:`Image` being drawn, and the names its compat dirs go by."""
 
     def __init__(self) -> None:
-        self.image = Image(env=["NVIDIA_VISIBLE_DEVICES=all"])
+        # PROBE_ID: the probe says which file it mapped (st_dev:st_ino), so the host's library under a compat
+        # file's name counts as the host's (loaderbox.outcome)
+        self.image = Image(env=["NVIDIA_VISIBLE_DEVICES=all", "PROBE_ID=1"])
         self.path = [BASE_PATH]
         self.compat_names: list = []  # spellings of compat dirs (for drop-ins and LD_LIBRARY_PATH)
         self.lib_names: list = []  # env lib dirs holding links (LD_LIBRARY_PATH only)
@@ -324,7 +326,7 @@ def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
             row["explain_error"] = str(e)
         for actor, start in (("with_hook", lambda r: b.hook(case["runtime"], r)), ("with_wrapper", b.wrapper)):
             got = start(root if actor == "with_hook" else b.fresh("wrapper"))
-            said, real = predicted(report, actor), outcome(got, case["host"])
+            said, real = predicted(report, actor), outcome(got, case["host"], libcuda[case["host"]])
             recs = [r for r in hookenv.read_log(b.log) if r.get("container_id") == b.last.container_id]
             last = ([r for r in recs if r.get("event") == "hook"] or recs or [{}])[-1]
             logged = (last.get("effect"), last.get("compat_dir") if last.get("effect") == "compat" else None)

@@ -270,17 +270,20 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
 
             done += bind_readonly(root, *a.hook_mount)
         over = [x for x in a.host_over if x["by"] == "hook"]
-        if over:
-            # the host's libcuda in place of each compat file, before any mask covers its dir
+        if any(not x.get("mask") for x in over):
+            # the host's libcuda in place of each compat file (one in a dir masked below: inside the mask)
             from ..effects.mounts import bind_file_over
 
             for x in over:
-                done += bind_file_over(root, x["source"], x["target"], x.get("in_rootfs", False))
+                if not x.get("mask"):
+                    done += bind_file_over(root, x["source"], x["target"], x.get("in_rootfs", False))
         if a.hook_masks:
             from ..effects.mounts import mask_dir
 
             for d in a.hook_masks:
-                done += mask_dir(root, d)
+                keep = [(x["target"].rsplit("/", 1)[1], x["source"], x.get("in_rootfs", False))
+                        for x in over if x.get("mask") == d]
+                done += mask_dir(root, d, keep)
         if a.hook:
             from ..effects import ldcache
 

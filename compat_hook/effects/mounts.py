@@ -91,26 +91,62 @@ def _seal(root, resolved: str, source: str, want) -> None:
         os.close(fd)
 
 
-def mask_dir(root, path: str) -> list:
-    """Hide the dir ``path`` in ``root`` under an empty read-only tmpfs; returns what was done.
+def mask_dir(root, path: str, keep=()) -> list:
+    """Hide the dir ``path`` in ``root`` under a read-only tmpfs; returns what was done.
 
-    Like the runtime's masked paths: nothing under it (a compat libcuda, its
-    symlinks) can be found there, by ``LD_LIBRARY_PATH`` or ldconfig, for the
-    life of the container. The image's files are not touched. The target is
-    resolved and opened inside the confined root and mounted through its
-    descriptor, so no image symlink can redirect it.
+    Like the runtime's masked paths: nothing of the image's under it (a compat
+    libcuda, its companions, its symlinks) can be found there, by
+    ``LD_LIBRARY_PATH``, a RUNPATH's links or ldconfig, for the life of the
+    container. The image's files are not touched. The target is resolved and
+    opened inside the confined root and mounted through its descriptor, so no
+    image symlink can redirect it.
+
+    ``keep``: ``[(name, source, source_in_root)]``, where the host's driver is chosen: the compat
+    libcuda file ``name`` of the dir stays there, as the host's libcuda ``source`` bind-mounted
+    read-only (:func:`bind_file_over`). A process that opens that file by its path (an absolute
+    ``dlopen``, a preload) maps the host's library, as it does where no mask is needed
+    (:mod:`compat_hook.policy.hostover`). Its links (``libcuda.so.1``, ``libcuda.so``) are not kept:
+    the dir is masked because a *search* reaches it (``LD_LIBRARY_PATH``, a RUNPATH's links, an early
+    ld.so.conf line), and a search for ``libcuda.so.1`` must find nothing there and go on to the host's
+    dir, so ``dlopen("<dir>/libcuda.so.1")`` fails (ENOENT) instead of mapping a compat driver.
     """
+    import stat as _stat
+
     fd, resolved = root.open_path(path)
     try:
-        import stat as _stat
-
         if not _stat.S_ISDIR(os.fstat(fd).st_mode):
             raise OSError(f"{resolved}: not a directory")
-        _mount("compat-hook-mask", f"/proc/self/fd/{fd}", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-               "tmpfs", "size=4k,nr_inodes=1,mode=0555")
+        flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+        if not keep:
+            _mount("compat-hook-mask", f"/proc/self/fd/{fd}", _MS_RDONLY | flags, "tmpfs",
+                   "size=4k,nr_inodes=1,mode=0555")
+            return [f"masked {resolved} (empty read-only tmpfs)"]
+        names = 1 + len(keep)
+        _mount("compat-hook-mask", f"/proc/self/fd/{fd}", flags, "tmpfs", f"size=16k,nr_inodes={names},mode=0755")
     finally:
         os.close(fd)
-    return [f"masked {resolved} (empty read-only tmpfs)"]
+    said = []
+    try:
+        tfd, _ = root.open_path(resolved)  # the new tmpfs: the confined walk crosses into the mount
+        try:
+            for name, _, _ in keep:
+                if "/" in name or name in (".", ".."):
+                    raise OSError(f"{resolved}: {name!r} is not a file name")
+                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444,
+                                 dir_fd=tfd))
+        finally:
+            os.close(tfd)
+        for name, source, in_root in keep:
+            said += bind_file_over(root, source, f"{resolved}/{name}", in_root)
+    finally:
+        # read-only whatever happened: a mask half made still hides the image's files
+        tfd, _ = root.open_path(resolved)
+        try:
+            _mount(None, f"/proc/self/fd/{tfd}", _MS_REMOUNT | _MS_RDONLY | flags)
+        finally:
+            os.close(tfd)
+    kept = ", ".join(n for n, _, _ in keep)
+    return [f"masked {resolved} (read-only tmpfs holding only {kept}, the host's libcuda)"] + said
 
 
 def bind_built_file(root, scratch: str, name: str, build, dest: str) -> list:

@@ -178,12 +178,18 @@ class Assessment:
                 hook.append(f"remove {DROPIN_PATH}")
             elif action == "ldconfig":
                 hook.append("refresh the container's ld cache (ldconfig -r)")
-        for d in reversed(self.hook_masks):
-            hook.insert(0, f"mask {d} with an empty read-only tmpfs (createContainer)")
-        for x in reversed([x for x in self.host_over if x["by"] == "hook"]):
-            src = f"{x['source']} (in the container)" if x.get("in_rootfs") else x["source"]
-            hook.insert(0, f"bind-mount {src} over {x['target']} (ro, createContainer): "
-                           + ("the host's libcuda" if x["kind"] == "libcuda" else "a compat companion masked"))
+        # in the order the hook acts: the host's libcuda over each compat file, then each mask, followed by
+        # the compat file it keeps as the host's
+        first: list = []
+        for x in [x for x in self.host_over if x["by"] == "hook" and not x.get("mask")]:
+            first.append(_over_line(x))
+        for d in self.hook_masks:
+            kept = [x for x in self.host_over if x["by"] == "hook" and x.get("mask") == d]
+            names = ", ".join(x["target"].rsplit("/", 1)[1] for x in kept)
+            first.append(f"mask {d} with a read-only tmpfs holding only {names}, the host's libcuda (createContainer)"
+                         if kept else f"mask {d} with an empty read-only tmpfs (createContainer)")
+            first += [_over_line(x) for x in kept]
+        hook[:0] = first
         if self.hook_mount is not None:
             hook.insert(0, f"bind-mount {self.hook_mount[0]} at {self.hook_mount[1]} (ro, createContainer)")
         return {"hook": hook, "wrapper": list(self.spec_edits)}
@@ -349,8 +355,9 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
     a.effect = a.decision.effect
     _find_losers(a, config, root)
     _plan_hook(a, config, root, mount_ns)
-    if a.effect == "host" and a.image is not None and a.image.status != "none":
-        # only where the host's driver is chosen over compat files the image carries (off the hot path)
+    # only where the host's driver is chosen over compat files the image carries (off the hot path)
+    over = a.effect == "host" and a.image is not None and a.image.status != "none"
+    if over and "wrapper" in a.actors:  # the wrapper's spec mounts, before its other edits
         from . import hostover
 
         hostover.plan(a, config, root, mount_ns)
@@ -385,6 +392,11 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
     _hide_or_warn(a, root, mount_ns, early, "a dir ldconfig reads before compat-hook's drop-in",
                   f"{', '.join(x['early'][0] for x in early)} names {', '.join(x['dir'] for x in early)}, a compat "
                   f"dir that must not be used {_not_used_why(a)}, before compat-hook's drop-in")
+    if over and "wrapper" not in a.actors:
+        # the hook's: after every mask is planned, a dir it masks keeps its libcuda as the host's
+        from . import hostover
+
+        hostover.plan(a, config, root, mount_ns)
     if a.effect == "compat" and a.decision.source == "image" and "hook" in a.actors and "wrapper" not in a.actors:
         first = _host_first_on_ld_path(a, root)
         if first is not None:
@@ -441,6 +453,13 @@ def _resolves_into(root, entry: str, d: str) -> bool:
     return r == d or r.startswith(d.rstrip("/") + "/")
 
 
+def _over_line(x: dict) -> str:
+    """explain's line for one of the hook's binds of the host's libcuda (or ``/dev/null``) over a compat file."""
+    src = f"{x['source']} (in the container)" if x.get("in_rootfs") else x["source"]
+    return (f"bind-mount {src} over {x['target']} (ro, createContainer): "
+            + ("the host's libcuda" if x["kind"] == "libcuda" else "a compat companion masked"))
+
+
 def _find_losers(a: Assessment, config, root) -> None:
     """Every candidate dir the decision did not choose, with what names it (``a.losers``).
 
@@ -489,7 +508,9 @@ def _how_it_loses(a: Assessment, config, x: dict) -> list:
     how = []
     masked = x["dir"] in a.hook_masks
     if masked:
-        how.append("hidden under an empty read-only tmpfs (createContainer)")
+        kept = [o["target"].rsplit("/", 1)[1] for o in a.host_over if o.get("mask") == x["dir"]]
+        how.append(f"hidden under a read-only tmpfs keeping only {', '.join(kept)} as the host's libcuda "
+                   "(createContainer)" if kept else "hidden under an empty read-only tmpfs (createContainer)")
     if x["ld_entries"]:
         if "wrapper" in a.actors and (a.wrapper.get("strip") or a.wrapper.get("ld_dir")):
             how.append(f"LD_LIBRARY_PATH entry {', '.join(x['ld_entries'])} taken off by the wrapper")

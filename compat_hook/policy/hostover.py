@@ -155,8 +155,12 @@ def plan(a, config, root, mount_ns: bool) -> None:
         return
     if "hook" not in a.actors:
         return
-    todo = [(t, k, p) for t, k, p in files if t not in binds
-            and not any(t.startswith(m.rstrip("/") + "/") for m in a.hook_masks)]
+    def mask_of(t: str):
+        return next((m for m in a.hook_masks if t.startswith(m.rstrip("/") + "/")), None)
+
+    # A dir the hook masks keeps its compat libcuda, as the host's (effects.mounts.mask_dir ``keep``); its
+    # companions stay hidden with the rest of it.
+    todo = [(t, k, p) for t, k, p in files if t not in binds and (k == "libcuda" or mask_of(t) is None)]
     if not todo:
         return
     if not (mount_ns and root is not None):
@@ -171,13 +175,17 @@ def plan(a, config, root, mount_ns: bool) -> None:
         inside = _in_rootfs(root, host_dir, prefix + (drv or "")) if drv else None
         if inside is None and kind == "libcuda":
             inside = _in_rootfs(root, host_dir, "libcuda.so.1")
+        m = mask_of(target)
+        extra = {"mask": m} if m is not None else {}
         if inside is not None:
             a.host_over.append({"target": target, "source": inside, "kind": kind, "by": "hook",
-                                "in_rootfs": True})
+                                "in_rootfs": True, **extra})
             continue
         src = host_file(config, prefix, drv) or (NULL if kind == "companion" else None)
         if src is None:
-            a.notes.append(f"{target} stays: the host driver's libcuda.so.{drv or '<version>'} is neither in the "
-                           "container nor in the host's driver_lib_dirs")
+            a.notes.append(f"{target} stays" + (" hidden" if m is not None else "") + ": the host driver's "
+                           f"libcuda.so.{drv or '<version>'} is neither in the container nor in the host's "
+                           "driver_lib_dirs")
             continue
-        a.host_over.append({"target": target, "source": src, "kind": kind, "by": "hook", "in_rootfs": False})
+        a.host_over.append({"target": target, "source": src, "kind": kind, "by": "hook", "in_rootfs": False, **extra})
+

@@ -254,10 +254,19 @@ def predicted(report: dict, actor: str) -> tuple:
     return got.get("result"), got.get("dir")
 
 
-def outcome(loaded: Loaded, host: str) -> tuple:
-    """``(result, dir)`` of a real start, in explain's terms: the host library, or compat from a dir."""
+def outcome(loaded: Loaded, host: str, host_file: str | None = None) -> tuple:
+    """``(result, dir)`` of a real start, in explain's terms: the host library, or compat from a dir.
+
+    ``host_file``: the host's libcuda on this machine; with the probe's ``PROBE_ID`` (the mapped file's
+    ``st_dev:st_ino``) a start that maps that very file under another name is the host's too: the
+    host's library bind-mounted in a compat file's place (compat_hook.policy.hostover, a mask that keeps
+    the compat file's name) is the host's driver, whatever the loader calls it."""
     if loaded.path == host_lib(host):
         return "host", None
+    if host_file is not None and loaded.id is not None:
+        st = os.stat(host_file)
+        if loaded.id == f"{st.st_dev}:{st.st_ino}":
+            return "host", None
     if loaded.path is None:
         return "error", None
     return "compat", os.path.dirname(loaded.path)
