@@ -62,7 +62,8 @@ class Image:
     path -> text; ``ld_so_conf``: the whole ``/etc/ld.so.conf`` (None: the harness's
     ``include`` line); ``after_ldconfig``: links removed after the build-time ldconfig;
     ``runpath_probe``: where to put a probe built with ``DT_RUNPATH $ORIGIN/../lib``;
-    ``rpath_probe``: ``(where, dir)``, a probe built with ``DT_RPATH`` naming ``dir``.
+    ``rpath_probe``: ``(where, dir)``, a probe built with ``DT_RPATH`` naming ``dir``;
+    ``copies``: path -> a file of this machine copied there (a stub library).
     """
 
     libs: dict = dataclasses.field(default_factory=dict)
@@ -77,6 +78,7 @@ class Image:
     cwd: str = "/"
     uid: int = 0
     passwd: list = dataclasses.field(default_factory=list)
+    copies: dict = dataclasses.field(default_factory=dict)  # path -> a file of this machine copied there
 
     def build(self, root: Path, libcuda: dict) -> None:
         """Write the image into the harness rootfs ``root`` (``libcuda``: version -> real file)."""
@@ -86,6 +88,10 @@ class Image:
             p = root / link.lstrip("/")
             p.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(target, p)
+        for path, src in self.copies.items():
+            p = root / path.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, p)
         for path, text in self.files.items():
             p = root / path.lstrip("/")
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -143,8 +149,9 @@ class Box:
     """One fake host (driver ``host``, GPU ``model``), one config, one log, one pristine image rootfs."""
 
     def __init__(self, tmp: Path, libcuda: dict, host: str, image: Image, *, model: str = DATA_CENTER,
-                 **config) -> None:
+                 host_dir: str | None = None, **config) -> None:
         self.tmp, self.libcuda, self.host, self.image = Path(tmp), libcuda, host, image
+        self.host_dir = host_dir  # None: the toolkit's place (SYS); else a device plugin's dir
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.host_root = write_fake_host(self.tmp / "host", version=host, gpus={"0000:17:00.0": model}).resolve()
         # the host's driver dir holds its libcuda (the runtime wrapper's source for the host's library)
@@ -172,7 +179,8 @@ class Box:
                               edit=self.image.spec_edit)
 
     def _standin(self, root: Path) -> dict:
-        return rt.nvidia_standin_hook(self.libcuda[self.host], root.parent / "work", "prestart")
+        return rt.nvidia_standin_hook(self.libcuda[self.host], root.parent / "work", "prestart",
+                                      host_dir=self.host_dir)
 
     # -- starts --------------------------------------------------------------
     def alone(self, runtime: str = "runc") -> Loaded:
