@@ -260,6 +260,9 @@ def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
     rows, layout_bugs, wrong, log_wrong, toolkit_only = [], [], [], [], []
     for i in range(N):
         case = generate(rng)
+        # the probe also prints the mapped file's st_dev:st_ino: a compat libcuda compat-hook put over the
+        # host's file (an LD_LIBRARY_PATH dir before the compat dir) maps under the host's name
+        case["image"].env.append("PROBE_ID=1")
         b = Box(tmp_path / f"l{i:03d}", libcuda, case["host"], case["image"], model=BRANDS[case["brand"]],
                 mode=case["mode"])
         _started.append(b.started)
@@ -277,8 +280,9 @@ def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
             report = {"toolkit": {}, "explain_error": str(e)}
             row["explain_error"] = str(e)
         for actor, start in (("with_hook", lambda r: b.hook(case["runtime"], r)), ("with_wrapper", b.wrapper)):
-            got = start(root if actor == "with_hook" else b.fresh("wrapper"))
-            said, real = predicted(report, actor), outcome(got, case["host"])
+            where = root if actor == "with_hook" else b.fresh("wrapper")
+            got = start(where)
+            said, real = predicted(report, actor), outcome(got, case["host"], where)
             recs = [r for r in hookenv.read_log(b.log) if r.get("container_id") == b.last.container_id]
             last = ([r for r in recs if r.get("event") == "hook"] or recs or [{}])[-1]
             logged = (last.get("effect"), last.get("compat_dir") if last.get("effect") == "compat" else None)

@@ -6,9 +6,10 @@ parts) in a compat dir; directories are ignored, and where the dir holds no
 such file, a symlink of that name counts by its target, resolved inside the
 root and a regular file (:attr:`ImageFacts.link_targets`: the loader follows
 the link); none means no compat there, several means ambiguous (no compat,
-like NVIDIA's toolkit). Where a compat dir holds a candidate, the userland
-libcuda files of the image's system lib dirs are facts too
-(:func:`userland_libcuda`: ``cuda-drivers`` installed in the image). The
+like NVIDIA's toolkit). The userland libcuda files of the image's system lib
+dirs are facts too (:func:`userland_libcuda`: ``cuda-drivers`` installed in the
+image), read for ``explain`` and ``plan``, and by the hook only where the host's
+driver is chosen over compat files. The
 compat dir is reported as the container resolves it
 (``/usr/local/cuda-12.4/compat`` when ``/usr/local/cuda`` links to
 ``cuda-12.4``), which is what the ld.so drop-in must name.
@@ -284,8 +285,7 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
     dirs; ``cwd``: the process's working dir (a pixi project); ``conf``: ldconfig's reading of
     the image (:func:`compat_hook.facts.loader.ld_so_conf`), whose dirs holding a libcuda are
     candidates too; ``extra_ld``: ``LD_LIBRARY_PATH`` entries a runtime wrapper took off;
-    ``userland``: read :attr:`ImageFacts.userland` even where no compat dir holds a candidate
-    (where one does, it is always read).
+    ``userland``: read :attr:`ImageFacts.userland` (else left for the caller that needs it).
     """
     facts = ImageFacts()
     found: list = []
@@ -389,8 +389,8 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
             if _may_hold_libcuda(root, d, known):
                 scan(d, "ld.so.conf", quiet_missing=True)
     facts.others = found[1:]
-    if found or userland:
-        # only where the image carries a compat driver (or explain asks): off the hot path
+    if userland:
+        # explain, plan; the hook reads them only where the host's driver is chosen over compat files
         facts.userland = userland_libcuda(root)
     return facts
 

@@ -55,7 +55,7 @@ class Assessment:
                  "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "hook_refresh",
                  "existing_dropin", "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins",
                  "ld_compat_entries", "toolkit", "actors", "losers", "ldconf", "maps",
-                 "wrapper_adds_hook", "maps_uncertain", "host_over", "compat_over")
+                 "wrapper_adds_hook", "maps_uncertain", "host_over", "compat_over", "shadowed")
 
     def __init__(self) -> None:
         self.request = None
@@ -88,6 +88,7 @@ class Assessment:
         self.maps_uncertain = False     # a warning says the decision may not take effect here
         self.host_over: list = []       # the host's libcuda over each compat file (policy/hostover)
         self.compat_over: list = []     # the chosen compat libcuda over each file shadowing it (policy/shadow)
+        self.shadowed: list = []        # LD_LIBRARY_PATH entries whose libcuda.so.1 the hook covers with it
 
     def replan_hook(self, existing: str | None) -> list:
         """The hook's ld cache actions given the drop-in found now (under the lock)."""
@@ -364,6 +365,11 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
         # only where the host's driver is chosen over compat files the image carries (off the hot path)
         from . import hostover
 
+        if not full and root is not None:
+            # a userland libcuda in a system lib dir takes the host's place too: read only on this path
+            from ..facts.imagefacts import userland_libcuda
+
+            a.image.userland = userland_libcuda(root)
         hostover.plan(a, config, root, mount_ns)
     if a.effect == "compat" and a.image is not None and request is not None and request.env.get("LD_LIBRARY_PATH"):
         # only where the image's own LD_LIBRARY_PATH may reach a libcuda before the chosen dir
@@ -772,8 +778,11 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
     def holds(entry, hidden):
         return _holding(usable, root, entry, hidden)
 
-    def ld_path(value, hidden):
-        return _ld_walk(usable, root, value, host_dir, hidden)
+    def ld_path(value, hidden, covered=()):
+        # an entry whose libcuda.so.1 the hook covers with the chosen compat libcuda reaches that (policy/shadow)
+        cov = {c.rstrip("/") for c in covered}
+        return [{"entry": a.decision.compat_dir, "kind": "compat"} if w["entry"].rstrip("/") in cov else w
+                for w in _ld_walk(usable, root, value, host_dir, hidden)]
 
     def dropins(hidden):
         out = []
@@ -812,7 +821,8 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
     # yet (explain on a bare rootfs): the NVIDIA runtime mounts it at start.
     # env mode: the hook alone writes no drop-in for compat (that is the wrapper's LD_LIBRARY_PATH)
     hook_eff = None if a.effect == "compat" and a.hook_target is None else a.effect
-    hook_only = toolkit.effective(hook_effect=hook_eff, dropins=dropins(masked), ld_path=ld_path(env_ld, masked),
+    hook_only = toolkit.effective(hook_effect=hook_eff, dropins=dropins(masked),
+                                  ld_path=ld_path(env_ld, masked, a.shadowed),
                                   links=links(masked), **common)
     for res in (alone, hook_only):
         res["dir"] = _winning_dir(res, root, cands, a.decision, tk_root)

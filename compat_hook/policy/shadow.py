@@ -52,11 +52,15 @@ def _into(root, entry: str, d: str) -> bool:
 def plan(a, config, root, mount_ns: bool) -> None:
     """Fill ``a.compat_over`` for effect ``compat`` where an ``LD_LIBRARY_PATH`` entry shadows the chosen dir.
 
+    ``a.shadowed``: the ``LD_LIBRARY_PATH`` entries whose ``libcuda.so.1`` the hook covers (or will find
+    the runtime's mount in), which the loader model then counts as reaching the chosen dir.
+
     >>> class A: pass
-    >>> a = A(); a.effect = "host"; plan(a, None, None, True); a.compat_over
-    []
+    >>> a = A(); a.effect = "host"; plan(a, None, None, True); a.compat_over, a.shadowed
+    ([], [])
     """
     a.compat_over = []
+    a.shadowed = []
     if a.effect != "compat":
         return
     d = a.decision
@@ -73,6 +77,9 @@ def plan(a, config, root, mount_ns: bool) -> None:
     source = chosen.file_of(name)
     others = [c.compat_dir for c in a.image.all() if c is not chosen]
     drv = a.host.driver_text if a.host is not None else None
+    from .toolkit import default_host_dir
+
+    host_dir = default_host_dir({"arch": None})
     pending = []
     for e in [e for e in value.split(":") if e.startswith("/")][:MAX_ENTRIES]:
         if _into(root, e, d.compat_dir):
@@ -86,8 +93,8 @@ def plan(a, config, root, mount_ns: bool) -> None:
         except (OSError, ValueError):
             regular = False
         if not regular:
-            if e.rstrip("/") in DRIVER_MOUNT_DIRS:
-                pending.append(e)
+            if e.rstrip("/") in DRIVER_MOUNT_DIRS or _into(root, e, host_dir):
+                pending.append(e)  # the runtime mounts the host's driver there at the start
             continue
         if target == source or any(x["target"] == target for x in a.compat_over):
             continue
@@ -98,8 +105,12 @@ def plan(a, config, root, mount_ns: bool) -> None:
     can = "hook" in a.actors and mount_ns or "wrapper" in a.actors
     if pending and can:
         a.notes.append(
-            f"LD_LIBRARY_PATH names {', '.join(pending)} before {d.compat_dir}, where a device plugin mounts the "
-            f"host's driver: at createContainer the hook puts {source} over the libcuda.so.1 it finds there")
+            f"LD_LIBRARY_PATH names {', '.join(pending)} before {d.compat_dir}, where the runtime or a device plugin "
+            f"mounts the host's driver: at createContainer the hook puts {source} over the libcuda.so.1 it finds "
+            "there")
+    if can:
+        # the loader model (explain) sees these entries reach the chosen compat libcuda
+        a.shadowed = pending + [x["via"].rsplit("/", 1)[0] for x in a.compat_over]
     if a.compat_over and not can:
         first = a.compat_over[0]
         a.warnings.append(

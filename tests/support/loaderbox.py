@@ -31,7 +31,7 @@ import subprocess
 
 from compat_hook.core import registration
 from compat_hook.install.wrapper import render_wrapper
-from tests.support import hookenv, rootfs, runtimes as rt
+from tests.support import debs, hookenv, rootfs, runtimes as rt
 from tests.support.trees import write_fake_host
 
 Path = pathlib.Path
@@ -262,9 +262,22 @@ def predicted(report: dict, actor: str) -> tuple:
     return got.get("result"), got.get("dir")
 
 
-def outcome(loaded: Loaded, host: str) -> tuple:
-    """``(result, dir)`` of a real start, in explain's terms: the host library, or compat from a dir."""
+def outcome(loaded: Loaded, host: str, root: Path | None = None) -> tuple:
+    """``(result, dir)`` of a real start, in explain's terms: the host library, or compat from a dir.
+
+    ``root``: the rootfs of that start. Where compat-hook put a compat libcuda over the host's file
+    (an ``LD_LIBRARY_PATH`` dir before the compat dir), the host's name maps the compat file: the
+    file of the rootfs with the mapped device and inode names its dir.
+    """
     if loaded.path == host_lib(host):
+        if root is not None and loaded.id and loaded.cuda is not None and loaded.cuda != debs.EXPECTED_CUDA[host]:
+            for dirpath, _dirs, names in os.walk(root):
+                for n in names:
+                    p = os.path.join(dirpath, n)
+                    if n.startswith("libcuda.so.") and not os.path.islink(p):
+                        st = os.stat(p)
+                        if f"{st.st_dev}:{st.st_ino}" == loaded.id:
+                            return "compat", "/" + os.path.relpath(dirpath, root)
         return "host", None
     if loaded.path is None:
         return "error", None
