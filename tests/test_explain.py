@@ -320,3 +320,24 @@ def test_cli_bundle_shows_the_gpus_it_decided_on(make_rootfs, tmp_path, env, rea
     assert f"  {checked}\n" in text, text
     assert ("  GPU 1 0000:65:00.0: NVIDIA GeForce RTX 4090  brand GEFORCE (from proc-model-name)  "
             "[minor 1, GPU-9e8d7c6b-0000-4b4b-8c8c-000000000002]") in text
+
+
+def test_explain_shows_every_libcuda_the_image_carries(make_rootfs, fake_host, tmp_path):
+    """A userland driver in the image's system lib dir is a fact, with what ldconfig links there; on a
+    host newer than it, it is a target of the host's libcuda as the compat file is. A ``libcuda.so``
+    link climbing out of the root is resolved inside it and leads to nothing."""
+    sys_dir = "usr/lib/x86_64-linux-gnu"
+    rootfs = make_rootfs({**ROOT_575, f"{sys_dir}/libcuda.so.575.57.08": elf(NOTE_575),
+                          f"{sys_dir}/libcuda.so.1": Symlink("libcuda.so.575.57.08"),
+                          "lib64/libcuda.so": Symlink("../../../../etc/libcuda.so.1.2")})
+    r = explain(cfg(tmp_path, fake_host()), rootfs=str(rootfs), host_driver_version="580.65.06")
+    user = f"/{sys_dir}/libcuda.so.575.57.08"
+    assert r["effect"] == "host"
+    assert [(u["path"], u["via"]) for u in r["image"]["userland"]] == [(user, f"/{sys_dir}/libcuda.so.1")]
+    assert r["ldconfig_picks"] == {f"/{sys_dir}": "libcuda.so.580.65.06"}  # the host's is the higher here
+    # this fake host has no libcuda file to mount: explain says the userland file stays, as it does a compat file
+    assert f"{user} stays: the host driver's libcuda.so.580.65.06 is neither in the container nor in the host's " \
+           "driver_lib_dirs" in r["notes"], r["notes"]
+    text = render_text(r)
+    assert f"userland libcuda: {user} (version 575.57.08, through /{sys_dir}/libcuda.so.1)" in text
+    assert f"ldconfig links /{sys_dir}/libcuda.so.1 -> libcuda.so.580.65.06" in text

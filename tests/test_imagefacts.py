@@ -45,15 +45,28 @@ def test_single_regular_file(make_rootfs):
                                     "status": "1 candidate(s)"}
 
 
-def test_symlinks_and_dirs_are_not_candidates(make_rootfs):
-    p = make_rootfs({"usr/local/cuda/compat/real/x": "x",
-                     "usr/local/cuda/compat/libcuda.so.550.54.15": Symlink("real/x"),
+def test_dirs_and_dangling_links_are_not_candidates(make_rootfs):
+    p = make_rootfs({"usr/local/cuda/compat/libcuda.so.550.54.15": Symlink("/nowhere/libcuda.so.550.54.15"),
+                     "usr/local/cuda/compat/libcuda.so.555.42.06": Symlink("/usr/local"),
                      "usr/local/cuda/compat/libcuda.so.560.35.03": Dir(),
                      "usr/local/cuda/compat/libcuda.so.1": elf(None)})  # no version: not a candidate
     img = gather(p)
-    assert img.status == "none" and img.candidates == []
+    assert img.status == "none" and img.candidates == [] and img.link_targets == {}
     others = {o["name"]: o["kind"] for o in img.other_libs}
-    assert others == {"libcuda.so.550.54.15": "symlink", "libcuda.so.1": "file"}
+    assert others == {"libcuda.so.550.54.15": "symlink", "libcuda.so.555.42.06": "symlink", "libcuda.so.1": "file"}
+
+
+def test_a_symlinked_candidate_is_its_regular_target_in_the_root(make_rootfs):
+    """The compat dir's ``libcuda.so.<version>`` links into another dir: the loader follows the link, so its
+    target (resolved inside the root, a regular file) is the candidate; an absolute link stays in the root."""
+    p = make_rootfs({"opt/nv/libcuda.so.550.54.15": elf("550.54.15"),
+                     "usr/local/cuda/compat/libcuda.so.550.54.15": Symlink("/opt/nv/libcuda.so.550.54.15"),
+                     "usr/local/cuda/compat/libcuda.so.1": Symlink("/opt/nv/libcuda.so.550.54.15")})
+    img = gather(p)
+    assert img.status == "found" and img.candidate == "libcuda.so.550.54.15", img.to_dict()
+    assert img.link_targets == {"libcuda.so.550.54.15": "/opt/nv/libcuda.so.550.54.15"}
+    assert img.file_of(img.candidate) == "/opt/nv/libcuda.so.550.54.15"
+    assert img.elf is not None and img.elf.error is None and img.dirs_checked[0]["status"] == "1 candidate(s) (symlinked)"
 
 
 def test_none(make_rootfs):

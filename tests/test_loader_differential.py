@@ -325,8 +325,9 @@ def test_explain_predicts_what_the_loader_maps(tmp_path, libcuda):
             report = {"toolkit": {}, "explain_error": str(e)}
             row["explain_error"] = str(e)
         for actor, start in (("with_hook", lambda r: b.hook(case["runtime"], r)), ("with_wrapper", b.wrapper)):
-            got = start(root if actor == "with_hook" else b.fresh("wrapper"))
-            said, real = predicted(report, actor), outcome(got, case["host"], libcuda[case["host"]])
+            where = root if actor == "with_hook" else b.fresh("wrapper")
+            got = start(where)
+            said, real = predicted(report, actor), outcome(got, case["host"], where, libcuda[case["host"]])
             recs = [r for r in hookenv.read_log(b.log) if r.get("container_id") == b.last.container_id]
             last = ([r for r in recs if r.get("event") == "hook"] or recs or [{}])[-1]
             logged = (last.get("effect"), last.get("compat_dir") if last.get("effect") == "compat" else None)

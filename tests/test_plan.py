@@ -429,3 +429,24 @@ def test_help_lists_every_fail_on(world):
     assert "{broken,regression,change}" in out.stdout
     text = " ".join(out.stdout.split())
     assert "works now and is broken after it (regression)" in text
+
+
+def test_the_images_other_libcuda_files_are_shown(world):
+    """A symlinked compat file and a userland driver in the image's system lib dir are facts of the row,
+    with what ldconfig links in that dir (the image's 575 over the host's 550 mounted beside it)."""
+    img = build_tree(world["tmp"] / "other", {
+        "opt/nv/libcuda.so.575.57.08": elf(NOTE_575),
+        "usr/local/cuda-12.9/compat/libcuda.so.575.57.08": Symlink("/opt/nv/libcuda.so.575.57.08"),
+        "usr/local/cuda": Symlink("cuda-12.9"),
+        "usr/lib/x86_64-linux-gnu/libcuda.so.575.57.08": elf(NOTE_575),
+        "usr/lib/x86_64-linux-gnu/libcuda.so.1": Symlink("libcuda.so.575.57.08")})
+    r = _json(plan(str(img), "--driver", "580.65.06", "--config", world["conf"], "--json"))
+    [row] = r["images"]
+    sys_dir = "/usr/lib/x86_64-linux-gnu"
+    assert row["image_libcuda"] == {
+        "symlinked": {"/usr/local/cuda-12.9/compat/libcuda.so.575.57.08": "/opt/nv/libcuda.so.575.57.08"},
+        "userland": [f"{sys_dir}/libcuda.so.575.57.08"], "ldconfig_picks": {sys_dir: "libcuda.so.575.57.08"}}
+    assert row["now"]["outcome"] == "compat"  # the symlinked compat driver is a candidate, not "no compat"
+    text = plan(str(img), "--driver", "580.65.06", "--config", world["conf"])
+    assert f"userland libcuda {sys_dir}/libcuda.so.575.57.08" in text.stdout, text.stdout
+    assert "links to /opt/nv/libcuda.so.575.57.08" in text.stdout

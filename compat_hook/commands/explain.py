@@ -83,12 +83,26 @@ def explain(config, *, rootfs: str | None = None, bundle: str | None = None,
         "compat_dirs": decision.details.get("compat_dirs") if isinstance(decision.details, dict) else None,
         "losing_compat_dirs": _losers(hook, wrapper),
         "toolkit": hook.toolkit,
+        "ldconfig_picks": _picks(hook),
+        "compat_over_shadow": [dict(x) for x in hook.compat_over],
         "rootfs": rootfs,
         "config": config.source,
         "path": _path(spec),
     }
     report["summary"] = _summary(report)
     return report
+
+
+def _picks(a) -> dict:
+    """What ldconfig links in each dir holding a userland libcuda of the image, the host's file counted."""
+    from ..facts.imagefacts import ldconfig_picks
+    from ..policy.toolkit import default_host_dir
+
+    img = a.image
+    if img is None or not img.userland:
+        return {}
+    drv = a.host.driver_text if a.host is not None else None
+    return ldconfig_picks(img.userland, default_host_dir({"arch": None}), drv)
 
 
 #: A hook entry of compat-hook's names its CLI module in its boot code (core.registration).
@@ -207,6 +221,13 @@ def render_text(report: dict) -> str:
             out.append("  note: none")
     for lib in img["other_libs"]:
         out.append(f"  also: {lib['name']}" + (" (symlink)" if lib["kind"] == "symlink" else ""))
+    for o in [img] + img.get("others", []):
+        for n, t in (o.get("link_targets") or {}).items():
+            out.append(f"  symlinked candidate: {o['compat_dir']}/{n} -> {t}")
+    for u in img.get("userland") or []:
+        out.append(f"  userland libcuda: {u['path']} (version {u['version']}, through {u['via']})")
+    for d, name in (report.get("ldconfig_picks") or {}).items():
+        out.append(f"  ldconfig links {d}/libcuda.so.1 -> {name} (the highest version of the dir)")
     for n in img["notes"]:
         out.append(f"  note: {n}")
     out.append("container:")

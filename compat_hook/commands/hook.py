@@ -259,7 +259,7 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
             record["actions"] = ([f"dry-run: would bind-mount {a.hook_mount[0]} at {a.hook_mount[1]}"]
                                  if a.hook_mount else [])
             record["actions"] += [f"dry-run: would bind-mount {x['source']} over {x['target']}"
-                                  for x in a.host_over if x["by"] == "hook"]
+                                  for x in a.host_over + a.compat_over if x["by"] == "hook"]
             record["actions"] += [f"dry-run: would mask {d}" for d in a.hook_masks]
             record["actions"] += [f"dry-run: would {act}" + (f" {arg}" if arg else "") for act, arg in a.hook]
             return
@@ -269,9 +269,11 @@ def _hook(opts: dict, config, state_dir: str, stdin_fd: int, record: dict) -> No
             from ..effects.mounts import bind_readonly
 
             done += bind_readonly(root, *a.hook_mount)
-        over = [x for x in a.host_over if x["by"] == "hook"]
+        # the host's libcuda in place of each compat file (effect host; one in a dir masked below: inside the
+        # mask), or the chosen compat libcuda in place of each libcuda LD_LIBRARY_PATH reaches before it
+        # (effect compat: policy/shadow)
+        over = [x for x in a.host_over + a.compat_over if x["by"] == "hook"]
         if any(not x.get("mask") for x in over):
-            # the host's libcuda in place of each compat file (one in a dir masked below: inside the mask)
             from ..effects.mounts import bind_file_over
 
             for x in over:

@@ -91,6 +91,14 @@ def render_text(report: dict) -> str:
                      _cell(i["toolkit_only_after"]), source))
     widths = [max(len(r[k]) for r in rows) for k in range(5)]
     out = [("  ".join(r[k].ljust(widths[k]) for k in range(5)) + "  " + r[5]).rstrip() for r in rows]
+    for i in report["images"]:
+        lib = i.get("image_libcuda") or {}
+        for link, target in (lib.get("symlinked") or {}).items():
+            out.append(f"{_name(i)}: compat file {link} links to {target}")
+        for path in lib.get("userland") or []:
+            out.append(f"{_name(i)}: userland libcuda {path}")
+        for d, name in (lib.get("ldconfig_picks") or {}).items():
+            out.append(f"{_name(i)}: ldconfig links {d}/libcuda.so.1 -> {name} (the host's mounted beside it)")
     c = report.get("containerd")
     if c and c.get("address"):
         out.append(f"containerd: socket {c['address']} ({c['found_by']}), namespace {c['namespace']}")

@@ -2,8 +2,14 @@
 
 Read only through a :class:`compat_hook.facts.rootfs.Root`. A candidate is the
 single *regular file* named ``libcuda.so.<version>`` (at least two dotted
-parts) in a compat dir; symlinks and directories are ignored, none means no
-compat there, several means ambiguous (no compat, like NVIDIA's toolkit). The
+parts) in a compat dir; directories are ignored, and where the dir holds no
+such file, a symlink of that name counts by its target, resolved inside the
+root and a regular file (:attr:`ImageFacts.link_targets`: the loader follows
+the link); none means no compat there, several means ambiguous (no compat,
+like NVIDIA's toolkit). The userland libcuda files of the image's system lib
+dirs are facts too (:func:`userland_libcuda`: ``cuda-drivers`` installed in the
+image), read for ``explain`` and ``plan``, and by the hook only where the host's
+driver is chosen over compat files. The
 compat dir is reported as the container resolves it
 (``/usr/local/cuda-12.4/compat`` when ``/usr/local/cuda`` links to
 ``cuda-12.4``), which is what the ld.so drop-in must name.
@@ -38,7 +44,7 @@ import stat as _stat
 from ..core.versions import try_parse_version
 from . import loader as _loader
 
-__all__ = ["ImageFacts", "gather", "scan_compat_dir", "is_candidate_name", "host_lib_dir",
+__all__ = ["ImageFacts", "gather", "scan_compat_dir", "userland_libcuda", "ldconfig_picks", "is_candidate_name", "host_lib_dir",
            "compat_dropins", "conda_prefixes", "CANDIDATE_PREFIX", "CONTAINER_LIB_DIRS", "CONDA_ROOTS"]
 
 CANDIDATE_PREFIX = "libcuda.so."
@@ -84,7 +90,8 @@ class ImageFacts:
 
     __slots__ = ("status", "compat_dir", "configured_dir", "candidate", "candidates",
                  "compat_version", "compat_version_text", "tegra_lib", "elf", "elf_source",
-                 "other_libs", "dirs_checked", "notes", "origin", "prefix", "links", "others", "package")
+                 "other_libs", "dirs_checked", "notes", "origin", "prefix", "links", "others", "package",
+                 "link_targets", "userland")
 
     def __init__(self) -> None:
         self.status = "none"
@@ -105,6 +112,8 @@ class ImageFacts:
         self.links: list = []
         self.others: list = []
         self.package = None             # conda-meta record of the package, e.g. cuda-compat-impl-550.54.15-h0_0
+        self.link_targets: dict = {}    # candidate name -> the regular file its symlink resolves to (in the root)
+        self.userland: list = []        # libcuda files of the image's system lib dirs (primary only; userland())
 
     @property
     def flavour(self) -> str:
@@ -117,6 +126,10 @@ class ImageFacts:
             if d and d.rstrip("/").rsplit("/", 1)[-1].startswith("compat_orin"):
                 return "orin"
         return "orin" if self.tegra_lib else "dgpu"
+
+    def file_of(self, name: str) -> str:
+        """The container path of candidate ``name``: the regular file a symlinked candidate resolves to."""
+        return self.link_targets.get(name) or f"{(self.compat_dir or '').rstrip('/')}/{name}"
 
     def all(self) -> list:
         """Every candidate dir: this one (when it holds a candidate) and :attr:`others`."""
@@ -144,6 +157,8 @@ class ImageFacts:
             "other_libs": list(self.other_libs),
             "links": list(self.links),
             "package": self.package,
+            "link_targets": dict(self.link_targets),
+            "userland": list(self.userland),
             "dirs_checked": list(self.dirs_checked),
             "notes": list(self.notes),
         }
@@ -261,14 +276,16 @@ def _conda_package(root, prefix: str) -> str | None:
 
 
 def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, env=None,
-           cwd: str | None = None, conf=None, extra_ld=(), exe: str | None = None) -> ImageFacts:
+           cwd: str | None = None, conf=None, extra_ld=(), exe: str | None = None,
+           userland: bool = False) -> ImageFacts:
     """Find and inspect the compat candidates in the image behind ``root``.
 
     ``env``: the container's environment (:attr:`compat_hook.facts.container.Request.env`):
     ``CONDA_PREFIX``, ``MAMBA_ROOT_PREFIX``, ``PATH`` and ``LD_LIBRARY_PATH`` name further
     dirs; ``cwd``: the process's working dir (a pixi project); ``conf``: ldconfig's reading of
     the image (:func:`compat_hook.facts.loader.ld_so_conf`), whose dirs holding a libcuda are
-    candidates too; ``extra_ld``: ``LD_LIBRARY_PATH`` entries a runtime wrapper took off.
+    candidates too; ``extra_ld``: ``LD_LIBRARY_PATH`` entries a runtime wrapper took off;
+    ``userland``: read :attr:`ImageFacts.userland` (else left for the caller that needs it).
     """
     facts = ImageFacts()
     found: list = []
@@ -293,7 +310,14 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
             facts.dirs_checked.append({"dir": d, "resolved": resolved, "status": "checked already"})
             return any(c.compat_dir == resolved for c in found)
         seen.add(resolved)
-        facts.dirs_checked.append({"dir": d, "resolved": resolved, "status": f"{len(candidates)} candidate(s)"})
+        targets: dict = {}
+        if not candidates and others:
+            # a compat dir whose libcuda.so.<version> links elsewhere (/opt/nv/libcuda.so.550.x): the loader
+            # follows the link, so its target is the candidate (a regular file, resolved inside the root)
+            candidates, targets = _linked_candidates(root, resolved, others)
+            others = [o for o in others if o["name"] not in targets]
+        facts.dirs_checked.append({"dir": d, "resolved": resolved, "status": f"{len(candidates)} candidate(s)"
+                                   + (" (symlinked)" if targets else "")})
         if not candidates:
             if others and not facts.other_libs and not found:
                 facts.other_libs = others
@@ -303,6 +327,9 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
             facts.other_libs = []
         c.compat_dir, c.configured_dir, c.other_libs, c.origin, c.prefix = resolved, d, others, origin, prefix
         c.candidates = candidates
+        c.link_targets = targets
+        for n, t in targets.items():
+            c.notes.append(f"{resolved}/{n} links to {t}: the candidate is that file")
         found.append(c)
         if prefix is None and resolved.endswith("/" + CONDA_COMPAT):
             # an env's cuda-compat named by LD_LIBRARY_PATH or a drop-in: its links in $PREFIX/lib count too
@@ -331,7 +358,7 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
             # config values); a file name with it is no version name.
             c.compat_version = try_parse_version(suffix)
         if inspect:
-            path = resolved.rstrip("/") + "/" + name
+            path = c.file_of(name)
             try:
                 _inspect(root, path, state_dir, config.cache, c)
             except OSError as e:
@@ -362,7 +389,98 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
             if _may_hold_libcuda(root, d, known):
                 scan(d, "ld.so.conf", quiet_missing=True)
     facts.others = found[1:]
+    if userland:
+        # explain, plan; the hook reads them only where the host's driver is chosen over compat files
+        facts.userland = userland_libcuda(root)
     return facts
+
+
+def _linked_candidates(root, resolved: str, others: list) -> tuple:
+    """``(names, {name: target})``: the symlinks of a compat dir named ``libcuda.so.<version>`` whose
+    target, resolved inside the root, is a regular file (at most :data:`MAX_LINKS` are followed)."""
+    names: list = []
+    targets: dict = {}
+    for o in others[:MAX_LINKS]:
+        n = o["name"]
+        if o["kind"] != "symlink" or not is_candidate_name(n):
+            continue
+        try:
+            t = root.realpath(f"{resolved.rstrip('/')}/{n}")
+            if not _stat.S_ISREG(root.lstat(t).st_mode):
+                continue
+        except (OSError, ValueError):
+            continue
+        if t in targets.values():
+            continue
+        names.append(n)
+        targets[n] = t
+    return names, targets
+
+
+def ldconfig_picks(userland: list, host_dir: str | None = None, driver_text: str | None = None) -> dict:
+    """``{dir: file name}``: the ``libcuda.so.1`` ldconfig links in each dir holding a userland libcuda.
+
+    ldconfig keeps one file per soname and dir, the highest version (compared
+    number by number): the image's ``libcuda.so.550.x`` beats the host's
+    ``libcuda.so.535.x`` mounted beside it in ``host_dir``.
+
+    >>> ldconfig_picks([{"path": "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", "version": "550.54.15"}],
+    ...                "/usr/lib/x86_64-linux-gnu", "535.288.01")
+    {'/usr/lib/x86_64-linux-gnu': 'libcuda.so.550.54.15'}
+    """
+    def key(v: str) -> tuple:
+        return tuple(int(x) if x.isdigit() else -1 for x in (v or "").split("."))
+
+    best: dict = {}
+    for u in userland:
+        d = u["path"].rsplit("/", 1)[0]
+        vs = best.setdefault(d, [])
+        vs.append(u.get("version") or "")
+        if host_dir and d == host_dir.rstrip("/") and driver_text and driver_text not in vs:
+            vs.append(driver_text)
+    return {d: CANDIDATE_PREFIX + max(vs, key=key) for d, vs in best.items()}
+
+
+#: The names through which a system lib dir's libcuda is reached (the search, numba's dlopen("libcuda.so")).
+_USERLAND_LINKS = ("libcuda.so.1", "libcuda.so")
+
+
+def userland_libcuda(root, dirs=None) -> list:
+    """The libcuda files the image's system lib dirs lead to: ``[{"path", "name", "version", "via"}]``.
+
+    A userland driver (``cuda-drivers``, ``libnvidia-compute``) installed in the
+    image: ``libcuda.so.1`` (and ``libcuda.so``) in ``/usr/lib/x86_64-linux-gnu``
+    and the other dirs of :data:`CONTAINER_LIB_DIRS` resolved inside the root to a
+    regular ``libcuda.so.<version>``. Two lookups a dir, no listing. The host
+    driver's own file is among them once the runtime mounted it: the caller
+    tells it apart by its version.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp(); os.makedirs(d + "/usr/lib/x86_64-linux-gnu")
+    >>> open(d + "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", "w").close()
+    >>> os.symlink("libcuda.so.550.54.15", d + "/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+    >>> from compat_hook.facts.rootfs import Root
+    >>> with Root(d) as r:
+    ...     [(x["path"], x["version"]) for x in userland_libcuda(r)]
+    [('/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15', '550.54.15')]
+    """
+    out: list = []
+    seen: set = set()
+    for d in CONTAINER_LIB_DIRS if dirs is None else dirs:
+        for link in _USERLAND_LINKS:
+            via = f"{d}/{link}"
+            try:
+                p = root.realpath(via)
+                if p in seen or not _stat.S_ISREG(root.lstat(p).st_mode):
+                    continue
+            except (OSError, ValueError):
+                continue
+            seen.add(p)
+            name = p.rsplit("/", 1)[-1]
+            if "/compat" in p or not name.startswith(CANDIDATE_PREFIX):
+                continue
+            out.append({"path": p, "name": name, "version": name[len(CANDIDATE_PREFIX):] or None, "via": via})
+    return out
 
 
 #: NGC's layout: ``<compat>/lib.real`` holds the driver, ``<compat>/lib`` links to it.

@@ -55,7 +55,7 @@ class Assessment:
                  "hook_target", "hook_purpose", "hook", "hook_mount", "hook_masks", "hook_refresh",
                  "existing_dropin", "wrapper", "spec_edits", "new_spec", "warnings", "notes", "dropins",
                  "ld_compat_entries", "toolkit", "actors", "losers", "ldconf", "maps",
-                 "wrapper_adds_hook", "maps_uncertain", "host_over")
+                 "wrapper_adds_hook", "maps_uncertain", "host_over", "compat_over", "shadowed")
 
     def __init__(self) -> None:
         self.request = None
@@ -87,6 +87,8 @@ class Assessment:
         self.wrapper_adds_hook = False  # the wrapper's spec runs compat-hook's createContainer hook
         self.maps_uncertain = False     # a warning says the decision may not take effect here
         self.host_over: list = []       # the host's libcuda over each compat file (policy/hostover)
+        self.compat_over: list = []     # the chosen compat libcuda over each file shadowing it (policy/shadow)
+        self.shadowed: list = []        # LD_LIBRARY_PATH entries whose libcuda.so.1 the hook covers with it
 
     def replan_hook(self, existing: str | None) -> list:
         """The hook's ld cache actions given the drop-in found now (under the lock)."""
@@ -151,6 +153,9 @@ class Assessment:
         if self.host_over:
             # what now holds the host's library under a compat file's name (RPATH, preload, absolute dlopen)
             out["host_over_compat"] = [f"{x['target']} <- {x['source']} ({x['by']})" for x in self.host_over]
+        if self.compat_over:
+            # what now holds the chosen compat libcuda under a name the search reaches first (a stub, a driver dir)
+            out["compat_over_shadow"] = [f"{x['target']} <- {x['source']} ({x['by']})" for x in self.compat_over]
         return out
 
     def _intended_lib(self):
@@ -178,9 +183,14 @@ class Assessment:
                 hook.append(f"remove {DROPIN_PATH}")
             elif action == "ldconfig":
                 hook.append("refresh the container's ld cache (ldconfig -r)")
-        # in the order the hook acts: the host's libcuda over each compat file, then each mask, followed by
-        # the compat file it keeps as the host's
+        # in the order the hook acts: the chosen compat libcuda over what shadows it (effect compat), the host's
+        # libcuda over each compat file (effect host), then each mask, followed by the compat file it keeps as
+        # the host's
         first: list = []
+        for x in self.compat_over:
+            first.append(f"bind-mount {x['source']} over {x['target']} (ro, createContainer): the chosen compat "
+                         f"libcuda over {'the host driver' if x['kind'] == 'host' else 'a libcuda'} that "
+                         f"{x['via']} on LD_LIBRARY_PATH reaches first")
         for x in [x for x in self.host_over if x["by"] == "hook" and not x.get("mask")]:
             first.append(_over_line(x))
         for d in self.hook_masks:
@@ -210,6 +220,7 @@ class Assessment:
             "losing_compat_dirs": [dict(x) for x in self.losers], "toolkit": self.toolkit,
             "ld_so_conf_incomplete": self.ldconf.incomplete if self.ldconf is not None else None,
             "host_over_compat": [dict(x) for x in self.host_over],
+            "compat_over_shadow": [dict(x) for x in self.compat_over],
         }
 
 
@@ -322,7 +333,8 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
                                     env=request.env if request is not None else None,
                                     cwd=request.cwd if request is not None else None, conf=a.ldconf,
                                     exe=request.exe if request is not None else None,
-                                    extra_ld=request.ld_before_wrapper() if request is not None else ())
+                                    extra_ld=request.ld_before_wrapper() if request is not None else (),
+                                    userland=full)
         a.host = host if host is not None else hostfacts.gather(config)
         a.decision = a.image_decision = decide(a.host, a.image, request, config)
         # Only a dir whose libcuda may go (a compat dir by name, or one of driver libraries only)
@@ -360,7 +372,17 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
     if over and "wrapper" in a.actors:  # the wrapper's spec mounts, before its other edits
         from . import hostover
 
+        if not full and root is not None:
+            # a userland libcuda in a system lib dir takes the host's place too: read only on this path
+            from ..facts.imagefacts import userland_libcuda
+
+            a.image.userland = userland_libcuda(root)
         hostover.plan(a, config, root, mount_ns)
+    if a.effect == "compat" and a.image is not None and request is not None and request.env.get("LD_LIBRARY_PATH"):
+        # only where the image's own LD_LIBRARY_PATH may reach a libcuda before the chosen dir
+        from . import shadow
+
+        shadow.plan(a, config, root, mount_ns)
     if "wrapper" in a.actors:
         _plan_wrapper(a, config, spec, known, hook_entry, root)
     # A hook cannot take an entry off the environment, but in the container's mount
@@ -399,7 +421,9 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
         hostover.plan(a, config, root, mount_ns)
     if a.effect == "compat" and a.decision.source == "image" and "hook" in a.actors and "wrapper" not in a.actors:
         first = _host_first_on_ld_path(a, root)
-        if first is not None:
+        if first is not None and any(x["via"].startswith(first.rstrip("/") + "/") for x in a.compat_over):
+            pass  # the hook puts the compat libcuda over the host's there (policy/shadow)
+        elif first is not None:
             a.warnings.append(
                 f"the image's LD_LIBRARY_PATH names {first}, which holds the host driver's libcuda, before "
                 f"{a.decision.compat_dir}: the loader maps the host's, and a hook cannot change the environment; "
@@ -457,7 +481,8 @@ def _over_line(x: dict) -> str:
     """explain's line for one of the hook's binds of the host's libcuda (or ``/dev/null``) over a compat file."""
     src = f"{x['source']} (in the container)" if x.get("in_rootfs") else x["source"]
     return (f"bind-mount {src} over {x['target']} (ro, createContainer): "
-            + ("the host's libcuda" if x["kind"] == "libcuda" else "a compat companion masked"))
+            + {"libcuda": "the host's libcuda", "userland": "the host's libcuda over the image's userland driver"}
+            .get(x["kind"], "a compat companion masked"))
 
 
 def _find_losers(a: Assessment, config, root) -> None:
@@ -693,7 +718,7 @@ def _plan_wrapper(a: Assessment, config, spec, known, hook_entry, root=None) -> 
     kw: dict = {"known": sorted(known), "drop_oom": config.wrapper_drop_oom_score_adj,
                 "record_ld": ANNOTATION_LD_BEFORE}
     # conda's links into a losing dir: only the hook can hide them (in the container's mount namespace)
-    hook_work = (a.effect == "host" or a.existing_dropin is not None
+    hook_work = (a.effect == "host" or a.existing_dropin is not None or bool(a.compat_over)
                  or any(x["links"] or x["early"] for x in a.losers))
     if a.effect == "compat" and d.source == "store":
         kw["mounts"] = [specedit.store_mount(d.details.get("host_dir"), d.compat_dir)]
@@ -775,8 +800,11 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
     def holds(entry, hidden):
         return _holding(usable, root, entry, hidden)
 
-    def ld_path(value, hidden):
-        return _ld_walk(usable, root, value, host_dir, hidden)
+    def ld_path(value, hidden, covered=()):
+        # an entry whose libcuda.so.1 the hook covers with the chosen compat libcuda reaches that (policy/shadow)
+        cov = {c.rstrip("/") for c in covered}
+        return [{"entry": a.decision.compat_dir, "kind": "compat"} if w["entry"].rstrip("/") in cov else w
+                for w in _ld_walk(usable, root, value, host_dir, hidden)]
 
     def dropins(hidden):
         out = []
@@ -815,11 +843,22 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
     # yet (explain on a bare rootfs): the NVIDIA runtime mounts it at start.
     # env mode: the hook alone writes no drop-in for compat (that is the wrapper's LD_LIBRARY_PATH)
     hook_eff = None if a.effect == "compat" and a.hook_target is None else a.effect
-    hook_only = toolkit.effective(hook_effect=hook_eff, dropins=dropins(masked), ld_path=ld_path(env_ld, masked),
+    hook_only = toolkit.effective(hook_effect=hook_eff, dropins=dropins(masked),
+                                  ld_path=ld_path(env_ld, masked, a.shadowed),
                                   links=links(masked), **common)
     for res in (alone, hook_only):
         res["dir"] = _winning_dir(res, root, cands, a.decision, tk_root)
         res["maps"] = _maps(res, root, cands, host_dir, a.host)
+    if alone["result"] == "host" and a.image is not None and a.image.userland:
+        # the image's userland driver beside the host's: ldconfig links the higher version of the dir
+        from ..facts.imagefacts import ldconfig_picks
+
+        pick = ldconfig_picks(a.image.userland, host_dir, a.host.driver_text if a.host is not None else None)
+        name = pick.get(host_dir.rstrip("/"))
+        if name and any(u["path"] == f"{host_dir.rstrip('/')}/{name}" for u in a.image.userland) and (
+                a.host is None or name != f"libcuda.so.{a.host.driver_text}"):
+            alone["maps"] = f"{host_dir.rstrip('/')}/{name}"
+            alone["by"] = f"{alone['by']}; ldconfig links the image's own {name}, the higher version in {host_dir}"
     with_wrapper = _wrapper_view(a, root, config) if "wrapper" in a.actors else None
     if with_wrapper is None:
         with_wrapper = dict(hook_only)

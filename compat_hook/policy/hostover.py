@@ -10,7 +10,11 @@ ran. So where the decision's effect is ``host``, every compat libcuda
 *regular file* of every candidate dir (the configured dirs, NGC's
 ``lib.real``, each env's ``cuda-compat``, the dirs ``LD_LIBRARY_PATH`` and
 ldconfig's configuration name; every file of an ambiguous dir) gets the host
-driver's libcuda bind-mounted read-only over it. Its links
+driver's libcuda bind-mounted read-only over it; so does the regular file a
+symlinked compat libcuda leads to (``/opt/nv/libcuda.so.550.x``), and every
+userland libcuda of the image's system lib dirs but the host's own (ldconfig
+links the higher version of a dir: the image's ``libcuda.so.550.x`` would beat
+the host's ``libcuda.so.535.x`` mounted beside it). Its links
 (``libcuda.so.1``, ``libcuda.so``) lead to it, so whatever road a process
 takes to a compat libcuda, it maps the host's: **an absolute-path dlopen of a
 compat libcuda gets the host driver's library**, under the compat file's name.
@@ -53,8 +57,11 @@ COMPANIONS = ("libcudadebugger.so.", "libnvidia-nvvm.so.", "libnvidia-ptxjitcomp
 NULL = "/dev/null"
 
 
-def targets(image) -> list:
-    """``[(container path, kind, name prefix)]``: every compat libcuda regular file and companion file.
+def targets(image, driver_text: str | None = None) -> list:
+    """``[(container path, kind, name prefix)]``: every compat libcuda regular file and companion file,
+    the regular file a symlinked compat libcuda resolves to, and every userland libcuda of the image's
+    system lib dirs (:attr:`~compat_hook.facts.imagefacts.ImageFacts.userland`) but the host driver's
+    own (``driver_text``).
 
     >>> from compat_hook.facts.imagefacts import ImageFacts
     >>> f = ImageFacts(); f.status = "found"; f.compat_dir = "/usr/local/cuda-12.4/compat"
@@ -72,15 +79,21 @@ def targets(image) -> list:
             continue
         d = c.compat_dir.rstrip("/")
         for n in c.candidates:
-            if f"{d}/{n}" not in seen:
-                seen.add(f"{d}/{n}")
-                out.append((f"{d}/{n}", "libcuda", "libcuda.so."))
+            p = c.file_of(n)  # a symlinked candidate: the file it leads to, wherever it is
+            if p not in seen:
+                seen.add(p)
+                out.append((p, "libcuda", "libcuda.so."))
         for o in c.other_libs:
             name = o.get("name") or ""
             prefix = next((p for p in COMPANIONS if name.startswith(p)), None)
             if o.get("kind") == "file" and prefix is not None and f"{d}/{name}" not in seen:
                 seen.add(f"{d}/{name}")
                 out.append((f"{d}/{name}", "companion", prefix))
+    for u in getattr(image, "userland", None) or () if image is not None else ():
+        # cuda-drivers in the image: ldconfig keeps the higher version of one dir, the host's may lose
+        if u["path"] not in seen and (not driver_text or u["version"] != driver_text):
+            seen.add(u["path"])
+            out.append((u["path"], "userland", "libcuda.so."))
     return out
 
 
@@ -133,10 +146,10 @@ def plan(a, config, root, mount_ns: bool) -> None:
     a.host_over = []
     if a.effect != "host" or a.image is None:
         return
-    files = targets(a.image)
+    drv = a.host.driver_text if a.host is not None else None
+    files = targets(a.image, drv)
     if not files:
         return
-    drv = a.host.driver_text if a.host is not None else None
     binds = a.request.file_binds() if a.request is not None else {}
     if "wrapper" in a.actors:
         later = []
@@ -155,6 +168,7 @@ def plan(a, config, root, mount_ns: bool) -> None:
         return
     if "hook" not in a.actors:
         return
+
     def mask_of(t: str):
         return next((m for m in a.hook_masks if t.startswith(m.rstrip("/") + "/")), None)
 
@@ -173,7 +187,7 @@ def plan(a, config, root, mount_ns: bool) -> None:
     host_dir = a.hook_target if a.hook_purpose == "host" else None
     for target, kind, prefix in todo:
         inside = _in_rootfs(root, host_dir, prefix + (drv or "")) if drv else None
-        if inside is None and kind == "libcuda":
+        if inside is None and kind != "companion":
             inside = _in_rootfs(root, host_dir, "libcuda.so.1")
         m = mask_of(target)
         extra = {"mask": m} if m is not None else {}

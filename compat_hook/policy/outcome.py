@@ -253,8 +253,32 @@ def assess_image(config, root, env: list, host, image_needs: dict | None = None,
         loads = "compat"
     verdict = _verdict(a, request, config)
     bad = unsupported_gpus(host, request, gpus, listed_by)
-    return {"needs_cuda": cuda_text(needs), "result": result(a, host, needs, loads, verdict, bad),
-            "toolkit_only": result(a, host, needs, alone, verdict, bad)}
+    out = {"needs_cuda": cuda_text(needs), "result": result(a, host, needs, loads, verdict, bad),
+           "toolkit_only": result(a, host, needs, alone, verdict, bad)}
+    files = image_libcuda(a)
+    if files:
+        out["image_libcuda"] = files
+    return out
+
+
+def image_libcuda(a) -> dict:
+    """The libcuda files the image carries outside its compat dirs' own regular files, and what ldconfig
+    links in their dirs (``{}`` where there are none): ``userland``, ``symlinked``, ``ldconfig_picks``."""
+    img = a.image
+    if img is None:
+        return {}
+    out: dict = {}
+    links = {f"{c.compat_dir}/{n}": t for c in img.all() for n, t in c.link_targets.items()}
+    if links:
+        out["symlinked"] = links
+    if img.userland:
+        from ..facts.imagefacts import ldconfig_picks
+        from .toolkit import default_host_dir
+
+        out["userland"] = [u["path"] for u in img.userland]
+        out["ldconfig_picks"] = ldconfig_picks(img.userland, default_host_dir({"arch": None}),
+                                               a.host.driver_text if a.host is not None else None)
+    return out
 
 
 def check_driver(text: str, where: str) -> str:

@@ -188,6 +188,9 @@ def plan(config, sources: list, *, driver: str | None = None, manifest: str | No
                          regression=ctx.regression(r_now["result"], r_after["result"]))
             if need["warning"]:
                 entry["warnings"] = [need["warning"]]
+            if r_now.get("image_libcuda"):
+                # a symlinked compat file, a userland driver in a system dir: facts (their fate is in now/after)
+                entry["image_libcuda"] = r_now["image_libcuda"]
         except Exception as e:  # one image's failure never stops the others
             entry = _unreadable(src, e)
         images.append(entry)

@@ -31,7 +31,7 @@ import subprocess
 
 from compat_hook.core import registration
 from compat_hook.install.wrapper import render_wrapper
-from tests.support import hookenv, rootfs, runtimes as rt
+from tests.support import debs, hookenv, rootfs, runtimes as rt
 from tests.support.trees import write_fake_host
 
 Path = pathlib.Path
@@ -62,7 +62,8 @@ class Image:
     path -> text; ``ld_so_conf``: the whole ``/etc/ld.so.conf`` (None: the harness's
     ``include`` line); ``after_ldconfig``: links removed after the build-time ldconfig;
     ``runpath_probe``: where to put a probe built with ``DT_RUNPATH $ORIGIN/../lib``;
-    ``rpath_probe``: ``(where, dir)``, a probe built with ``DT_RPATH`` naming ``dir``.
+    ``rpath_probe``: ``(where, dir)``, a probe built with ``DT_RPATH`` naming ``dir``;
+    ``copies``: path -> a file of this machine copied there (a stub library).
     """
 
     libs: dict = dataclasses.field(default_factory=dict)
@@ -77,6 +78,7 @@ class Image:
     cwd: str = "/"
     uid: int = 0
     passwd: list = dataclasses.field(default_factory=list)
+    copies: dict = dataclasses.field(default_factory=dict)  # path -> a file of this machine copied there
 
     def build(self, root: Path, libcuda: dict) -> None:
         """Write the image into the harness rootfs ``root`` (``libcuda``: version -> real file)."""
@@ -86,6 +88,10 @@ class Image:
             p = root / link.lstrip("/")
             p.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(target, p)
+        for path, src in self.copies.items():
+            p = root / path.lstrip("/")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, p)
         for path, text in self.files.items():
             p = root / path.lstrip("/")
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -143,8 +149,9 @@ class Box:
     """One fake host (driver ``host``, GPU ``model``), one config, one log, one pristine image rootfs."""
 
     def __init__(self, tmp: Path, libcuda: dict, host: str, image: Image, *, model: str = DATA_CENTER,
-                 **config) -> None:
+                 host_dir: str | None = None, **config) -> None:
         self.tmp, self.libcuda, self.host, self.image = Path(tmp), libcuda, host, image
+        self.host_dir = host_dir  # None: the toolkit's place (SYS); else a device plugin's dir
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.host_root = write_fake_host(self.tmp / "host", version=host, gpus={"0000:17:00.0": model}).resolve()
         # the host's driver dir holds its libcuda (the runtime wrapper's source for the host's library)
@@ -172,7 +179,8 @@ class Box:
                               edit=self.image.spec_edit)
 
     def _standin(self, root: Path) -> dict:
-        return rt.nvidia_standin_hook(self.libcuda[self.host], root.parent / "work", "prestart")
+        return rt.nvidia_standin_hook(self.libcuda[self.host], root.parent / "work", "prestart",
+                                      host_dir=self.host_dir)
 
     # -- starts --------------------------------------------------------------
     def alone(self, runtime: str = "runc") -> Loaded:
@@ -254,14 +262,26 @@ def predicted(report: dict, actor: str) -> tuple:
     return got.get("result"), got.get("dir")
 
 
-def outcome(loaded: Loaded, host: str, host_file: str | None = None) -> tuple:
+def outcome(loaded: Loaded, host: str, root: Path | None = None, host_file: str | None = None) -> tuple:
     """``(result, dir)`` of a real start, in explain's terms: the host library, or compat from a dir.
 
-    ``host_file``: the host's libcuda on this machine; with the probe's ``PROBE_ID`` (the mapped file's
-    ``st_dev:st_ino``) a start that maps that very file under another name is the host's too: the
-    host's library bind-mounted in a compat file's place (compat_hook.policy.hostover, a mask that keeps
-    the compat file's name) is the host's driver, whatever the loader calls it."""
+    With the probe's ``PROBE_ID`` (the mapped file's ``st_dev:st_ino``) the file is told by its identity,
+    not its name. ``root``: the rootfs of that start: where compat-hook put a compat libcuda over the
+    host's file (an ``LD_LIBRARY_PATH`` dir before the compat dir), the host's name maps the compat
+    file, and the file of the rootfs with that device and inode names its dir. ``host_file``: the
+    host's libcuda on this machine: a start that maps that very file under a compat file's name (the
+    host's library bind-mounted in its place, compat_hook.policy.hostover, also in a mask that keeps
+    the file) maps the host's driver.
+    """
     if loaded.path == host_lib(host):
+        if root is not None and loaded.id and loaded.cuda is not None and loaded.cuda != debs.EXPECTED_CUDA[host]:
+            for dirpath, _dirs, names in os.walk(root):
+                for n in names:
+                    p = os.path.join(dirpath, n)
+                    if n.startswith("libcuda.so.") and not os.path.islink(p):
+                        st = os.stat(p)
+                        if f"{st.st_dev}:{st.st_ino}" == loaded.id:
+                            return "compat", "/" + os.path.relpath(dirpath, root)
         return "host", None
     if host_file is not None and loaded.id is not None:
         st = os.stat(host_file)

@@ -390,7 +390,8 @@ _LINK_LIBCUDA_SO = ["/bin/sh", "-c", "l={rootfs}/usr/lib/x86_64-linux-gnu/libcud
                     "[ -e $l ] || [ -L $l ] || ln -s libcuda.so.1 $l"]
 
 
-def nvidia_standin_hook(host_lib: Path, work: Path, stage: str = "prestart", *, timeout: int = 10) -> dict:
+def nvidia_standin_hook(host_lib: Path, work: Path, stage: str = "prestart", *, timeout: int = 10,
+                        host_dir: str | None = None) -> dict:
     """Hook entry for a stand-in of the NVIDIA Container Toolkit legacy prestart hook.
 
     Bind-mounts ``host_lib`` (read-only) onto the container's
@@ -400,11 +401,20 @@ def nvidia_standin_hook(host_lib: Path, work: Path, stage: str = "prestart", *, 
     (the toolkit's ``create-symlinks --link libcuda.so.1::<dir>/libcuda.so``).  Works at prestart/createRuntime
     (``nsenter``) and createContainer, under runc and crun.  Its log is
     ``work/nvidia-standin-<stage>-*.log``.
+
+    ``host_dir``: mount it in this container dir instead, beside a ``libcuda.so.1`` link to it, as a
+    device plugin mounts the host's driver dir (GKE's ``/usr/local/nvidia/lib64``); no ldconfig reads it.
     """
     from tests.support.rootfs import lib_version  # local: keeps runtimes importable alone
 
     host_lib = Path(host_lib).resolve()
     ver = lib_version(host_lib)
+    if host_dir is not None:
+        d = host_dir.strip("/")
+        return _write_ns_hook(
+            work, "nvidia-standin", f"a device plugin stand-in, host libcuda {host_lib} in /{d}", stage,
+            bind=[(host_lib, f"{d}/libcuda.so.{ver}")],
+            run=[["/bin/sh", "-c", f"ln -sfn libcuda.so.{ver} {{rootfs}}/{d}/libcuda.so.1"]], timeout=timeout)
     return _write_ns_hook(
         work, "nvidia-standin", f"NVIDIA Container Toolkit stand-in, host libcuda {host_lib}", stage,
         bind=[(host_lib, f"usr/lib/x86_64-linux-gnu/libcuda.so.{ver}")],
