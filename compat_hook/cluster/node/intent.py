@@ -22,6 +22,8 @@ Each output's rule "write only on change" is read from the intent:
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass
 
@@ -173,9 +175,6 @@ def intend(snap: reconcile.Snapshot, *, target, workloads, assessment, settings:
                                                       warning_reason=tgt.reason if bad else None)
     state_file = record = None
     if where.state_dir:
-        import json
-        import os
-
         state_file = FileWrite(os.path.join(where.state_dir, STATE_FILE),
                                json.dumps(dict(doc, prefix=st.prefix), separators=(",", ":")) + "\n")
         sources: dict = {}
