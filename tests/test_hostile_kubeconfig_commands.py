@@ -30,6 +30,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from compat_hook.cluster.workload import workloads
+
 pytestmark = [pytest.mark.slow]
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -38,7 +40,7 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 #: seconds after which it is a hang whatever the machine's load.
 BOUND, WALL = 10.0, 60.0
 MAX_FILE = 4 << 20  # compat_hook.cluster.api.kubeconfig.MAX_FILE
-#: Each example starts the four commands at once; with the six fixed cases below, 26 runs of each
+#: Each example starts the four commands at once; with the seven fixed cases below, 27 runs of each
 #: command. A run takes about 0.8 s of CPU (kubeconfig refused): about a minute on an idle 2-core machine.
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -167,6 +169,12 @@ def _unblock(path: str) -> None:
             pass
 
 
+#: One GPU workload on the node (the validator's record of it is made by the agent's own code).
+POD = {"metadata": {"name": "app-1", "namespace": "apps", "uid": "p-1"},
+       "spec": {"nodeName": "gpu-a", "runtimeClassName": "cuda-compat",
+                "containers": [{"name": "main", "image": "registry.example/app:1",
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+
 COMMANDS = {
     "agent": ["agent", "--node", "gpu-a", "--once"],
     "fleet": ["fleet", "--namespace", "compat-hook"],
@@ -189,6 +197,8 @@ def _start(name: str, base: pathlib.Path, kind: str, data: bytes) -> tuple:
         (host / "proc/driver/nvidia/version").write_text(
             "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Release Build  (dvs-builder@U16)\n")
         args += ["--workloads-dir", str(where / "state"), "--host-root", str(host)]
+        # and the record of the node's workloads the agent writes, so there is something to prove
+        workloads.record(str(where / "state"), [POD], driver="535.183.01")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     env.update(KUBECONFIG=path, HOME=str(where), PYTHONDONTWRITEBYTECODE="1")
     with open(where / "stdout", "wb") as out, open(where / "stderr", "wb") as err:
@@ -277,7 +287,8 @@ def test_every_cluster_command_refuses_a_hostile_kubeconfig_in_one_line(tmp_path
     ("file", json.dumps({**GOOD, "clusters": [{"name": "k", "cluster": {"server": "ht!tp://::garbage::"}}]}).encode()),
     ("fifo", b"users: [[["),
     ("file", json.dumps({**GOOD, "clusters": [{"name": "k", "cluster": {"server": "https://[::1"}}]}).encode()),
-], ids=["deep", "symlink-loop", "directory", "garbage-server", "fifo", "unclosed-bracket"])
+    ("file", json.dumps({**GOOD, "clusters": [{"name": "k", "cluster": "!!!not base64"}]}).encode()),
+], ids=["deep", "symlink-loop", "directory", "garbage-server", "fifo", "unclosed-bracket", "cluster-not-a-mapping"])
 def test_the_issue_s_kubeconfigs(tmp_path, kind, data):
     """The shapes the issue names, each through the four commands (the property draws them too)."""
     runs = {name: _start(name, tmp_path, kind, data) for name in COMMANDS}
