@@ -238,7 +238,7 @@ def test_the_agents_server_side_apply_is_admitted_and_takes_over_an_older_agents
     merge patch go by a patch (the hold's pair together), a hold is applied and lifted by server-side
     apply under the field manager compat-hook-agent, and a skip label of someone else's is neither
     applied nor removed. Each write is one the policy admits."""
-    from compat_hook.cluster.node import gate, nodeapply, nodedoc, nodeevents
+    from compat_hook.cluster.node import applyintent, gate, nodeapply, nodedoc, nodeevents
     from compat_hook.cluster.api import kube
 
     w = world
@@ -252,7 +252,7 @@ def test_the_agents_server_side_apply_is_admitted_and_takes_over_an_older_agents
         doc = {"v": 2, "verdict": verdict, "target": "580.65.06", "regressions": int(verdict == "fail"),
                "gate": g.state}
         plan = nodeapply.plan("gpu-b", meta, nodedoc.node_keys(prefix=PREFIX, doc=doc, gate=g, current=meta))
-        nodeapply.write(k, "gpu-b", plan)
+        applyintent.write_node(k, "gpu-b", plan)
         after = w.node("gpu-b")["metadata"]
         return after, {m["manager"]: m["operation"] for m in after["managedFields"]
                        if f"f:{SKIP}" in json.dumps(m.get("fieldsV1"))}

@@ -227,12 +227,12 @@ def test_the_agent_reconciles_whatever_its_node_says(meta, regressing, current, 
 @SETTINGS
 @given(hostile_text | schema_docs | json_values)
 def test_the_agent_reads_any_details_configmap(raw):
-    from compat_hook.cluster.node import agent, detailscm
+    from compat_hook.cluster.node import applyintent, detailscm
 
     cm = {"data": {detailscm.DETAILS_KEY: raw}}
     got = detailscm.details_of(cm)
     assert got is None or isinstance(got, dict)
-    assert isinstance(agent._details_of(cm), dict)
+    assert isinstance(applyintent.details_of(cm), dict)
 
 
 # --------------------------------------------------------------------------- the validator

@@ -361,6 +361,26 @@ def _event(line: bytes):
     return ev if isinstance(ev, dict) else None
 
 
+def _is_server_url(host: str) -> bool:
+    """Whether ``host`` is an address the transport can request: parsed as urllib3 parses it (an
+    unclosed bracket or a port out of range would otherwise read as an unreachable server, retried
+    for ever by the agent and the fleet), http or https, a host name without spaces or control
+    characters.
+
+    >>> [_is_server_url(h) for h in ("https://10.0.0.1:6443", "https://[::1]:6443", "https://[::1",
+    ...                               "https://h:99999", "https://:1", "https://a b", "ftp://h")]
+    [True, True, False, False, False, False, False]
+    """
+    from urllib3.exceptions import LocationParseError
+    from urllib3.util import parse_url
+
+    try:
+        u = parse_url(host)
+    except (LocationParseError, ValueError):
+        return False
+    return u.scheme in ("http", "https") and bool(u.host) and not any(c.isspace() or ord(c) < 32 for c in u.host)
+
+
 def _rooted(doc: dict):
     """The merged kubeconfig as the client's own ``ConfigNode``, rooted in the working directory: the client
     runs an exec plugin in the directory of the file it read (22.x: with a plain dict, in ``""``, which fails
@@ -408,7 +428,7 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Kube:
         raise KubeError(f"no cluster credentials ({_one_line(shown, 200)}): {e}") from None
     except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError) as e:
         raise KubeError(f"no cluster credentials ({src}): {_one_line(e, 200)}") from None
-    if not str(cfg.host or "").startswith(("http://", "https://")):
+    if not _is_server_url(str(cfg.host or "")):
         raise KubeError(f"no cluster credentials ({src}): the API server address {str(cfg.host)[:100]!r} "
                         "is not a URL")
     if not cfg.verify_ssl:  # the kubeconfig asks for it (insecure-skip-tls-verify): said once there, not per request

@@ -205,5 +205,16 @@ def load(kubeconfig: str | None, context: str | None) -> tuple:
     if ctx["cluster"] not in {c["name"] for c in merged["clusters"]}:
         raise KubeconfigError(f"{origin.get('contexts/' + name, src)}: context {name!r}: no cluster "
                               f"{ctx['cluster']!r}")
+    # A cluster entry that is not a mapping, or names no server, would leave the client on its default,
+    # http://localhost: the credentials sent in clear to whatever listens there. kubectl refuses it too.
+    cluster = next(c for c in merged["clusters"] if c["name"] == ctx["cluster"])
+    body = cluster.get("cluster")
+    if not isinstance(body, dict) or not isinstance(body.get("server"), str) or not body["server"].strip():
+        raise KubeconfigError(f"{origin.get('clusters/' + ctx['cluster'], src)}: cluster {ctx['cluster']!r} "
+                              f"names no server")
+    user = ctx.get("user")
+    entry = next((u for u in merged["users"] if u["name"] == user), None) if isinstance(user, str) else None
+    if entry is not None and entry.get("user") is not None and not isinstance(entry["user"], dict):
+        raise KubeconfigError(f"{origin.get('users/' + user, src)}: user {user!r} is not a mapping")
     merged["current-context"] = name
     return merged, name, src

@@ -1,6 +1,6 @@
 """``compat-hook cluster agent``: one node's upgrade preflight, published for the cluster, and the gate.
 
-A pass (:meth:`Agent.run_pass`) is a controller's three steps:
+A pass (:meth:`Agent.run_pass`) is observe → reconcile → intent → apply:
 
 1. **observe** (:meth:`Agent.observe`): a :class:`~.reconcile.Snapshot` of the caches a watch
    keeps current (:mod:`.reflector`; ``--once`` and ``--no-watch`` read directly,
@@ -8,17 +8,21 @@ A pass (:meth:`Agent.run_pass`) is a controller's three steps:
    NVIDIADrivers, whether every watch is current; the target driver and whether a hold can work
    (:mod:`.target`); the GPU workloads of the node's pods (:mod:`.pods`), their images matched to
    the node's store and assessed by ``plan`` on the driver now (``/proc/driver/nvidia/version``
-   under ``host_root``) and on the target (:mod:`.predict`);
+   under ``host_root``) and on the target (:mod:`.predict`); the details ConfigMap as last read;
 2. **reconcile** (:mod:`.reconcile`, pure): what the pass found, and the keys the Node should
    carry: the verdict labels, the ``<prefix>/preflight`` doc and the gate (:mod:`.gate`: a
    regression holds, a complete pass without one lifts a hold, a pass that is not complete keeps
    what is there), from the Node as read, the settings, the agent's own last word and the clock;
-3. **apply** (:mod:`.nodeapply`): server-side apply of those keys under the field manager
-   ``compat-hook-agent``, only when they change, conditional on the Node's resourceVersion (a
-   conflict reads it again and reconciles again); then the details in the agent's ConfigMap when
-   they changed; an Event about the Node (in ``default``, where ``kubectl describe node`` finds
-   it) when the verdict, the gate or the regressions changed; the Lease (the heartbeat) every
-   pass (:class:`Owned`); ``workloads.json`` in the state dir.
+3. **intent** (:mod:`.intent`, pure): one :class:`~.intent.Intent` covering every output: the
+   requests that make the Node say those keys (:mod:`.nodeapply`; none when it does), the
+   details (changed or not), the Event (when the verdict, the gate or the regressions changed),
+   the Lease's renewal, the state file, ``workloads.json`` and the node-local files;
+4. **apply** (:mod:`.applyintent`, the agent's only writer): server-side apply of the Node's keys
+   under the field manager ``compat-hook-agent``, conditional on the Node's resourceVersion (a
+   conflict reads it again and computes the intent again); then the state file, the details in
+   the agent's ConfigMap when they changed, the Event about the Node (in ``default``, where
+   ``kubectl describe node`` finds it), the Lease (the heartbeat) every pass, ``workloads.json``
+   and the node-local files.
 
 :class:`Agent` loops: a pass every ``interval`` seconds (jittered), and soon
 after a change that matters to this node (its target, the hold-ability, its own
@@ -34,6 +38,7 @@ exits on an API error (``--once`` exits 1). SIGTERM or SIGINT ends it at once
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -46,17 +51,17 @@ from ...core.errors import CompatHookError, describe
 from . import gate as gatemod
 from ..workload import pods as podsmod
 from ..workload.runs import reported
-from . import holds, nodeapply, nodedoc, detailscm, heartbeat, nodeevents, nodefiles, reconcile
+from . import applyintent, holds, intent, nodedoc, reconcile
 from ..workload import predict, target as targetmod, workloads
 from ..api.backoff import Backoff, herd_delay, jittered
-from ..api.kube import Conflict, KubeError, NotFound, Unreachable
+from ..api.kube import KubeError, NotFound, Unreachable
 
 __all__ = ["AgentOptions", "Agent", "run", "settings", "DEFAULT_PREFIX"]
 
 DEFAULT_PREFIX = "compat-hook.io"
 DEFAULT_NAMESPACE = "compat-hook"
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-STATE_FILE = "cluster-agent.json"
+STATE_FILE = intent.STATE_FILE
 MAX_BACKOFF = 300.0
 #: Seconds a pass under way may still take after SIGTERM (the kubelet's grace is longer; a Pod's stop
 #: should not be).
@@ -118,10 +123,6 @@ def _log(rec: dict) -> None:
     line.update(rec)
     sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
     sys.stdout.flush()
-
-
-def _rfc3339(t: float | None = None) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if t is None else t))
 
 
 def _patched(node: dict, keys: dict) -> dict:
@@ -244,67 +245,6 @@ class WatchView:
         self.r_node.replace(node)
 
 
-class Owned:
-    """One object of the agent's own in its namespace, named after its node (the details ConfigMap, the
-    Lease): read once, then remembered (its resourceVersion and what it says, ``parse(obj or None)``);
-    written by ``put(content)``: a create, or an update conditional on that resourceVersion, of
-    ``build(content, said, resource_version)``; a conflict (someone else wrote it, or it appeared)
-    reads it again, once. With ``always`` every put writes (the heartbeat); else only a change
-    does (``before``: what it said before this put)."""
-
-    def __init__(self, agent, path: str, parse, build, always: bool = False) -> None:
-        self.agent, self.path, self.parse, self.build, self.always = agent, path, parse, build, always
-        self.known = False
-        self.rv = None
-        self.said = None
-        self.before = None
-
-    def put(self, content) -> bool:
-        kube, opts = self.agent.kube, self.agent.opts
-        path = self.path.format(ns=opts.publish_namespace)
-        for attempt in range(2):
-            if not self.known:
-                try:
-                    cur = kube.get(f"{path}/{opts.node}")
-                    self.rv, self.said = str(_map(cur.get("metadata")).get("resourceVersion") or ""), self.parse(cur)
-                except NotFound:
-                    self.rv, self.said = None, self.parse(None)
-                self.known = True
-            if not attempt:
-                self.before = self.said
-            if not self.always and self.said == content:
-                return False
-            obj = self.build(content, self.said, self.rv)
-            try:
-                new = (kube.update(f"{path}/{opts.node}", obj) if self.rv
-                       else _in_namespace(lambda: kube.create(path, obj), opts.publish_namespace))
-            except Conflict:
-                self.known = False
-                if attempt:
-                    raise
-                continue
-            self.rv = str(_map(new.get("metadata")).get("resourceVersion") or "")
-            self.said = self.parse(new) if self.always else content
-            return True
-        return False
-
-
-def _acquired(lease) -> str | None:
-    """The Lease's ``acquireTime``, kept across renewals: a MicroTime, else None (a new one is taken).
-
-    >>> _acquired({"spec": {"acquireTime": "2026-12-07T04:00:00.000000Z"}}), _acquired({"spec": {"acquireTime": [[1]]}})
-    ('2026-12-07T04:00:00.000000Z', None)
-    """
-    v = _map(_map(lease).get("spec")).get("acquireTime")
-    return v if isinstance(v, str) and len(v) <= 40 else None
-
-
-def _details_of(cm) -> dict:
-    old = (detailscm.details_of(cm) or {}) if cm is not None else {}
-    old.pop("time", None)
-    return old
-
-
 # ----------------------------------------------------------------------------- the agent
 
 
@@ -325,24 +265,10 @@ class Agent:
         self._lock = threading.Lock()
         self._last_trigger = None
         self._herd = False
-        node, ns = opts.node, "{ns}"
-
-        def configmap(doc, _said, rv):
-            obj = detailscm.configmap(name=node, namespace=self.opts.publish_namespace, doc=doc, when=_rfc3339())
-            if rv:
-                obj["metadata"]["resourceVersion"] = rv
-            return obj
-
-        def lease(_content, acquired, rv):
-            return heartbeat.lease(name=node, namespace=self.opts.publish_namespace, interval=self.opts.interval,
-                                 now=time.time(), acquired=acquired, resource_version=rv or None)
-
-        #: the details (written when they change; ``before``: what they said before this pass's write)
-        self.details_cm = Owned(self, f"/api/v1/namespaces/{ns}/configmaps", _details_of, configmap)
-        #: the heartbeat that says this verdict is current (renewed after every pass; its acquireTime kept)
-        self.lease = Owned(self, f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
-                           _acquired,
-                           lease, always=True)
+        #: the details (written when they change) and the heartbeat that says this verdict is current
+        #: (renewed after every pass, its acquireTime kept): :mod:`.applyintent` writes both
+        self.details_cm = applyintent.details_owned(self)
+        self.lease = applyintent.lease_owned(self)
         self._said_purged = False
         self.previous_prefix = _state_prefix(opts)  # the label prefix of the last pass before this start
         self.published = None    # (prefix, the Node doc) this process last decided: its own last word
@@ -436,38 +362,10 @@ class Agent:
                            namespace=opts.namespace)
         return snap, tgt, ws, a
 
-    def apply(self, snap, f, st, own) -> tuple:
-        """Reconcile the Node and apply it: ``(desired, node, "written" or "unchanged", conflicts)``. A
-        Node changed since it was read (a 409) is read again and reconciled again, up to
-        :data:`CONFLICT_RETRIES` times."""
-        kube, name = self.kube, self.opts.node
-        node, conflicts = snap.node, 0
-        for attempt in range(CONFLICT_RETRIES):
-            meta = _map(node.get("metadata"))
-            d = reconcile.reconcile(meta, f, st, now=time.time(), own=own)
-            self.next_expiry = d.next_expiry
-            w = nodeapply.plan(name, meta, d.keys)
-            if not w.changed:
-                return d, node, "unchanged", conflicts
-            if isinstance(self.view, WatchView):  # our own write is no reason for another pass
-                with self._lock:
-                    self._last_trigger = self._trigger_key(_patched(node, d.keys), snap.pods, snap.policies,
-                                                           snap.drivers)
-            try:
-                node = nodeapply.write(kube, name, w)
-            except Conflict:
-                conflicts += 1
-                if attempt == CONFLICT_RETRIES - 1:
-                    raise
-                node = kube.get(f"/api/v1/nodes/{name}")  # changed since read: decide again on what is there now
-                continue
-            self.view.wrote(node)
-            return d, node, "written", conflicts
-        raise AssertionError("unreachable")  # the last attempt returns or raises
-
     def run_pass(self) -> dict:
-        """One pass: observe, reconcile (pure, :mod:`.reconcile`), apply (:mod:`.nodeapply`; a Node changed
-        since it was read is read again and reconciled again), then the details, Event, Lease and files."""
+        """One pass: observe, reconcile and intend (pure, :mod:`.intent`), apply (:mod:`.applyintent`, the one
+        writer). A Node changed since it was read (a 409) is read again, and the intent computed and
+        applied again, up to :data:`CONFLICT_RETRIES` times."""
         t0 = time.monotonic()
         kube, opts = self.kube, self.opts
         calls0, by0 = kube.calls, dict(kube.by_kind)
@@ -481,83 +379,52 @@ class Agent:
                                 details=f"{opts.publish_namespace}/{opts.node}", former_prefix=self.previous_prefix,
                                 registration=None if reg == self.registration_said else reg,
                                 installation=reconcile.installation(snap.pods, self.pod_uid or None))
-        f = reconcile.findings(snap, target=tgt, workloads=ws, assessment=a, settings=st)
+        where = intent.Where(node=opts.node, namespace=opts.publish_namespace, interval=opts.interval,
+                             state_dir=opts.state_dir, nfd_file=s["nfd_features_file"], textfile=s["textfile"],
+                             max_age=workloads.max_age_of(cfg))
         own = self.published[1] if self.published is not None and self.published[0] == prefix else None
-        d, node, result, conflicts = self.apply(snap, f, st, own)
-        doc, g, verdict, c, prev = d.doc, d.gate, d.verdict, f.counts, d.previous
-        self.published = (prefix, doc)
+        previous = intent.Previous(own=own, details=self.details_cm.read())
+        decisions = _decision_counts(cfg) if s["textfile"] else None
+        conflicts = 0
+        for attempt in range(CONFLICT_RETRIES):
+            it = intent.intend(snap, target=tgt, workloads=ws, assessment=a, settings=st, where=where,
+                               previous=previous, decisions=decisions, now=time.time())
+            self.next_expiry = it.desired.next_expiry
+            if it.node_patch.changed and isinstance(self.view, WatchView):  # our own write is no reason for a pass
+                with self._lock:
+                    self._last_trigger = self._trigger_key(_patched(snap.node, it.desired.keys), snap.pods,
+                                                           snap.policies, snap.drivers)
+            done = applyintent.apply(self, it, settled=lambda node, it=it: self._settled(it, node, st), log=_log)
+            if done.node_write != "conflict":
+                break
+            conflicts += 1
+            if attempt == CONFLICT_RETRIES - 1:
+                raise done.conflict
+            # changed since read: decide again on what is there now
+            snap = dataclasses.replace(snap, node=kube.get(f"/api/v1/nodes/{opts.node}"))
+        d, f = it.desired, it.findings
+        g, verdict, c, cn = d.gate, d.verdict, f.counts, d.counts
+        return {"event": "cluster_pass", "node": opts.node, "preflight": verdict, "complete": f.complete,
+                "reasons": it.reasons, "target": tgt.version, "target_from": tgt.where, "now": a.now,
+                "gate": g.state, "gate_message": g.message, "workloads": c["workloads"],
+                "regressions": c["regressions"], "absent_regressions": cn["absent_regressions"],
+                "broken_now_and_after": c["broken_now_and_after"],
+                "changed": c["changed"], "not_in_store": c["not_in_store"], "unreadable": c["unreadable"],
+                "unknown_workloads": c["unknown_workloads"], "pods": len(snap.pods),
+                "problem": it.problem, "node_write": done.node_write, "conflicts": conflicts,
+                "details_written": done.details_written,
+                "event_sent": done.event_sent, "api_calls": kube.calls - calls0,
+                "api_requests": {k: n - by0.get(k, 0) for k, n in sorted(kube.by_kind.items()) if n - by0.get(k, 0)},
+                "seconds": round(time.monotonic() - t0, 3), "max_rss_kib": _max_rss_kib()}
+
+    def _settled(self, it, node: dict | None, st) -> None:
+        """The Node says ``it`` now (``node``: as written; None: it said so already): the agent's own last
+        word, the watch cache, the registration said."""
+        if node is not None:
+            self.view.wrote(node)
+        self.published = (it.prefix, it.desired.doc)
         if st.registration is not None:
             self.registration_said = st.registration
-        # What the Node now says, on the node at once: the ConfigMap, Event and Lease below may fail
-        # (the API server gone mid-pass), and the error line's last_result must still be this.
-        self._state_file(prefix, doc)
-        problem = "; ".join(f.problems) or None
-        reasons = sorted(set(f.reasons))
-        details = detailscm.details_doc(node=opts.node, verdict_=verdict, complete=f.complete, target=tgt.version,
-                                      target_from=tgt.where, now=a.now, gate=g.state, gate_message=g.message,
-                                      problem=problem, reasons=reasons, interval=opts.interval, c=c, rows=a.rows,
-                                      pods=ws.pods, missing=a.missing, pods_seen=len(snap.pods), workloads=ws.items)
-        cm_written = self.details_cm.put(details)
-        event_sent = False
-        # a bad announcement changed to another bad one is news too (the operator's fix did not take)
-        if prev is None or nodeevents.event_signature(prev) != nodeevents.event_signature(doc) or \
-                (tgt.reason == "bad_announcement" and ((prev or {}).get("reasons") != doc["reasons"]
-                                                       or (self.details_cm.before or {}).get("problem") != problem)):
-            kube.create(f"/api/v1/namespaces/{nodeevents.EVENT_NAMESPACE}/events",
-                        nodeevents.event(node=node, details=details, when=_rfc3339(),
-                                      warning_reason=tgt.reason if tgt.reason == "bad_announcement" else None))
-            event_sent = True
-        self.lease.put(None)
-        cn = d.counts
-        out = {"event": "cluster_pass", "node": opts.node, "preflight": verdict, "complete": f.complete,
-               "reasons": reasons, "target": tgt.version, "target_from": tgt.where, "now": a.now,
-               "gate": g.state, "gate_message": g.message, "workloads": c["workloads"],
-               "regressions": c["regressions"], "absent_regressions": cn["absent_regressions"],
-               "broken_now_and_after": c["broken_now_and_after"],
-               "changed": c["changed"], "not_in_store": c["not_in_store"], "unreadable": c["unreadable"],
-               "unknown_workloads": c["unknown_workloads"], "pods": len(snap.pods),
-               "problem": problem, "node_write": result, "conflicts": conflicts,
-               "details_written": cm_written,
-               "event_sent": event_sent, "api_calls": kube.calls - calls0,
-               "api_requests": {k: n - by0.get(k, 0) for k, n in sorted(kube.by_kind.items()) if n - by0.get(k, 0)},
-               "seconds": round(time.monotonic() - t0, 3), "max_rss_kib": _max_rss_kib()}
-        self._outputs(cfg, s, prefix, doc, details, ws, a, snap.pods)
-        return out
-
-    # -- node-local files ----------------------------------------------------
-    def _state_file(self, prefix: str, doc: dict) -> None:
-        """``<state-dir>/cluster-agent.json``: the doc on the Node (never fatal)."""
-        if not self.opts.state_dir:
-            return
-        try:
-            nodefiles.write_file(os.path.join(self.opts.state_dir, STATE_FILE),
-                               json.dumps(dict(doc, prefix=prefix), separators=(",", ":")) + "\n")
-        except OSError as e:
-            _log({"event": "cluster_output_error", "node": self.opts.node, "reason": "os_error",
-                  "message": describe(e)[1]})
-
-    def _outputs(self, cfg, s: dict, prefix: str, doc: dict, details: dict, ws, a, pods_list) -> None:
-        """workloads.json and the optional node-local files (never fatal)."""
-        opts = self.opts
-        try:
-            if opts.state_dir:
-                self._workloads_file(ws, a, pods_list)
-            if s["nfd_features_file"]:
-                nodefiles.write_file(s["nfd_features_file"], nodefiles.nfd_text(prefix, doc))
-            if s["textfile"]:
-                nodefiles.write_file(s["textfile"], nodefiles.textfile_text(details, time.time(), _decision_counts(cfg)))
-        except OSError as e:
-            _log({"event": "cluster_output_error", "node": opts.node, "reason": "os_error", "message": describe(e)[1]})
-
-    def _workloads_file(self, ws, a, pods_list) -> None:
-        """``<state-dir>/workloads.json`` (:mod:`.workloads`): the GPU workloads seen per host driver, the
-        previous driver's kept for the validator. Nothing is recorded while the driver is unknown."""
-        sources: dict = {}
-        for w in ws.items:
-            if w.get("source"):
-                sources.setdefault(w["source"], []).append(w["image"])
-        workloads.record(self.opts.state_dir, pods_list, driver=a.now, sources=sources,
-                         probe_namespace=self.opts.publish_namespace, max_age=workloads.max_age_of(self.cfg))
 
     # -- the loop --------------------------------------------------------------
     def _connect(self) -> None:
@@ -665,16 +532,6 @@ class Agent:
         """SIGTERM (the kubelet stopping the pod) or SIGINT: the loop ends without waiting out its interval."""
         self.stop.set()
         self.wake.set()
-
-
-def _in_namespace(create, namespace: str):
-    """``create()``; a 404 there means the namespace itself is missing (the agent run by hand without
-    the chart's namespace): said in one line, not as the API server's Status body."""
-    try:
-        return create()
-    except NotFound:
-        raise NotFound(f"the namespace {namespace} does not exist: the agent publishes its details and "
-                       f"heartbeat there (install the chart, create it, or pass --publish-namespace)", 404) from None
 
 
 def run(kube_factory, load_config, opts: AgentOptions) -> int:

@@ -110,6 +110,14 @@ class Gate:
         #: ``release`` (both keys gone while our last word was ``held``: ``cluster release``).
         self.released_by = released_by
 
+    def __eq__(self, other) -> bool:  # plain data: two passes that decide alike give equal intents
+        return isinstance(other, Gate) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    __hash__ = None  # mutable dicts inside
+
+    def __repr__(self) -> str:
+        return f"Gate({self.state!r}, {self.message!r})"
+
     @property
     def warning(self) -> bool:
         return self.state in WARNING

@@ -2,8 +2,8 @@
 
 The agent's intent for its Node is a set of keys (:func:`.reconcile.reconcile`): each label or
 annotation compat-hook governs there, with the value it should have, or None (it should not be
-there). :func:`plan` turns that and the Node as read into the requests (pure), :func:`write` sends
-them:
+there). :func:`plan` turns that and the Node as read into the requests (pure, plain data);
+:func:`.applyintent.write_node` sends them:
 
 * **apply** (``application/apply-patch+yaml``, field manager :data:`MANAGER`): every key that
   should be there, always all of them, since a key the manager applied before and leaves out now is
@@ -41,7 +41,9 @@ False
 
 from __future__ import annotations
 
-__all__ = ["MANAGER", "owners", "plan", "Writes", "write"]
+from dataclasses import dataclass
+
+__all__ = ["MANAGER", "owners", "plan", "Writes"]
 
 #: The agent's field manager for its Node's keys.
 MANAGER = "compat-hook-agent"
@@ -73,14 +75,15 @@ def owners(meta: dict) -> dict:
     return out
 
 
+@dataclass(frozen=True)
 class Writes:
     """The requests that make the Node say the desired keys: ``remove`` (a merge patch, or None),
-    then ``apply`` (the apply body, or None) with ``force``; ``changed``: whether any is needed."""
+    then ``apply`` (the apply body, or None) with ``force``; ``changed``: whether any is needed.
+    Plain data: :mod:`.applyintent` sends them."""
 
-    __slots__ = ("remove", "apply", "force")
-
-    def __init__(self, remove, apply, force: bool) -> None:
-        self.remove, self.apply, self.force = remove, apply, force
+    remove: dict | None
+    apply: dict | None
+    force: bool
 
     @property
     def changed(self) -> bool:
@@ -127,21 +130,3 @@ def plan(name: str, meta: dict, desired: dict, manager: str = MANAGER) -> Writes
         # a value changed on a key another manager owns too: a conflict unless forced (the key is compat-hook's)
         force = any(own.get(k, set()) - {mine} for k in to_set)
     return Writes(remove, apply, force)
-
-
-def write(kube, name: str, w: Writes, manager: str = MANAGER) -> dict | None:
-    """Send :func:`plan`'s requests; the Node as the last one left it (None: nothing sent). A
-    :class:`~.kube.Conflict` (409) means the Node changed since it was read: the caller reads it again and
-    plans again. The apply after a removal goes on the removal's resourceVersion (it was planned on
-    the Node before the removal, which changed nothing else)."""
-    node = None
-    path = f"/api/v1/nodes/{name}"
-    if w.remove is not None:
-        node = kube.patch(path, w.remove, merge="json")
-    if w.apply is not None:
-        body = w.apply
-        if node is not None:
-            body = dict(body, metadata=dict(body["metadata"], resourceVersion=str(
-                _map(node.get("metadata")).get("resourceVersion") or "")))
-        node = kube.apply(path, body, manager=manager, force=w.force)
-    return node

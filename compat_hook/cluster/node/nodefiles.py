@@ -1,13 +1,12 @@
-"""The node's files: node-feature-discovery's features file and the node exporter's textfile.
+"""The node's files: node-feature-discovery's features file and the node exporter's textfile (their text;
+:mod:`.applyintent` writes them).
 """
 
 from __future__ import annotations
 
-import os
-
 from .verdicts import counts, label_value, regression, verdict
 
-__all__ = ["nfd_text", "textfile_text", "write_file"]
+__all__ = ["nfd_text", "textfile_text"]
 
 def nfd_text(prefix: str, doc: dict) -> str:
     """An NFD local feature file: one ``<prefix>/<name>=<value>`` per line."""
@@ -46,11 +45,3 @@ def textfile_text(details: dict, when_s: float, decisions: dict | None = None) -
 
 def _esc(v) -> str:
     return str(v)[:64].replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
-
-
-def write_file(path: str, text: str) -> None:
-    """Temp file then rename (readers - NFD, node_exporter - never see half a file)."""
-    from ...core import atomic
-
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    atomic.replace(path, text.encode(), 0o644)

@@ -1,6 +1,6 @@
 """The agent's reconcile: from what a pass observed to what its Node should say (pure: no clock, no I/O).
 
-The node agent is a controller in three steps (:meth:`.agent.Agent.run_pass`):
+A pass of the node agent is observe → reconcile → intent → apply (:meth:`.agent.Agent.run_pass`):
 
 1. **observe**: a :class:`Snapshot` of the caches (its Node, the pods bound to it, the
    ClusterPolicies and NVIDIADrivers, whether every watch is current), and what the node itself
@@ -10,8 +10,11 @@ The node agent is a controller in three steps (:meth:`.agent.Agent.run_pass`):
    :func:`reconcile` (the Node's keys: the verdict labels, the ``<prefix>/preflight`` annotation,
    the gate, :mod:`.gate`; the regressing workloads' record, :mod:`.holds`), from the Node's
    metadata as read, the findings, the :class:`Settings`, the agent's own last word and ``now``;
-3. **apply** (:mod:`.nodeapply`): server-side apply of those keys, conditional on the Node's
-   resourceVersion; a Node changed since it was read is read again and reconciled again.
+3. **intent** (:mod:`.intent`, pure): every output of the pass as one value, the requests that
+   make the Node say those keys (:mod:`.nodeapply`) among them;
+4. **apply** (:mod:`.applyintent`, the agent's only writer): server-side apply of those keys,
+   conditional on the Node's resourceVersion (a Node changed since it was read is read again and
+   reconciled again), then the other outputs.
 
 State lives on the Node: the last published doc (``<prefix>/preflight``: the gate, the
 regressions' key, ``released_by``, the ``held`` record with each absent workload's clock) is what
