@@ -6,8 +6,8 @@ the CDI spec itself and the pod runs on plain runc. A pod that only requests ``n
 names no RuntimeClass, so only an NRI plugin brings compat-hook's hook to it.
 
 One real single-node cluster for the module (tests/support/node.py): etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler and a kubelet v1.34.2 on Debian sid's containerd 2.1.9
-(``containerd_bin``), set up as the operator sets it up in CDI mode: ``enable_cdi``, the default
+kube-controller-manager, kube-scheduler and a kubelet v1.34.2 on Debian sid's containerd 2.1.9, then
+the whole story again on upstream's v2.4.2 (``CONTAINERDS``, ``containerd_bin``), set up as the operator sets it up in CDI mode: ``enable_cdi``, the default
 runtime plain runc, NRI on (2.x's default). Its GPU is a **GeForce** (the fake
 ``/proc/driver/nvidia``, the only fake) on the 535 driver. The CDI spec for ``nvidia.com/gpu``
 in ``/var/run/cdi`` carries what the toolkit generates: the device node, the driver's real Debian
@@ -48,7 +48,7 @@ import time
 
 import pytest
 
-from tests.support import deviceplugin, engines
+from tests.support import deviceplugin, engines, kubebuild
 from tests.support import node as nodemod
 from tests.support import toolkit as tks
 from tests.support.node import probe_result, ready, wait_pod
@@ -158,9 +158,14 @@ class World:
         return probe_result(log), cs["containerID"].split("//", 1)[1], self.plugin.allocations()[before:]
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    work = tmp_path_factory.mktemp("node-cdi")
+#: Debian sid's containerd 2.1.9, and upstream's newest 2.x (since 2.3 it hands an NRI plugin the CDI names
+#: and applies their edits after NRI): the chart's defaults reach a plain GPU pod on both.
+CONTAINERDS = ("sid-2.1", kubebuild.CONTAINERD_RELEASES[-1])
+
+
+@pytest.fixture(scope="module", params=CONTAINERDS)
+def world(request, tmp_path_factory):
+    work = tmp_path_factory.mktemp(f"node-cdi-{request.param}")
     timings = {}
     t0 = time.monotonic()
     image = nodemod.project_image()
@@ -168,8 +173,8 @@ def world(tmp_path_factory):
     tk = tks.ensure()
     timings["images"] = time.monotonic() - t0
     cluster = nodemod.Cluster(work / "cp")
-    node = nodemod.Node(work / "node", cluster, pause_image=f"{BB}:pause", containerd_bin=engines.containerd2(),
-                        gpu_model=GEFORCE)
+    bin_dir = engines.containerd2() if request.param == "sid-2.1" else kubebuild.containerd_release(request.param)
+    node = nodemod.Node(work / "node", cluster, pause_image=f"{BB}:pause", containerd_bin=bin_dir, gpu_model=GEFORCE)
     plugin = left = code = None
     try:
         t = time.monotonic()
@@ -206,7 +211,8 @@ def test_the_node_runs_containerd_2_in_cdi_mode(world):
 
     cfg = tomllib.loads(dump)["plugins"]
     runtime = cfg["io.containerd.cri.v1.runtime"]
-    assert runtime["enable_cdi"] is True and runtime["containerd"]["default_runtime_name"] == "runc"
+    # (2.4 has no switch: CDI is always on, its own default config names only cdi_spec_dirs)
+    assert runtime.get("enable_cdi", True) is True and runtime["containerd"]["default_runtime_name"] == "runc"
     assert cfg["io.containerd.nri.v1.nri"]["disable"] is False  # 2.x's default
     assert CDI_SPEC.rsplit("/", 1)[0] in runtime["cdi_spec_dirs"], runtime["cdi_spec_dirs"]
 

@@ -315,6 +315,11 @@ def gather(root, config, *, state_dir: str | None = None, inspect: bool = True, 
             # a compat dir whose libcuda.so.<version> links elsewhere (/opt/nv/libcuda.so.550.x): the loader
             # follows the link, so its target is the candidate (a regular file, resolved inside the root)
             candidates, targets = _linked_candidates(root, resolved, others)
+            # links into a compat dir found already (a conda env's lib links into its cuda-compat) are that
+            # dir's candidate reached by another name, not one of their own
+            known_files = {f"{f.compat_dir.rstrip('/')}/{n}" for f in found if not f.link_targets for n in f.candidates}
+            targets = {n: t for n, t in targets.items() if t not in known_files}
+            candidates = [n for n in candidates if n in targets]
             others = [o for o in others if o["name"] not in targets]
         facts.dirs_checked.append({"dir": d, "resolved": resolved, "status": f"{len(candidates)} candidate(s)"
                                    + (" (symlinked)" if targets else "")})

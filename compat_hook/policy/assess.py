@@ -369,14 +369,14 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
     _plan_hook(a, config, root, mount_ns)
     # only where the host's driver is chosen over compat files the image carries (off the hot path)
     over = a.effect == "host" and a.image is not None and a.image.status != "none"
+    if over and not full and root is not None:
+        # a userland libcuda in a system lib dir takes the host's place too: read only on this path
+        from ..facts.imagefacts import userland_libcuda
+
+        a.image.userland = userland_libcuda(root)
     if over and "wrapper" in a.actors:  # the wrapper's spec mounts, before its other edits
         from . import hostover
 
-        if not full and root is not None:
-            # a userland libcuda in a system lib dir takes the host's place too: read only on this path
-            from ..facts.imagefacts import userland_libcuda
-
-            a.image.userland = userland_libcuda(root)
         hostover.plan(a, config, root, mount_ns)
     if a.effect == "compat" and a.image is not None and request is not None and request.env.get("LD_LIBRARY_PATH"):
         # only where the image's own LD_LIBRARY_PATH may reach a libcuda before the chosen dir
