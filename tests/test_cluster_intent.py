@@ -246,3 +246,28 @@ def test_the_apply_step_writes_nothing_when_the_intent_says_nothing_changed():
     assert settled == [None]
     assert [c for c in calls if c[0] != "get"] == [("update", "/apis/coordination.k8s.io/v1/namespaces/compat-hook/"
                                                                "leases/gpu-a")]
+
+
+def test_the_details_show_every_libcuda_a_workloads_image_carries():
+    """plan's ``image_libcuda`` facts (a userland driver in a system dir, a symlinked compat file, what ldconfig
+    links there) reach the agent's details whatever the verdict, bounded; a row without them adds nothing."""
+    from compat_hook.cluster.node import detailscm
+
+    sys_dir = "/usr/lib/x86_64-linux-gnu"
+    facts = {"userland": [f"{sys_dir}/libcuda.so.575.57.08"], "ldconfig_picks": {sys_dir: "libcuda.so.575.57.08"},
+             "symlinked": {"/usr/local/cuda-12.9/compat/libcuda.so.575.57.08": "/opt/nv/libcuda.so.575.57.08"}}
+    rows = [{"name": "apps/infer:1", "image_libcuda": facts, "now": {"outcome": "compat"}, "after": {"outcome": "compat"}},
+            {"name": "apps/plain:1", "now": {"outcome": "host"}, "after": {"outcome": "host"}},
+            {"name": "apps/hostile:1", "image_libcuda": {"userland": ["x" * 5000] * 50, "symlinked": "not a map"}}]
+    doc = detailscm.details_doc(node="n", verdict_="pass", complete=True, target="580.65.06", target_from="x",
+                                now="535.261.03", gate="off", gate_message="", problem=None, reasons=[], interval=30,
+                                c={}, rows=rows, pods={}, missing=[], pods_seen=3)
+    first, hostile = doc["image_libcuda"]
+    assert first == dict(facts, name="apps/infer:1")
+    assert len(hostile["userland"]) == 8 and all(len(p) <= 403 for p in hostile["userland"])  # 400 and "..."
+    assert "symlinked" not in hostile and hostile["name"] == "apps/hostile:1"
+    big = [dict(rows[0], name=f"apps/w{i}:1") for i in range(500)]
+    doc = detailscm.details_doc(node="n", verdict_="pass", complete=True, target="580.65.06", target_from="x",
+                                now="535.261.03", gate="off", gate_message="", problem=None, reasons=[], interval=30,
+                                c={}, rows=big, pods={}, missing=[], pods_seen=500)
+    assert len(doc["image_libcuda"]) <= detailscm.MAX_LIBCUDA_ROWS

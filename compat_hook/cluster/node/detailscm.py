@@ -32,6 +32,22 @@ def _row(r: dict, pods: dict) -> dict:
             "error": a.get("error"), "cuda": _s(a.get("cuda"), 16), "needs": _s(r.get("needs_cuda"), 16)}
 
 
+#: Workloads whose image_libcuda facts the details carry (they are cut first when the details are too big).
+MAX_LIBCUDA_ROWS = 50
+
+
+def _libcuda(r: dict) -> dict:
+    """One workload's ``image_libcuda`` facts, bounded: ``userland`` paths, ``symlinked`` links, ``ldconfig_picks``."""
+    f = r["image_libcuda"]
+    out = {"name": _s(r.get("name") or r.get("image"), 400)}
+    if isinstance(f.get("userland"), list):
+        out["userland"] = [_s(p, 400) for p in f["userland"][:8]]
+    for key in ("symlinked", "ldconfig_picks"):
+        if isinstance(f.get(key), dict):
+            out[key] = {_s(k, 400): _s(v, 400) for k, v in list(f[key].items())[:8]}
+    return out
+
+
 def details_doc(*, node: str, verdict_: str, complete: bool, target, target_from, now, gate, gate_message: str,
                 problem, reasons: list, interval: float, c: dict, rows: list, pods: dict, missing: list,
                 pods_seen: int, workloads: list | None = None) -> dict:
@@ -53,8 +69,12 @@ def details_doc(*, node: str, verdict_: str, complete: bool, target, target_from
                           for r in rows if not r.get("unknown") and (r.get("now") is None or r.get("after") is None)],
            "unknown_workloads": [{"name": _s(w["name"], 400), "why": _s(w["unknown"], 400),
                                   "pods": list(pods.get(w["name"], []))[:20]} for w in (workloads or []) if w.get("unknown")],
-           "not_in_store": [{"image": _s(img, 400), "pods": list(p)[:20]} for img, p in missing]}
-    for key in ("changed", "not_in_store", "unreadable", "unknown_workloads", "broken_now_and_after", "regressions"):
+           "not_in_store": [{"image": _s(img, 400), "pods": list(p)[:20]} for img, p in missing],
+           # every libcuda a workload's image carries outside its compat dirs' own files (a userland driver in a
+           # system dir, a symlinked compat file) and what ldconfig links there: plan's facts, whatever the verdict
+           "image_libcuda": [_libcuda(r) for r in rows if isinstance(r.get("image_libcuda"), dict)][:MAX_LIBCUDA_ROWS]}
+    for key in ("image_libcuda", "changed", "not_in_store", "unreadable", "unknown_workloads", "broken_now_and_after",
+                "regressions"):
         while len(json.dumps(doc, separators=(",", ":"))) > MAX_DETAILS and doc[key]:
             doc[key].pop()
             doc["truncated"] = True
