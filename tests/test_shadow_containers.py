@@ -1,7 +1,7 @@
 """Every libcuda the image carries is a fact, and none of them shadows the decision (issue 42).
 
-Real runc and crun containers, through compat-hook's runtime wrapper and its hook at
-createContainer; Debian's real libcuda builds (535 and 555 as host drivers, 550 as the compat
+Real runc and crun containers, through compat-hook's runtime wrapper (ldconfig and env mode) and its
+hook at createContainer; Debian's real libcuda builds (535 and 555 as host drivers, 550 as the compat
 driver the image carries in ``/usr/local/cuda-12.4/compat``). Four layouts where another libcuda
 than the decision's used to map:
 
@@ -41,7 +41,8 @@ LIB550 = f"libcuda.so.{COMPAT_550}"
 COMPAT_FILE = f"{C124}/compat/{LIB550}"
 STUBS = f"{C124}/lib64/stubs"
 NV = "/usr/local/nvidia/lib64"
-THROUGH = ["wrapper", "hook-runc", "hook-crun"]
+#: the runtime wrapper in ldconfig mode (the default) and env mode, the hook under runc and crun
+THROUGH = ["wrapper", "wrapper-env", "hook-runc", "hook-crun"]
 
 #: The CUDA toolkit's stub: every entry point answers CUDA_ERROR_STUB_LIBRARY.
 STUB_C = "int cuInit(unsigned f) { (void)f; return 34; }\nint cuDriverGetVersion(int *v) { (void)v; return 34; }\n"
@@ -99,7 +100,7 @@ def file_id(path) -> str:
 
 
 def start(b: Box, through: str, root):
-    if through == "wrapper":
+    if through.startswith("wrapper"):
         return b.wrapper(root)
     return b.hook(through.split("-", 1)[1], root)
 
@@ -118,6 +119,8 @@ WANT = {"stub": (34, "compat"), "userland": (CUDA[COMPAT_550], "host"), "symlink
 @pytest.mark.parametrize("name", list(WANT))
 def test_the_decision_holds(tmp_path, libcuda, stub, boxes, name, through):
     host, model, img, opts = layout(name, stub)
+    if through == "wrapper-env":
+        opts = dict(opts, mode="env")
     b = Box(tmp_path, libcuda, host, img, model=model, **opts)
     boxes.append(b)
     alone_cuda, want = WANT[name]
@@ -145,7 +148,12 @@ def test_the_decision_holds(tmp_path, libcuda, stub, boxes, name, through):
         assert rec.get("maps") == COMPAT_FILE, rec
         assert tk["with_hook"]["maps"] == COMPAT_FILE and tk["with_wrapper"]["maps"] == COMPAT_FILE, tk
         shadow = (f"{STUBS}/libcuda.so.1" if name == "stub" else f"{NV}/libcuda.so.{host}")
-        assert f"{shadow} <- {COMPAT_FILE} (hook)" in (rec.get("compat_over_shadow") or []), rec
+        if through == "wrapper-env":
+            # env mode: the wrapper puts the compat dir first on LD_LIBRARY_PATH, so nothing needs covering
+            wrec = [r for r in b.records("runtime") if r.get("container_id") == b.last.container_id]
+            assert any(a.startswith(f"LD_LIBRARY_PATH={C124}/compat:") for r in wrec for a in r.get("actions") or []), wrec
+        else:
+            assert f"{shadow} <- {COMPAT_FILE} (hook)" in (rec.get("compat_over_shadow") or []), rec
         if name == "stub":
             assert any(e.startswith(f"bind-mount {COMPAT_FILE} over {shadow} (ro, createContainer): the chosen "
                                     "compat libcuda") for e in hook_fx), hook_fx

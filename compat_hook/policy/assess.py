@@ -429,7 +429,8 @@ def assess(config, request, root, *, spec=None, host=None, state_dir=None,
                 f"{a.decision.compat_dir}: the loader maps the host's, and a hook cannot change the environment; "
                 "use compat-hook's runtime wrapper (compat-hook install containerd|docker|crio), which puts "
                 "the compat dir first, or take the entry off the image")
-        elif a.hook_target is None and config.mode == "env":
+        elif a.hook_target is None and config.mode == "env" and not _ld_path_leads_to(a, root, a.decision.compat_dir):
+            # (a hook the wrapper added meets the LD_LIBRARY_PATH the wrapper wrote: the compat dir first)
             a.warnings.append(
                 f"mode: env: the hook writes no drop-in for {a.decision.compat_dir} (the runtime wrapper puts it on "
                 "LD_LIBRARY_PATH), so with the hook alone this start does not get the compat driver: use the "
@@ -475,6 +476,25 @@ def _resolves_into(root, entry: str, d: str) -> bool:
     except (OSError, ValueError):
         return False
     return r == d or r.startswith(d.rstrip("/") + "/")
+
+
+def _ld_path_leads_to(a: Assessment, root, d: str | None) -> bool:
+    """Whether the container's ``LD_LIBRARY_PATH`` reaches the dir ``d`` before any other dir holding a
+    ``libcuda.so.1`` (resolved in the root; a missing or unreadable entry is passed over, as the loader does)."""
+    if root is None or d is None or a.request is None:
+        return False
+    for e in (a.request.env.get("LD_LIBRARY_PATH") or "").replace(";", ":").split(":")[:64]:
+        if not e.startswith("/"):
+            continue
+        try:
+            r = root.realpath(e)
+        except (OSError, ValueError):
+            continue
+        if r.rstrip("/") == d.rstrip("/"):
+            return True
+        if root.exists(r.rstrip("/") + "/libcuda.so.1"):
+            return False
+    return False
 
 
 def _over_line(x: dict) -> str:
