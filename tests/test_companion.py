@@ -327,3 +327,23 @@ def test_a_baked_dropin_naming_a_dir_linked_elsewhere_is_never_masked(tmp_path):
     assert any("drop-in entry /usr/local/cuda/compat resolves to /etc, not a compat dir" in n for n in a.notes)
     [w] = a.warnings  # nothing it may do: it says so rather than a silent "host"
     assert "resolves to no compat dir compat-hook may hide" in w and "libcuda.so.555.58.02" in w
+
+
+def test_env_mode_warns_the_hook_alone_only_where_the_compat_dir_is_not_first(tmp_path):
+    """mode: env with the hook alone writes no drop-in, so the compat driver does not map, and the hook says so;
+    the hook the runtime wrapper adds meets the LD_LIBRARY_PATH the wrapper wrote (the compat dir first): the
+    compat driver maps, and the hook must not claim otherwise."""
+    rootfs = build_tree(tmp_path / "r", IMAGE)
+    cfg = config_for(None, mode="env")
+    hook = lambda: {"path": "/usr/bin/python3", "args": ["python3", "compat_hook", "hook"]}  # noqa: E731
+    said = {}
+    for name, env in (("alone", ["NVIDIA_VISIBLE_DEVICES=all"]),
+                      ("wrapper wrote it", ["NVIDIA_VISIBLE_DEVICES=all",
+                                            "LD_LIBRARY_PATH=/usr/local/cuda/compat:/usr/local/cuda/lib64/stubs"])):
+        spec = {"process": {"env": env}, "root": {"path": str(rootfs)}}
+        with Root(str(rootfs)) as root:
+            a = assess(cfg, Request.from_spec(spec), root, spec=spec, host=host("535.261.03"), actors=("hook",),
+                       toolkit=True, mount_ns=True, hook_entry=hook)
+        assert (a.decision.action, a.effect) == ("enable", "compat"), a.decision
+        said[name] = [w for w in a.warnings if w.startswith("mode: env: the hook writes no drop-in")]
+    assert len(said["alone"]) == 1 and said["wrapper wrote it"] == [], said
