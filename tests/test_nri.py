@@ -382,6 +382,116 @@ def test_every_road_maps_the_host_library_through_nri(node, road_images, road):
     assert any(x.startswith(f"/usr/local/cuda-12.4/compat/libcuda.so.{COMPAT} <- ") for x in rec["host_over_compat"]), rec
 
 
+STUB_C = "int cuInit(unsigned f) { (void)f; return 34; }\nint cuDriverGetVersion(int *v) { (void)v; return 34; }\n"
+NV_DIR = "/usr/local/nvidia/lib64"
+
+
+@pytest.fixture(scope="module")
+def shadow_images(node):
+    """Issue 42's layouts where another libcuda than the decision's used to map (tests/test_shadow_containers.py runs
+    them under runc, crun and the wrapper), as tags made from ``compat`` and imported: ``shadow-stub`` (the CUDA
+    toolkit's stub in ``lib64/stubs``), ``shadow-userland`` (the image's own 550 in the system lib dir),
+    ``shadow-symlinked`` (the compat dir's files link into ``/opt/nv``)."""
+    import shutil
+    import subprocess
+
+    from tests.support import rootfs
+
+    lay = node.work / "image" / "img"
+    for tag in ("shadow-stub", "shadow-userland", "shadow-symlinked"):
+        u = node.work / f"u-{tag}"
+        engines.sh("umoci", "unpack", "--image", f"{lay}:compat", u)
+        r = u / "rootfs"
+        if tag == "shadow-stub":
+            d = r / "usr/local/cuda-12.4/lib64/stubs"
+            d.mkdir(parents=True)
+            (u / "stub.c").write_text(STUB_C)
+            subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(d / "libcuda.so.1"),
+                            str(u / "stub.c")], check=True, capture_output=True)
+            (u / "stub.c").unlink()
+        elif tag == "shadow-userland":
+            rootfs.install_libcuda(r, node.libs[COMPAT], "usr/lib/x86_64-linux-gnu")
+        else:
+            c = r / "usr/local/cuda-12.4/compat"
+            shutil.rmtree(c)
+            rootfs.install_libcuda(r, node.libs[COMPAT], "opt/nv")
+            c.mkdir()
+            for n in ("libcuda.so.1", f"libcuda.so.{COMPAT}"):
+                os.symlink(f"/opt/nv/libcuda.so.{COMPAT}", c / n)
+            (r / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+            (r / "etc/ld.so.conf.d/cuda-compat.conf").write_text("/usr/local/cuda-12.4/compat\n")
+        rootfs.run_ldconfig(r)
+        engines.sh("umoci", "repack", "--image", f"{lay}:{tag}", u)
+        shutil.rmtree(u)
+    tar = node.work / "shadow.tar"
+    engines.sh("tar", "-C", lay, "-cf", tar, ".")
+    node.daemon.import_images(tar)
+    return tar
+
+
+@contextlib.contextmanager
+def gke_spec(node):
+    """A CDI spec ``nvidia.com/gke`` that mounts the host's library where GKE's driver installer puts it
+    (``/usr/local/nvidia/lib64``), for a data-center host, while in the block."""
+    lib = str(node.libs[OLD])
+    opts = ["ro", "nosuid", "nodev", "bind"]
+    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gke",
+            "devices": [{"name": "0", "containerEdits": {
+                "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/null"}]}}],
+            "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"],
+                               "mounts": [{"hostPath": lib, "containerPath": f"{NV_DIR}/libcuda.so.{OLD}", "options": opts},
+                                          {"hostPath": lib, "containerPath": f"{NV_DIR}/libcuda.so.1", "options": opts}]}}
+    path = node.daemon.work / "cdi" / "nvidia-gke.json"
+    path.write_text(json.dumps(spec))
+    try:
+        yield
+    finally:
+        path.unlink()
+
+
+#: layout -> (image tag, CDI device, env, what must map: "compat" (12040) or "host" (12020), what maps alone)
+SHADOWS = {
+    "stub": ("shadow-stub", GPU, {"LD_LIBRARY_PATH": "/usr/local/cuda/lib64/stubs"}, "compat", "34"),
+    "userland": ("shadow-userland", "nvidia.com/gputk=0", None, "host", "12040"),
+    "symlinked": ("shadow-symlinked", "nvidia.com/gputk=0", None, "host", "12040"),
+    "gke": ("compat", "nvidia.com/gke=0", {"LD_LIBRARY_PATH": "/usr/local/nvidia/lib:/usr/local/nvidia/lib64"},
+            "compat", "12020"),
+}
+
+
+@pytest.mark.parametrize("layout", list(SHADOWS))
+def test_nothing_the_image_carries_shadows_the_decision_through_nri(node, shadow_images, layout):
+    """Issue 42's shadow rows through NRI on containerd 2.1.9: a stub on LD_LIBRARY_PATH and GKE's driver dir
+    named before the compat dir (a 535 data-center host: compat must map), the image's own userland 550 in the
+    system lib dir and a compat dir whose files link elsewhere (a GeForce: the host's must map). Without
+    compat-hook (opted out) the same container maps the other libcuda."""
+    tag, device, envs, want, alone_cuda = SHADOWS[layout]
+    ctx = geforce_host_with_toolkit_spec(node) if device.startswith("nvidia.com/gputk") else (
+        gke_spec(node) if layout == "gke" else contextlib.nullcontext())
+    with ctx:
+        name = f"shadow-{layout}"
+        st, cid = node.client.run_container(node.pod, node.sandbox, f"{name}-alone", f"{IMAGE}:{tag}",
+                                            command=["/usr/local/bin/probe"], envs=envs, cdi_devices=[device],
+                                            annotations={"compat-hook/disable": "true"})
+        text = cri.read_log(node.pods / f"{name}-alone.log")
+        node.client.remove_container(cid)
+        assert (outcome(text)["cuda"] or ("34" if "returned 34" in text else None)) == alone_cuda, (layout, text)
+        node.log.mark()
+        st, cid = node.client.run_container(node.pod, node.sandbox, name, f"{IMAGE}:{tag}",
+                                            command=["/usr/local/bin/probe"], envs=envs, cdi_devices=[device])
+        out = outcome(cri.read_log(node.pods / f"{name}.log"))
+        recs = node.log.since(cid)
+        node.client.remove_container(cid)
+    assert st.exit_code == 0 and out["cuda"] == ("12040" if want == "compat" else "12020"), (layout, out, recs)
+    [rec] = recs
+    assert (rec["via"], rec["effect"]) == ("nri", want), rec
+    if want == "compat":  # the chosen compat libcuda over what LD_LIBRARY_PATH reaches first
+        assert rec.get("compat_over_shadow"), rec
+    else:  # the host's libcuda over the image's other driver file
+        covered = "/usr/lib/x86_64-linux-gnu" if layout == "userland" else "/opt/nv"
+        assert any(x.startswith(f"{covered}/libcuda.so.{COMPAT} <- ") for x in rec["host_over_compat"]), rec
+
+
 def test_under_nvidias_own_nri_plugin(node):
     """The GPU Operator's NRI mode: NVIDIA's own plugin (the toolkit container's ``nvidia-ctk-installer
     --enable-nri-plugin``, index 10, an external plugin on containerd's NRI socket) adds the CDI device
