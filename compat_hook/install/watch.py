@@ -326,7 +326,8 @@ class Reregister:
                 self._install(sample, dry_run=True, out=io.StringIO())
         except (Exception, SystemExit):  # e.g. no runc on this node: the real run says so, once it is asked to
             pass
-        from ..core import atomic  # noqa: F401  (what writes the file: a dry run does not get there)
+        # what writes the file and makes the log's spool: a dry run does not get there
+        from ..core import atomic, logjson  # noqa: F401
 
     def __call__(self, path: str) -> bool | None:
         """Register under ``path``: True done, False failed (said on ``err``), None nothing to do there."""
