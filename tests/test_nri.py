@@ -327,6 +327,19 @@ ROADS = {
 }
 
 
+def import_tags(node, tar, tags) -> None:
+    """Import the layout ``tar`` and wait until the CRI knows each of ``tags``: containerd's CRI plugin learns of an
+    imported image from an event, after the import returns."""
+    node.daemon.import_images(tar)
+    pb = node.client.pb
+    deadline = time.monotonic() + 60
+    for tag in tags:
+        while not node.client.images.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=f"{IMAGE}:{tag}")),
+                                                 timeout=30).image.id:
+            assert time.monotonic() < deadline, f"the CRI does not know {IMAGE}:{tag}"
+            time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def road_images(node):
     """The ``roads`` and ``roads-preload`` tags, made from ``compat`` in the module's layout and imported."""
@@ -351,7 +364,7 @@ def road_images(node):
         shutil.rmtree(u)
     tar = node.work / "roads.tar"
     engines.sh("tar", "-C", lay, "-cf", tar, ".")
-    node.daemon.import_images(tar)
+    import_tags(node, tar, ("roads", "roads-preload"))
     return tar
 
 
@@ -425,7 +438,7 @@ def shadow_images(node):
         shutil.rmtree(u)
     tar = node.work / "shadow.tar"
     engines.sh("tar", "-C", lay, "-cf", tar, ".")
-    node.daemon.import_images(tar)
+    import_tags(node, tar, ("shadow-stub", "shadow-userland", "shadow-symlinked"))
     return tar
 
 
