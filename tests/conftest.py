@@ -109,3 +109,12 @@ def pytest_sessionfinish(session, exitstatus):
     from tests.support import warm
 
     warm.stop()
+
+
+@pytest.fixture
+def boxes():
+    """The loader boxes (tests/support/loaderbox.py) a test makes; their rootfs copies are removed after it."""
+    made: list = []
+    yield made
+    for b in made:
+        b.cleanup()

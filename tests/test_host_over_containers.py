@@ -62,13 +62,6 @@ def libcuda() -> dict:
     return {v: debs.libcuda(v) for v in (COMPAT_550, HOST_535, HOST_555)}
 
 
-@pytest.fixture
-def boxes():
-    made: list = []
-    yield made
-    for b in made:
-        b.cleanup()
-
 
 def file_id(path) -> str:
     st = os.stat(path)

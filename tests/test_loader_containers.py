@@ -181,14 +181,6 @@ def must_load(layout: str, host_id: str) -> tuple:
     return CUDA[driver], host_lib(driver)
 
 
-@pytest.fixture
-def boxes():
-    """Boxes made in a test; their rootfs copies are removed after it."""
-    made: list = []
-    yield made
-    for b in made:
-        b.cleanup()
-
 
 def box(made: list, tmp_path, libcuda, layout: str, host_id: str, **config) -> Box:
     driver, brand = HOSTS[host_id]

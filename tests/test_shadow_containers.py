@@ -62,13 +62,6 @@ def stub(tmp_path_factory):
     return d / "libcuda.so.1"
 
 
-@pytest.fixture
-def boxes():
-    made: list = []
-    yield made
-    for b in made:
-        b.cleanup()
-
 
 def _image(**kw) -> Image:
     kw.setdefault("env", list(GPU_ENV))
