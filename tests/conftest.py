@@ -92,16 +92,29 @@ def snapshot_tree(base) -> dict:
 
 def pytest_collection_modifyitems(session, config, items):
     """The modules that need the cache's long builds run last, while those builds run in the background
-    (tests/support/warm.py)."""
-    from tests.support import warm
+    (tests/support/warm.py). Under ``make test`` each process runs one lane's modules
+    (tests/support/lanes.py)."""
+    from tests.support import lanes, warm
 
+    lane = os.environ.get(lanes.ENV)
+    if lane:
+        keep = [it for it in items if lanes.lane_of(warm.module_of(it)) == lane]
+        dropped = [it for it in items if lanes.lane_of(warm.module_of(it)) != lane]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+        if lane == "cluster":
+            items.sort(key=lambda it: lanes.CLUSTER.index(warm.module_of(it)))  # stable: in-module order kept
+            return
     warm.order(items)
 
 
 def pytest_collection_finish(session):
     from tests.support import warm
 
-    if not session.config.option.collectonly:
+    # one background builder per run: the cluster lane's builds come first in its order, and its fixtures
+    # wait on (and hurry) that process rather than compile the same packages beside it
+    if not session.config.option.collectonly and os.environ.get("COMPAT_HOOK_TEST_LANE") != "cluster":
         warm.start(session.items)
 
 
@@ -118,3 +131,31 @@ def boxes():
     yield made
     for b in made:
         b.cleanup()
+
+
+# A passed test's tmp_path is removed once it is reported: a whole run made ~14 GB of them (rootfs copies,
+# containerd roots, images), kept until the run ends, on a CI disk that also holds the ~12 GB cache.
+# A failed test's stays, for its logs. Nothing is removed while anything is mounted under it here.
+_tmp_paths: dict = {}  # nodeid -> (tmp_path, failed so far)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    path, failed = _tmp_paths.get(item.nodeid, (None, False))
+    if path is None:
+        got = getattr(item, "funcargs", {}).get("tmp_path")
+        path = got if isinstance(got, pathlib.Path) else None
+    _tmp_paths[item.nodeid] = (path, failed or rep.failed)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    path, failed = _tmp_paths.pop(nodeid, (None, True))
+    if path is not None and not failed and path.is_dir():
+        from tests.support.lanes import removable
+
+        if removable(path):
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)

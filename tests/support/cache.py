@@ -29,6 +29,15 @@ def cache_dir() -> pathlib.Path:
     return d.resolve()
 
 
+class Busy(Exception):
+    """Another process builds it now (raised instead of waiting where :data:`WAIT` is False)."""
+
+
+#: False in the background builder (tests/support/warm.py): a build another process holds is put off
+#: (:class:`Busy`), and the builder goes on with the next, rather than wait.
+WAIT = True
+
+
 @contextlib.contextmanager
 def locked(name: str) -> Iterator[None]:
     locks = cache_dir() / ".locks"
@@ -37,9 +46,14 @@ def locked(name: str) -> Iterator[None]:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another process builds it (tests/support/warm.py): say why the run waits
+            if not WAIT:
+                raise Busy(name) from None
             from . import progress
 
             t0 = progress.start(f"waiting for {name}, built by another process (its log: {cache_dir() / 'warm.log'})")
+            from . import warm
+
+            warm.hurry()
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
             progress.done(t0, f"{name} ready")
         try:

@@ -14,16 +14,53 @@ import os
 import sys
 import time
 
-__all__ = ["start", "done", "pytest_configure"]
+__all__ = ["start", "done", "pytest_configure", "pytest_runtest_logreport", "pytest_runtest_logstart"]
 
 _config = None
-#: What each line starts with (packaging/nri/build.py says ``nri-plugin:``).
-PREFIX = "[compat-hook tests]"
+#: What each line starts with (packaging/nri/build.py says ``nri-plugin:``); a lane of ``make test``
+#: (tests/support/lanes.py) names itself.
+PREFIX = os.environ.get("COMPAT_HOOK_PROGRESS_PREFIX") or "[compat-hook tests]"
+# Taken out of the environment: a child process has no such fd (or another file under that number).
+_LANE_FD = os.environ.pop("COMPAT_HOOK_PROGRESS_FD", None)
+os.environ.pop("COMPAT_HOOK_PROGRESS_PREFIX", None)
+_T0 = time.monotonic()
+_stamp = [_T0, ""]  # when the last "N min in" line was said; the module now running
 
 
 def pytest_configure(config) -> None:
     global _config
     _config = config
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:
+    """Every 10 minutes or more, at a module's start: how long the run has taken (CI shows only the
+    output, and a run stopped at CI's limit prints no durations)."""
+    module = nodeid.split("::", 1)[0]
+    if module != _stamp[1]:
+        _stamp[1] = module
+        now = time.monotonic()
+        if now - _stamp[0] >= 600:
+            _stamp[0] = now
+            _say(f"{(now - _T0) / 60:.0f} min in: {module}")
+
+
+def pytest_runtest_logreport(report) -> None:
+    """A failure's one line as it happens, not only in the summary at the end."""
+    if not report.failed:
+        return
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    why = getattr(crash, "message", None) or str(report.longrepr).strip().splitlines()[-1:] or [""]
+    why = why if isinstance(why, str) else why[0]
+    _say(f"FAILED ({report.when}, {report.duration:.0f} s, {(time.monotonic() - _T0) / 60:.0f} min in) "
+         f"{report.nodeid}: {why.splitlines()[0][:300] if why else ''}")
+
+
+def _lane_fd() -> int | None:
+    """The pipe tests/support/lanes.py gave this lane for its progress lines, or None."""
+    try:
+        return int(_LANE_FD) if _LANE_FD else None
+    except ValueError:
+        return None
 
 
 def _terminal_fd() -> int | None:
@@ -36,6 +73,13 @@ def _terminal_fd() -> int | None:
 
 def _say(line: str) -> None:
     data = f"{PREFIX} {line}\n".encode()
+    fd = _lane_fd()
+    if fd is not None:  # a lane of make test: its runner shows the line at once
+        try:
+            os.write(fd, data)
+            return
+        except OSError:
+            pass
     fd = _terminal_fd()
     try:
         if fd is not None:  # pytest's dots may be mid-line there
