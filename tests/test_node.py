@@ -327,7 +327,7 @@ def _stop_pod(world, ds: str) -> dict:
             "grace": pod["spec"]["terminationGracePeriodSeconds"]}
 
 
-def test_every_container_stops_within_two_seconds_of_sigterm(world):
+def test_every_container_stops_on_sigterm_well_inside_its_grace_period(world):
     """The agent (the container's PID 1: a signal without a handler is ignored there), the installer, the
     validator and the fleet controller (on since the gate is: fleet.enabled auto) end on the kubelet's SIGTERM
     at once, not after the grace period; the DaemonSets and the Deployment then start new pods."""
@@ -340,9 +340,13 @@ def test_every_container_stops_within_two_seconds_of_sigterm(world):
         r = results[ds] = _stop_pod(world, ds)
         print(f"{ds}: pod gone {r['gone']:.2f} s after its deletion (grace {r['grace']} s); exits {r['exit']}; "
               f"container ends after deletion (s, 1 s resolution): {r['took']}")
-        assert r["gone"] < 5.0, (ds, r)
-        assert all(t <= 2.0 for t in r["took"].values()), (ds, r)
+        # Ended by the SIGTERM, not the SIGKILL at the grace period's end (137), and well inside it: the bound
+        # is half the grace period (at most 10 s), not a latency, so a loaded machine does not fail it (2 s
+        # here on a quiet one: the printed line).
+        bound = min(10.0, r["grace"] / 2)
         assert all(code in (0, 143) for code in r["exit"].values()), (ds, r)  # not 137: no SIGKILL
+        assert all(t <= bound for t in r["took"].values()), (ds, bound, r)
+        assert r["gone"] < r["grace"], (ds, r)
     for ds in ("compat-hook", "compat-hook-validator"):
         world.admin.wait(f"{ds} Ready again", lambda: world.daemonset(ds)["status"].get("numberReady") == 1,
                          timeout=180, interval=0.5)
@@ -362,7 +366,9 @@ def test_a_helm_upgrade_that_changes_a_value_rolls_within_seconds(world):
                      and ready(world.ds_pod()), timeout=120, interval=0.5)
     took = time.monotonic() - t
     print(f"helm upgrade (agent.interval) rolled the node in {took:.1f} s")
-    assert took < 45, took
+    # the old agent ended on its SIGTERM: a roll that waited out its grace period would take longer than it
+    grace = world.daemonset()["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert took < grace, (took, grace)
 
 
 def test_helm_uninstall_keeps_the_gpu_pod_running_and_releases_the_hold(world):

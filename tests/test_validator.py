@@ -642,7 +642,7 @@ def test_a_workload_the_validator_cannot_judge_fails_and_taints_the_node_until_a
                  address=str(tmp_path / "no-containerd.sock"))
     t0 = time.monotonic()
     assert validate.run(lambda: k, cfg, opts, "compat-hook.io") == validate.EXIT_FAILED
-    assert time.monotonic() - t0 < 20
+    assert time.monotonic() - t0 < 60  # inside its deadline
     st = json.loads((tmp_path / "st" / validate.STATE_FILE).read_text())
     [row] = st["images"]
     assert (st["result"], row["ok"], row["code"]) == ("fail", False, "no_expectation"), row

@@ -450,6 +450,25 @@ def ldconfig_picks(userland: list, host_dir: str | None = None, driver_text: str
 _USERLAND_LINKS = ("libcuda.so.1", "libcuda.so")
 
 
+def in_compat_dir(path: str) -> bool:
+    """Whether ``path`` lies in a compat dir: a parent named ``compat``, ``compat_<arch>`` (``compat_orin``),
+    ``compat-<version>`` or ``cuda-compat`` (conda's). A dir whose name merely starts with the word
+    (``/opt/compat-tools``, ``/srv/compatibility``) is not one.
+
+    >>> in_compat_dir("/usr/local/cuda-12.4/compat/libcuda.so.1"), in_compat_dir("/opt/cuda-compat/lib/x")
+    (True, True)
+    >>> in_compat_dir("/usr/local/cuda/compat_orin/libcuda.so.1"), in_compat_dir("/opt/compat-12.4/libcuda.so.1")
+    (True, True)
+    >>> in_compat_dir("/tmp/compat-hook-tests-x/hostlibs/libcuda.so.1"), in_compat_dir("/srv/compatibility/x")
+    (False, False)
+    """
+    for part in path.split("/")[:-1]:
+        if part in ("compat", "cuda-compat") or part.startswith("compat_") \
+                or (part.startswith("compat-") and part[7:8].isdigit()):
+            return True
+    return False
+
+
 def userland_libcuda(root, dirs=None) -> list:
     """The libcuda files the image's system lib dirs lead to: ``[{"path", "name", "version", "via"}]``.
 
@@ -482,7 +501,7 @@ def userland_libcuda(root, dirs=None) -> list:
                 continue
             seen.add(p)
             name = p.rsplit("/", 1)[-1]
-            if "/compat" in p or not name.startswith(CANDIDATE_PREFIX):
+            if in_compat_dir(p) or not name.startswith(CANDIDATE_PREFIX):
                 continue
             out.append({"path": p, "name": name, "version": name[len(CANDIDATE_PREFIX):] or None, "via": via})
     return out
@@ -555,7 +574,7 @@ def host_lib_dir(root, driver_text: str | None, dirs=CONTAINER_LIB_DIRS) -> str 
             st = root.lstat(resolved.rstrip("/") + "/" + name)
         except OSError:
             continue
-        if _stat.S_ISREG(st.st_mode) and "/compat" not in resolved:
+        if _stat.S_ISREG(st.st_mode) and not in_compat_dir(resolved.rstrip("/") + "/" + name):
             return resolved
     return None
 

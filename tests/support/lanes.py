@@ -85,7 +85,7 @@ def main(argv: list | None = None) -> int:
     base = [sys.executable, "-m", "pytest", "-ra", "-p", "no:cacheprovider", "-p", "tests.support.progress"]
     if os.environ.get("COMPAT_HOOK_TEST_LANES") == "1":
         os.execv(sys.executable, base + args)
-    top = Path(tempfile.mkdtemp(prefix="compat-hook-tests-"))
+    top = Path(tempfile.mkdtemp(prefix="pytest-lanes-"))
     out_path = top / "cluster.out"
     say_r, say_w = os.pipe()  # the cluster lane's progress lines, shown as they come
     env = dict(os.environ)
