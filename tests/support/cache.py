@@ -62,6 +62,18 @@ def locked(name: str) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def go_compiling() -> Iterator[None]:
+    """Held around each Go compile that shares the one build cache of tests/support/kubebuild.py (Kubernetes'
+    binaries, kwok, helm, the harness, the plugin, containerd): one at a time. Each ``go`` already keeps
+    both cores busy, and two at once compile what they share twice (the second finds nothing in the build
+    cache until the first ends: a cold run built kube-apiserver and kube-controller-manager side by side
+    for minutes). The toolkit and crictl have build caches of their own and share little: they go on
+    beside, so a test that needs one does not wait out a Kubernetes build."""
+    with locked("go-k8s-compile"):
+        yield
+
+
 def ensure_dir(final: pathlib.Path, build: Callable[[pathlib.Path], None], *, lock: str) -> pathlib.Path:
     """Return ``final``; if missing, ``build(tmpdir)`` under ``lock`` and rename tmpdir to ``final``."""
     if final.is_dir():

@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import sys
 
-from tests.support.cache import cache_dir, ensure_dir
+from tests.support.cache import cache_dir, ensure_dir, go_compiling
 from tests.support.engines import ENV, GO_PROXY, go_command
 from tests.support.progress import done, start
 
@@ -71,8 +71,10 @@ def go_env() -> dict:
 
 
 def _go(*args, cwd=None, timeout=1800) -> str:
-    p = subprocess.run([go_command(), *args], cwd=cwd, env=go_env(), stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, timeout=timeout)
+    go, env = go_command(), go_env()
+    with go_compiling():
+        p = subprocess.run([go, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"go {' '.join(args)}: exit {p.returncode}\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
     return p.stdout
@@ -149,10 +151,11 @@ def kwok() -> tuple:
     final = cache_dir() / "kwok" / KWOK_VERSION
 
     def build(tmp: Path) -> None:
-        env = go_env()
-        p = subprocess.run([go_command(), "install", *BUILD_FLAGS, f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
-                           env=dict(env, GOBIN=str(tmp)), capture_output=True, text=True, timeout=1800,
-                           stdin=subprocess.DEVNULL)
+        env, go = go_env(), go_command()
+        with go_compiling():
+            p = subprocess.run([go, "install", *BUILD_FLAGS, f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+                               env=dict(env, GOBIN=str(tmp)), capture_output=True, text=True, timeout=1800,
+                               stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             raise RuntimeError(f"go install kwok: {p.stderr[-4000:]}")
         stage = Path(env["GOPATH"]) / "pkg" / "mod" / f"sigs.k8s.io/kwok@{KWOK_VERSION}" / "kustomize" / "stage"
@@ -169,9 +172,11 @@ def helm() -> Path:
     final = cache_dir() / "helm" / HELM_VERSION
 
     def build(tmp: Path) -> None:
-        p = subprocess.run([go_command(), "install", *BUILD_FLAGS, f"helm.sh/helm/v4/cmd/helm@{HELM_VERSION}"],
-                           env=dict(go_env(), GOBIN=str(tmp)), capture_output=True, text=True, timeout=1800,
-                           stdin=subprocess.DEVNULL)
+        go = go_command()
+        with go_compiling():
+            p = subprocess.run([go, "install", *BUILD_FLAGS, f"helm.sh/helm/v4/cmd/helm@{HELM_VERSION}"],
+                               env=dict(go_env(), GOBIN=str(tmp)), capture_output=True, text=True, timeout=1800,
+                               stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             raise RuntimeError(f"go install helm: {p.stderr[-4000:]}")
 
@@ -231,10 +236,12 @@ def containerd_release(version: str) -> Path:
 
     def build(tmp: Path) -> None:
         flags = f"-s -w -X {module}/version.Version={version} -X {module}/version.Revision=proxy"
-        p = subprocess.run([go_command(), "install", "-trimpath", "-tags", "no_btrfs no_devmapper no_zfs",
-                            f"-ldflags={flags}", *(f"{module}/cmd/{c}@{version}" for c in CONTAINERD_COMMANDS)],
-                           env=dict(go_env(), GOBIN=str(tmp)), capture_output=True, text=True, timeout=3600,
-                           stdin=subprocess.DEVNULL)
+        go = go_command()
+        with go_compiling():
+            p = subprocess.run([go, "install", "-trimpath", "-tags", "no_btrfs no_devmapper no_zfs",
+                                f"-ldflags={flags}", *(f"{module}/cmd/{c}@{version}" for c in CONTAINERD_COMMANDS)],
+                               env=dict(go_env(), GOBIN=str(tmp)), capture_output=True, text=True, timeout=3600,
+                               stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             raise RuntimeError(f"go install containerd {version}: {p.stderr[-4000:]}")
 

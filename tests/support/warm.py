@@ -178,8 +178,8 @@ def main(argv: list | None = None) -> int:
         except cache.Busy:
             queue.append(name)
             busy_in_a_row += 1
-            if busy_in_a_row >= len(queue):  # every one left is under way elsewhere
-                time.sleep(2)
+            if busy_in_a_row >= len(queue):  # every one left is under way elsewhere (or waits its turn)
+                time.sleep(5)
                 busy_in_a_row = 0
             continue
         except Exception as e:  # noqa: BLE001 - said, and built again where it is needed
