@@ -36,10 +36,10 @@ NEEDS_BUILDS = frozenset({
     "test_validator_age",
 })
 
-#: What :func:`main` builds, in the order the modules first need them (the NVIDIA toolkit's binaries:
-#: the install and toolkit modules, halfway through the run).
-BUILDS = ("toolkit", "kube-apiserver", "kwok", "harness", "helm", "kube-controller-manager", "kube-scheduler", "kubelet",
-          "kubectl", "crictl", "containerd2", "nri", "containerd-v2.2.9", "containerd-v2.4.2")
+#: What :func:`main` builds, in the order the modules first need them (the NVIDIA toolkit's binaries and
+#: crictl: modules of the main lane's first half; the control plane's: the cluster lane, from its start).
+BUILDS = ("toolkit", "crictl", "kube-apiserver", "kwok", "harness", "helm", "kube-controller-manager", "kube-scheduler",
+          "kubelet", "kubectl", "containerd2", "nri", "containerd-v2.2.9", "containerd-v2.4.2")
 
 
 def module_of(item) -> str:
