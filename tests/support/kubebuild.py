@@ -240,7 +240,8 @@ def containerd_release(version: str) -> Path:
         go = go_command()
         with go_compiling():
             p = subprocess.run([go, "install", "-trimpath", "-gcflags=all=-dwarf=false",
-                                "-tags", "no_btrfs no_devmapper no_zfs", f"-ldflags={flags}", *(f"{module}/cmd/{c}@{version}" for c in CONTAINERD_COMMANDS)],
+                                "-tags", "no_btrfs no_devmapper no_zfs", f"-ldflags={flags}",
+                                *(f"{module}/cmd/{c}@{version}" for c in CONTAINERD_COMMANDS)],
                                env=dict(go_env(), GOBIN=str(tmp)), capture_output=True, text=True, timeout=3600,
                                stdin=subprocess.DEVNULL)
         if p.returncode != 0:
