@@ -842,11 +842,13 @@ def test_status_marks_a_hold_whose_agent_stopped_renewing_it(world, client):
     w = world
     node = f"stalehold-{client}"
     w.add_node(node, image="infer")
-    r = w.agent(node, "--driver", R470, "--interval", "1", client=client)["last"]  # its Lease lasts 2 s
+    # its Lease lasts two intervals (8 s): long enough for the first status to see it fresh on a loaded machine
+    r = w.agent(node, "--driver", R470, "--interval", "4", client=client)["last"]
+    renewed = time.monotonic()
     assert r["gate"] == "held", r
     rc, nodes, _ = w.status_json(node, client)
     assert (nodes[node]["hold"], nodes[node]["preflight"]) == ("yes", "fail"), nodes
-    time.sleep(3.5)  # three intervals without a renewal
+    time.sleep(max(0.0, renewed + 8 + 1.5 - time.monotonic()))  # the Lease ran out without a renewal
     rc, out, _ = w.status(node, client=client)
     row = _table(out)[node]
     assert rc == 2 and (row["HELD"], row["PREFLIGHT"]) == ("stale", "stale") and "no heartbeat" in row["NOTE"], out
