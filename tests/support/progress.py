@@ -14,7 +14,8 @@ import os
 import sys
 import time
 
-__all__ = ["start", "done", "pytest_configure", "pytest_runtest_logreport", "pytest_runtest_logstart"]
+__all__ = ["start", "done", "pytest_configure", "pytest_sessionstart", "pytest_runtest_logreport",
+           "pytest_runtest_logstart"]
 
 _config = None
 #: What each line starts with (packaging/nri/build.py says ``nri-plugin:``); a lane of ``make test``
@@ -32,9 +33,39 @@ def pytest_configure(config) -> None:
     _config = config
 
 
+#: A test (its fixtures included) running longer than this is named, and every thread's stack shown once:
+#: a run that CI stops at its limit then says where it was.
+STILL_RUNNING_S = int(os.environ.get("COMPAT_HOOK_TEST_STILL_RUNNING_S", "900"))
+_current = [None, 0.0, False]  # the test running now, since when, its stacks shown
+
+
+def _watch() -> None:
+    import faulthandler
+
+    while True:
+        time.sleep(30)
+        nodeid, since, shown = _current
+        if nodeid is None or shown or time.monotonic() - since < STILL_RUNNING_S:
+            continue
+        _current[2] = True
+        _say(f"still running after {(time.monotonic() - since) / 60:.0f} min: {nodeid}; every thread's stack:")
+        fd = _lane_fd() if _lane_fd() is not None else _terminal_fd()
+        try:
+            faulthandler.dump_traceback(file=fd if fd is not None else sys.stderr, all_threads=True)
+        except (OSError, ValueError):
+            pass
+
+
+def pytest_sessionstart(session) -> None:
+    import threading
+
+    threading.Thread(target=_watch, name="compat-hook-tests-watch", daemon=True).start()
+
+
 def pytest_runtest_logstart(nodeid, location) -> None:
     """Every 10 minutes or more, at a module's start: how long the run has taken (CI shows only the
     output, and a run stopped at CI's limit prints no durations)."""
+    _current[:] = [nodeid, time.monotonic(), False]
     module = nodeid.split("::", 1)[0]
     if module != _stamp[1]:
         _stamp[1] = module
