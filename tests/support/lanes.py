@@ -82,7 +82,7 @@ def main(argv: list | None = None) -> int:
     import shutil
 
     args = list(sys.argv[1:] if argv is None else argv)
-    base = [sys.executable, "-m", "pytest", "-ra", "-p", "no:cacheprovider", "-p", "tests.support.progress"]
+    base = [sys.executable, "-m", "pytest", "-ra", "--durations=25", "-p", "no:cacheprovider", "-p", "tests.support.progress"]
     if os.environ.get("COMPAT_HOOK_TEST_LANES") == "1":
         os.execv(sys.executable, base + args)
     top = Path(tempfile.mkdtemp(prefix="pytest-lanes-"))
