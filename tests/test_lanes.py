@@ -122,3 +122,14 @@ def test_a_passing_run_removes_its_temp_dirs_and_a_passed_tests_tmp_path(tmp_pat
     seen = Path((tmp_path / "tests" / "seen").read_text())
     assert not seen.exists()  # the passed test's tmp_path went after it was reported
     assert not seen.parents[1].exists()  # and the lanes' temp dir when both passed
+
+
+def test_a_given_basetemp_holds_one_dir_per_lane_and_stays(tmp_path):
+    bt = tmp_path / "bt"
+    r = _runner(tmp_path, {
+        "test_fleet.py": "def test_in_cluster(tmp_path):\n    assert 'cluster' in tmp_path.parts\n",
+        "test_decision.py": "def test_in_main(tmp_path):\n    assert 'main' in tmp_path.parts\n",
+    }, f"--basetemp={bt}")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert sorted(p.name for p in bt.iterdir() if p.is_dir()) == ["cluster", "main"], out  # neither emptied the other

@@ -78,21 +78,49 @@ def removable(top: Path) -> bool:
         return False
 
 
+def _without_basetemp(args: list) -> tuple:
+    """``(args without --basetemp, its value or None)``.
+
+    >>> _without_basetemp(["-x", "--basetemp", "/tmp/b", "tests/test_a.py"])
+    (['-x', 'tests/test_a.py'], '/tmp/b')
+    >>> _without_basetemp(["--basetemp=/tmp/b"]), _without_basetemp(["-q"])
+    (([], '/tmp/b'), (['-q'], None))
+    """
+    out, value, i = [], None, 0
+    while i < len(args):
+        a = args[i]
+        if a == "--basetemp" and i + 1 < len(args):
+            value, i = args[i + 1], i + 2
+            continue
+        if a.startswith("--basetemp="):
+            value = a.split("=", 1)[1]
+        else:
+            out.append(a)
+        i += 1
+    return out, value
+
+
 def main(argv: list | None = None) -> int:
     import shutil
 
     args = list(sys.argv[1:] if argv is None else argv)
-    base = [sys.executable, "-m", "pytest", "-ra", "--durations=25", "-p", "no:cacheprovider", "-p", "tests.support.progress"]
+    base = [sys.executable, "-m", "pytest", "-ra", "--durations=25", "-p", "no:cacheprovider",
+            "-p", "tests.support.progress"]
     if os.environ.get("COMPAT_HOOK_TEST_LANES") == "1":
         os.execv(sys.executable, base + args)
-    top = Path(tempfile.mkdtemp(prefix="pytest-lanes-"))
+    args, given = _without_basetemp(args)
+    if given:  # one pytest would empty the other's: each lane gets a dir of its own under it
+        top = Path(given).resolve()
+        top.mkdir(parents=True, exist_ok=True)
+    else:
+        top = Path(tempfile.mkdtemp(prefix="pytest-lanes-"))
+    own_temp = not given
     out_path = top / "cluster.out"
     say_r, say_w = os.pipe()  # the cluster lane's progress lines, shown as they come
     env = dict(os.environ)
-    own_temp = not any(a == "--basetemp" or a.startswith("--basetemp=") for a in args)
     with open(out_path, "wb") as out:
         cluster = subprocess.Popen(
-            base + ([f"--basetemp={top / 'cluster'}"] if own_temp else []) + args,
+            base + [f"--basetemp={top / 'cluster'}"] + args,
             env=dict(env, **{ENV: "cluster", "COMPAT_HOOK_PROGRESS_FD": str(say_w),
                              "COMPAT_HOOK_PROGRESS_PREFIX": "[cluster lane]"}),
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=(say_w,),
@@ -117,7 +145,7 @@ def main(argv: list | None = None) -> int:
 
     old = signal.signal(signal.SIGTERM, lambda *a: (stop_cluster(), sys.exit(143)))
     try:
-        main_rc = subprocess.call(base + ([f"--basetemp={top / 'main'}"] if own_temp else []) + args,
+        main_rc = subprocess.call(base + [f"--basetemp={top / 'main'}"] + args,
                                   env=dict(env, **{ENV: "main"}))
     except KeyboardInterrupt:
         stop_cluster()
