@@ -76,9 +76,9 @@ def test_a_busy_mount_keeps_a_dir_and_a_plain_dir_may_go(tmp_path):
     assert lanes.removable(mounted)
 
 
-def _runner(tmp: Path, files: dict, *args) -> subprocess.CompletedProcess:
-    """tests/support/lanes.py on a small tree of its own: ``files`` under ``tmp/tests``, with the repository's
-    conftest (its lane split) and ``tests.support`` importable."""
+def _tree(tmp: Path, files: dict) -> dict:
+    """A small suite of its own: ``files`` under ``tmp/tests``, with the repository's conftest (its lane split),
+    ``tests.support`` and compat_hook importable; returns the environment to run it in."""
     t = tmp / "tests"
     t.mkdir()
     (t / "__init__.py").write_text("")
@@ -92,6 +92,12 @@ def _runner(tmp: Path, files: dict, *args) -> subprocess.CompletedProcess:
     os.symlink(REPO / "compat_hook", tmp / "compat_hook")
     env = dict(os.environ, COMPAT_HOOK_TEST_WARM="0")
     env.pop(lanes.ENV, None)
+    return env
+
+
+def _runner(tmp: Path, files: dict, *args) -> subprocess.CompletedProcess:
+    """tests/support/lanes.py on :func:`_tree`."""
+    env = _tree(tmp, files)
     return subprocess.run([sys.executable, "-m", "tests.support.lanes", "tests", *args],
                           cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
 
@@ -133,3 +139,31 @@ def test_a_given_basetemp_holds_one_dir_per_lane_and_stays(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert sorted(p.name for p in bt.iterdir() if p.is_dir()) == ["cluster", "main"], out  # neither emptied the other
+
+
+def test_sigterm_stops_both_lanes_through_their_teardown(tmp_path):
+    """SIGTERM to the runner: each lane's pytest gets SIGINT and runs its fixtures' teardown (the daemons a
+    fixture started are stopped), then the runner exits non-zero."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    body = ("import pathlib, time, pytest\n\n@pytest.fixture\ndef daemon():\n    yield\n"
+            f"    pathlib.Path({str(marks)!r}, '{{}}').write_text('torn down')\n\n"
+            f"def test_long(daemon):\n    pathlib.Path({str(marks)!r}, '{{}}-started').write_text('x')\n"
+            "    time.sleep(120)\n")
+    files = {"test_fleet.py": body.format("cluster", "cluster"), "test_decision.py": body.format("main", "main")}
+    import signal
+    import time
+
+    t = tmp_path / "t"
+    t.mkdir()
+    env = _tree(t, files)
+    p = subprocess.Popen([sys.executable, "-m", "tests.support.lanes", "tests"], cwd=t, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not ((marks / "main-started").exists() and (marks / "cluster-started").exists()):
+        assert time.monotonic() < deadline and p.poll() is None, p.communicate()[0]
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    out = p.communicate(timeout=90)[0].decode()
+    assert p.returncode != 0, out
+    assert (marks / "main").read_text() == "torn down" and (marks / "cluster").read_text() == "torn down", out

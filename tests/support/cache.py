@@ -55,6 +55,7 @@ def locked(name: str) -> Iterator[None]:
 
             warm.hurry()
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            warm.hurry(done=True)
             progress.done(t0, f"{name} ready")
         try:
             yield

@@ -70,10 +70,10 @@ def exit_status(main_rc: int, cluster_rc: int) -> int:
 def removable(top: Path) -> bool:
     """True when nothing is mounted under ``top`` in this mount namespace (a live bind mount under it
     would make a tree removal reach the mount's source)."""
-    prefix = str(top.resolve()) + "/"
+    at = str(top.resolve())
     try:
         with open("/proc/self/mountinfo") as f:
-            return not any(line.split()[4].startswith(prefix) for line in f)
+            return not any((mp := line.split()[4]) == at or mp.startswith(at + "/") for line in f)
     except OSError:
         return False
 
@@ -98,6 +98,22 @@ def _without_basetemp(args: list) -> tuple:
             out.append(a)
         i += 1
     return out, value
+
+
+def _wait(p: subprocess.Popen, stopping: list) -> int:
+    """``p``'s exit status; once the run is being stopped, at most 60 s more, then it is killed."""
+    import time
+
+    deadline = None
+    while True:
+        try:
+            return p.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+        if stopping and deadline is None:
+            deadline = time.monotonic() + 60
+        if deadline is not None and time.monotonic() > deadline:
+            p.kill()
 
 
 def main(argv: list | None = None) -> int:
@@ -136,25 +152,33 @@ def main(argv: list | None = None) -> int:
 
     t = threading.Thread(target=relay, daemon=True)
     t.start()
+    # its own session too: a terminal's Ctrl-C reaches only this runner, which passes it on once
+    main = subprocess.Popen(base + [f"--basetemp={top / 'main'}"] + args, env=dict(env, **{ENV: "main"}),
+                            start_new_session=True)
 
-    def stop_cluster(*_):
-        try:
-            os.killpg(cluster.pid, signal.SIGTERM)
-        except OSError:
-            pass
+    # Ctrl-C or SIGTERM: each lane gets one SIGINT, which pytest turns into KeyboardInterrupt, so its
+    # fixtures' teardown stops the daemons it started; one that is not done 60 s later is killed.
+    stopping = []
 
-    old = signal.signal(signal.SIGTERM, lambda *a: (stop_cluster(), sys.exit(143)))
+    def stop(signum, _frame) -> None:
+        if stopping:
+            return
+        stopping.append(signum)
+        for p in (main, cluster):
+            try:
+                os.kill(p.pid, signal.SIGINT)
+            except OSError:
+                pass
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        main_rc = subprocess.call(base + [f"--basetemp={top / 'main'}"] + args,
-                                  env=dict(env, **{ENV: "main"}))
-    except KeyboardInterrupt:
-        stop_cluster()
-        raise
+        main_rc = _wait(main, stopping)
+        if cluster.poll() is None and not stopping:
+            print("\n[compat-hook tests] the main lane is done; waiting for the cluster lane ...", flush=True)
+        cluster_rc = _wait(cluster, stopping)
     finally:
-        signal.signal(signal.SIGTERM, old)
-    if cluster.poll() is None:
-        print("\n[compat-hook tests] the main lane is done; waiting for the cluster lane ...", flush=True)
-    cluster_rc = cluster.wait()
+        for s, h in old.items():
+            signal.signal(s, h)
     t.join(5)
     print(f"\n{'=' * 30} the cluster lane's report {'=' * 30}", flush=True)
     sys.stdout.buffer.write(out_path.read_bytes())

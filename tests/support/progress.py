@@ -23,6 +23,11 @@ _config = None
 PREFIX = os.environ.get("COMPAT_HOOK_PROGRESS_PREFIX") or "[compat-hook tests]"
 # Taken out of the environment: a child process has no such fd (or another file under that number).
 _LANE_FD = os.environ.pop("COMPAT_HOOK_PROGRESS_FD", None)
+try:
+    if _LANE_FD:
+        os.set_inheritable(int(_LANE_FD), False)
+except (OSError, ValueError):
+    _LANE_FD = None
 os.environ.pop("COMPAT_HOOK_PROGRESS_PREFIX", None)
 _T0 = time.monotonic()
 _stamp = [_T0, ""]  # when the last "N min in" line was said; the module now running

@@ -124,14 +124,15 @@ def _write_pid() -> None:
     f.write_text(f"{os.getpgrp()}\n")
 
 
-def hurry() -> None:
-    """Raise the background builds' process group to nice 0: a test waits on one of them (the lock in
-    tests/support/cache.py) and nothing else of its run goes on meanwhile. Best effort (root only)."""
+def hurry(done: bool = False) -> None:
+    """Raise the background builds' process group to nice 0 while a test waits on a lock (tests/support/
+    cache.py: one of its builds, or a compile slot it holds) and nothing else of that test goes on; back to
+    :data:`NICE` once the wait is over (``done``). Best effort (root only)."""
     try:
         pgid = int(_pid_file().read_text().split()[0])
         # that builder still (a pid file of an earlier run may name another process now)
         if pgid > 1 and b"tests.support.warm" in Path(f"/proc/{pgid}/cmdline").read_bytes():
-            os.setpriority(os.PRIO_PGRP, pgid, 0)
+            os.setpriority(os.PRIO_PGRP, pgid, NICE if done else 0)
     except (OSError, ValueError, IndexError):
         pass
 
