@@ -167,3 +167,33 @@ def test_sigterm_stops_both_lanes_through_their_teardown(tmp_path):
     out = p.communicate(timeout=90)[0].decode()
     assert p.returncode != 0, out
     assert (marks / "main").read_text() == "torn down" and (marks / "cluster").read_text() == "torn down", out
+
+
+def test_the_builder_builds_in_order_of_need_and_puts_off_what_another_process_holds(tmp_path):
+    """tests/support/warm.py: a build another process holds is put off, and the next one free is built; once it
+    is free again the first in the order comes first (not the queue's rotation: a cold run once built a
+    containerd release, needed last, while a test waited for kube-controller-manager)."""
+    script = f"""
+import sys
+from tests.support import cache, warm
+calls = []
+busy = {{"apiserver": 1}}  # held elsewhere at the first try
+def make(name):
+    def build():
+        calls.append(name)
+        if busy.get(name):
+            busy[name] -= 1
+            raise cache.Busy(name)
+        return name
+    return build
+warm._builders = lambda: {{n: make(n) for n in ("toolkit", "apiserver", "kubelet", "release")}}
+import time
+time.sleep = lambda s: None
+warm.main(["toolkit", "apiserver", "kubelet", "release"])
+print(" ".join(calls))
+"""
+    env = dict(os.environ, COMPAT_HOOK_TEST_CACHE=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    # apiserver held: kubelet is built meanwhile; then apiserver (first in order) before the release
+    assert r.stdout.split("\n")[-2] == "toolkit apiserver kubelet apiserver release", r.stdout

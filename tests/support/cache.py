@@ -50,7 +50,8 @@ def locked(name: str) -> Iterator[None]:
                 raise Busy(name) from None
             from . import progress
 
-            t0 = progress.start(f"waiting for {name}, built by another process (its log: {cache_dir() / 'warm.log'})")
+            t0 = progress.start(f"waiting for {name}, held by another process (the background builds' log: "
+                                f"{cache_dir() / 'warm.log'})")
             from . import warm
 
             warm.hurry()
@@ -71,8 +72,19 @@ def go_compiling() -> Iterator[None]:
     cache until the first ends: a cold run built kube-apiserver and kube-controller-manager side by side
     for minutes). The toolkit and crictl have build caches of their own and share little: they go on
     beside, so a test that needs one does not wait out a Kubernetes build."""
-    with locked("go-k8s-compile"):
+    global _compiling
+    if _compiling:  # this process holds it already (a build's steps each ask): a second flock would wait on itself
         yield
+        return
+    with locked("go-k8s-compile"):
+        _compiling = True
+        try:
+            yield
+        finally:
+            _compiling = False
+
+
+_compiling = False
 
 
 def ensure_dir(final: pathlib.Path, build: Callable[[pathlib.Path], None], *, lock: str) -> pathlib.Path:

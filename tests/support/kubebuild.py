@@ -55,9 +55,10 @@ def _timed(what: str, build):
     """``build`` saying when it starts and ends (tests.support.progress): these builds take minutes."""
 
     def run(tmp: Path) -> None:
-        t0 = start(f"building {what} into the test cache (once)")
-        build(tmp)
-        done(t0, f"built {what}")
+        with go_compiling():  # said once it is this build's turn (the builder puts off a build it must wait for)
+            t0 = start(f"building {what} into the test cache (once)")
+            build(tmp)
+            done(t0, f"built {what}")
 
     return run
 

@@ -170,26 +170,25 @@ def main(argv: list | None = None) -> int:
 
     cache.WAIT = False  # one a test builds now is put off, not waited for
     builders = _builders()
-    queue = list(argv if argv else BUILDS)
-    busy_in_a_row = 0
-    while queue:
-        name = queue.pop(0)
-        t0 = time.monotonic()
-        try:
-            path = builders[name]()
-        except cache.Busy:
-            queue.append(name)
-            busy_in_a_row += 1
-            if busy_in_a_row >= len(queue):  # every one left is under way elsewhere (or waits its turn)
-                time.sleep(5)
-                busy_in_a_row = 0
-            continue
-        except Exception as e:  # noqa: BLE001 - said, and built again where it is needed
-            print(f"warm: {name}: failed after {time.monotonic() - t0:.0f} s: {type(e).__name__}: {e}"[:2000],
-                  flush=True)
-            continue
-        busy_in_a_row = 0
-        print(f"warm: {name}: {path} ({time.monotonic() - t0:.0f} s)", flush=True)
+    pending = list(argv if argv else BUILDS)
+    while pending:
+        # the first in BUILDS' order that no other process builds now (a test's build, or one holding the
+        # compile slot): the order stays the order of need, however long a test's build holds the others off
+        for name in pending:
+            t0 = time.monotonic()
+            try:
+                path = builders[name]()
+            except cache.Busy:
+                continue
+            except Exception as e:  # noqa: BLE001 - said, and built again where it is needed
+                print(f"warm: {name}: failed after {time.monotonic() - t0:.0f} s: {type(e).__name__}: {e}"[:2000],
+                      flush=True)
+            else:
+                print(f"warm: {name}: {path} ({time.monotonic() - t0:.0f} s)", flush=True)
+            pending.remove(name)
+            break
+        else:  # every one left is under way elsewhere, or waits for the compile slot
+            time.sleep(5)
     _trim_build_cache()
     return 0
 
