@@ -90,7 +90,9 @@ def _tree(tmp: Path, files: dict) -> dict:
     for name, text in files.items():
         (t / name).write_text(text)
     os.symlink(REPO / "compat_hook", tmp / "compat_hook")
-    env = dict(os.environ, COMPAT_HOOK_TEST_WARM="0")
+    (tmp / "tmp").mkdir()
+    # the runner's temp dir (kept when a lane fails) under the test's own
+    env = dict(os.environ, COMPAT_HOOK_TEST_WARM="0", TMPDIR=str(tmp / "tmp"))
     env.pop(lanes.ENV, None)
     return env
 
@@ -113,7 +115,7 @@ def test_both_lanes_run_and_a_failure_in_the_cluster_lane_shows_at_once_and_fail
     assert "the cluster lane's report" in out and "1 failed" in out and "1 passed" in out, out
     assert "their temp dirs:" in out, out  # kept for the failure's logs, and named
     kept = Path(re.search(r"their temp dirs: (\S+)", out).group(1))
-    assert (kept / "cluster.out").is_file()
+    assert (kept / "cluster.out").is_file() and kept.parent == tmp_path / "tmp", kept
 
 
 def test_a_passing_run_removes_its_temp_dirs_and_a_passed_tests_tmp_path(tmp_path):
