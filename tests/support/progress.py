@@ -38,8 +38,8 @@ def pytest_configure(config) -> None:
     _config = config
 
 
-#: A test (its fixtures included, so a cold build it waits for: 15 minutes at most seen) running longer than this is named, and every thread's stack shown once:
-#: a run that CI stops at its limit then says where it was.
+#: A test (its fixtures included, so a cold build it waits for: 15 minutes at most seen) running longer than
+#: this is named, and every thread's stack shown once: a run that CI stops at its limit then says where it was.
 STILL_RUNNING_S = int(os.environ.get("COMPAT_HOOK_TEST_STILL_RUNNING_S", "1200"))
 _current = [None, 0.0, False]  # the test running now, since when, its stacks shown
 
