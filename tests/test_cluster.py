@@ -848,7 +848,8 @@ def test_status_marks_a_hold_whose_agent_stopped_renewing_it(world, client):
     assert r["gate"] == "held", r
     rc, nodes, _ = w.status_json(node, client)
     assert (nodes[node]["hold"], nodes[node]["preflight"]) == ("yes", "fail"), nodes
-    time.sleep(max(0.0, renewed + 8 + 1.5 - time.monotonic()))  # the Lease ran out without a renewal
+    # three intervals without a renewal: the verdict is stale once the Lease ran out, the hold at 1.5 Leases
+    time.sleep(max(0.0, renewed + 3 * 4 + 1.5 - time.monotonic()))
     rc, out, _ = w.status(node, client=client)
     row = _table(out)[node]
     assert rc == 2 and (row["HELD"], row["PREFLIGHT"]) == ("stale", "stale") and "no heartbeat" in row["NOTE"], out
