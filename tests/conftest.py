@@ -98,8 +98,9 @@ def pytest_collection_modifyitems(session, config, items):
 
     lane = os.environ.get(lanes.ENV)
     if lane:
-        keep = [it for it in items if lanes.lane_of(warm.module_of(it)) == lane]
-        dropped = [it for it in items if lanes.lane_of(warm.module_of(it)) != lane]
+        keep, dropped = [], []
+        for it in items:
+            (keep if lanes.lane_of(warm.module_of(it)) == lane else dropped).append(it)
         if dropped:
             config.hook.pytest_deselected(items=dropped)
         items[:] = keep
@@ -114,7 +115,9 @@ def pytest_collection_finish(session):
 
     # one background builder per run: the cluster lane's builds come first in its order, and its fixtures
     # wait on (and hurry) that process rather than compile the same packages beside it
-    if not session.config.option.collectonly and os.environ.get("COMPAT_HOOK_TEST_LANE") != "cluster":
+    from tests.support import lanes
+
+    if not session.config.option.collectonly and os.environ.get(lanes.ENV) != "cluster":
         warm.start(session.items)
 
 

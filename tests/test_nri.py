@@ -859,14 +859,7 @@ def test_chart_detection_on_containerd_2_and_1_6(tmp_path):
 
 def test_plugin_unit_tests():
     """packaging/nri's own Go tests (routing rules, configuration, the start time it reads)."""
-    import subprocess
-
-    from tests.support.cache import go_compiling
-    from tests.support.engines import go_command
-
-    go = go_command()
-    with go_compiling():  # the build cache it shares (and that the background builder trims at its end)
-        p = subprocess.run([go, "test", "-count=1", "./..."], cwd=kubebuild.NRI_PLUGIN, env=kubebuild.go_env(),
-                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
-    assert p.stdout.startswith("ok"), p.stdout
+    # kubebuild._go: the shared build cache's compile slot (the background builder trims that cache at its
+    # end); a failing `go test` raises with its output
+    out = kubebuild._go("test", "-count=1", "./...", cwd=kubebuild.NRI_PLUGIN, timeout=900)
+    assert out.startswith("ok"), out

@@ -52,10 +52,11 @@ Path = pathlib.Path
 
 
 def _timed(what: str, build):
-    """``build`` saying when it starts and ends (tests.support.progress): these builds take minutes."""
+    """``build`` in the shared build cache's compile slot (tests/support/cache.py ``go_compiling``), saying when
+    it starts and ends (tests.support.progress): these builds take minutes."""
 
     def run(tmp: Path) -> None:
-        with go_compiling():  # said once it is this build's turn (the builder puts off a build it must wait for)
+        with go_compiling():  # said once it is this build's turn (the builder puts off one it would wait for)
             t0 = start(f"building {what} into the test cache (once)")
             build(tmp)
             done(t0, f"built {what}")
@@ -153,11 +154,10 @@ def kwok() -> tuple:
     final = cache_dir() / "kwok" / KWOK_VERSION
 
     def build(tmp: Path) -> None:
-        env, go = go_env(), go_command()
-        with go_compiling():
-            p = subprocess.run([go, "install", *BUILD_FLAGS, f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
-                               env=dict(env, GOBIN=str(tmp)), capture_output=True, text=True, timeout=1800,
-                               stdin=subprocess.DEVNULL)
+        env = go_env()
+        p = subprocess.run([go_command(), "install", *BUILD_FLAGS, f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"],
+                           env=dict(env, GOBIN=str(tmp)), capture_output=True, text=True, timeout=1800,
+                           stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             raise RuntimeError(f"go install kwok: {p.stderr[-4000:]}")
         stage = Path(env["GOPATH"]) / "pkg" / "mod" / f"sigs.k8s.io/kwok@{KWOK_VERSION}" / "kustomize" / "stage"
@@ -174,11 +174,9 @@ def helm() -> Path:
     final = cache_dir() / "helm" / HELM_VERSION
 
     def build(tmp: Path) -> None:
-        go = go_command()
-        with go_compiling():
-            p = subprocess.run([go, "install", *BUILD_FLAGS, f"helm.sh/helm/v4/cmd/helm@{HELM_VERSION}"],
-                               env=dict(go_env(), GOBIN=str(tmp)), capture_output=True, text=True, timeout=1800,
-                               stdin=subprocess.DEVNULL)
+        p = subprocess.run([go_command(), "install", *BUILD_FLAGS, f"helm.sh/helm/v4/cmd/helm@{HELM_VERSION}"],
+                           env=dict(go_env(), GOBIN=str(tmp)), capture_output=True, text=True, timeout=1800,
+                           stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             raise RuntimeError(f"go install helm: {p.stderr[-4000:]}")
 
@@ -238,13 +236,11 @@ def containerd_release(version: str) -> Path:
 
     def build(tmp: Path) -> None:
         flags = f"-s -w -X {module}/version.Version={version} -X {module}/version.Revision=proxy"
-        go = go_command()
-        with go_compiling():
-            p = subprocess.run([go, "install", "-trimpath", "-gcflags=all=-dwarf=false",
-                                "-tags", "no_btrfs no_devmapper no_zfs", f"-ldflags={flags}",
-                                *(f"{module}/cmd/{c}@{version}" for c in CONTAINERD_COMMANDS)],
-                               env=dict(go_env(), GOBIN=str(tmp)), capture_output=True, text=True, timeout=3600,
-                               stdin=subprocess.DEVNULL)
+        p = subprocess.run([go_command(), "install", "-trimpath", "-gcflags=all=-dwarf=false",
+                            "-tags", "no_btrfs no_devmapper no_zfs", f"-ldflags={flags}",
+                            *(f"{module}/cmd/{c}@{version}" for c in CONTAINERD_COMMANDS)],
+                           env=dict(go_env(), GOBIN=str(tmp)), capture_output=True, text=True, timeout=3600,
+                           stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             raise RuntimeError(f"go install containerd {version}: {p.stderr[-4000:]}")
 

@@ -22,11 +22,10 @@ _config = None
 #: (tests/support/lanes.py) names itself.
 PREFIX = os.environ.get("COMPAT_HOOK_PROGRESS_PREFIX") or "[compat-hook tests]"
 # Taken out of the environment: a child process has no such fd (or another file under that number).
-_LANE_FD = os.environ.pop("COMPAT_HOOK_PROGRESS_FD", None)
 try:
-    if _LANE_FD:
-        os.set_inheritable(int(_LANE_FD), False)
-except (OSError, ValueError):
+    _LANE_FD: int | None = int(os.environ.pop("COMPAT_HOOK_PROGRESS_FD"))
+    os.set_inheritable(_LANE_FD, False)
+except (KeyError, OSError, ValueError):
     _LANE_FD = None
 os.environ.pop("COMPAT_HOOK_PROGRESS_PREFIX", None)
 _T0 = time.monotonic()
@@ -85,18 +84,15 @@ def pytest_runtest_logreport(report) -> None:
     if not report.failed:
         return
     crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
-    why = getattr(crash, "message", None) or str(report.longrepr).strip().splitlines()[-1:] or [""]
-    why = why if isinstance(why, str) else why[0]
+    lines = str(report.longrepr).strip().splitlines()
+    why = (getattr(crash, "message", None) or (lines[-1] if lines else "")).strip()
     _say(f"FAILED ({report.when}, {report.duration:.0f} s, {(time.monotonic() - _T0) / 60:.0f} min in) "
          f"{report.nodeid}: {why.splitlines()[0][:300] if why else ''}")
 
 
 def _lane_fd() -> int | None:
     """The pipe tests/support/lanes.py gave this lane for its progress lines, or None."""
-    try:
-        return int(_LANE_FD) if _LANE_FD else None
-    except ValueError:
-        return None
+    return _LANE_FD
 
 
 def _terminal_fd() -> int | None:

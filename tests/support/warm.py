@@ -47,8 +47,6 @@ def module_of(item) -> str:
     return Path(str(item.fspath)).stem
 
 
-_module = module_of
-
 
 #: The modules of :data:`NEEDS_BUILDS` that need the late builds, by tier: 1, a kubelet node and Debian's
 #: containerd 2.x with the NRI plugin; 2, upstream containerd releases (the last builds). The others (tier 0)
@@ -61,7 +59,7 @@ def order(items: list) -> None:
     """Move the items of :data:`NEEDS_BUILDS` modules after the others, those needing later builds later
     (:data:`LATE`), keeping every other order: a cold run waits for a build only when nothing else is left."""
     def key(it):
-        m = _module(it)
+        m = module_of(it)
         return (m in NEEDS_BUILDS, LATE.get(m, 0))
 
     items[:] = sorted(items, key=key)  # sorted() is stable
@@ -76,7 +74,7 @@ def start(items: list) -> None:
     if os.environ.get("COMPAT_HOOK_TEST_WARM", "1") == "0" or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     # only for a run that includes the tests that need them (not `make test-fast`: no daemons, nothing slow)
-    if not any(_module(it) in NEEDS_BUILDS and (it.get_closest_marker("containers") or it.get_closest_marker("slow"))
+    if not any(module_of(it) in NEEDS_BUILDS and (it.get_closest_marker("containers") or it.get_closest_marker("slow"))
                for it in items):
         return
     from .cache import cache_dir
@@ -155,8 +153,8 @@ def _builders() -> dict:
 
 def main(argv: list | None = None) -> int:
     """Build :data:`BUILDS` (or those named) one after the other, at nice :data:`NICE`, putting off one a test
-    builds now; one failure is said and
-    the rest go on (the fixture that needs it builds it again in the foreground and fails there, visibly)."""
+    builds now; one failure is said and the rest go on (the fixture that needs it builds it again in the
+    foreground and fails there, visibly)."""
     import signal
     import time
 
