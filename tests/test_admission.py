@@ -552,7 +552,6 @@ BAD_PROBES = {
     "unbound": (lambda p, s: s.pop("nodeName"), "not an unbound one"),
     "not-a-probe": (lambda p, s: p["metadata"]["labels"].update({"app.kubernetes.io/name": "other"}), "probe pods"),
     "token": (lambda p, s: s.update(automountServiceAccountToken=True), "no service-account token"),
-    "no-runtime-class": (lambda p, s: s.pop("runtimeClassName"), "RuntimeClass cuda-compat"),
     "host-network": (lambda p, s: s.update(hostNetwork=True), "host namespace"),
     "host-pid": (lambda p, s: s.update(hostPID=True), "host namespace"),
     "host-ipc": (lambda p, s: s.update(hostIPC=True), "host namespace"),
@@ -708,6 +707,39 @@ def test_validator_creates_nothing_but_a_confined_probe(world, case):
         world.api["validator"].create(PROBES, _changed(_probe(), change))
     assert e.value.status == 403 and VALIDATOR_PODS_POLICY in str(e.value) and says in str(e.value), e.value
     assert not [p for p in world.admin.get(PROBES, labelSelector="app.kubernetes.io/component=validation-probe")["items"]]
+
+
+def test_a_workload_compat_hook_does_not_reach_is_probed_on_its_own_runtime_class(world):
+    """The validator's probe of a workload that nothing of compat-hook's reaches (path ``none``: the NVIDIA
+    toolkit alone) runs as that workload runs: on its own RuntimeClass (one of validator.probeRuntimeClasses)
+    or on the default runtime; a class the chart does not list is refused, naming it."""
+    from compat_hook.cluster.node.validate import ValidatorOptions, probe_pod
+
+    classes = "/apis/node.k8s.io/v1/runtimeclasses"
+    opts = ValidatorOptions("gpu-a", publish_namespace=NS, probe_image="localhost/compat-hook:0.1.0")
+    w = {"image": "registry.test/apps/infer:1", "env": ["CUDA_VISIBLE_DEVICES=0"], "pods": ["apps/infer"]}
+    v = world.api["validator"]
+    made = []
+    for name in ("nvidia", "kata-unlisted"):
+        world.admin.create(classes, {"metadata": {"name": name}, "handler": name})
+    try:
+        for rc in ("nvidia", None):
+            pod = v.create(PROBES, probe_pod(opts, dict(w, runtime_class=rc), "none"))
+            made.append(pod["metadata"]["name"])
+            assert pod["spec"].get("runtimeClassName") == rc, pod["spec"]
+        # reached by compat-hook (NRI or its RuntimeClass): compat-hook's class, whatever the workload named
+        pod = v.create(PROBES, probe_pod(opts, dict(w, runtime_class="nvidia", env=["CUDA_VISIBLE_DEVICES=1"]), "nri"))
+        made.append(pod["metadata"]["name"])
+        assert pod["spec"]["runtimeClassName"] == "cuda-compat"
+        with pytest.raises(ApiError) as e:
+            v.create(PROBES, probe_pod(opts, dict(w, runtime_class="kata-unlisted"), "none"))
+        assert e.value.status == 403 and VALIDATOR_PODS_POLICY in str(e.value), e.value
+        assert "validator.probeRuntimeClasses" in str(e.value) and "not kata-unlisted" in str(e.value), e.value
+    finally:
+        for name in made:
+            v.delete(f"{PROBES}/{name}", gracePeriodSeconds="0")
+        for name in ("nvidia", "kata-unlisted"):
+            world.admin.delete(f"{classes}/{name}")
 
 
 def test_validator_records_events_only_about_its_node(world):

@@ -1052,6 +1052,38 @@ def test_the_nodes_registration_says_which_pods_run_through_compat_hook(world, c
     assert sorted(p for x in recorded for p in x["pods"]) == [f"apps/nvidia-{node}", f"apps/plain-{node}"], recorded
 
 
+@pytest.mark.parametrize("allocated, held", [
+    pytest.param("gpu.nvidia.com", True, id="nvidia-gpu"),
+    pytest.param("nic.example.com", False, id="other-driver"),
+    pytest.param(None, True, id="not-allocated"),
+])
+def test_a_dra_claim_counts_as_a_gpu_by_the_driver_it_was_allocated(world, client, allocated, held):
+    """A pod whose container gets a device only from a DRA ResourceClaim (``resource.k8s.io/v1``), running
+    the compat image through the NVIDIA toolkit alone with its compat dir on ``LD_LIBRARY_PATH``: 803 on
+    580 if that device is a GPU. The agent (the chart's RBAC: list/watch of ResourceClaims) reads the
+    claim: allocated NVIDIA's ``gpu.nvidia.com`` device, the pod is a GPU workload and the node is held;
+    allocated only another driver's (a NIC), it is not one; not allocated yet, it counts (never a
+    workload left out for want of its claim)."""
+    w = world
+    node = f"dra-{allocated or 'none'}-{client}".replace(".", "-")
+    w.add_node(node)
+    claims = "/apis/resource.k8s.io/v1/namespaces/apps/resourceclaims"
+    cls = allocated or "gpu.nvidia.com"
+    w.admin.create(claims, {"metadata": {"name": node}, "spec": {"devices": {"requests": [
+        {"name": "dev", "exactly": {"deviceClassName": cls}}]}}})
+    if allocated:
+        w.admin.merge(f"{claims}/{node}/status", {"status": {"allocation": {"devices": {"results": [
+            {"request": "dev", "driver": allocated, "pool": node, "device": "dev-0"}]}}}})
+    pod = gpu_pod(f"claimed-{node}", node, ref("train"), runtime_class="nvidia",
+                  env=[("LD_LIBRARY_PATH", "/usr/local/cuda/compat")])
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "dev"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimName": node}]
+    w.admin.create("/api/v1/namespaces/apps/pods", pod)
+    r = w.agent(node, "--driver", R580, client=client)["last"]
+    assert (r["workloads"], r["regressions"], r["gate"]) == ((1, 1, "held") if held else (0, 0, "clear")), r
+    assert (w.labels(node).get(SKIP) == "true") is held
+
+
 def test_pods_are_read_as_the_engine_starts_them(world, client):
     """The pod's env, its unresolvable variables and its RuntimeClass reach the assessment; the pods
     behind each workload are named."""

@@ -160,7 +160,8 @@ def test_daemonset_shape():
     role = docs[("ClusterRole", "compat-hook-agent")]
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"]] == [
         ([""], ["nodes"], ["get", "list", "watch", "patch"]), ([""], ["pods"], ["list", "watch"]),
-        (["nvidia.com"], ["clusterpolicies", "nvidiadrivers"], ["list", "watch"])]
+        (["nvidia.com"], ["clusterpolicies", "nvidiadrivers"], ["list", "watch"]),
+        (["resource.k8s.io"], ["resourceclaims"], ["list", "watch"])]
     local = docs[("Role", "compat-hook-agent")]
     assert local["metadata"]["namespace"] == "compat-hook"
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in local["rules"]] == [

@@ -150,3 +150,113 @@ def test_compat_runtime_classes_stays_an_override():
     assert [(w["runtime"], w["path"]) for w in ws.items] == [("compat-hook", "runtimeclass")]
     ws = pods.build([PLAIN], ["cuda-compat"], registration="nri-not-connected")
     assert [(w["runtime"], w["path"]) for w in ws.items] == [("toolkit", "none")]
+
+
+# -- DRA claims: judged by the driver they were allocated ---------------------------------------------
+
+
+def _claim(name: str, *results, ns: str = "ml") -> dict:
+    c = {"metadata": {"namespace": ns, "name": name}, "spec": {"devices": {"requests": [{"name": "gpu"}]}}}
+    if results:
+        c["status"] = {"allocation": {"devices": {"results": [
+            {"request": req, "driver": drv, "pool": "n", "device": f"d{i}"} for i, (req, drv) in enumerate(results)]}}}
+    return c
+
+
+def _claimed(uses, entries, statuses=None, env=None) -> tuple:
+    c = {"name": "app", "image": "a:1", "resources": {"claims": uses}}
+    if env:
+        c["env"] = [{"name": k, "value": v} for k, v in env]
+    p = {"metadata": {"name": "p", "namespace": "ml"}, "spec": {"containers": [c], "resourceClaims": entries},
+         "status": {"phase": "Pending", "resourceClaimStatuses": statuses or []}}
+    return p, c
+
+
+CLAIMS = runs.Claims([
+    _claim("gpu-claim", ("gpu", "gpu.nvidia.com")),
+    _claim("nic-claim", ("gpu", "nic.example.com")),
+    _claim("both", ("nic", "nic.example.com"), ("gpu/h100", "gpu.nvidia.com")),
+    _claim("pending"),
+    _claim("gpu-claim", ("gpu", "nic.example.com"), ns="other"),  # another namespace's claim of that name
+])
+
+
+@pytest.mark.parametrize("uses, entries, statuses, env, want", [
+    pytest.param([{"name": "g"}], [{"name": "g", "resourceClaimName": "gpu-claim"}], None, None, "claim", id="nvidia"),
+    pytest.param([{"name": "n"}], [{"name": "n", "resourceClaimName": "nic-claim"}], None, None, None, id="nic"),
+    pytest.param([{"name": "n"}], [{"name": "n", "resourceClaimName": "nic-claim"}], None,
+                 [("NVIDIA_VISIBLE_DEVICES", "all")], "env", id="nic-and-env"),
+    pytest.param([{"name": "n"}, {"name": "g"}], [{"name": "n", "resourceClaimName": "nic-claim"},
+                                                  {"name": "g", "resourceClaimName": "gpu-claim"}], None, None,
+                 "claim", id="nic-and-nvidia"),
+    pytest.param([{"name": "b", "request": "nic"}], [{"name": "b", "resourceClaimName": "both"}], None, None, None,
+                 id="request-nic"),
+    pytest.param([{"name": "b", "request": "gpu"}], [{"name": "b", "resourceClaimName": "both"}], None, None, "claim",
+                 id="subrequest-nvidia"),
+    pytest.param([{"name": "t"}], [{"name": "t", "resourceClaimTemplateName": "tpl"}],
+                 [{"name": "t", "resourceClaimName": "gpu-claim"}], None, "claim", id="template-nvidia"),
+    pytest.param([{"name": "t"}], [{"name": "t", "resourceClaimTemplateName": "tpl"}],
+                 [{"name": "t", "resourceClaimName": "nic-claim"}], None, None, id="template-nic"),
+    pytest.param([{"name": "t"}], [{"name": "t", "resourceClaimTemplateName": "tpl"}], [{"name": "t"}], None, None,
+                 id="template-none-needed"),
+    pytest.param([{"name": "t"}], [{"name": "t", "resourceClaimTemplateName": "tpl"}], None, None, "claim",
+                 id="template-not-created"),
+    pytest.param([{"name": "p"}], [{"name": "p", "resourceClaimName": "pending"}], None, None, "claim",
+                 id="not-allocated"),
+    pytest.param([{"name": "m"}], [{"name": "m", "resourceClaimName": "missing"}], None, None, "claim",
+                 id="not-in-the-cache"),
+])
+def test_a_claim_is_a_gpu_by_the_driver_it_was_allocated(uses, entries, statuses, env, want):
+    pod, c = _claimed(uses, entries, statuses, env)
+    assert runs.gpu_reason(pod, c, claims=CLAIMS) == want
+    # without the claims (none read) every claim counts, as the plugin would route a GPU's
+    assert runs.gpu_reason(pod, c) == "claim"
+    # the same answer wherever the model is asked: the pods the agent builds, the images it looks up,
+    # the validator's record
+    ws = pods.build([pod], ["cuda-compat"], claims=CLAIMS)
+    assert [w["image"] for w in ws.items] == (["docker.io/library/a:1"] if want else [])
+    assert refs.gpu_pod(pod, CLAIMS) is bool(want)
+    assert len(workloads.from_pods([pod], claims=CLAIMS)) == (1 if want else 0)
+
+
+def test_a_claims_index_is_bounded_and_survives_odd_objects():
+    odd = [None, 3, {"metadata": None}, {"metadata": {"namespace": 1, "name": "x"}},
+           {"metadata": {"namespace": "ml", "name": "gpu-claim"}, "status": {"allocation": {"devices": {"results": [
+               None, {"driver": 5}, {"request": "gpu", "driver": "gpu.nvidia.com"}]}}}}]
+    cs = runs.Claims(odd)
+    assert len(cs) == 1
+    pod, c = _claimed([{"name": "g"}], [{"name": "g", "resourceClaimName": "gpu-claim"}])
+    assert runs.gpu_reason(pod, c, claims=cs) == "claim"
+    assert len(runs.Claims([_claim(f"c{i}") for i in range(runs.MAX_CLAIMS + 5)])) == runs.MAX_CLAIMS
+
+
+# -- the validator probes each workload on the road it takes -----------------------------------------
+
+
+@pytest.mark.parametrize("registration, runtime_class, path, loads, probe_class", [
+    # the plugin routes it: compat-hook takes the 550 compat dir its LD_LIBRARY_PATH names off on R580
+    pytest.param("nri", None, "nri", "host", "cuda-compat", id="nri-plain"),
+    pytest.param("runtimeclass", "cuda-compat", "runtimeclass", "host", "cuda-compat", id="compat-class"),
+    # nothing of compat-hook's reaches it: the toolkit alone, the compat driver on R580 (803), as the pod runs
+    pytest.param("runtimeclass", None, "none", "compat", None, id="runtimeclass-plain"),
+    pytest.param("runtimeclass", "nvidia", "none", "compat", "nvidia", id="toolkit-class"),
+])
+def test_the_validator_probes_and_expects_what_the_workloads_path_gives(images, tmp_path, registration,  # noqa: F811
+                                                                          runtime_class, path, loads, probe_class):
+    """The validator's model of what runs is the agent's (runs.Node from the Node's registration and the
+    config's compat_runtime_classes): its probe pod takes the workload's road, and what it expects the
+    probe to load is what that road gives, from the real image."""
+    from compat_hook.cluster.node import validate
+    from compat_hook.facts import hostfacts
+
+    host = write_fake_host(tmp_path / "host", version=TARGET, gpus={"0000:17:00.0": H100})
+    cfg = from_mapping({"log_file": None, "nvml": "off", "host_root": str(host)})
+    node = runs.Node(runs.reported(None, {"metadata": {"labels": {"compat-hook.io/registration": registration}}},
+                                   "compat-hook.io"), agent.settings(cfg)["compat_runtime_classes"])
+    w = {"image": "localhost/compat:v1", "source": images["compat"]["docker"], "runtime_class": runtime_class,
+         "env": ["LD_LIBRARY_PATH=/usr/local/cuda/compat", "NVIDIA_VISIBLE_DEVICES=all"], "pods": ["ml/p"]}
+    assert node.path_of(runtime_class) == path
+    opts = validate.ValidatorOptions("n", probe_image="localhost/compat-hook:0.1.0")
+    assert validate.probe_pod(opts, w, path)["spec"].get("runtimeClassName") == probe_class
+    exp = validate.expectation(cfg, opts, w, hostfacts.gather(cfg), path=path)
+    assert (exp["loads"], exp["problem"]) == (loads, None), exp

@@ -78,11 +78,17 @@ def rendered_docs() -> list:
 
 #: What the agent reads and writes, and nothing more (docs/cluster.md, "Permissions"): the tests' agent
 #: runs with exactly this, so a request outside it fails them.
-AGENT_CLUSTER_RULES = [
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-    {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies", "nvidiadrivers"], "verbs": ["list", "watch"]},
-]
+def _chart_rules(kind: str, name: str) -> list:
+    """The rules of the chart's ``kind``/``name`` as its defaults render them (packaging/kubernetes)."""
+    rendered = pathlib.Path(__file__).resolve().parents[2] / "packaging/kubernetes/compat-hook.yaml"
+    for doc in yaml.safe_load_all(rendered.read_text()):
+        if doc and doc.get("kind") == kind and doc["metadata"]["name"] == name:
+            return doc["rules"]
+    raise AssertionError(f"{kind} {name} is not in {rendered}")
+
+
+#: The chart's own ClusterRole of the agent: the tests' agent token has exactly what an installed one has.
+AGENT_CLUSTER_RULES = _chart_rules("ClusterRole", "compat-hook-agent")
 AGENT_NAMESPACE_RULES = [
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]},

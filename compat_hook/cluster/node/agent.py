@@ -50,6 +50,7 @@ from ...core import logjson, safejson
 from ...core.errors import CompatHookError, describe
 from . import gate as gatemod
 from ..workload import pods as podsmod
+from ..workload import runs as runsmod
 from ..workload.runs import reported
 from . import applyintent, holds, intent, nodedoc, reconcile
 from ..workload import predict, target as targetmod, workloads
@@ -67,6 +68,8 @@ MAX_BACKOFF = 300.0
 #: should not be).
 STOP_GRACE = 0.8
 CONFLICT_RETRIES = 4
+#: The DRA claims a container's claim is judged by (:class:`..workload.runs.Claims`): Kubernetes >= 1.34 serves them.
+CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
 class AgentOptions:
@@ -185,6 +188,14 @@ class DirectView:
     def drivers(self) -> list:
         return self._optional("/apis/nvidia.com/v1alpha1/nvidiadrivers")
 
+    def claims(self):
+        """The cluster's ResourceClaims (:class:`~..workload.runs.Claims`), None where they cannot be read
+        (then every claim counts as a GPU's: never a pod left out for want of them)."""
+        try:
+            return runsmod.Claims(self._optional(CLAIMS_PATH))
+        except KubeError:
+            return None
+
     def stale(self) -> str | None:
         return None
 
@@ -210,9 +221,12 @@ class WatchView:
         self.r_nds = Reflector(kube, "/apis/nvidia.com/v1alpha1/nvidiadrivers", optional=True, on_change=on_change,
                                name="nvidiadrivers", rng=r)
         self.all = (self.r_node, self.r_pods, self.r_cps, self.r_nds)
+        # Not among ``all``: a claims cache that is not current makes every claim count (the cautious
+        # reading), never the pass's verdict stale.
+        self.r_claims = Reflector(kube, CLAIMS_PATH, optional=True, on_change=on_change, name="resourceclaims", rng=r)
 
     def start(self, wait: float = 10.0) -> None:
-        for r in self.all:
+        for r in self.all + (self.r_claims,):
             r.start()
         end = time.monotonic() + wait
         for r in self.all:  # until each has listed once, or failed to
@@ -233,6 +247,11 @@ class WatchView:
 
     def drivers(self) -> list:
         return self.r_nds.objects() if self.r_nds.synced.is_set() else self.direct.drivers()
+
+    def claims(self):
+        """The ResourceClaims of the cache while it is current, else None (every claim counts)."""
+        r = self.r_claims
+        return runsmod.Claims(r.objects()) if r.synced.is_set() and r.healthy else None
 
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.all)
@@ -298,7 +317,7 @@ class Agent:
         return self.cfg
 
     # -- what starts a pass --------------------------------------------------
-    def _trigger_key(self, node=None, pods_list=None, policies=None, drivers=None) -> tuple:
+    def _trigger_key(self, node=None, pods_list=None, policies=None, drivers=None, claims=False) -> tuple:
         """What a pass depends on: the target and hold-ability, the Node's upgrade state, skip label,
         override, our hold and driver, and the GPU workloads (from the caches, or what is given)."""
         s = settings(self.cfg)
@@ -318,7 +337,8 @@ class Agent:
                     labels.get("nvidia.com/cuda.driver-version.full"))
         ws = podsmod.build(v.pods() if pods_list is None else pods_list, s["compat_runtime_classes"],
                            self.opts.publish_namespace,
-                           registration=reported(registration(self.opts.registration_file), node, prefix))
+                           registration=reported(registration(self.opts.registration_file), node, prefix),
+                           claims=v.claims() if claims is False else claims)
         pods_key = tuple((w["name"], tuple(w["env"]), w["runtime"], w["unknown"], tuple(ws.pods[w["name"]]))
                          for w in ws.items)
         return (tgt.key(), node_key, pods_key)
@@ -350,14 +370,15 @@ class Agent:
             self.wake.clear()
             self._herd = False
         snap = reconcile.Snapshot(node=v.node(), pods=v.pods(), policies=v.policies(), drivers=v.drivers(),
-                                  stale=v.stale())
+                                  stale=v.stale(), claims=v.claims())
         if isinstance(v, WatchView):
             with self._lock:
-                self._last_trigger = self._trigger_key(snap.node, snap.pods, snap.policies, snap.drivers)
+                self._last_trigger = self._trigger_key(snap.node, snap.pods, snap.policies, snap.drivers, snap.claims)
         tgt = targetmod.node_target(snap.node, snap.policies, snap.drivers, prefix=s["label_prefix"],
                                     override=opts.driver)
         ws = podsmod.build(snap.pods, s["compat_runtime_classes"], opts.publish_namespace,  # the node's path
-                           registration=reported(registration(opts.registration_file), snap.node, s["label_prefix"]))
+                           registration=reported(registration(opts.registration_file), snap.node, s["label_prefix"]),
+                           claims=snap.claims)
         a = predict.assess(cfg, version=tgt.plan_version(), workloads=ws, stores=opts.stores, address=opts.address,
                            namespace=opts.namespace)
         return snap, tgt, ws, a
@@ -393,7 +414,7 @@ class Agent:
             if it.node_patch.changed and isinstance(self.view, WatchView):  # our own write is no reason for a pass
                 with self._lock:
                     self._last_trigger = self._trigger_key(_patched(snap.node, it.desired.keys), snap.pods,
-                                                           snap.policies, snap.drivers)
+                                                           snap.policies, snap.drivers, snap.claims)
             done = applyintent.apply(self, it, settled=lambda node, it=it: self._settled(it, node, st), log=_log)
             if done.node_write != "conflict":
                 break

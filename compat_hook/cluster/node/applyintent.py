@@ -201,7 +201,7 @@ def apply(agent, it: Intent, *, settled, log) -> Applied:
 
             r = it.record
             workloads.record(r.state_dir, r.pods, driver=r.driver, sources=r.sources,
-                             probe_namespace=r.probe_namespace, max_age=r.max_age)
+                             probe_namespace=r.probe_namespace, max_age=r.max_age, claims=r.claims)
         for f in it.files:
             write_file(f.path, f.text)
 

@@ -80,6 +80,7 @@ class WorkloadsRecord:
     sources: dict
     probe_namespace: str
     max_age: float | None
+    claims: object = None
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ def intend(snap: reconcile.Snapshot, *, target, workloads, assessment, settings:
                 sources.setdefault(w["source"], []).append(w["image"])
         # nothing is recorded while the driver is unknown (workloads.record says so)
         record = WorkloadsRecord(state_dir=where.state_dir, pods=list(snap.pods), driver=a.now, sources=sources,
-                                 probe_namespace=where.namespace, max_age=where.max_age)
+                                 probe_namespace=where.namespace, max_age=where.max_age, claims=snap.claims)
     files = []
     if where.nfd_file:
         files.append(FileWrite(where.nfd_file, nodefiles.nfd_text(st.prefix, doc)))

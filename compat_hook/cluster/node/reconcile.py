@@ -95,13 +95,16 @@ def vars_of(obj) -> dict:
 @dataclass(frozen=True)
 class Snapshot:
     """What a pass reads from the caches (or directly, ``--once``): its Node, the pods bound to it,
-    the ClusterPolicies and NVIDIADrivers, and why a cache is not current (None: all are)."""
+    the ClusterPolicies and NVIDIADrivers, why a cache is not current (None: all are), and the
+    ResourceClaims a pod's claim is judged by (:class:`..workload.runs.Claims`; None: not read, every
+    claim counts)."""
 
     node: dict
     pods: list
     policies: list
     drivers: list
     stale: str | None = None
+    claims: object = None
 
 
 @dataclass(frozen=True)

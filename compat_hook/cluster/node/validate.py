@@ -10,8 +10,11 @@ DaemonSet (templates/validator.yaml) carries that label, so the node waits for t
    readiness probe compares ``--ready-file`` with the driver's line, so a change is seen at once);
 2. it takes the GPU workloads the agent recorded on this node before the change (and since:
    :func:`compat_hook.cluster.workload.workloads.for_driver`) and runs each as a short probe pod pinned to
-   the node (:func:`probe_pod`): the workload's image and GPU env, compat-hook's RuntimeClass,
-   the cordon, GPU and compat-hook's own taints tolerated, a GPU from the env, a device plugin
+   the node (:func:`probe_pod`): the workload's image and GPU env, on the road the workload takes
+   (:func:`paths`: compat-hook's RuntimeClass where compat-hook reaches the workload, through its
+   NRI plugin or its RuntimeClass; the workload's own RuntimeClass where nothing of compat-hook's
+   does, so the NVIDIA toolkit alone decides, as for the workload), the cordon, GPU and
+   compat-hook's own taints tolerated, a GPU from the env, a device plugin
    (``--gpu-resource``) or a DRA claim (``--claim-template``: then pinned by node affinity, so
    that the scheduler allocates the claim), and ``compat-hook-probe`` (packaging/oci-image/
    compat-hook-probe.c), copied from compat-hook's image into an ``emptyDir`` by an init
@@ -19,7 +22,8 @@ DaemonSet (templates/validator.yaml) carries that label, so the node waits for t
    ``cuDriverGetVersion``, and ``cuInit`` where a GPU is present. A probe pod has a deadline and
    is always deleted;
 3. :func:`judge` compares that with compat-hook's decision for the image on this node
-   (:func:`expectation`: the assessment ``plan`` and the hook run): the libcuda it names must be
+   (:func:`expectation`: the assessment ``plan`` and the hook run; the toolkit's own rules for a
+   workload compat-hook does not reach): the libcuda it names must be
    the one loaded, and the driver API must cover the CUDA version the image needs (same major
    and an older minor passes: minor-version compatibility, as in ``plan``);
 4. it publishes ``<prefix>/validated=<driver version>`` or ``failed`` on the Node, an Event on it
@@ -141,8 +145,22 @@ def _probe_env(workload: dict, ask_gpu: bool = True) -> list:
     return env
 
 
-def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
-    """The probe pod of ``workload`` (see the module docstring).
+def probe_runtime_class(opts: ValidatorOptions, workload: dict, path: str | None = None) -> str | None:
+    """The RuntimeClass a probe of ``workload`` runs on: compat-hook's (``opts.runtime_class``) where a path
+    of compat-hook's reaches the workload (:data:`..workload.runs.PATHS` ``nri``, ``runtimeclass``; None: not
+    known, as before), the workload's own where none does (``none``: the toolkit alone, as for the workload).
+
+    >>> o = ValidatorOptions("n")
+    >>> w = {"image": "x", "runtime_class": "nvidia"}
+    >>> probe_runtime_class(o, w, "nri"), probe_runtime_class(o, w, "none"), probe_runtime_class(o, w)
+    ('cuda-compat', 'nvidia', 'cuda-compat')
+    """
+    return workload.get("runtime_class") if path == "none" else opts.runtime_class
+
+
+def probe_pod(opts: ValidatorOptions, workload: dict, path: str | None = None) -> dict:
+    """The probe pod of ``workload``, whose GPU containers take ``path`` on this node (see the module
+    docstring and :func:`probe_runtime_class`).
 
     >>> o = ValidatorOptions("gpu-a", probe_image="localhost/compat-hook:0.1.0")
     >>> p = probe_pod(o, {"image": "nvcr.io/nvidia/cuda:12.4.1-base", "env": ["CUDA_VISIBLE_DEVICES=0"],
@@ -191,7 +209,8 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
                                 "app.kubernetes.io/component": "validation-probe"},
                      "annotations": {"compat-hook.io/probe-of": workload["image"][:512]}},
         "spec": {
-            "nodeName": opts.node, "runtimeClassName": opts.runtime_class, "restartPolicy": "Never",
+            "nodeName": opts.node, "runtimeClassName": probe_runtime_class(opts, workload, path),
+            "restartPolicy": "Never",
             "activeDeadlineSeconds": int(opts.probe_timeout), "terminationGracePeriodSeconds": 1,
             # the namespace's "default" account, which the chart grants nothing: a node's kubelet may
             # mint a token for the account of any pod bound to it, so never one of the chart's own
@@ -222,7 +241,23 @@ def probe_pod(opts: ValidatorOptions, workload: dict) -> dict:
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [opts.node]}]}]}}}
         spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": opts.claim_template}]
+    if pod["spec"]["runtimeClassName"] is None:
+        del pod["spec"]["runtimeClassName"]  # the engine's default runtime, as the workload's
     return pod
+
+
+def paths(kube, cfg, opts: ValidatorOptions, prefix: str):
+    """What reaches the GPU containers on this node (:class:`..workload.runs.Node`): the registration the
+    Node reports (the agent's label, which the installer's word sets) and the config's
+    ``cluster.compat_runtime_classes``, the agent's own model of what runs."""
+    from ..workload import runs
+    from .agent import settings
+
+    try:
+        node = kube.get(f"/api/v1/nodes/{opts.node}")
+    except NotFound:
+        node = None
+    return runs.Node(runs.reported(None, node, prefix), settings(cfg)["compat_runtime_classes"])
 
 
 def parse_probe(text) -> dict | None:
@@ -433,11 +468,12 @@ def read_driver(cfg) -> tuple:
     return (version, text.splitlines()[0]) if version else (None, None)
 
 
-def expectation(cfg, opts: ValidatorOptions, workload: dict, host, reader=None) -> dict:
+def expectation(cfg, opts: ValidatorOptions, workload: dict, host, reader=None, path: str | None = None) -> dict:
     """What compat-hook's decision says ``workload`` loads on this node, from the image in the node's
     store (the assessment the hook runs and ``plan`` reports):
     ``{"loads", "compat_version", "compat_dir", "needs", "outcome", "error", "problem"}``; ``reader``:
-    the image reader (:func:`validate`'s own)."""
+    the image reader (:func:`validate`'s own). On ``path`` ``none`` (nothing of compat-hook's reaches
+    the workload) what the NVIDIA toolkit alone gives (the model ``plan`` uses for such a pod)."""
     from ...images.sources import open_source
     from ...policy.assess import assess
     from ...policy.outcome import gpu_request, image_needs, result
@@ -454,9 +490,12 @@ def expectation(cfg, opts: ValidatorOptions, workload: dict, host, reader=None) 
     except Exception as e:  # an image the store cannot give: the probe still runs, the check is looser
         out["problem"] = describe(e)[1]
         return out
-    loads = a.toolkit["with_wrapper"]["result"] if a.toolkit else "host"
-    if a.effect == "compat":
-        loads = "compat"
+    if path == "none":
+        loads = a.toolkit["alone"]["result"] if a.toolkit else "host"
+    else:
+        loads = a.toolkit["with_wrapper"]["result"] if a.toolkit else "host"
+        if a.effect == "compat":
+            loads = "compat"
     r = result(a, host, need["version"], loads)
     d = a.decision if a.decision is not None and a.decision.compat_version else a.image_decision
     out.update(loads="store" if r["outcome"] == "store" else loads, needs=_text(need["version"]),
@@ -505,12 +544,12 @@ def _pod_state(pod: dict) -> tuple:
     return phase, waiting, message
 
 
-def run_probe(kube, opts: ValidatorOptions, workload: dict, deadline: float) -> dict:
+def run_probe(kube, opts: ValidatorOptions, workload: dict, deadline: float, path: str | None = None) -> dict:
     """One probe pod, created, waited for and deleted: ``{"probe", "error", "unverified", "seconds"}``."""
     from ..api.kube import Conflict
 
     t0 = time.monotonic()
-    pod = probe_pod(opts, workload)
+    pod = probe_pod(opts, workload, path)
     name = pod["metadata"]["name"]
     base = f"/api/v1/namespaces/{opts.publish_namespace}/pods"
     out = {"probe": None, "error": None, "unverified": False, "pod": name}
@@ -561,7 +600,7 @@ def _delete(kube, path: str) -> None:
         pass
 
 
-def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
+def validate(kube, cfg, opts: ValidatorOptions, driver: str, prefix: str = "compat-hook.io") -> dict:
     """Probe every workload to prove on ``driver``; the result (also kept as the state)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -575,6 +614,7 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
                 "problem": f"no workload record yet in {opts.workloads_dir} (the agent writes it on its first pass)"}
     items = wl.for_driver(doc, driver, max_age=wl.max_age_of(cfg))  # a workload long gone is not proven
     host = hostfacts.gather(cfg)
+    node = paths(kube, cfg, opts, prefix)
     # A reader of this validation's own, closed with it: the process's would keep what it spooled
     # (up to its 4 GiB bound in all) for as long as the validator runs.
     from ...images.reader import Reader
@@ -599,14 +639,16 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str) -> dict:
                     "message": f"the validator could not judge it: {type(e).__name__}: {str(e)[:200]}"}
 
     def judged(w: dict) -> dict:
-        row = {"image": w["image"], "pods": w["pods"][:5], "env": w["env"], "runtime_class": w["runtime_class"]}
+        path = node.path_of(w["runtime_class"])
+        row = {"image": w["image"], "pods": w["pods"][:5], "env": w["env"], "runtime_class": w["runtime_class"],
+               "path": path}
         if time.monotonic() > deadline or STOP.is_set():
             return dict(row, ok=False, code="not_probed", message=f"not probed within {opts.deadline} s")
-        exp = expectation(cfg, opts, w, host, reader)
+        exp = expectation(cfg, opts, w, host, reader, path)
         if exp["loads"] is None and not opts.allow_unverified:
             # nothing to compare a probe with: fail closed (cluster.validation_allow_unverified lets it pass)
             return dict(row, expected=None, needs=None, **judge(exp, None))
-        got = run_probe(kube, opts, w, deadline)
+        got = run_probe(kube, opts, w, deadline, path)
         row.update(expected=exp["loads"], needs=exp["needs"], seconds=got["seconds"])
         if got["unverified"]:
             # the image is not on the node (the kubelet's image GC during the drain): not proven
@@ -822,7 +864,7 @@ def run(kube_factory, cfg, opts: ValidatorOptions, prefix: str) -> int:
                 _set_ready(opts, None)
                 t0 = time.monotonic()
                 try:
-                    result = validate(kube, cfg, opts, driver)
+                    result = validate(kube, cfg, opts, driver, prefix)
                 except KubeError:
                     raise
                 except Exception as e:  # the validator's own error proves nothing: fail, never pass
@@ -897,7 +939,7 @@ def _parser():
                    help="where the agent records the node's workloads (its --state-dir)")
     p.add_argument("--state-dir", metavar="DIR", default="/var/lib/compat-hook-validator", help="the last result")
     p.add_argument("--probe-image", metavar="REF", required=True, help="compat-hook's image (holds compat-hook-probe)")
-    p.add_argument("--runtime-class", metavar="NAME", default="cuda-compat", help="compat-hook's RuntimeClass")
+    p.add_argument("--runtime-class", metavar="NAME", default="cuda-compat", help="compat-hook's RuntimeClass: the probes of workloads compat-hook reaches run on it (those it does not, on their own)")
     p.add_argument("--publish-namespace", metavar="NS",
                    help="namespace of the probe pods (default: the service account's, else compat-hook)")
     p.add_argument("--address", metavar="SOCKET", help="containerd's socket (to read the images)")

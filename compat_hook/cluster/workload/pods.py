@@ -233,8 +233,9 @@ def _env(pod: dict, c: dict) -> tuple:
     return [f"{k}={v}" for k, v in defined.items() if relevant(k)], unknown
 
 
-def gpu_containers(pod: dict) -> tuple:
-    """``([Container], dropped)`` for the GPU containers of a running or pending ``pod``."""
+def gpu_containers(pod: dict, claims=None) -> tuple:
+    """``([Container], dropped)`` for the GPU containers of a running or pending ``pod``; ``claims``: the
+    ResourceClaims a claim is judged by (:class:`.runs.Claims`; None: every claim counts)."""
     if not isinstance(pod, dict) or _map(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
         return [], 0
     meta, spec = _map(pod.get("metadata")), _map(pod.get("spec"))
@@ -246,7 +247,7 @@ def gpu_containers(pod: dict) -> tuple:
     cs = [c for c in _list(spec.get("containers")) if isinstance(c, dict)]
     for c in cs[:MAX_CONTAINERS]:
         env, unknown = _env(pod, c)
-        why = runsmod.gpu_reason(pod, c, env)
+        why = runsmod.gpu_reason(pod, c, env, claims)
         if why is None:
             continue
         if why in ("resource", "claim"):
@@ -312,10 +313,12 @@ class Workloads:
         return [w for w in self.items if w["unknown"]]
 
 
-def build(pods: list, classes, probe_namespace: str | None = None, *, registration: str | None = None) -> Workloads:
+def build(pods: list, classes, probe_namespace: str | None = None, *, registration: str | None = None,
+          claims=None) -> Workloads:
     """The :class:`Workloads` of ``pods`` (the pods bound to the node) as they run on a node registered as
     ``registration`` (:func:`.runs.reported`; None: nothing reported, ``classes`` alone decide); the
     validator's probes, in ``probe_namespace`` (the agent's own), are left out (:func:`is_probe`).
+    ``claims``: the ResourceClaims the agent's cache holds (:class:`.runs.Claims`; None: every claim counts).
 
     >>> pod = {"metadata": {"name": "p", "namespace": "ml", "annotations": {"compat-hook/disable": "true",
     ...        "nvidia.cdi.k8s.io/container.c": "nvidia.com/gpu=0"}},
@@ -331,7 +334,7 @@ def build(pods: list, classes, probe_namespace: str | None = None, *, registrati
     for pod in pods[:MAX_PODS]:
         if isinstance(pod, dict) and is_probe(pod, probe_namespace):  # the validator's own: never a workload
             continue
-        cs, dropped = gpu_containers(pod)
+        cs, dropped = gpu_containers(pod, claims)
         ws.dropped += dropped
         for c in cs:
             path = node.path_of(c.runtime_class)

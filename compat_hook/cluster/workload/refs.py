@@ -50,7 +50,7 @@ def _containers(pod: dict) -> list:
     return out
 
 
-def gpu_pod(pod: dict) -> bool:
+def gpu_pod(pod: dict, claims=None) -> bool:
     """A pod with a container (init containers too) that asks for an NVIDIA GPU, by the one model
     (:func:`.runs.gpu_reason`: a ``nvidia.com/gpu*`` or ``nvidia.com/mig-*`` resource, a resource claim
     (DRA), NVIDIA's pod annotation naming the container, a CDI annotation (``cdi.k8s.io/*``) naming an
@@ -66,7 +66,7 @@ def gpu_pod(pod: dict) -> bool:
     """
     from .runs import gpu_reason
 
-    return any(gpu_reason(pod, c) is not None for c in _containers(pod))
+    return any(gpu_reason(pod, c, claims=claims) is not None for c in _containers(pod))
 
 
 def pod_images(pods: list) -> tuple:

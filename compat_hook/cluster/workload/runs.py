@@ -11,10 +11,13 @@ against (tests/test_runs.py and the plugin's ``main_test.go``).
 
 * ``resource``: a limit or request ``nvidia.com/gpu*`` or ``nvidia.com/mig-*``
   (the device plugin's CDI device, env or device nodes are what the engine sees);
-* ``claim``: a DRA resource claim the container uses (``resources.claims``;
-  NVIDIA's DRA driver's CDI device ``k8s.gpu.nvidia.com/claim=...``). The claim's
-  device class is not in the pod, so every claim counts: a pod is never left out
-  for want of it;
+* ``claim``: a DRA resource claim the container uses (``resources.claims``) that is
+  allocated a device of an NVIDIA DRA driver (``gpu.nvidia.com``: its CDI devices,
+  ``k8s.gpu.nvidia.com/claim=...``, are what the plugin routes by). The claim
+  itself is not in the pod: :class:`Claims` reads it from the ResourceClaims the
+  agent's cache holds. A claim that cannot be read (no cache given, not created or
+  not allocated yet, not in the cache) counts: a pod is never left out for want of
+  it. A claim allocated only other drivers' devices (a NIC, an FPGA) does not;
 * ``nvidia-annotation``: NVIDIA's pod annotation, as NVIDIA's own NRI plugin reads it
   (``nvidia.cdi.k8s.io/container.<name>``, else ``nvidia.cdi.k8s.io/pod``, else
   ``nvidia.cdi.k8s.io``: the first that is set decides), naming an ``nvidia.com/``
@@ -63,7 +66,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["REASONS", "PATHS", "REGISTRATIONS", "Node", "Run", "gpu_reason", "visible_devices", "reported", "runs",
+__all__ = ["REASONS", "PATHS", "REGISTRATIONS", "Node", "Run", "Claims", "nvidia_driver", "gpu_reason", "visible_devices", "reported", "runs",
            "pod_annotations", "container_annotations", "disabled", "NVIDIA_DEVICES_KEY"]
 
 #: Why a container is a GPU one, in the order they are tried.
@@ -78,6 +81,10 @@ ANNOTATION_PREFIXES = ("compat-hook/", "cdi.k8s.io/")
 NVIDIA_DOMAIN = "nvidia.cdi.k8s.io"
 DISABLE = "compat-hook/disable"
 MAX_VALUE = 32 << 10
+#: At most this many ResourceClaims are indexed (:class:`Claims`); one beyond is unknown, so it counts.
+MAX_CLAIMS = 50_000
+#: At most this many allocation results of one claim are read.
+MAX_RESULTS = 256
 _TRUE = ("1", "true", "yes", "on", "y")
 
 
@@ -155,10 +162,94 @@ def _plain_env(c: dict) -> list:
             and isinstance(e.get("value", ""), (str, type(None)))]
 
 
-def gpu_reason(pod: dict, c: dict, env: list | None = None) -> str | None:
+def nvidia_driver(driver) -> bool:
+    """Whether a DRA driver's devices are NVIDIA's: ``nvidia.com`` or a name under it (``gpu.nvidia.com``).
+
+    The same rule as the plugin's: NVIDIA's drivers name a claim's CDI devices ``k8s.<driver>/claim=...``,
+    which hold ``nvidia.com/`` exactly when the driver's name ends so.
+
+    >>> nvidia_driver("gpu.nvidia.com"), nvidia_driver("nic.example.com"), nvidia_driver("evilnvidia.com")
+    (True, False, False)
+    """
+    return isinstance(driver, str) and (driver == "nvidia.com" or driver.endswith(".nvidia.com"))
+
+
+class Claims:
+    """The ResourceClaims the agent's cache holds (``resource.k8s.io/v1``), by namespace and name.
+
+    >>> claim = {"metadata": {"namespace": "ml", "name": "p-gpu-x"}, "status": {"allocation": {"devices": {
+    ...          "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}]}}}}
+    >>> nic = {"metadata": {"namespace": "ml", "name": "nic"}, "status": {"allocation": {"devices": {
+    ...        "results": [{"request": "nic", "driver": "nic.example.com", "pool": "n", "device": "eth1"}]}}}}
+    >>> pod = {"metadata": {"namespace": "ml"}, "spec": {"resourceClaims": [
+    ...        {"name": "gpu", "resourceClaimTemplateName": "t"}, {"name": "nic", "resourceClaimName": "nic"},
+    ...        {"name": "new", "resourceClaimTemplateName": "t"}]},
+    ...        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]}}
+    >>> cs = Claims([claim, nic])
+    >>> cs.gpu(pod, {"name": "gpu"}), cs.gpu(pod, {"name": "nic"}), cs.gpu(pod, {"name": "new"})
+    (True, False, None)
+    >>> cs.gpu(pod, {"name": "gpu", "request": "other"})
+    False
+    """
+
+    def __init__(self, objects=()) -> None:
+        self._by: dict = {}
+        for o in list(objects or ())[:MAX_CLAIMS]:
+            meta = _map(_map(o).get("metadata"))
+            ns, name = meta.get("namespace"), meta.get("name")
+            if isinstance(ns, str) and isinstance(name, str):
+                self._by[(ns, name)] = o
+
+    def __len__(self) -> int:
+        return len(self._by)
+
+    @staticmethod
+    def name_of(pod: dict, entry: str) -> str | None | bool:
+        """The ResourceClaim behind the pod's claim ``entry`` (``spec.resourceClaims[].name``): its
+        ``resourceClaimName``, else the one the pod's status names for its template; False where the
+        status says none was needed; None where it is not known yet."""
+        for e in _list(_map(pod.get("spec")).get("resourceClaims")):
+            if isinstance(e, dict) and e.get("name") == entry:
+                if isinstance(e.get("resourceClaimName"), str):
+                    return e["resourceClaimName"]
+                break
+        else:
+            return None
+        for st in _list(_map(pod.get("status")).get("resourceClaimStatuses")):
+            if isinstance(st, dict) and st.get("name") == entry:
+                n = st.get("resourceClaimName")
+                return n if isinstance(n, str) else False  # unset: no claim was needed
+        return None
+
+    def gpu(self, pod: dict, use: dict) -> bool | None:
+        """Whether the claim a container uses (``resources.claims[]``: ``name``, ``request``) is allocated an
+        NVIDIA device: True, False, or None (unknown: it counts)."""
+        entry = use.get("name") if isinstance(use, dict) else None
+        if not isinstance(entry, str):
+            return None
+        name = self.name_of(pod, entry)
+        if name is False:
+            return False
+        ns = _map(pod.get("metadata")).get("namespace")
+        claim = self._by.get((ns, name)) if isinstance(name, str) else None
+        if claim is None:
+            return None
+        alloc = _map(_map(claim.get("status")).get("allocation"))
+        if not alloc:
+            return None  # not allocated yet: the scheduler has not placed it
+        req = use.get("request")
+        results = [r for r in _list(_map(alloc.get("devices")).get("results"))[:MAX_RESULTS] if isinstance(r, dict)]
+        if isinstance(req, str) and req:
+            # a request's subrequests (firstAvailable) are allocated as "<request>/<subrequest>"
+            results = [r for r in results if r.get("request") == req or str(r.get("request")).startswith(req + "/")]
+        return any(nvidia_driver(r.get("driver")) for r in results)
+
+
+def gpu_reason(pod: dict, c: dict, env: list | None = None, claims: Claims | None = None) -> str | None:
     """Why container ``c`` of ``pod`` asks for a GPU (a class of :data:`REASONS`), None when it does not.
 
     ``env``: the container's env as ``K=V`` (expanded by :mod:`.pods`); by default its plain values.
+    ``claims``: the ResourceClaims to judge a claim by (:class:`Claims`); None: every claim counts.
 
     >>> gpu_reason({}, {"resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}})
     'resource'
@@ -172,7 +263,8 @@ def gpu_reason(pod: dict, c: dict, env: list | None = None) -> str | None:
     for part in ("limits", "requests"):
         if any(isinstance(k, str) and k.startswith(GPU_RESOURCES) for k in _map(res.get(part))):
             return "resource"
-    if _list(res.get("claims")):
+    uses = _list(res.get("claims"))
+    if uses and (claims is None or any(claims.gpu(pod, u) is not False for u in uses)):
         return "claim"
     anns = _all_annotations(pod)
     name = c.get("name")
@@ -256,15 +348,16 @@ class Run:
         return self.path != "none" and not disabled(self.annotations)
 
 
-def runs(pod: dict, node: Node) -> list:
-    """A :class:`Run` per GPU app container of ``pod`` on ``node`` (init containers left out)."""
+def runs(pod: dict, node: Node, claims: Claims | None = None) -> list:
+    """A :class:`Run` per GPU app container of ``pod`` on ``node`` (init containers left out); ``claims``
+    as :func:`gpu_reason`'s."""
     spec = _map(pod.get("spec"))
     rc = spec.get("runtimeClassName") if isinstance(spec.get("runtimeClassName"), str) else None
     path = node.path_of(rc)
     out = []
     for c in _list(spec.get("containers")):
         if isinstance(c, dict):
-            why = gpu_reason(pod, c)
+            why = gpu_reason(pod, c, claims=claims)
             if why is not None:
                 out.append(Run(str(c.get("name"))[:63], why, path, node.effective(path, container_annotations(pod, c))))
     return out

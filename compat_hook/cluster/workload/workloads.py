@@ -80,12 +80,13 @@ def _text(v, limit: int) -> str | None:
 
 
 def from_pods(pods: list, *, sources: dict | None = None, when: str | None = None,
-              probe_namespace: str | None = None) -> list:
+              probe_namespace: str | None = None, claims=None) -> list:
     """The workloads of ``pods`` (the running or pending GPU pods among them, the validator's probes in
     ``probe_namespace`` left out: :func:`is_probe`).
 
     ``sources``: ``{plan source: [normalized image refs]}`` (the agent's store match), so that each
-    workload names where its image is read from.
+    workload names where its image is read from. ``claims``: the ResourceClaims a claim is judged by
+    (:class:`.runs.Claims`; None: every claim counts).
     """
     by_ref = {}
     for src, names in _dict(sources).items():
@@ -94,11 +95,11 @@ def from_pods(pods: list, *, sources: dict | None = None, when: str | None = Non
     when = when or _now()
     out: dict = {}
     for pod in _list(pods)[:refs.MAX_PODS]:
-        if not isinstance(pod, dict) or is_probe(pod, probe_namespace) or not refs.gpu_pod(pod):
+        if not isinstance(pod, dict) or is_probe(pod, probe_namespace) or not refs.gpu_pod(pod, claims):
             continue
         # the GPU containers of the pod, with their env expanded, exactly as the agent judges them
         # (no init container, no sidecar: a busybox beside the workload is not proven on the driver)
-        for c in gpu_containers(pod)[0]:
+        for c in gpu_containers(pod, claims)[0]:
             if len(c.image) > refs.MAX_REF:
                 continue
             ref, who = c.image, c.pod
@@ -232,7 +233,8 @@ def _merge(old: list, new: list, now: str, max_age: float = MAX_AGE_S) -> list:
 
 
 def record(state_dir: str, pods: list, *, driver: str | None, sources: dict | None = None,
-           when: str | None = None, probe_namespace: str | None = None, max_age: float = MAX_AGE_S) -> dict | None:
+           when: str | None = None, probe_namespace: str | None = None, max_age: float = MAX_AGE_S,
+           claims=None) -> dict | None:
     """Add what ``pods`` run to the record for host driver ``driver``; returns the record.
 
     A new driver moves the record to ``previous``. With ``driver`` None (the kernel module is
@@ -246,7 +248,7 @@ def record(state_dir: str, pods: list, *, driver: str | None, sources: dict | No
 
     now = when or _now()
     old = load(state_dir)
-    seen = from_pods(pods, sources=sources, when=now, probe_namespace=probe_namespace)
+    seen = from_pods(pods, sources=sources, when=now, probe_namespace=probe_namespace, claims=claims)
     if old is None:
         doc = {"version": VERSION, "driver": driver, "workloads": _merge([], seen, now, max_age)}
     elif old["driver"] == driver:
