@@ -62,8 +62,8 @@ def _into(root, entry: str, d: str) -> bool:
 
 def companions(root, entry: str, chosen, version: str | None, skip=()) -> list:
     """``[(target, source, via, in_rootfs)]``: each driver companion file ``entry`` holds (by soname or file
-    name, resolved inside the root to a regular file), with what covers it: the chosen compat dir's regular
-    file of the same library at ``version`` (the chosen candidate's, from its scan:
+    name, resolved inside the root to a regular file named like one), with what covers it: the chosen compat
+    dir's regular file of the same library at ``version`` (the chosen candidate's, from its scan:
     :attr:`~compat_hook.facts.imagefacts.ImageFacts.other_libs`; ``in_rootfs``), else
     :data:`~compat_hook.policy.hostover.NULL`. ``skip``: targets already covered.
 
@@ -72,6 +72,8 @@ def companions(root, entry: str, chosen, version: str | None, skip=()) -> list:
     >>> for n in ("libnvidia-ptxjitcompiler.so.535.1", "libnvidia-nvvm.so.535.1", "libfoo.so.1"):
     ...     open(f"{nv}/{n}", "w").close()
     >>> os.symlink("libnvidia-ptxjitcompiler.so.535.1", nv + "/libnvidia-ptxjitcompiler.so.1")
+    >>> os.makedirs(d + "/etc"); open(d + "/etc/passwd", "w").close()
+    >>> os.symlink("../../../../etc/passwd", nv + "/libcudadebugger.so.1")  # not a driver library's file
     >>> from compat_hook.facts.imagefacts import ImageFacts
     >>> c = ImageFacts(); c.compat_dir = "/cuda/compat"
     >>> c.other_libs = [{"name": "libnvidia-ptxjitcompiler.so.550.2", "kind": "file", "version": "550.2"}]
@@ -101,7 +103,9 @@ def companions(root, entry: str, chosen, version: str | None, skip=()) -> list:
             continue
         try:
             target = root.realpath(f"{d}/{n}")
-            if target not in vias and not _stat.S_ISREG(root.lstat(target).st_mode):
+            # a driver library's file only: a link to /etc/passwd gets nothing put over it
+            if not target.rsplit("/", 1)[-1].startswith(COMPANIONS) or (
+                    target not in vias and not _stat.S_ISREG(root.lstat(target).st_mode)):
                 continue
         except (OSError, ValueError):
             continue
