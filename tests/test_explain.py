@@ -341,3 +341,26 @@ def test_explain_shows_every_libcuda_the_image_carries(make_rootfs, fake_host, t
     text = render_text(r)
     assert f"userland libcuda: {user} (version 575.57.08, through /{sys_dir}/libcuda.so.1)" in text
     assert f"ldconfig links /{sys_dir}/libcuda.so.1 -> libcuda.so.580.65.06" in text
+
+
+def test_explain_shows_a_userland_libcuda_no_link_leads_to(make_rootfs, fake_host, tmp_path):
+    """A regular ``libcuda.so.<version>`` in the multiarch dir with no link to it is a fact (an absolute
+    dlopen maps it, an ldconfig at the start links it); a dir, a link out of the root, a FIFO of that name, and
+    an unlinked file in ``/usr/lib`` (not a dir the host's driver is mounted into) are none."""
+    sys_dir = "usr/lib/x86_64-linux-gnu"
+    rootfs = make_rootfs({**ROOT_575, f"{sys_dir}/libcuda.so.590.48.01": elf(NOTE_590),
+                          f"{sys_dir}/libcuda.so.600.1.2/x": b"",
+                          f"{sys_dir}/libcuda.so.560.1.1": Symlink("../../../../etc/libcuda.so.560.1.1"),
+                          "usr/lib/libcuda.so.575.57.08": elf(NOTE_575)})
+    os.mkfifo(rootfs / sys_dir / "libcuda.so.570.1.1")
+    r = explain(cfg(tmp_path, fake_host()), rootfs=str(rootfs), host_driver_version="580.65.06")
+    user = f"/{sys_dir}/libcuda.so.590.48.01"
+    assert r["effect"] == "host"
+    assert r["image"]["userland"] == [{"path": user, "name": "libcuda.so.590.48.01", "version": "590.48.01",
+                                       "via": None}], r["image"]["userland"]
+    # ldconfig at the start links the dir's highest version: the image's 590 over the host's 580
+    assert r["ldconfig_picks"] == {f"/{sys_dir}": "libcuda.so.590.48.01"}
+    assert r["toolkit"]["alone"]["maps"] == user, r["toolkit"]["alone"]
+    text = render_text(r)
+    assert (f"userland libcuda: {user} (version 590.48.01, no link leads to it: an absolute path or ldconfig's "
+            "link)") in text, text

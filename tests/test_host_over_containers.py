@@ -17,7 +17,10 @@ runtime wrapper's spec mount, the hook's mount at createContainer), so a road th
 compat file maps the host's library under that name. The probe tells files apart by
 ``st_dev:st_ino`` and ``cuDriverGetVersion``, never by name: each start must map the very file
 the host's ``libcuda.so.555`` is. On a 535 data-center host compat is chosen, and the absolute
-road still maps the compat driver (nothing is masked then).
+road still maps the compat driver (nothing is masked then). And a host driver dir whose path
+merely starts with the word (``/opt/compat-tools/hostlibs``, ``/srv/compatibility/lib``: the image's
+multiarch dir links there) is the host's dir, not a compat dir: the log names it and the host's
+library maps there.
 """
 
 from __future__ import annotations
@@ -136,3 +139,36 @@ def test_compat_chosen_is_not_masked(tmp_path, libcuda, boxes, through):
     assert (got.cuda, got.path) == (CUDA[COMPAT_550], f"{C124}/compat/{LIB550}"), (got.pair(), got.error, b.why())
     rec = last_record(b)
     assert rec.get("effect") == "compat" and not rec.get("host_over_compat"), rec
+
+
+#: the image's multiarch dir is a link into a dir whose path merely starts with the word "compat"
+NOT_COMPAT = {"compat-tools": "/opt/compat-tools/hostlibs", "compatibility": "/srv/compatibility/lib"}
+
+
+@pytest.mark.parametrize("runtime", ["runc", "crun"])
+@pytest.mark.parametrize("where", list(NOT_COMPAT))
+def test_a_dir_named_like_compat_is_the_hosts(tmp_path, libcuda, boxes, where, runtime):
+    """The runtime mounts the host's driver into the multiarch dir, which the image links to
+    /opt/compat-tools/hostlibs (or /srv/compatibility/lib): that dir is no compat dir
+    (imagefacts.in_compat_dir), so compat-hook names it as the host driver's dir, and the container maps the
+    host's 555 there, where the image's drop-in alone makes the compat 550 map."""
+    from tests.support import rootfs
+
+    real = NOT_COMPAT[where]
+    b = Box(tmp_path, libcuda, HOST_555,
+            _image(files={"/etc/ld.so.conf.d/cuda-compat.conf": f"{C124}/compat\n"}), model=DATA_CENTER)
+    boxes.append(b)
+    multiarch = b.pristine / "usr/lib/x86_64-linux-gnu"
+    (b.pristine / real.lstrip("/")).parent.mkdir(parents=True)
+    os.rename(multiarch, b.pristine / real.lstrip("/"))
+    # relative: the stand-in's mount, made through the host's view of the rootfs, stays inside it
+    os.symlink(os.path.relpath(real, "/usr/lib"), multiarch)
+    rootfs.run_ldconfig(b.pristine)
+    alone = b.alone(runtime)  # the layout is real: the image's drop-in, read first, leads to the compat driver
+    assert alone.cuda == CUDA[COMPAT_550], (alone.pair(), alone.error)
+    got = b.hook(runtime)
+    host_file = f"{real}/libcuda.so.{HOST_555}"
+    assert (got.cuda, got.path, got.id) == (CUDA[HOST_555], host_file, file_id(libcuda[HOST_555])), (
+        got.pair(), got.id, got.error, b.why())
+    rec = last_record(b)
+    assert rec.get("effect") == "host" and rec.get("host_lib_dir") == real and rec.get("maps") == host_file, rec

@@ -19,6 +19,14 @@ than the decision's used to map:
 
 Each start is judged by the probe (``st_dev:st_ino`` of the mapped file, ``cuDriverGetVersion``),
 then against what ``explain`` predicted and what the log record says.
+
+Two more: in the ``gke`` layout the device plugin also mounts the host driver's companions
+(``libnvidia-ptxjitcompiler.so.1``, ``libnvidia-nvvm.so.4``; small real ELF objects with those sonames,
+Debian's libcuda1 debs carry none) and the probe dlopens them by soname after libcuda (``PROBE_ALSO``):
+the compat dir's ptxjitcompiler maps, and the nvvm it has none of maps nowhere (``/dev/null``); and an
+image whose ``libcuda.so.550.x`` in the multiarch dir has no link (its build removed ``libcuda.so.1``),
+with the toolkit stand-in's ldconfig at startContainer, after compat-hook's hook: on a 535 GeForce host
+the search and an absolute dlopen of that file map the host's library.
 """
 
 from __future__ import annotations
@@ -186,3 +194,136 @@ def test_a_prestart_hook_says_the_stub_maps(tmp_path, libcuda, stub, boxes):
     assert rec.get("effect") == "compat" and "maps" not in rec and not rec.get("compat_over_shadow"), rec
     assert any(f"reaches /usr/local/cuda/lib64/stubs/libcuda.so.1 ({STUBS}/libcuda.so.1)" in w
                for w in rec.get("warnings") or []), rec
+
+
+# -- the driver's other libraries in a shadowing dir (GKE) ---------------------------------------------------
+
+PTX, NVVM = "libnvidia-ptxjitcompiler.so.1", "libnvidia-nvvm.so.4"
+COMPAT_PTX = f"{C124}/compat/libnvidia-ptxjitcompiler.so.{COMPAT_550}"
+HOST_PTX, HOST_NVVM = f"{NV}/libnvidia-ptxjitcompiler.so.{HOST_535}", f"{NV}/libnvidia-nvvm.so.{HOST_535}"
+#: Debian's libcuda1 debs carry no companion: a real ELF shared object with the companion's soname stands in,
+#: one build per driver version (the number it returns tells them apart for a person; the tests use st_dev:st_ino)
+COMPANION_C = "int companion_driver_version(void) {{ return {v}; }}\n"
+
+
+@pytest.fixture(scope="module")
+def companion_libs(tmp_path_factory) -> dict:
+    """``{(soname, version): file}``: the ptxjitcompiler at 535 and 550, the nvvm at 535 (the compat dir has none)."""
+    d = tmp_path_factory.mktemp("companions")
+    out = {}
+    for soname, ver in ((PTX, HOST_535), (PTX, COMPAT_550), (NVVM, HOST_535)):
+        src = d / f"{soname}-{ver}.c"
+        src.write_text(COMPANION_C.format(v=ver.split(".")[0]))
+        lib = d / f"{soname.rsplit('.so.', 1)[0]}.so.{ver}"
+        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(lib), str(src)], check=True,
+                       capture_output=True)
+        out[(soname, ver)] = lib
+    return out
+
+
+def companion_box(tmp_path, libcuda, companion_libs, through) -> Box:
+    """GKE: the device plugin mounts the host's 535 libcuda, ptxjitcompiler and nvvm at /usr/local/nvidia/lib64;
+    the image's compat dir carries the 550 libcuda and ptxjitcompiler (no nvvm)."""
+    _, model, img, opts = layout("gke", None)
+    img.env.append(f"PROBE_ALSO={PTX},{NVVM}")
+    img.copies = {COMPAT_PTX: companion_libs[(PTX, COMPAT_550)]}
+    img.links = dict(img.links, **{f"{C124}/compat/{PTX}": COMPAT_PTX.rsplit("/", 1)[1]})
+    extra = [(companion_libs[(PTX, HOST_535)], HOST_PTX.rsplit("/", 1)[1], PTX),
+             (companion_libs[(NVVM, HOST_535)], HOST_NVVM.rsplit("/", 1)[1], NVVM)]
+    if through == "wrapper-env":
+        opts = dict(opts, mode="env")
+    return Box(tmp_path, libcuda, HOST_535, img, model=model, host_extra=extra, **opts)
+
+
+@pytest.mark.parametrize("through", THROUGH)
+def test_the_compat_libcuda_gets_its_own_companions(tmp_path, libcuda, companion_libs, boxes, through):
+    """Where compat is chosen over the host's driver dir on LD_LIBRARY_PATH, the companions the compat libcuda
+    loads by soname are the compat dir's (or none), never the host driver's from that dir."""
+    b = companion_box(tmp_path, libcuda, companion_libs, through)
+    boxes.append(b)
+    alone = b.alone()  # the layout is real: the search finds the host driver's libcuda and companions there
+    assert alone.cuda == CUDA[HOST_535], (alone.pair(), alone.error)
+    assert alone.also[PTX] == (HOST_PTX, file_id(companion_libs[(PTX, HOST_535)])), alone.also
+    assert alone.also[NVVM] == (HOST_NVVM, file_id(companion_libs[(NVVM, HOST_535)])), alone.also
+    root = b.fresh("start")
+    got = start(b, through, root)
+    assert (got.cuda, got.id) == (CUDA[COMPAT_550], file_id(root / COMPAT_FILE.lstrip("/"))), (
+        got.pair(), got.error, b.why())
+    compat_ptx = file_id(root / COMPAT_PTX.lstrip("/"))
+    # the very file the compat dir carries, under whichever name the search reached it
+    assert got.also[PTX][1] == compat_ptx, (through, got.also, b.why())
+    rec = last_record(b)
+    assert rec.get("effect") == "compat" and not rec.get("warnings"), rec
+    said = rec.get("compat_over_shadow") or []
+    if through == "wrapper-env":
+        # env mode: the compat dir comes first on LD_LIBRARY_PATH and its ptxjitcompiler is found there; nothing
+        # is covered (a companion the compat dir lacks is still found after it: not a shadowing entry)
+        assert got.also[PTX][0] == COMPAT_PTX and not said, (got.also, rec)
+        return
+    # the host's nvvm is covered with /dev/null (the compat dir has no nvvm): no file maps, not the host's 535
+    assert got.also[NVVM][0] is None, (got.also, b.why())
+    assert f"{HOST_PTX} <- {COMPAT_PTX} (hook)" in said and f"{HOST_NVVM} <- /dev/null (hook)" in said, rec
+
+
+def test_explain_names_the_companions_it_covers(tmp_path, libcuda, companion_libs, boxes):
+    """explain, on a root holding what the device plugin mounts (what the hook reads at createContainer), lists
+    each companion bind as its effect; on the bare image its note says the hook covers them too."""
+    b = companion_box(tmp_path, libcuda, companion_libs, "hook-runc")
+    boxes.append(b)
+    bare = b.explain(b.fresh("explain"))
+    assert any(n.startswith(f"LD_LIBRARY_PATH names /usr/local/nvidia/lib, {NV} before {C124}/compat")
+               and "libnvidia-ptxjitcompiler" in n for n in bare["notes"]), bare["notes"]
+    root = b.fresh("explain")
+    nv = root / NV.lstrip("/")
+    nv.mkdir(parents=True)
+    for f, name, so in [(libcuda[HOST_535], f"libcuda.so.{HOST_535}", "libcuda.so.1"),
+                        (companion_libs[(PTX, HOST_535)], HOST_PTX.rsplit("/", 1)[1], PTX),
+                        (companion_libs[(NVVM, HOST_535)], HOST_NVVM.rsplit("/", 1)[1], NVVM)]:
+        (nv / name).write_bytes(f.read_bytes())
+        os.symlink(name, nv / so)
+    report = b.explain(root)
+    hook_fx = report["effects"]["hook"]
+    assert (f"bind-mount {COMPAT_PTX} over {HOST_PTX} (ro, createContainer): the chosen compat dir's file of that "
+            f"library over the driver companion that {NV}/{PTX} on LD_LIBRARY_PATH reaches first") in hook_fx, hook_fx
+    assert (f"bind-mount /dev/null over {HOST_NVVM} (ro, createContainer): nothing the loader maps (the compat dir "
+            f"has no file of that library) over the driver companion that {NV}/{NVVM} on LD_LIBRARY_PATH reaches "
+            "first") in hook_fx, hook_fx
+    kinds = {x["target"]: (x["source"], x["kind"]) for x in report["compat_over_shadow"]}
+    assert kinds == {f"{NV}/libcuda.so.{HOST_535}": (COMPAT_FILE, "host"), HOST_PTX: (COMPAT_PTX, "companion"),
+                     HOST_NVVM: ("/dev/null", "companion")}, kinds
+
+
+# -- a userland libcuda no link leads to ---------------------------------------------------------------------
+
+UNLINKED = f"{SYS}/{LIB550}"
+
+
+@pytest.mark.parametrize("through", ["wrapper", "hook-runc", "hook-crun"])
+def test_an_unlinked_userland_libcuda_maps_the_hosts(tmp_path, libcuda, boxes, through):
+    """The image carries a regular libcuda.so.550.x in the multiarch dir and no link to it (its build removed
+    libcuda.so.1): on a 535 GeForce host (no compat) an absolute dlopen of it, and the libcuda.so.1 search after
+    the toolkit stand-in's ldconfig (which links the dir's highest version), map the host's library. The
+    stand-in's ldconfig runs at startContainer, after compat-hook's hook: when the hook reads the image, no
+    link leads to the file yet."""
+    img = _image(copies={UNLINKED: libcuda[COMPAT_550]}, after_ldconfig=[f"{SYS}/libcuda.so.1"])
+    b = Box(tmp_path, libcuda, HOST_535, img, model=GEFORCE, ldconfig_at_start=True)
+    boxes.append(b)
+    alone = b.alone()  # the layout is real: ldconfig at the start links libcuda.so.1 to the image's 550
+    assert (alone.cuda, alone.path) == (CUDA[COMPAT_550], UNLINKED), (alone.pair(), alone.error)
+    host = (CUDA[HOST_535], file_id(libcuda[HOST_535]))
+    got = start(b, through, b.fresh("search"))
+    assert (got.cuda, got.id) == host, (through, got.pair(), got.id, got.error, b.why())
+    rec = last_record(b)
+    assert rec.get("effect") == "host" and any(x.startswith(f"{UNLINKED} <- ") for x in rec.get("host_over_compat")
+                                               or []), rec
+    b.image.args = ["/usr/local/bin/probe", UNLINKED]  # numba's NUMBA_CUDA_DRIVER road: the file by its path
+    got = start(b, through, b.fresh("absolute"))
+    assert (got.cuda, got.id) == host, (through, got.pair(), got.id, got.error, b.why())
+    if through == "hook-runc":
+        b.image.args = ["/usr/local/bin/probe"]
+        report = b.explain(b.fresh("explain"))
+        assert {"path": UNLINKED, "name": LIB550, "version": COMPAT_550, "via": None} in report["image"]["userland"], \
+            report["image"]["userland"]
+        assert report["ldconfig_picks"] == {SYS: LIB550}, report["ldconfig_picks"]
+        assert any(f"over {UNLINKED} (ro, createContainer): the host's libcuda over the image's userland driver" in e
+                   for e in report["effects"]["hook"]), report["effects"]["hook"]

@@ -225,7 +225,8 @@ def render_text(report: dict) -> str:
         for n, t in (o.get("link_targets") or {}).items():
             out.append(f"  symlinked candidate: {o['compat_dir']}/{n} -> {t}")
     for u in img.get("userland") or []:
-        out.append(f"  userland libcuda: {u['path']} (version {u['version']}, through {u['via']})")
+        how = f"through {u['via']}" if u.get("via") else "no link leads to it: an absolute path or ldconfig's link"
+        out.append(f"  userland libcuda: {u['path']} (version {u['version']}, {how})")
     for d, name in (report.get("ldconfig_picks") or {}).items():
         out.append(f"  ldconfig links {d}/libcuda.so.1 -> {name} (the highest version of the dir)")
     for n in img["notes"]:

@@ -167,6 +167,11 @@ class Surface:
         except OSError:
             return False
 
+    def names(self, path: str, prefix: str | tuple = "") -> list:
+        """The names in directory ``path`` that start with ``prefix``, kinds not read (links followed to
+        the dir). A holder may do it cheaper than :meth:`listdir` (:meth:`compat_hook.facts.rootfs.Root.names`)."""
+        return [n for n, _ in self.listdir(path) if n.startswith(prefix)]
+
     def read_file(self, path: str, limit: int = 1 << 20) -> bytes:
         """At most ``limit`` bytes of a regular file (:meth:`open_regular`)."""
         with self.open_regular(path) as f:

@@ -87,7 +87,7 @@ class Assessment:
         self.wrapper_adds_hook = False  # the wrapper's spec runs compat-hook's createContainer hook
         self.maps_uncertain = False     # a warning says the decision may not take effect here
         self.host_over: list = []       # the host's libcuda over each compat file (policy/hostover)
-        self.compat_over: list = []     # the chosen compat libcuda over each file shadowing it (policy/shadow)
+        self.compat_over: list = []     # the chosen compat libcuda (and companions) over what shadows it (policy/shadow)
         self.shadowed: list = []        # LD_LIBRARY_PATH entries whose libcuda.so.1 the hook covers with it
 
     def replan_hook(self, existing: str | None) -> list:
@@ -188,6 +188,12 @@ class Assessment:
         # the host's
         first: list = []
         for x in self.compat_over:
+            if x["kind"] == "companion":
+                what = ("the chosen compat dir's file of that library" if x.get("in_rootfs") else
+                        "nothing the loader maps (the compat dir has no file of that library)")
+                first.append(f"bind-mount {x['source']} over {x['target']} (ro, createContainer): {what} over "
+                             f"the driver companion that {x['via']} on LD_LIBRARY_PATH reaches first")
+                continue
             first.append(f"bind-mount {x['source']} over {x['target']} (ro, createContainer): the chosen compat "
                          f"libcuda over {'the host driver' if x['kind'] == 'host' else 'a libcuda'} that "
                          f"{x['via']} on LD_LIBRARY_PATH reaches first")

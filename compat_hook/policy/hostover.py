@@ -12,7 +12,8 @@ ran. So where the decision's effect is ``host``, every compat libcuda
 ldconfig's configuration name; every file of an ambiguous dir) gets the host
 driver's libcuda bind-mounted read-only over it; so does the regular file a
 symlinked compat libcuda leads to (``/opt/nv/libcuda.so.550.x``), and every
-userland libcuda of the image's system lib dirs but the host's own (ldconfig
+userland libcuda of the image's system lib dirs, linked or not
+(:func:`compat_hook.facts.imagefacts.userland_libcuda`), but the host's own (ldconfig
 links the higher version of a dir: the image's ``libcuda.so.550.x`` would beat
 the host's ``libcuda.so.535.x`` mounted beside it). Its links
 (``libcuda.so.1``, ``libcuda.so``) lead to it, so whatever road a process

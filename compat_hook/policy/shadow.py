@@ -18,6 +18,14 @@ driver. The image's files are not changed. The chosen file itself, and a file
 inside another candidate dir (those lose by :mod:`compat_hook.policy.assess`'s
 rules), are left.
 
+The driver's other libraries in such a dir (:data:`compat_hook.policy.hostover.COMPANIONS`:
+``libnvidia-ptxjitcompiler.so.1``, ``libnvidia-nvvm.so.4``, ...), which the compat libcuda
+loads by soname and the same ``LD_LIBRARY_PATH`` entry leads to first, are covered too, as
+:mod:`compat_hook.policy.hostover` covers a compat dir's when the host is chosen: by the chosen
+compat dir's file of the same library at the compat version (``libnvidia-ptxjitcompiler.so.550.x``)
+where it has one, else by ``/dev/null`` (no loader maps it), so the compat libcuda never loads
+the host's JIT compiler (``kind`` ``companion``; one listing of each covered entry, names only).
+
 A dir a device plugin fills only when the container is created (empty when the
 runtime wrapper or ``explain`` read the image) is named in a note: the hook
 covers what it finds there. A hook outside the container's mount namespace
@@ -25,7 +33,8 @@ covers what it finds there. A hook outside the container's mount namespace
 instead. Through the runtime wrapper, the hook it adds does the mounts.
 
 Plain data in :attr:`compat_hook.policy.assess.Assessment.compat_over`
-(``{"target", "source", "via", "kind", "by", "in_rootfs"}``); no mounts here:
+(``{"target", "source", "via", "kind", "by", "in_rootfs"}``, ``kind`` ``host``, ``other`` or
+``companion``); no mounts here:
 :func:`compat_hook.effects.mounts.bind_file_over` carries it out.
 """
 
@@ -33,12 +42,14 @@ from __future__ import annotations
 
 import stat as _stat
 
-__all__ = ["DRIVER_MOUNT_DIRS", "MAX_ENTRIES", "plan"]
+__all__ = ["DRIVER_MOUNT_DIRS", "MAX_ENTRIES", "MAX_COMPANIONS", "companions", "plan"]
 
 #: Where device plugins mount the host's driver libraries (GKE's ``/usr/local/nvidia``).
 DRIVER_MOUNT_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib")
 #: At most this many ``LD_LIBRARY_PATH`` entries before the chosen dir are looked at.
 MAX_ENTRIES = 32
+#: At most this many companion files of one ``LD_LIBRARY_PATH`` entry are covered (a driver has ~8).
+MAX_COMPANIONS = 64
 
 
 def _into(root, entry: str, d: str) -> bool:
@@ -47,6 +58,70 @@ def _into(root, entry: str, d: str) -> bool:
     except (OSError, ValueError):
         return False
     return r == d or r.startswith(d.rstrip("/") + "/")
+
+
+def companions(root, entry: str, chosen, version: str | None, skip=()) -> list:
+    """``[(target, source, via, in_rootfs)]``: each driver companion file ``entry`` holds (by soname or file
+    name, resolved inside the root to a regular file named like one), with what covers it: the chosen compat
+    dir's regular file of the same library at ``version`` (the chosen candidate's, from its scan:
+    :attr:`~compat_hook.facts.imagefacts.ImageFacts.other_libs`; ``in_rootfs``), else
+    :data:`~compat_hook.policy.hostover.NULL`. ``skip``: targets already covered.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp(); nv = d + "/usr/local/nvidia/lib64"; os.makedirs(nv)
+    >>> for n in ("libnvidia-ptxjitcompiler.so.535.1", "libnvidia-nvvm.so.535.1", "libfoo.so.1"):
+    ...     open(f"{nv}/{n}", "w").close()
+    >>> os.symlink("libnvidia-ptxjitcompiler.so.535.1", nv + "/libnvidia-ptxjitcompiler.so.1")
+    >>> os.makedirs(d + "/etc"); open(d + "/etc/passwd", "w").close()
+    >>> os.symlink("../../../../etc/passwd", nv + "/libcudadebugger.so.1")  # not a driver library's file
+    >>> from compat_hook.facts.imagefacts import ImageFacts
+    >>> c = ImageFacts(); c.compat_dir = "/cuda/compat"
+    >>> c.other_libs = [{"name": "libnvidia-ptxjitcompiler.so.550.2", "kind": "file", "version": "550.2"}]
+    >>> from compat_hook.facts.rootfs import Root
+    >>> with Root(d) as r:
+    ...     got = companions(r, "/usr/local/nvidia/lib64", c, "550.2")
+    >>> [(t.rsplit("/", 1)[1], s) for t, s, _, _ in got]
+    [('libnvidia-nvvm.so.535.1', '/dev/null'), \
+('libnvidia-ptxjitcompiler.so.535.1', '/cuda/compat/libnvidia-ptxjitcompiler.so.550.2')]
+    """
+    from .hostover import COMPANIONS, NULL  # here: only a start whose LD_LIBRARY_PATH shadows the compat dir
+
+    try:
+        d = root.realpath(entry).rstrip("/")
+        # one listing (a driver dir holds ~60 files; d_type, no stat), one startswith over the tuple; regular
+        # files first: each is its own target without a lookup, and a soname link to one is then seen already
+        found = sorted((kind != "file", n) for n, kind in root.listdir(d)
+                       if kind in ("file", "symlink") and n.startswith(COMPANIONS))[:MAX_COMPANIONS]
+    except (OSError, ValueError):
+        return []
+    # the compat dir's own regular files, as its scan saw them (no lookup more)
+    own = {o["name"] for o in chosen.other_libs if o.get("kind") == "file"}
+    vias: dict = {}  # target -> the name the search meets: its soname link where there is one
+    for link, n in found:
+        if not link:
+            vias[f"{d}/{n}"] = n
+            continue
+        try:
+            target = root.realpath(f"{d}/{n}")
+            # a driver library's file only: a link to /etc/passwd gets nothing put over it
+            if not target.rsplit("/", 1)[-1].startswith(COMPANIONS) or (
+                    target not in vias and not _stat.S_ISREG(root.lstat(target).st_mode)):
+                continue
+        except (OSError, ValueError):
+            continue
+        vias[target] = n
+    out: list = []
+    for target, n in vias.items():
+        if target in skip:
+            continue
+        prefix = next(p for p in COMPANIONS if n.startswith(p))  # the listed name's library (a link's too)
+        # the compat libcuda's own version of that library, or nothing: never a mix of versions
+        mine = prefix + version if version and prefix + version in own else None
+        source = f"{chosen.compat_dir.rstrip('/')}/{mine}" if mine else None
+        if source == target:
+            continue
+        out.append((target, source or NULL, f"{entry.rstrip('/')}/{n}", source is not None))
+    return out
 
 
 def plan(a, config, root, mount_ns: bool) -> None:
@@ -75,6 +150,7 @@ def plan(a, config, root, mount_ns: bool) -> None:
     if chosen is None or not name:
         return
     source = chosen.file_of(name)
+    version = name[len("libcuda.so."):] if name.startswith("libcuda.so.") else None
     others = [c.compat_dir for c in a.image.all() if c is not chosen]
     drv = a.host.driver_text if a.host is not None else None
     from .toolkit import default_host_dir
@@ -102,15 +178,20 @@ def plan(a, config, root, mount_ns: bool) -> None:
         kind = "host" if drv and base == f"libcuda.so.{drv}" else "other"
         a.compat_over.append({"target": target, "source": source, "via": via, "kind": kind, "by": "hook",
                               "in_rootfs": True})
+        # the compat libcuda loads its companions by soname: this entry would hand it the driver's own
+        for t, s, v, inside in companions(root, e, chosen, version, [x["target"] for x in a.compat_over]):
+            a.compat_over.append({"target": t, "source": s, "via": v, "kind": "companion", "by": "hook",
+                                  "in_rootfs": inside})
     can = "hook" in a.actors and mount_ns or "wrapper" in a.actors
     if pending and can:
         a.notes.append(
             f"LD_LIBRARY_PATH names {', '.join(pending)} before {d.compat_dir}, where the runtime or a device plugin "
             f"mounts the host's driver: at createContainer the hook puts {source} over the libcuda.so.1 it finds "
-            "there")
+            "there, and the compat dir's file of each of the driver's other libraries (libnvidia-ptxjitcompiler, "
+            "libnvidia-nvvm, ...; /dev/null where it has none) over the one there")
     if can:
         # the loader model (explain) sees these entries reach the chosen compat libcuda
-        a.shadowed = pending + [x["via"].rsplit("/", 1)[0] for x in a.compat_over]
+        a.shadowed = pending + [x["via"].rsplit("/", 1)[0] for x in a.compat_over if x["kind"] != "companion"]
     if a.compat_over and not can:
         first = a.compat_over[0]
         a.warnings.append(

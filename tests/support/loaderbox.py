@@ -133,13 +133,21 @@ class Loaded:
     path: str | None
     error: str = ""
     id: str | None = None  # st_dev:st_ino of the mapped file (a bind mount keeps the name, not these)
+    #: the probe's PROBE_ALSO names: name -> (realpath, st_dev:st_ino), or (None, the dlopen error)
+    also: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, res: rt.Result) -> "Loaded":
         p = res.probe
         if res.rc != 0 or "cuDriverGetVersion" not in p:
             return cls(None, p.get("libcuda"), f"exit {res.rc}: {(res.stdout + res.stderr).strip()[-400:]}")
-        return cls(int(p["cuDriverGetVersion"]), p["libcuda"], id=p.get("libcuda_id"))
+        also = {}
+        for k, v in p.items():
+            if k.startswith("also") and k[4:].isdigit():
+                name, _, rest = v.partition(" ")
+                where, _, what = rest.partition(" ")
+                also[name] = (None, what) if where == "error" else (where, what)
+        return cls(int(p["cuDriverGetVersion"]), p["libcuda"], id=p.get("libcuda_id"), also=also)
 
     def pair(self) -> tuple:
         return self.cuda, self.path
@@ -149,9 +157,12 @@ class Box:
     """One fake host (driver ``host``, GPU ``model``), one config, one log, one pristine image rootfs."""
 
     def __init__(self, tmp: Path, libcuda: dict, host: str, image: Image, *, model: str = DATA_CENTER,
-                 host_dir: str | None = None, **config) -> None:
+                 host_dir: str | None = None, host_extra=(), ldconfig_at_start: bool = False, **config) -> None:
         self.tmp, self.libcuda, self.host, self.image = Path(tmp), libcuda, host, image
         self.host_dir = host_dir  # None: the toolkit's place (SYS); else a device plugin's dir
+        self.host_extra = list(host_extra)  # [(host file, name, soname)] the device plugin mounts beside libcuda
+        # the toolkit stand-in's ldconfig at startContainer (after compat-hook's hook), not with its mount at prestart
+        self.ldconfig_at_start = ldconfig_at_start
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.host_root = write_fake_host(self.tmp / "host", version=host, gpus={"0000:17:00.0": model}).resolve()
         # the host's driver dir holds its libcuda (the runtime wrapper's source for the host's library)
@@ -180,20 +191,29 @@ class Box:
 
     def _standin(self, root: Path) -> dict:
         return rt.nvidia_standin_hook(self.libcuda[self.host], root.parent / "work", "prestart",
-                                      host_dir=self.host_dir)
+                                      host_dir=self.host_dir, extra=self.host_extra,
+                                      ldconfig=not self.ldconfig_at_start)
+
+    def _hooks(self, root: Path, create=()) -> dict:
+        """The spec's hooks: the toolkit stand-in, ``create`` at createContainer, its late ldconfig if so."""
+        hooks = {"prestart": [self._standin(root)]}
+        if create:
+            hooks["createContainer"] = list(create)
+        if self.ldconfig_at_start:
+            hooks["startContainer"] = [rt.start_ldconfig_hook()]
+        return hooks
 
     # -- starts --------------------------------------------------------------
     def alone(self, runtime: str = "runc") -> Loaded:
         """Without compat-hook: what the layout loads on its own (the toolkit stand-in only)."""
         root = self.fresh("alone")
-        return self._run(root, {"prestart": [self._standin(root)]}, runtime)
+        return self._run(root, self._hooks(root), runtime)
 
     def hook(self, runtime: str, root: Path | None = None) -> Loaded:
         """compat-hook registered at createContainer (as users register it), under ``runtime``."""
         root = root or self.fresh("hook")
-        hooks = {"prestart": [self._standin(root)],
-                 "createContainer": [registration.hook_entry(stage="createContainer", config=str(self.config),
-                                                             state_dir=str(self.state))]}
+        hooks = self._hooks(root, [registration.hook_entry(stage="createContainer", config=str(self.config),
+                                                           state_dir=str(self.state))])
         return self._run(root, hooks, runtime)
 
     def _run(self, root: Path, hooks: dict, runtime: str) -> Loaded:
@@ -210,7 +230,7 @@ class Box:
             wrapper.parent.mkdir(parents=True)
             wrapper.write_text(render_wrapper(str(self.config), python=PY))
             wrapper.chmod(0o755)
-        bundle = self._bundle(root, {"prestart": [self._standin(root)]})
+        bundle = self._bundle(root, self._hooks(root))
         cid = rt.new_container_id("ldr")
         state = self.tmp / "runc-state"
         rt.STATE_DIRS.append(state)

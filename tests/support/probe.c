@@ -16,6 +16,11 @@
  * and with PROBE_ID set in the environment a third:
  *   libcuda_id=<st_dev>:<st_ino> of the loaded file (a file bind-mounted over
  *     another keeps the name but is told apart by these)
+ * and with PROBE_ALSO=<name>[,<name>...] (the driver's companions, which libcuda
+ * dlopen()s by soname; the probe has no RPATH, like libcuda, so the search is the
+ * same), after libcuda, one line each, N counting from 0:
+ *   alsoN=<name> <realpath of the loaded file> <st_dev>:<st_ino>
+ *   alsoN=<name> error <dlerror()>
  * dlopen failure: "dlopen-error=<dlerror()>", exit 3.
  * Other failures: "probe-error=<what>", exit 4 (no symbol) / 5 (CUresult != 0).
  */
@@ -25,9 +30,43 @@
 #include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 typedef int (*get_version_fn)(int *);
+
+/* Where the loader mapped handle h from: the realpath of its link map's name. */
+static const char *mapped(void *h, char *resolved)
+{
+    struct link_map *lm = NULL;
+    if (dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || lm == NULL || lm->l_name == NULL)
+        return "?";
+    return realpath(lm->l_name, resolved) != NULL ? resolved : lm->l_name;
+}
+
+static void also(const char *names)
+{
+    char buf[4096], resolved[PATH_MAX];
+    char *save = NULL;
+    int i = 0;
+    strncpy(buf, names, sizeof buf - 1);
+    buf[sizeof buf - 1] = 0;
+    for (char *n = strtok_r(buf, ",", &save); n != NULL; n = strtok_r(NULL, ",", &save), i++) {
+        void *h = dlopen(n, RTLD_NOW);
+        if (h == NULL) {
+            const char *e = dlerror();
+            printf("also%d=%s error %s\n", i, n, e ? e : "(null)");
+            continue;
+        }
+        const char *where = mapped(h, resolved);
+        struct stat st;
+        if (stat(where, &st) == 0)
+            printf("also%d=%s %s %llu:%llu\n", i, n, where, (unsigned long long)st.st_dev,
+                   (unsigned long long)st.st_ino);
+        else
+            printf("also%d=%s %s ?\n", i, n, where);
+    }
+}
 
 int main(int argc, char **argv)
 {
@@ -63,6 +102,8 @@ int main(int argc, char **argv)
     printf("cuDriverGetVersion=%d\nlibcuda=%s\n", v, where);
     if (getenv("PROBE_ID") != NULL && stat(where, &st) == 0)
         printf("libcuda_id=%llu:%llu\n", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+    if (getenv("PROBE_ALSO") != NULL)
+        also(getenv("PROBE_ALSO"));
     fflush(stdout);
     return 0;
 }

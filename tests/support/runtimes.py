@@ -391,7 +391,7 @@ _LINK_LIBCUDA_SO = ["/bin/sh", "-c", "l={rootfs}/usr/lib/x86_64-linux-gnu/libcud
 
 
 def nvidia_standin_hook(host_lib: Path, work: Path, stage: str = "prestart", *, timeout: int = 10,
-                        host_dir: str | None = None) -> dict:
+                        host_dir: str | None = None, extra=(), ldconfig: bool = True) -> dict:
     """Hook entry for a stand-in of the NVIDIA Container Toolkit legacy prestart hook.
 
     Bind-mounts ``host_lib`` (read-only) onto the container's
@@ -404,6 +404,9 @@ def nvidia_standin_hook(host_lib: Path, work: Path, stage: str = "prestart", *, 
 
     ``host_dir``: mount it in this container dir instead, beside a ``libcuda.so.1`` link to it, as a
     device plugin mounts the host's driver dir (GKE's ``/usr/local/nvidia/lib64``); no ldconfig reads it.
+    ``extra``: ``[(host file, file name, soname)]``, the driver's other libraries the plugin mounts there too
+    (``libnvidia-ptxjitcompiler.so.<ver>`` beside its ``libnvidia-ptxjitcompiler.so.1`` link).
+    ``ldconfig``: False leaves the ldconfig run to a later hook (:func:`start_ldconfig_hook`).
     """
     from tests.support.rootfs import lib_version  # local: keeps runtimes importable alone
 
@@ -413,13 +416,20 @@ def nvidia_standin_hook(host_lib: Path, work: Path, stage: str = "prestart", *, 
         d = host_dir.strip("/")
         return _write_ns_hook(
             work, "nvidia-standin", f"a device plugin stand-in, host libcuda {host_lib} in /{d}", stage,
-            bind=[(host_lib, f"{d}/libcuda.so.{ver}")],
-            run=[["/bin/sh", "-c", f"ln -sfn libcuda.so.{ver} {{rootfs}}/{d}/libcuda.so.1"]], timeout=timeout)
+            bind=[(host_lib, f"{d}/libcuda.so.{ver}")] + [(Path(f).resolve(), f"{d}/{n}") for f, n, _ in extra],
+            run=[["/bin/sh", "-c", f"ln -sfn libcuda.so.{ver} {{rootfs}}/{d}/libcuda.so.1"]]
+            + [["/bin/sh", "-c", f"ln -sfn {n} {{rootfs}}/{d}/{so}"] for _, n, so in extra], timeout=timeout)
     return _write_ns_hook(
         work, "nvidia-standin", f"NVIDIA Container Toolkit stand-in, host libcuda {host_lib}", stage,
         bind=[(host_lib, f"usr/lib/x86_64-linux-gnu/libcuda.so.{ver}")],
-        run=[[LDCONFIG, "-r", "{rootfs}"], _LINK_LIBCUDA_SO], timeout=timeout,
+        run=([[LDCONFIG, "-r", "{rootfs}"]] if ldconfig else []) + [_LINK_LIBCUDA_SO], timeout=timeout,
     )
+
+
+def start_ldconfig_hook(timeout: int = 10) -> dict:
+    """A startContainer hook running the container's own ``/usr/sbin/ldconfig`` (in the container, after every
+    createContainer hook): the toolkit's ``update-ldcache`` where it runs after compat-hook's hook."""
+    return hook_entry(["/usr/sbin/ldconfig"], timeout=timeout)
 
 
 def container_ns_hook(argv: Iterable[str], work: Path, stage: str = "prestart", *, timeout: int = 10) -> dict:
