@@ -501,7 +501,8 @@ def _over_line(x: dict) -> str:
     """explain's line for one of the hook's binds of the host's libcuda (or ``/dev/null``) over a compat file."""
     src = f"{x['source']} (in the container)" if x.get("in_rootfs") else x["source"]
     return (f"bind-mount {src} over {x['target']} (ro, createContainer): "
-            + {"libcuda": "the host's libcuda", "userland": "the host's libcuda over the image's userland driver"}
+            + {"libcuda": "the host's libcuda", "userland": "the host's libcuda over the image's userland driver",
+               "shadow": "the host's libcuda over a libcuda LD_LIBRARY_PATH reaches (a stub, the image's own)"}
             .get(x["kind"], "a compat companion masked"))
 
 
