@@ -30,6 +30,7 @@ import pytest
 from compat_hook.commands.report import report
 from compat_hook.core import logjson
 from tests.support import hookenv, rootfs, runtimes as rt, wrapperenv
+from tests.support.loaderbox import MAPPED, open_to_mapped, readonly_edit, userns_edit
 from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 from tests.test_hook_containers import COMPAT_LIB, Env, explain, host_lib, libs, only_record  # noqa: F401
 from tests.test_runtime_wrapper import render
@@ -41,10 +42,6 @@ EXPECT = {HOST_535: (12040, COMPAT_LIB), HOST_555: (12050, host_lib(HOST_555))}
 NO_GPU_ENV = ["PATH=/usr/local/bin:/usr/bin:/bin"]
 PYTHON = "/usr/bin/python3"
 REPO = pathlib.Path(__file__).resolve().parent.parent
-
-
-def _readonly(spec: dict) -> None:
-    spec["root"]["readonly"] = True
 
 
 def _run(box: Env, edit, stage: str = "createContainer", **kw) -> rt.Result:
@@ -72,7 +69,7 @@ def assert_no_maps_beside_an_error(records: list) -> None:
 def test_readonly_root_through_the_hook(tmp_path, runtime, libs, host, stage):
     env = Env(tmp_path, runtime, libs, host)
     predicted = explain(env)["toolkit"]["with_hook"]["maps"]
-    res = _run(env, _readonly, stage)
+    res = _run(env, readonly_edit, stage)
     cuda, lib = EXPECT[host]
     assert res.rc == 0, str(res)
     assert res.probe == {"cuDriverGetVersion": str(cuda), "libcuda": lib}, str(res)
@@ -91,7 +88,7 @@ def test_readonly_root_through_the_hook(tmp_path, runtime, libs, host, stage):
 def test_readonly_root_without_an_ld_cache_says_what_maps_instead(tmp_path, runtime, libs):
     env = Env(tmp_path, runtime, libs, HOST_535)
     (env.rootfs / "etc/ld.so.cache").unlink()  # nothing to mount a rebuilt cache over ...
-    res = _run(env, _readonly, standin="so1")  # ... nor does a hook before ours make one
+    res = _run(env, readonly_edit, standin="so1")  # ... nor does a hook before ours make one
     assert res.rc == 0, str(res)
     rec = only_record(env, res)
     assert_no_maps_beside_an_error(env.records())
@@ -118,7 +115,7 @@ def test_readonly_root_through_the_wrapper(tmp_path, runtime, libs):
         wrapper = render(tmp / "bin" / "compat-hook-runtime", cfg, python=PYTHON)
         root = rootfs.build_rootfs(tmp / "bundle" / "rootfs", compat_lib=libs[COMPAT_550])
         bundle = rt.make_bundle(tmp / "bundle", root, hooks={"prestart": [rt.nvidia_standin_hook(
-            libs[HOST_535], tmp / "work")]}, edit=_readonly)
+            libs[HOST_535], tmp / "work")]}, edit=readonly_edit)
         p = subprocess.run([PYTHON, "-m", "compat_hook", "explain", "--json", "--config", str(cfg),
                             "--bundle", str(bundle)], capture_output=True, text=True, timeout=60, cwd=REPO)
         assert p.returncode == 0, p.stderr
@@ -152,28 +149,11 @@ def _wrapped(wrapper, runtime: str, bundle, tmp) -> rt.Result:
 
 # --------------------------------------------------------------------------- user namespaces
 
-MAPPED = 100000
-
-
-def _userns(spec: dict) -> None:
-    spec["linux"]["namespaces"].append({"type": "user"})
-    spec["linux"]["uidMappings"] = [{"containerID": 0, "hostID": MAPPED, "size": 65536}]
-    spec["linux"]["gidMappings"] = [{"containerID": 0, "hostID": MAPPED, "size": 65536}]
-    # sysfs cannot be mounted anew in a user namespace without a network namespace of its own
-    spec["mounts"] = [m for m in spec["mounts"] if m["destination"] != "/sys"] + [
-        {"destination": "/sys", "type": "bind", "source": "/sys", "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]}]
-    spec["linux"].pop("resources", None)
-
-
 def _mapped_env(tmp_path, runtime: str, libs: dict) -> Env:
     """An Env whose rootfs the container's mapped root owns, its dirs passable by that uid (the
     rootfs, and the log's spool beside the log)."""
     env = Env(tmp_path, runtime, libs, HOST_535)
-    p = tmp_path
-    while str(p) != "/":
-        os.chmod(p, os.stat(p).st_mode | 0o011)
-        p = p.parent
-    subprocess.run(["chown", "-R", f"{MAPPED}:{MAPPED}", str(env.rootfs)], check=True)
+    open_to_mapped(tmp_path, env.rootfs)
     return env
 
 
@@ -187,7 +167,7 @@ def test_user_namespaced_container_gets_its_log_line(tmp_path, runtime, libs):
     first = _run(env, _plain, env=NO_GPU_ENV)  # a start whose hook writes the log: the spool is made
     assert first.rc == 0, str(first)
     assert oct(os.stat(logjson.spool_dir(str(env.log))).st_mode & 0o7777) == "0o1733"
-    res = _run(env, _userns)
+    res = _run(env, userns_edit)
     assert res.rc == 0, str(res)
     assert res.probe == {"cuDriverGetVersion": "12040", "libcuda": COMPAT_LIB}, str(res)
     assert [r for r in env.records() if r.get("container_id") == res.container_id] == []  # the log is closed to it

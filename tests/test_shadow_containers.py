@@ -32,12 +32,11 @@ the search and an absolute dlopen of that file map the host's library.
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 
 from tests.support import debs, hookenv
-from tests.support.loaderbox import DATA_CENTER, GEFORCE, SYS, Box, Image
+from tests.support.loaderbox import DATA_CENTER, GEFORCE, SYS, Box, Image, build_stub
 from tests.support.versions import COMPAT_550, HOST_535, HOST_555
 
 pytestmark = pytest.mark.containers
@@ -52,10 +51,6 @@ NV = "/usr/local/nvidia/lib64"
 #: the runtime wrapper in ldconfig mode (the default) and env mode, the hook under runc and crun
 THROUGH = ["wrapper", "wrapper-env", "hook-runc", "hook-crun"]
 
-#: The CUDA toolkit's stub: every entry point answers CUDA_ERROR_STUB_LIBRARY.
-STUB_C = "int cuInit(unsigned f) { (void)f; return 34; }\nint cuDriverGetVersion(int *v) { (void)v; return 34; }\n"
-
-
 @pytest.fixture(scope="module")
 def libcuda() -> dict:
     return {v: debs.libcuda(v) for v in (COMPAT_550, HOST_535, HOST_555)}
@@ -63,11 +58,7 @@ def libcuda() -> dict:
 
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory):
-    d = tmp_path_factory.mktemp("stub")
-    (d / "stub.c").write_text(STUB_C)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(d / "libcuda.so.1"),
-                    str(d / "stub.c")], check=True, capture_output=True)
-    return d / "libcuda.so.1"
+    return build_stub(tmp_path_factory.mktemp("stub"))
 
 
 

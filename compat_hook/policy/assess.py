@@ -507,7 +507,8 @@ def _over_line(x: dict) -> str:
     """explain's line for one of the hook's binds of the host's libcuda (or ``/dev/null``) over a compat file."""
     src = f"{x['source']} (in the container)" if x.get("in_rootfs") else x["source"]
     return (f"bind-mount {src} over {x['target']} (ro, createContainer): "
-            + {"libcuda": "the host's libcuda", "userland": "the host's libcuda over the image's userland driver"}
+            + {"libcuda": "the host's libcuda", "userland": "the host's libcuda over the image's userland driver",
+               "shadow": "the host's libcuda over a libcuda LD_LIBRARY_PATH reaches (a stub, the image's own)"}
             .get(x["kind"], "a compat companion masked"))
 
 
@@ -875,16 +876,19 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
     for res in (alone, hook_only):
         res["dir"] = _winning_dir(res, root, cands, a.decision, tk_root)
         res["maps"] = _maps(res, root, cands, host_dir, a.host)
-    if alone["result"] == "host" and a.image is not None and a.image.userland:
-        # the image's userland driver beside the host's: ldconfig links the higher version of the dir
+    # the image's userland driver beside the host's: ldconfig links the higher version of the dir, where
+    # nothing covers it (the host's libcuda does only where the host's driver is chosen: hostover)
+    for res in (alone, hook_only) if a.effect != "host" else (alone,):
+        if res["result"] != "host" or a.image is None or not a.image.userland:
+            continue
         from ..facts.imagefacts import ldconfig_picks
 
         pick = ldconfig_picks(a.image.userland, host_dir, a.host.driver_text if a.host is not None else None)
         name = pick.get(host_dir.rstrip("/"))
         if name and any(u["path"] == f"{host_dir.rstrip('/')}/{name}" for u in a.image.userland) and (
                 a.host is None or name != f"libcuda.so.{a.host.driver_text}"):
-            alone["maps"] = f"{host_dir.rstrip('/')}/{name}"
-            alone["by"] = f"{alone['by']}; ldconfig links the image's own {name}, the higher version in {host_dir}"
+            res["maps"] = f"{host_dir.rstrip('/')}/{name}"
+            res["by"] = f"{res['by']}; ldconfig links the image's own {name}, the higher version in {host_dir}"
     with_wrapper = _wrapper_view(a, root, config) if "wrapper" in a.actors else None
     if with_wrapper is None:
         with_wrapper = dict(hook_only)

@@ -15,7 +15,11 @@ symlinked compat libcuda leads to (``/opt/nv/libcuda.so.550.x``), and every
 userland libcuda of the image's system lib dirs, linked or not
 (:func:`compat_hook.facts.imagefacts.userland_libcuda`), but the host's own (ldconfig
 links the higher version of a dir: the image's ``libcuda.so.550.x`` would beat
-the host's ``libcuda.so.535.x`` mounted beside it). Its links
+the host's ``libcuda.so.535.x`` mounted beside it), and every other ``libcuda.so.1``
+or ``libcuda.so`` an ``LD_LIBRARY_PATH`` entry leads to (:func:`search_shadows`: a
+link-time stub in ``/usr/local/cuda/lib64/stubs``, the image's own driver in a
+dir of its own; with the compat dirs taken off or masked the search reaches it
+first, and a stub fails every call with error 34). Its links
 (``libcuda.so.1``, ``libcuda.so``) lead to it, so whatever road a process
 takes to a compat libcuda, it maps the host's: **an absolute-path dlopen of a
 compat libcuda gets the host driver's library**, under the compat file's name.
@@ -48,7 +52,7 @@ from __future__ import annotations
 
 from ..core import fastos as os  # os without importing os: ~1 ms of a container start
 
-__all__ = ["COMPANIONS", "NULL", "targets", "host_file", "plan"]
+__all__ = ["COMPANIONS", "NULL", "SEARCH_NAMES", "targets", "search_shadows", "host_file", "plan"]
 
 #: The driver's other libraries a libcuda loads by soname from its search path.
 COMPANIONS = ("libcudadebugger.so.", "libnvidia-nvvm.so.", "libnvidia-ptxjitcompiler.so.",
@@ -56,6 +60,10 @@ COMPANIONS = ("libcudadebugger.so.", "libnvidia-nvvm.so.", "libnvidia-ptxjitcomp
               "libnvidia-pkcs11-openssl3.so.", "libnvidia-nvvm70.so.")
 #: What covers a companion the host has no file of: no loader maps a character device.
 NULL = "/dev/null"
+#: The names a search reaches a libcuda by: the loader's soname, numba's ``dlopen("libcuda.so")``.
+SEARCH_NAMES = ("libcuda.so.1", "libcuda.so")
+#: At most this many ``LD_LIBRARY_PATH`` entries are looked at (as policy/shadow).
+MAX_ENTRIES = 32
 
 
 def targets(image, driver_text: str | None = None) -> list:
@@ -95,6 +103,42 @@ def targets(image, driver_text: str | None = None) -> list:
         if u["path"] not in seen and (not driver_text or u["version"] != driver_text):
             seen.add(u["path"])
             out.append((u["path"], "userland", "libcuda.so."))
+    return out
+
+
+def search_shadows(root, env, driver_text: str | None, seen=()) -> list:
+    """``[(container path, "shadow", "libcuda.so.")]``: each regular file an ``LD_LIBRARY_PATH`` entry of
+    ``env`` leads to by :data:`SEARCH_NAMES` (resolved inside the root), but those in ``seen`` (the
+    compat files :func:`targets` has) and the host driver's own ``libcuda.so.<driver_text>``.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp(); os.makedirs(d + "/usr/local/cuda/lib64/stubs")
+    >>> open(d + "/usr/local/cuda/lib64/stubs/libcuda.so", "w").close()
+    >>> os.symlink("libcuda.so", d + "/usr/local/cuda/lib64/stubs/libcuda.so.1")
+    >>> from compat_hook.facts.rootfs import Root
+    >>> with Root(d) as r:
+    ...     search_shadows(r, {"LD_LIBRARY_PATH": "/usr/local/cuda/lib64/stubs:/missing"}, "535.261.03")
+    [('/usr/local/cuda/lib64/stubs/libcuda.so', 'shadow', 'libcuda.so.')]
+    """
+    import stat
+
+    value = (env or {}).get("LD_LIBRARY_PATH")
+    if not value or root is None:
+        return []
+    own = f"libcuda.so.{driver_text}" if driver_text else None
+    done = set(seen)
+    out = []
+    for e in [e for e in value.split(":") if e.startswith("/")][:MAX_ENTRIES]:
+        for n in SEARCH_NAMES:
+            try:
+                p = root.realpath(f"{e.rstrip('/')}/{n}")
+                if p in done or not stat.S_ISREG(root.lstat(p).st_mode):
+                    continue
+            except (OSError, ValueError):
+                continue
+            done.add(p)
+            if p.rsplit("/", 1)[-1] != own:
+                out.append((p, "shadow", "libcuda.so."))
     return out
 
 
@@ -149,6 +193,7 @@ def plan(a, config, root, mount_ns: bool) -> None:
         return
     drv = a.host.driver_text if a.host is not None else None
     files = targets(a.image, drv)
+    files += search_shadows(root, a.request.env if a.request is not None else None, drv, {t for t, _, _ in files})
     if not files:
         return
     binds = a.request.file_binds() if a.request is not None else {}
@@ -179,6 +224,14 @@ def plan(a, config, root, mount_ns: bool) -> None:
     if not todo:
         return
     if not (mount_ns and root is not None):
+        shadows = [t for t, k, _ in todo if k == "shadow"]
+        if shadows:
+            # the search itself maps it: what the log and explain name is not what loads
+            a.warnings.append(
+                f"LD_LIBRARY_PATH reaches {', '.join(shadows)} before the host's libcuda: the loader maps it, and a "
+                "hook outside the container's mount namespace (prestart, createRuntime) cannot put the host's "
+                "libcuda in its place; register the hook at createContainer, or use compat-hook's runtime wrapper")
+            a.maps_uncertain = True
         a.notes.append(
             f"{', '.join(t for t, _, _ in todo)} stay(s) loadable by path (an RPATH, LD_PRELOAD, an absolute "
             "dlopen, a shell prepending the dir): a hook outside the container's mount namespace (prestart, "

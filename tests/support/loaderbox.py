@@ -18,6 +18,10 @@ The pieces the loader tests share (tests/test_loader_containers.py, tests/test_l
 
 What a start maps is the probe's word (``dlopen("libcuda.so.1")``, then the realpath the loader
 mapped and ``cuDriverGetVersion``): the loader's, never compat-hook's.
+
+Also shared by the one-row tests of issue 42 (tests/test_shadow_containers.py,
+tests/test_readonly_userns_containers.py): the link-time stub (:func:`build_stub`), a read-only
+root (:func:`readonly_edit`) and a user namespace (:func:`userns_edit`, :func:`open_to_mapped`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import pathlib
 import shutil
 import subprocess
 
-from compat_hook.core import registration
+from compat_hook.core import logjson, registration
 from compat_hook.install.wrapper import render_wrapper
 from tests.support import debs, hookenv, rootfs, runtimes as rt
 from tests.support.trees import write_fake_host
@@ -46,6 +50,47 @@ GEFORCE = "NVIDIA GeForce RTX 4090"
 BRANDS = {"dc": DATA_CENTER, "geforce": GEFORCE}
 #: A pixi workspace's manifest (beside its ``.pixi/envs``).
 PIXI_TOML = '[workspace]\nname = "app"\nchannels = ["conda-forge"]\nplatforms = ["linux-64"]\n'
+#: The CUDA toolkit's stub: every entry point answers CUDA_ERROR_STUB_LIBRARY.
+STUB_C = "int cuInit(unsigned f) { (void)f; return 34; }\nint cuDriverGetVersion(int *v) { (void)v; return 34; }\n"
+#: The host uid a user-namespaced container's root maps to.
+MAPPED = 100000
+
+
+def build_stub(d: Path) -> Path:
+    """A link-time stub ``d/libcuda.so.1`` (soname ``libcuda.so.1``) built from :data:`STUB_C`."""
+    d = Path(d)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "stub.c").write_text(STUB_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(d / "libcuda.so.1"),
+                    str(d / "stub.c")], check=True, capture_output=True)
+    return d / "libcuda.so.1"
+
+
+def readonly_edit(spec: dict) -> None:
+    """``root.readonly: true`` (crun makes the root read-only before createContainer, runc after)."""
+    spec["root"]["readonly"] = True
+
+
+def userns_edit(spec: dict) -> None:
+    """A user namespace: the container's root is :data:`MAPPED` on the host."""
+    spec["linux"]["namespaces"].append({"type": "user"})
+    spec["linux"]["uidMappings"] = [{"containerID": 0, "hostID": MAPPED, "size": 65536}]
+    spec["linux"]["gidMappings"] = [{"containerID": 0, "hostID": MAPPED, "size": 65536}]
+    # sysfs cannot be mounted anew in a user namespace without a network namespace of its own
+    spec["mounts"] = [m for m in spec["mounts"] if m["destination"] != "/sys"] + [
+        {"destination": "/sys", "type": "bind", "source": "/sys", "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]}]
+    spec["linux"].pop("resources", None)
+
+
+def open_to_mapped(path: Path, rootfs: Path | None = None) -> None:
+    """Make ``path`` and the dirs above it passable by the mapped root (a hook in the user namespace
+    reads its config and writes its log's spool under them); ``rootfs``: chown it to that uid."""
+    p = Path(path)
+    while str(p) != "/":
+        os.chmod(p, os.stat(p).st_mode | 0o011)
+        p = p.parent
+    if rootfs is not None:
+        subprocess.run(["chown", "-R", f"{MAPPED}:{MAPPED}", str(rootfs)], check=True)
 
 
 def host_lib(version: str) -> str:
@@ -63,7 +108,8 @@ class Image:
     ``include`` line); ``after_ldconfig``: links removed after the build-time ldconfig;
     ``runpath_probe``: where to put a probe built with ``DT_RUNPATH $ORIGIN/../lib``;
     ``rpath_probe``: ``(where, dir)``, a probe built with ``DT_RPATH`` naming ``dir``;
-    ``copies``: path -> a file of this machine copied there (a stub library).
+    ``copies``: path -> a file of this machine copied there (a stub library); ``readonly``: a
+    read-only root (:func:`readonly_edit`); ``userns``: a user namespace (:func:`userns_edit`).
     """
 
     libs: dict = dataclasses.field(default_factory=dict)
@@ -79,6 +125,8 @@ class Image:
     uid: int = 0
     passwd: list = dataclasses.field(default_factory=list)
     copies: dict = dataclasses.field(default_factory=dict)  # path -> a file of this machine copied there
+    readonly: bool = False  # root.readonly in config.json
+    userns: bool = False  # a user namespace, its root MAPPED on the host
 
     def build(self, root: Path, libcuda: dict) -> None:
         """Write the image into the harness rootfs ``root`` (``libcuda``: version -> real file)."""
@@ -123,6 +171,10 @@ class Image:
     def spec_edit(self, spec: dict) -> None:
         spec["process"]["cwd"] = self.cwd
         spec["process"]["user"] = {"uid": self.uid, "gid": self.uid}
+        if self.readonly:
+            readonly_edit(spec)
+        if self.userns:
+            userns_edit(spec)
 
 
 @dataclasses.dataclass
@@ -173,6 +225,9 @@ class Box:
                                            nvml="off", **config)
         self.pristine = rootfs.build_rootfs(self.tmp / "pristine")
         image.build(self.pristine, libcuda)
+        if image.userns:  # the hook runs as the mapped root: its line goes to the log's spool
+            open_to_mapped(self.tmp)
+            logjson.prepare_spool(str(self.log))
         self._n = 0
         self.started: list = []
 
@@ -183,6 +238,8 @@ class Box:
         bundle = self.tmp / f"{name}-{self._n}"
         bundle.mkdir()
         subprocess.run(["cp", "-a", str(self.pristine), str(bundle / "rootfs")], check=True)
+        if self.image.userns:
+            open_to_mapped(bundle, bundle / "rootfs")
         return bundle / "rootfs"
 
     def _bundle(self, root: Path, hooks: dict) -> Path:
@@ -262,12 +319,20 @@ class Box:
             raise AssertionError(f"explain failed (exit {p.returncode}): {p.stderr.strip()}")
         return json.loads(p.stdout)
 
+    def log_records(self) -> list:
+        """The log's records, the lines a user-namespaced hook spooled merged first (as the next
+        start on the host merges them)."""
+        if self.image.userns:
+            self.log.touch()
+            logjson.merge_spool(str(self.log))
+        return hookenv.read_log(self.log)
+
     def records(self, event: str = "hook") -> list:
-        return [r for r in hookenv.read_log(self.log) if r.get("event") == event]
+        return [r for r in self.log_records() if r.get("event") == event]
 
     def why(self) -> str:
         """The last log record's decision, in one line (for failure messages)."""
-        recs = hookenv.read_log(self.log)
+        recs = self.log_records()
         if not recs:
             return "no compat-hook record"
         r = recs[-1]
@@ -309,7 +374,22 @@ def outcome(loaded: Loaded, host: str, root: Path | None = None, host_file: str 
             return "host", None
     if loaded.path is None:
         return "error", None
+    if root is not None and loaded.id is not None:
+        # another file mounted over the name (a compat libcuda over a stub, over the host's driver in a
+        # device plugin's dir): the rootfs's file of that identity names the dir
+        named = root / loaded.path.lstrip("/")
+        if not named.exists() or _id(named) != loaded.id:
+            for dirpath, _dirs, names in os.walk(root):
+                for n in names:
+                    p = os.path.join(dirpath, n)
+                    if n.startswith("libcuda.so.") and not os.path.islink(p) and _id(p) == loaded.id:
+                        return "compat", "/" + os.path.relpath(dirpath, root)
     return "compat", os.path.dirname(loaded.path)
+
+
+def _id(path) -> str:
+    st = os.stat(path)
+    return f"{st.st_dev}:{st.st_ino}"
 
 
 
