@@ -186,7 +186,7 @@ def test_user_namespaced_container_gets_its_log_line(tmp_path, runtime, libs):
 def test_user_namespaced_container_at_create_runtime_logs_directly(tmp_path, runtime, libs):
     """createRuntime runs in the runtime's namespaces, as its uid: the line goes to the log itself."""
     env = _mapped_env(tmp_path, runtime, libs)
-    res = _run(env, _userns, "createRuntime")
+    res = _run(env, userns_edit, "createRuntime")
     assert res.probe == {"cuDriverGetVersion": "12040", "libcuda": COMPAT_LIB}, str(res)
     rec = only_record(env, res)
     assert (rec["decision"], rec["maps"]) == ("enable", COMPAT_LIB) and "spooled_by_uid" not in rec, rec

@@ -356,6 +356,25 @@ class Request:
                 out.append(dest)
         return out
 
+    def bind_destinations(self) -> list:
+        """Container paths the spec bind-mounts something at (a device plugin's driver dir, GKE's
+        ``/usr/local/nvidia``): what the runtime fills at the start, empty when the image is read.
+
+        >>> Request.from_spec({"mounts": [{"destination": "/usr/local/nvidia", "source": "/home/kubernetes/bin/nvidia",
+        ...     "type": "bind"}, {"destination": "/proc", "type": "proc", "source": "proc"}]}).bind_destinations()
+        ['/usr/local/nvidia']
+        """
+        mounts = self._member("mounts", "bind")
+        out = []
+        for m in mounts if isinstance(mounts, list) else ():
+            if not isinstance(m, dict):
+                continue
+            dest, opts = m.get("destination"), m.get("options")
+            bind = m.get("type") == "bind" or (isinstance(opts, list) and ("bind" in opts or "rbind" in opts))
+            if bind and isinstance(dest, str) and dest.startswith("/"):
+                out.append(dest)
+        return out
+
     def file_binds(self, prefixes=("libcuda.so.", "libnvidia-")) -> dict:
         """``{destination: source}`` of the spec's bind mounts of a file named with one of ``prefixes``
         (a CDI spec's host library, the runtime wrapper's own host library over a compat file).

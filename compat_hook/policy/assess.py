@@ -828,10 +828,16 @@ def _toolkit_view(a: Assessment, root, config=None) -> None:
         return _holding(usable, root, entry, hidden)
 
     def ld_path(value, hidden, covered=()):
-        # an entry whose libcuda.so.1 the hook covers with the chosen compat libcuda reaches that (policy/shadow)
+        # an entry whose libcuda.so.1 the hook covers with the chosen compat libcuda reaches that (policy/shadow),
+        # also where the runtime fills it only at the start (a device plugin's mount: empty in the image)
         cov = {c.rstrip("/") for c in covered}
-        return [{"entry": a.decision.compat_dir, "kind": "compat"} if w["entry"].rstrip("/") in cov else w
-                for w in _ld_walk(usable, root, value, host_dir, hidden)]
+        out = []
+        for e in (value or "").split(":"):
+            if e.startswith("/") and e.rstrip("/") in cov:
+                out.append({"entry": a.decision.compat_dir, "kind": "compat"})
+            else:
+                out += _ld_walk(usable, root, e, host_dir, hidden)
+        return out
 
     def dropins(hidden):
         out = []

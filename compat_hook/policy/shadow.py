@@ -26,9 +26,13 @@ compat dir's file of the same library at the compat version (``libnvidia-ptxjitc
 where it has one, else by ``/dev/null`` (no loader maps it), so the compat libcuda never loads
 the host's JIT compiler (``kind`` ``companion``; one listing of each covered entry, names only).
 
-A dir a device plugin fills only when the container is created (empty when the
-runtime wrapper or ``explain`` read the image) is named in a note: the hook
-covers what it finds there. A hook outside the container's mount namespace
+A dir a device plugin fills only when the container is created (a bind mount of
+the spec's at or around it, GKE's ``/usr/local/nvidia``, empty when the runtime
+wrapper or ``explain`` read the image) is named in a note, and the loader model
+counts it as reaching the chosen compat libcuda: the hook covers what it finds
+there. A driver dir no mount of the spec fills (the CUDA images name
+``/usr/local/nvidia/lib64`` on every node) holds nothing at the start, and the
+search passes over it. A hook outside the container's mount namespace
 (prestart, createRuntime) cannot mount: a warning names the file that maps
 instead. Through the runtime wrapper, the hook it adds does the mounts.
 
@@ -124,6 +128,16 @@ def companions(root, entry: str, chosen, version: str | None, skip=()) -> list:
     return out
 
 
+def _mounted(request, entry: str) -> bool:
+    """Whether the spec bind-mounts something at ``entry``, above it or into it (filled at the start)."""
+    e = entry.rstrip("/")
+    for d in request.bind_destinations():
+        d = d.rstrip("/")
+        if e == d or e.startswith(d + "/") or d.startswith(e + "/"):
+            return True
+    return False
+
+
 def plan(a, config, root, mount_ns: bool) -> None:
     """Fill ``a.compat_over`` for effect ``compat`` where an ``LD_LIBRARY_PATH`` entry shadows the chosen dir.
 
@@ -169,7 +183,7 @@ def plan(a, config, root, mount_ns: bool) -> None:
         except (OSError, ValueError):
             regular = False
         if not regular:
-            if e.rstrip("/") in DRIVER_MOUNT_DIRS or _into(root, e, host_dir):
+            if _into(root, e, host_dir) or (e.rstrip("/") in DRIVER_MOUNT_DIRS and _mounted(a.request, e)):
                 pending.append(e)  # the runtime mounts the host's driver there at the start
             continue
         if target == source or any(x["target"] == target for x in a.compat_over):

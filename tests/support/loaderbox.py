@@ -242,18 +242,41 @@ class Box:
             open_to_mapped(bundle, bundle / "rootfs")
         return bundle / "rootfs"
 
+    def _edit(self, spec: dict) -> None:
+        """The image's own edits, then a device plugin's mount of the host's driver dir (``host_dir``): as GKE's
+        plugin hands the kubelet its mounts, a bind mount of a host dir in the spec, which the runtime makes
+        before any hook runs (and ``explain`` and the wrapper read); each of the driver's files is bound over
+        its name there, so that a process mapping it maps the host's very file."""
+        self.image.spec_edit(spec)
+        if self.host_dir is None:
+            return
+        ver = self.host
+        files = [(Path(self.libcuda[ver]).resolve(), f"libcuda.so.{ver}", "libcuda.so.1")]
+        files += [(Path(f).resolve(), n, so) for f, n, so in self.host_extra]
+        plugin = self.tmp / "device-plugin"
+        if not plugin.exists():
+            plugin.mkdir()
+            for _, name, so in files:
+                (plugin / name).touch()  # where the host's file is bound
+                os.symlink(name, plugin / so)
+        d = self.host_dir.rstrip("/")
+        spec.setdefault("mounts", []).append({"destination": d, "type": "bind", "source": str(plugin),
+                                              "options": ["rbind", "ro"]})
+        spec["mounts"] += [{"destination": f"{d}/{name}", "type": "bind", "source": str(src), "options": ["bind", "ro"]}
+                           for src, name, _ in files]
+
     def _bundle(self, root: Path, hooks: dict) -> Path:
         return rt.make_bundle(root.parent, root, hooks=hooks, env=self.image.env, args=self.image.args,
-                              edit=self.image.spec_edit)
+                              edit=self._edit)
 
     def _standin(self, root: Path) -> dict:
         return rt.nvidia_standin_hook(self.libcuda[self.host], root.parent / "work", "prestart",
-                                      host_dir=self.host_dir, extra=self.host_extra,
                                       ldconfig=not self.ldconfig_at_start)
 
     def _hooks(self, root: Path, create=()) -> dict:
-        """The spec's hooks: the toolkit stand-in, ``create`` at createContainer, its late ldconfig if so."""
-        hooks = {"prestart": [self._standin(root)]}
+        """The spec's hooks: the toolkit stand-in (none where a device plugin's mount brings the driver),
+        ``create`` at createContainer, its late ldconfig if so."""
+        hooks = {"prestart": [self._standin(root)]} if self.host_dir is None else {}
         if create:
             hooks["createContainer"] = list(create)
         if self.ldconfig_at_start:
@@ -312,7 +335,7 @@ class Box:
     def explain(self, root: Path) -> dict:
         """``explain --json`` on the spec a start of ``root`` gets, hooks left out (read-only)."""
         b = root.parent / "explain-bundle"
-        rt.make_bundle(b, root, env=self.image.env, args=self.image.args, edit=self.image.spec_edit)
+        rt.make_bundle(b, root, env=self.image.env, args=self.image.args, edit=self._edit)
         p = subprocess.run([PY, "-m", "compat_hook", "explain", "--json", "--config", str(self.config),
                             "--bundle", str(b)], cwd=str(REPO), capture_output=True, text=True, timeout=60)
         if p.returncode != 0:
