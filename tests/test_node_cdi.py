@@ -32,7 +32,9 @@ The story, in order (the tests share the cluster and run in file order):
 4. the plugin killed: the label says ``nri-not-connected`` again and a GPU pod starts without
    compat-hook (fail-open: the compat library); containerd's restart starts the plugin again, the
    label says ``nri`` and the next pod gets the decision;
-5. uninstalled as docs/engines.md says (``registration.uninstallOnStop=true``, ``helm uninstall``,
+5. on containerd 2.2 and later, ``registration.nriRequire=per-pod``: with the plugin killed, a GPU pod that
+   requires it is refused with a Warning Event, the others start, and it starts once the plugin is back;
+6. uninstalled as docs/engines.md says (``registration.uninstallOnStop=true``, ``helm uninstall``,
    containerd's restart), the plugin is gone and the same pod loads the compat library again.
 
 What a container really loads is what tests/support/probe.c, run in it, says.
@@ -307,6 +309,76 @@ def test_after_a_containerd_restart_the_next_pod_gets_the_decision_again(world):
     _decided_by_compat_hook(world, "after-restart", got, cid)
 
 
+#: containerd's NRI validator (2.2 and later): this pod may not start while compat-hook's plugin is missing.
+REQUIRED = {"required-plugins.noderesource.dev/pod": "[compat-hook]"}
+
+
+def _pod(world, name: str, *, gpu: bool, annotations=None, command=("probe",)) -> dict:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "apps",
+                                                           "annotations": dict(annotations or {})},
+           "spec": {"nodeName": world.node.name, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "main", "image": COMPAT_IMAGE, "imagePullPolicy": "Never",
+                                    "command": list(command)}]}}
+    if gpu:
+        pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    return world.admin.create("/api/v1/namespaces/apps/pods", pod)
+
+
+def test_fail_closed_where_containerd_can_require_the_plugin(world):
+    """docs/engines.md "Fail-closed": ``registration.nriRequire=per-pod`` on containerd 2.2 and later. With the
+    plugin killed, a GPU pod that requires it is refused (the kubelet's Warning Event and the container's
+    CreateContainerError name compat-hook), while a GPU pod that does not and a pod without a GPU start; once
+    containerd starts the plugin again, the refused pod starts on the kubelet's next try and gets the decision.
+    containerd 2.1 has no validator: the installer's command refuses the requirement with one line."""
+    version = world.node.run("containerd", "--version").stdout.split()[2].lstrip("v")
+    if tuple(int(x) for x in version.split(".")[:2]) < (2, 2):
+        # the installer's own command (compat-hook-k8s.sh install_nri), with the copy it installed on the node
+        p = world.node.run("/opt/compat-hook/bin/compat-hook", "install", "containerd", "--via", "nri",
+                           "--engine-config", "/etc/containerd/config.toml", "--nri-plugin", PLUGIN,
+                           "--nri-require", "per-pod", "--dry-run", check=False)
+        assert p.returncode == 1 and f"containerd {version.rsplit('.', 1)[0]} cannot require an NRI plugin" in p.stderr, \
+            (p.returncode, p.stdout, p.stderr)
+        assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        return
+    world.node.helm("upgrade", "compat-hook", nodemod.CHART, "-n", NS, "--reuse-values",
+                    "--set", "registration.nriRequire=per-pod", "--wait", "--timeout", "3m", timeout=240)
+    starts = world.plugin_starts()
+    world.node.restart_containerd()  # the docs' step: containerd reads the requirement at start
+    world.admin.wait("containerd started the plugin", lambda: world.plugin_starts() == starts + 1, timeout=30,
+                     interval=0.2)
+    (pid,) = world.plugin_pids()
+    os.kill(pid, signal.SIGKILL)
+    # not required: a GPU pod starts without compat-hook (the toolkit's hook alone), a pod without a GPU starts
+    # (first: the node has one GPU, which the refused pod below keeps)
+    got, cid, _ = world.gpu_pod("not-required")
+    assert got == {"cuDriverGetVersion": CUDA[COMPAT_550], "libcuda": COMPAT_LIB}, got
+    _pod(world, "no-gpu", gpu=False, command=("sh", "-c", "exit 0"))
+    wait_pod(world.admin, "apps", "no-gpu", lambda p: (p.get("status") or {}).get("phase") == "Succeeded", "ended")
+    world.admin.delete("/api/v1/namespaces/apps/pods/no-gpu", gracePeriodSeconds="0")
+    _pod(world, "required", gpu=True, annotations=REQUIRED)
+    refused = wait_pod(world.admin, "apps", "required", lambda p: any(
+        (c.get("state") or {}).get("waiting", {}).get("reason") == "CreateContainerError"
+        for c in (p.get("status") or {}).get("containerStatuses") or []), "refused", timeout=120)
+    (cs,) = refused["status"]["containerStatuses"]
+    assert 'required plugin "compat-hook" not present' in cs["state"]["waiting"].get("message", ""), cs
+    events = world.admin.get("/api/v1/namespaces/apps/events",
+                             fieldSelector="involvedObject.kind=Pod,involvedObject.name=required")["items"]
+    assert any(e["type"] == "Warning" and 'required plugin "compat-hook" not present' in e.get("message", "")
+               for e in events), \
+        [(e["reason"], e.get("message")) for e in events]
+    # the plugin back: the refused pod starts on the kubelet's next try, through compat-hook
+    world.node.restart_containerd()
+    world.admin.wait("containerd started the plugin again", lambda: world.plugin_starts() == starts + 2, timeout=30,
+                     interval=0.2)
+    done = wait_pod(world.admin, "apps", "required", lambda p: (p.get("status") or {}).get("phase") in
+                    ("Succeeded", "Failed"), "ended", timeout=180)
+    log = world.node.pod_log("apps", "required")
+    assert done["status"]["phase"] == "Succeeded", (done["status"], log)
+    cid = done["status"]["containerStatuses"][0]["containerID"].split("//", 1)[1]
+    world.admin.delete("/api/v1/namespaces/apps/pods/required", gracePeriodSeconds="0")
+    _decided_by_compat_hook(world, "required", probe_result(log), cid)
+
+
 def test_uninstalled_as_the_docs_say_the_toolkits_hook_stands_alone_again(world):
     """docs/engines.md "Uninstall": ``registration.uninstallOnStop=true`` and its rollout, ``helm uninstall``
     (each pod's preStop takes the plugin off), containerd's restart. Then the same pod loads the compat
@@ -322,9 +394,10 @@ def test_uninstalled_as_the_docs_say_the_toolkits_hook_stands_alone_again(world)
     assert not world.node.path(PLUGIN).exists()
     assert not world.node.path("/etc/nri/conf.d/90-compat-hook.conf").exists()
     assert f"{PREFIX}/registration" not in world.labels(), world.labels()
+    starts = world.plugin_starts()
     world.node.restart_containerd()
     time.sleep(1)
-    assert world.plugin_starts() == 2  # none started this time
+    assert world.plugin_starts() == starts  # none started this time
     got, cid, allocated = world.gpu_pod("uninstalled")
     assert allocated == [["nvidia.com/gpu=0"]], allocated
     assert got == {"cuDriverGetVersion": CUDA[COMPAT_550], "libcuda": COMPAT_LIB}, got
