@@ -1079,9 +1079,20 @@ def test_a_dra_claim_counts_as_a_gpu_by_the_driver_it_was_allocated(world, clien
     pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "dev"}]}
     pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimName": node}]
     w.admin.create("/api/v1/namespaces/apps/pods", pod)
+    want = (1, 1, "held") if held else (0, 0, "clear")
     r = w.agent(node, "--driver", R580, client=client)["last"]
-    assert (r["workloads"], r["regressions"], r["gate"]) == ((1, 1, "held") if held else (0, 0, "clear")), r
+    assert (r["workloads"], r["regressions"], r["gate"]) == want, r
     assert (w.labels(node).get(SKIP) == "true") is held
+    # a watching agent reads the claim from its cache (kept slim), from its first pass on
+    agent = w.spawn(node, "--driver", R580, "--interval", "2", client=client)
+    try:
+        w.admin.wait("a watching agent's first pass", lambda: w.passes(node), timeout=60)
+        first = w.passes(node)[0]
+        assert (first["workloads"], first["regressions"], first["gate"]) == want, first
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(10)
 
 
 def test_pods_are_read_as_the_engine_starts_them(world, client):

@@ -276,7 +276,7 @@ def _variants(case: dict, d: Draft, rng: random.Random, stub) -> None:
     * ``readonly``: ``root.readonly: true``; ``userns``: a user namespace (root mapped to MAPPED).
     """
     draws = {v: rng.random() for v in VARIANTS}
-    detail = [rng.random() for _ in range(3)]
+    detail = [rng.random() for _ in range(5)]  # one draw per choice: no two choices tied to each other
     image = d.image
     if draws["stubs"] < VARIANT_SHARE:
         cuda = image.links.get("/usr/local/cuda")
@@ -289,7 +289,7 @@ def _variants(case: dict, d: Draft, rng: random.Random, stub) -> None:
             named = f"{base}/lib64/stubs"
         image.copies[f"{base}/lib64/stubs/libcuda.so.1"] = stub
         entries = _ld_library_path(image)
-        entries.insert(int(detail[1] * (len(entries) + 1)) if detail[1] >= 0.5 else 0, named)
+        entries.insert(0 if detail[1] < 0.5 else int(detail[3] * (len(entries) + 1)), named)  # first, or anywhere
         _set_ld_library_path(image, entries)
         case["stub"] = f"{base}/lib64/stubs/libcuda.so.1"
         d.notes.append(f"stubs {named}")
@@ -303,7 +303,7 @@ def _variants(case: dict, d: Draft, rng: random.Random, stub) -> None:
     if draws["gke"] < VARIANT_SHARE:
         case["host_dir"] = NV
         own = [e for e in _ld_library_path(image) if e]
-        _set_ld_library_path(image, (NV_PATH + own) if detail[1] < 0.5 else (own + NV_PATH))
+        _set_ld_library_path(image, (NV_PATH + own) if detail[4] < 0.5 else (own + NV_PATH))
         d.notes.append(f"host driver at {NV}")
         case["variants"].append("gke")
     if draws["readonly"] < VARIANT_SHARE:

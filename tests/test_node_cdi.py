@@ -344,8 +344,8 @@ def test_fail_closed_where_containerd_can_require_the_plugin(world):
                     "--set", "registration.nriRequire=per-pod", "--wait", "--timeout", "3m", timeout=240)
     starts = world.plugin_starts()
     world.node.restart_containerd()  # the docs' step: containerd reads the requirement at start
-    world.admin.wait("containerd started the plugin", lambda: world.plugin_starts() == starts + 1, timeout=30,
-                     interval=0.2)
+    world.admin.wait("containerd started the plugin", lambda: world.plugin_starts() == starts + 1
+                     and len(world.plugin_pids()) == 1, timeout=30, interval=0.2)
     (pid,) = world.plugin_pids()
     os.kill(pid, signal.SIGKILL)
     # not required: a GPU pod starts without compat-hook (the toolkit's hook alone), a pod without a GPU starts

@@ -526,7 +526,9 @@ def userland_libcuda(root, dirs=None, listed=None) -> list:
         done.append(r)
         try:
             # names only, filtered in C: a big image's multiarch dir holds thousands (Root.names)
-            names = sorted(n for n in root.names(r, CANDIDATE_PREFIX) if is_candidate_name(n))[:MAX_UNLINKED]
+            # the highest versions first: ldconfig links the highest of a dir, so a cut keeps that one
+            names = sorted((n for n in root.names(r, CANDIDATE_PREFIX) if is_candidate_name(n)),
+                           key=_version_key, reverse=True)[:MAX_UNLINKED]
         except (OSError, ValueError):
             continue
         for n in names:
@@ -543,6 +545,15 @@ def userland_libcuda(root, dirs=None, listed=None) -> list:
 
 #: At most this many unlinked ``libcuda.so.<version>`` files of one system lib dir are facts.
 MAX_UNLINKED = 16
+
+
+def _version_key(name: str) -> tuple:
+    """``libcuda.so.550.54.15`` -> ``(550, 54, 15)``, number by number as ldconfig compares them.
+
+    >>> sorted(["libcuda.so.99.1", "libcuda.so.550.54.15", "libcuda.so.550.9"], key=_version_key)
+    ['libcuda.so.99.1', 'libcuda.so.550.9', 'libcuda.so.550.54.15']
+    """
+    return tuple(int(x) if x.isdigit() else -1 for x in name[len(CANDIDATE_PREFIX):].split("."))
 #: The system lib dirs listed for a ``libcuda.so.<version>`` no link leads to: where runtimes mount the host's
 #: driver (the NVIDIA toolkit: the host's multiarch dir, ``/usr/lib64`` from a RHEL host; GKE's device plugin),
 #: so ldconfig at the start weighs the image's file against the host's there. Not ``/usr/lib``, ``/lib``:

@@ -226,6 +226,11 @@ def _verdict(a, request, config):
     return decide(a.host, a.image, r, config)
 
 
+def rules_verdict(a, request, config):
+    """The verdict an outcome of the toolkit alone is judged by (:func:`_verdict`): ``plan``'s, the validator's."""
+    return _verdict(a, request, config)
+
+
 def assess_image(config, root, env: list, host, image_needs: dict | None = None, *,
                  annotations: dict | None = None, gpus: list | None = None, listed_by: str | None = None) -> dict:
     """``{"needs_cuda", "result", "toolkit_only"}`` for one container of an image on one host.

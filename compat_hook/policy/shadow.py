@@ -64,12 +64,20 @@ def _into(root, entry: str, d: str) -> bool:
     return r == d or r.startswith(d.rstrip("/") + "/")
 
 
+#: The companions only CUDA loads, which ``/dev/null`` covers where the compat dir has no file of them. The
+#: others (``libnvidia-gpucomp``, ``libnvidia-pkcs11*``) the host's graphics libraries in the same dir load
+#: too: without a compat file of theirs they are left as they are.
+NULL_COVERED = ("libcudadebugger.so.", "libnvidia-nvvm.so.", "libnvidia-ptxjitcompiler.so.", "libnvidia-nvvm70.so.",
+                "libnvidia-tileiras.so.")
+
+
 def companions(root, entry: str, chosen, version: str | None, skip=()) -> list:
     """``[(target, source, via, in_rootfs)]``: each driver companion file ``entry`` holds (by soname or file
     name, resolved inside the root to a regular file named like one), with what covers it: the chosen compat
     dir's regular file of the same library at ``version`` (the chosen candidate's, from its scan:
     :attr:`~compat_hook.facts.imagefacts.ImageFacts.other_libs`; ``in_rootfs``), else
-    :data:`~compat_hook.policy.hostover.NULL`. ``skip``: targets already covered.
+    :data:`~compat_hook.policy.hostover.NULL` for a library only CUDA loads (:data:`NULL_COVERED`).
+    ``skip``: targets already covered.
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp(); nv = d + "/usr/local/nvidia/lib64"; os.makedirs(nv)
@@ -122,7 +130,7 @@ def companions(root, entry: str, chosen, version: str | None, skip=()) -> list:
         # the compat libcuda's own version of that library, or nothing: never a mix of versions
         mine = prefix + version if version and prefix + version in own else None
         source = f"{chosen.compat_dir.rstrip('/')}/{mine}" if mine else None
-        if source == target:
+        if source == target or (source is None and prefix not in NULL_COVERED):
             continue
         out.append((target, source or NULL, f"{entry.rstrip('/')}/{n}", source is not None))
     return out

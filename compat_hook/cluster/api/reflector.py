@@ -61,11 +61,13 @@ class Reflector:
 
     def __init__(self, kube, path: str, *, query: dict | None = None, optional: bool = False, on_change=None,
                  name: str = "", rng=None, watch_seconds=WATCH_SECONDS, idle_s: float = IDLE_SECONDS,
-                 managed_fields: bool = False, on_event=None) -> None:
+                 managed_fields: bool = False, on_event=None, slim=None) -> None:
         self.kube, self.path, self.query = kube, path, dict(query or {})
         #: keep ``metadata.managedFields`` (the agent's own Node: who owns which key decides how it is
-        #: applied, :mod:`.nodeapply`); dropped from everything else (a pod's are most of its size)
-        self._slim = (lambda o: o) if managed_fields else _slim
+        #: applied, :mod:`.nodeapply`); dropped from everything else (a pod's are most of its size);
+        #: ``slim``: what of each object is kept instead (its ``metadata`` name, namespace and
+        #: resourceVersion at least), for a cache of many objects of which little is read
+        self._slim = slim or ((lambda o: o) if managed_fields else _slim)
         self.optional, self.on_change, self.name = optional, on_change, name or path
         #: ``on_event(type, object)`` for each object listed (``LISTED``) and each watch event (``ADDED``,
         #: ``MODIFIED``, ``DELETED``), from the reflector's thread, before ``on_change``: for a reader that

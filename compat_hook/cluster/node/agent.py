@@ -222,14 +222,19 @@ class WatchView:
                                name="nvidiadrivers", rng=r)
         self.all = (self.r_node, self.r_pods, self.r_cps, self.r_nds)
         # Not among ``all``: a claims cache that is not current makes every claim count (the cautious
-        # reading), never the pass's verdict stale.
-        self.r_claims = Reflector(kube, CLAIMS_PATH, optional=True, on_change=on_change, name="resourceclaims", rng=r)
+        # reading), never the pass's verdict stale. Every claim of the cluster, kept slim (name and each
+        # allocated device's request and driver); no pass starts on a claim's change: a pod's own start
+        # (after its claim is allocated) starts one, and a claim not yet seen counts.
+        self.r_claims = Reflector(kube, CLAIMS_PATH, optional=True, name="resourceclaims", rng=r,
+                                  slim=runsmod.slim_claim)
 
     def start(self, wait: float = 10.0) -> None:
         for r in self.all + (self.r_claims,):
             r.start()
         end = time.monotonic() + wait
-        for r in self.all:  # until each has listed once, or failed to
+        # until each has listed once, or failed to (the claims too: a first pass before them would count
+        # a NIC's claim as a GPU's and could hold the node for the quiet time)
+        for r in self.all + (self.r_claims,):
             r.attempted.wait(max(0.0, end - time.monotonic()))
 
     def node(self) -> dict:

@@ -249,7 +249,8 @@ def probe_pod(opts: ValidatorOptions, workload: dict, path: str | None = None) -
 def paths(kube, cfg, opts: ValidatorOptions, prefix: str):
     """What reaches the GPU containers on this node (:class:`..workload.runs.Node`): the registration the
     Node reports (the agent's label, which the installer's word sets) and the config's
-    ``cluster.compat_runtime_classes``, the agent's own model of what runs."""
+    ``cluster.compat_runtime_classes``, the agent's own model of what runs; None where the Node reports
+    no registration."""
     from ..workload import runs
     from .agent import settings
 
@@ -257,7 +258,10 @@ def paths(kube, cfg, opts: ValidatorOptions, prefix: str):
         node = kube.get(f"/api/v1/nodes/{opts.node}")
     except NotFound:
         node = None
-    return runs.Node(runs.reported(None, node, prefix), settings(cfg)["compat_runtime_classes"])
+    reg = runs.reported(None, node, prefix)
+    # No registration on the Node yet (before the agent's first pass, after a release): the road is not known,
+    # and each workload is probed through compat-hook, as before the roads were told apart.
+    return runs.Node(reg, settings(cfg)["compat_runtime_classes"]) if reg is not None else None
 
 
 def parse_probe(text) -> dict | None:
@@ -476,7 +480,7 @@ def expectation(cfg, opts: ValidatorOptions, workload: dict, host, reader=None, 
     the workload) what the NVIDIA toolkit alone gives (the model ``plan`` uses for such a pod)."""
     from ...images.sources import open_source
     from ...policy.assess import assess
-    from ...policy.outcome import gpu_request, image_needs, result
+    from ...policy.outcome import gpu_request, image_needs, result, rules_verdict
 
     src = workload.get("source") or f"containerd:{workload['image']}"
     out = {"loads": None, "compat_version": None, "compat_dir": None, "needs": None, "outcome": None,
@@ -485,20 +489,24 @@ def expectation(cfg, opts: ValidatorOptions, workload: dict, host, reader=None, 
         with open_source(src, cfg, address=opts.address, namespace=opts.namespace, reader=reader) as img:
             env = _overlay(img.env, workload.get("env") or [])
             need = image_needs(img.root, env)
-            a = assess(cfg, gpu_request(env), img.root, spec={"process": {"env": env}, "root": {"path": "rootfs"}},
+            request = gpu_request(env)
+            a = assess(cfg, request, img.root, spec={"process": {"env": env}, "root": {"path": "rootfs"}},
                        host=host, actors=("hook", "wrapper"), toolkit=True)
     except Exception as e:  # an image the store cannot give: the probe still runs, the check is looser
         out["problem"] = describe(e)[1]
         return out
     if path == "none":
+        # plan's toolkit_only: the rules' verdict on the image's own compat driver; no store package (only
+        # compat-hook mounts one)
         loads = a.toolkit["alone"]["result"] if a.toolkit else "host"
+        r = result(a, host, need["version"], loads, rules_verdict(a, request, cfg))
     else:
         loads = a.toolkit["with_wrapper"]["result"] if a.toolkit else "host"
         if a.effect == "compat":
             loads = "compat"
-    r = result(a, host, need["version"], loads)
+        r = result(a, host, need["version"], loads)
     d = a.decision if a.decision is not None and a.decision.compat_version else a.image_decision
-    out.update(loads="store" if r["outcome"] == "store" else loads, needs=_text(need["version"]),
+    out.update(loads="store" if r["outcome"] == "store" and path != "none" else loads, needs=_text(need["version"]),
                outcome=r["outcome"], error=r["error"],
                compat_version=getattr(d, "compat_version", None), compat_dir=getattr(d, "compat_dir", None))
     return out
@@ -639,7 +647,7 @@ def validate(kube, cfg, opts: ValidatorOptions, driver: str, prefix: str = "comp
                     "message": f"the validator could not judge it: {type(e).__name__}: {str(e)[:200]}"}
 
     def judged(w: dict) -> dict:
-        path = node.path_of(w["runtime_class"])
+        path = node.path_of(w["runtime_class"]) if node is not None else None
         row = {"image": w["image"], "pods": w["pods"][:5], "env": w["env"], "runtime_class": w["runtime_class"],
                "path": path}
         if time.monotonic() > deadline or STOP.is_set():

@@ -12,8 +12,9 @@ against (tests/test_runs.py and the plugin's ``main_test.go``).
 * ``resource``: a limit or request ``nvidia.com/gpu*`` or ``nvidia.com/mig-*``
   (the device plugin's CDI device, env or device nodes are what the engine sees);
 * ``claim``: a DRA resource claim the container uses (``resources.claims``) that is
-  allocated a device of an NVIDIA DRA driver (``gpu.nvidia.com``: its CDI devices,
-  ``k8s.gpu.nvidia.com/claim=...``, are what the plugin routes by). The claim
+  allocated a device of a DRA driver whose name ends with ``nvidia.com`` (NVIDIA's
+  ``gpu.nvidia.com``: its CDI devices, ``k8s.gpu.nvidia.com/claim=...``, are what the
+  plugin routes by: :func:`nvidia_driver`). The claim
   itself is not in the pod: :class:`Claims` reads it from the ResourceClaims the
   agent's cache holds. A claim that cannot be read (no cache given, not created or
   not allocated yet, not in the cache) counts: a pod is never left out for want of
@@ -66,7 +67,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["REASONS", "PATHS", "REGISTRATIONS", "Node", "Run", "Claims", "nvidia_driver", "gpu_reason", "visible_devices", "reported", "runs",
+__all__ = ["REASONS", "PATHS", "REGISTRATIONS", "Node", "Run", "Claims", "nvidia_driver", "slim_claim", "gpu_reason", "visible_devices", "reported", "runs",
            "pod_annotations", "container_annotations", "disabled", "NVIDIA_DEVICES_KEY"]
 
 #: Why a container is a GPU one, in the order they are tried.
@@ -163,15 +164,36 @@ def _plain_env(c: dict) -> list:
 
 
 def nvidia_driver(driver) -> bool:
-    """Whether a DRA driver's devices are NVIDIA's: ``nvidia.com`` or a name under it (``gpu.nvidia.com``).
+    """Whether a DRA driver's devices are ones the plugin routes: their CDI devices, ``k8s.<driver>/claim=...``
+    as NVIDIA's drivers name them, hold ``nvidia.com/`` (the plugin's rule, ``gpuReason``), so the driver's
+    name ends with ``nvidia.com``. (A driver of another name that hands out ``/dev/nvidia*`` is routed by
+    the plugin on containerd before 2.3 by the device nodes, and is not counted here.)
 
-    The same rule as the plugin's: NVIDIA's drivers name a claim's CDI devices ``k8s.<driver>/claim=...``,
-    which hold ``nvidia.com/`` exactly when the driver's name ends so.
-
-    >>> nvidia_driver("gpu.nvidia.com"), nvidia_driver("nic.example.com"), nvidia_driver("evilnvidia.com")
-    (True, False, False)
+    >>> nvidia_driver("gpu.nvidia.com"), nvidia_driver("nic.example.com"), nvidia_driver("xnvidia.com")
+    (True, False, True)
     """
-    return isinstance(driver, str) and (driver == "nvidia.com" or driver.endswith(".nvidia.com"))
+    return isinstance(driver, str) and "nvidia.com/" in f"k8s.{driver}/"
+
+
+def slim_claim(obj: dict) -> dict:
+    """What the agent's cache keeps of a ResourceClaim: its name, namespace and resourceVersion, and of its
+    allocation each result's ``request`` and ``driver`` (at most :data:`MAX_RESULTS`): a cache of every
+    claim of the cluster stays small.
+
+    >>> slim_claim({"metadata": {"name": "c", "namespace": "ml", "resourceVersion": "7", "labels": {"a": "b"}},
+    ...             "spec": {"devices": {}}, "status": {"allocation": {"devices": {"results": [
+    ...             {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "n", "device": "gpu-0"}]}}}})
+    {'metadata': {'name': 'c', 'namespace': 'ml', 'resourceVersion': '7'}, 'status': {'allocation': {'devices': {'results': [{'request': 'gpu', 'driver': 'gpu.nvidia.com'}]}}}}
+    """
+    meta = _map(_map(obj).get("metadata"))
+    out: dict = {"metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion")
+                              if isinstance(meta.get(k), str)}}
+    alloc = _map(_map(_map(obj).get("status")).get("allocation"))
+    if alloc:
+        results = [{k: r.get(k) for k in ("request", "driver") if isinstance(r.get(k), str)}
+                   for r in _list(_map(alloc.get("devices")).get("results"))[:MAX_RESULTS] if isinstance(r, dict)]
+        out["status"] = {"allocation": {"devices": {"results": results}}}
+    return out
 
 
 class Claims:
@@ -202,6 +224,11 @@ class Claims:
 
     def __len__(self) -> int:
         return len(self._by)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Claims) and self._by == other._by
+
+    __hash__ = None
 
     @staticmethod
     def name_of(pod: dict, entry: str) -> str | None | bool:
