@@ -1540,14 +1540,14 @@ def test_pass_cost_50_pods_20_images(world, tmp_path):
     last = w.agent(node, client="latest", store=f"oci:{tmp_path / 'store'}")["last"]  # the ClusterPolicy's target
     wall = time.monotonic() - t0
     assert last["workloads"] == 20 and last["pods"] == 50 and last["not_in_store"] == 0, last
-    # reads: the Node, the pods, ClusterPolicies, NVIDIADrivers, the ConfigMap and the Lease; writes: the
-    # Node, the ConfigMap, the Lease, the Event
+    # reads: the Node, the pods, ClusterPolicies, NVIDIADrivers, ResourceClaims, the ConfigMap and the Lease;
+    # writes: the Node, the ConfigMap, the Lease, the Event
     assert last["api_requests"] == {"GET nodes": 1, "GET pods": 1, "GET clusterpolicies": 1, "GET nvidiadrivers": 1,
-                                    "GET configmaps": 1, "GET leases": 1, "PATCH nodes": 1, "POST configmaps": 1,
-                                    "POST leases": 1, "POST events": 1}, last
+                                    "GET resourceclaims": 1, "GET configmaps": 1, "GET leases": 1, "PATCH nodes": 1,
+                                    "POST configmaps": 1, "POST leases": 1, "POST events": 1}, last
     again = w.agent(node, client="latest", store=f"oci:{tmp_path / 'store'}")["last"]
     assert again["api_requests"] == {"GET nodes": 1, "GET pods": 1, "GET clusterpolicies": 1, "GET nvidiadrivers": 1,
-                                     "GET configmaps": 1, "GET leases": 1, "PUT leases": 1}, again
+                                     "GET resourceclaims": 1, "GET configmaps": 1, "GET leases": 1, "PUT leases": 1}, again
     print(f"\nMEASURED pass={last['seconds']}s (process wall {wall:.2f}s) api_calls={last['api_calls']} "
           f"(unchanged: {again['api_calls']}, pass {again['seconds']}s) max_rss={last['max_rss_kib']} KiB")
     assert last["seconds"] < 60 and last["max_rss_kib"] < 400 * 1024
