@@ -336,6 +336,20 @@ class Request:
         self._gpu_names = names or None
         return self._gpu_names
 
+    def _bind_mounts(self, needle: str) -> list:
+        """``[(destination, source)]`` of the spec's bind mounts (``type: bind`` or a ``bind``/``rbind``
+        option) to an absolute destination, the mounts member parsed only if it may hold ``needle``."""
+        mounts = self._member("mounts", needle)
+        out = []
+        for m in mounts if isinstance(mounts, list) else ():
+            if not isinstance(m, dict):
+                continue
+            dest, opts = m.get("destination"), m.get("options")
+            bind = m.get("type") == "bind" or (isinstance(opts, list) and ("bind" in opts or "rbind" in opts))
+            if bind and isinstance(dest, str) and dest.startswith("/"):
+                out.append((dest, m.get("source")))
+        return out
+
     def libcuda_mounts(self) -> list:
         """Container paths the spec bind-mounts a ``libcuda.so.*`` file at (a hand-written runtime
         config, a CDI spec, a device plugin): where the host driver's library is, whatever its name.
@@ -344,17 +358,7 @@ class Request:
         ...     "source": "/usr/lib/x86_64-linux-gnu/libcuda.so.555.58.02", "type": "bind"}]}).libcuda_mounts()
         ['/usr/lib/x86_64-linux-gnu/libcuda.so.1']
         """
-        mounts = self._member("mounts", "libcuda.so.")
-        out = []
-        for m in mounts if isinstance(mounts, list) else ():
-            if not isinstance(m, dict):
-                continue
-            dest, opts = m.get("destination"), m.get("options")
-            bind = m.get("type") == "bind" or (isinstance(opts, list) and ("bind" in opts or "rbind" in opts))
-            if (bind and isinstance(dest, str) and dest.startswith("/")
-                    and dest.rsplit("/", 1)[-1].startswith("libcuda.so.")):
-                out.append(dest)
-        return out
+        return [d for d, _ in self._bind_mounts("libcuda.so.") if d.rsplit("/", 1)[-1].startswith("libcuda.so.")]
 
     def bind_destinations(self) -> list:
         """Container paths the spec bind-mounts something at (a device plugin's driver dir, GKE's
@@ -364,16 +368,7 @@ class Request:
         ...     "type": "bind"}, {"destination": "/proc", "type": "proc", "source": "proc"}]}).bind_destinations()
         ['/usr/local/nvidia']
         """
-        mounts = self._member("mounts", "bind")
-        out = []
-        for m in mounts if isinstance(mounts, list) else ():
-            if not isinstance(m, dict):
-                continue
-            dest, opts = m.get("destination"), m.get("options")
-            bind = m.get("type") == "bind" or (isinstance(opts, list) and ("bind" in opts or "rbind" in opts))
-            if bind and isinstance(dest, str) and dest.startswith("/"):
-                out.append(dest)
-        return out
+        return [d for d, _ in self._bind_mounts("bind")]
 
     def file_binds(self, prefixes=("libcuda.so.", "libnvidia-")) -> dict:
         """``{destination: source}`` of the spec's bind mounts of a file named with one of ``prefixes``
@@ -385,14 +380,8 @@ class Request:
         """
         out: dict = {}
         for needle in prefixes:
-            mounts = self._member("mounts", needle)
-            for m in mounts if isinstance(mounts, list) else ():
-                if not isinstance(m, dict):
-                    continue
-                dest, src, opts = m.get("destination"), m.get("source"), m.get("options")
-                bind = m.get("type") == "bind" or (isinstance(opts, list) and ("bind" in opts or "rbind" in opts))
-                if (bind and isinstance(dest, str) and dest.startswith("/") and isinstance(src, str)
-                        and dest.rsplit("/", 1)[-1].startswith(needle)):
+            for dest, src in self._bind_mounts(needle):
+                if isinstance(src, str) and dest.rsplit("/", 1)[-1].startswith(needle):
                     out[dest] = src
         return out
 
